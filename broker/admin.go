@@ -1,0 +1,273 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// resolveConfig applies the defaults to a create request and validates the result.
+func resolveConfig(r subjects.CreateQueueRequest) (subjects.QueueConfig, error) {
+	c := subjects.QueueConfig{
+		Type:             r.Type,
+		ExclusivityKey:   r.ExclusivityKey,
+		LeaseMS:          r.LeaseMS,
+		InvisibleMS:      r.InvisibleMS,
+		MaxAttempts:      r.MaxAttempts,
+		RetentionMS:      subjects.DefaultRetention.Milliseconds(),
+		MaxPayloadBytes:  r.MaxPayloadBytes,
+		MaxMetadataPairs: r.MaxMetadataPairs,
+		EnqueueBlocked:   r.EnqueueBlocked,
+		DequeueBlocked:   r.DequeueBlocked,
+	}
+	if c.Type == "" {
+		c.Type = subjects.Simple
+	}
+	if c.LeaseMS == 0 {
+		c.LeaseMS = subjects.DefaultLease.Milliseconds()
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = subjects.DefaultMaxAttempts
+	}
+	if r.RetentionMS != nil {
+		c.RetentionMS = *r.RetentionMS
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = subjects.DefaultMaxPayloadBytes
+	}
+	if c.MaxMetadataPairs == 0 {
+		c.MaxMetadataPairs = subjects.DefaultMaxMetadataPairs
+	}
+	return c, validateConfig(&c)
+}
+
+// validateConfig checks every field of a complete config against the protocol's bounds.
+func validateConfig(c *subjects.QueueConfig) error {
+	bad := func(format string, args ...any) error {
+		return subjects.Errorf(subjects.CodeInvalidConfig, format, args...)
+	}
+	switch c.Type {
+	case subjects.Simple:
+		if c.ExclusivityKey != "" {
+			return bad("exclusivity_key is only for exclusive queues")
+		}
+	case subjects.Exclusive:
+		if err := subjects.ValidateMetadata(map[string]string{c.ExclusivityKey: ""}, 1); err != nil {
+			return bad("an exclusive queue needs an exclusivity_key of 1 to %d printable bytes", subjects.MaxMetadataKeyLen)
+		}
+	default:
+		return bad("type must be %q or %q, got %q", subjects.Simple, subjects.Exclusive, c.Type)
+	}
+	type bound struct {
+		field    string
+		v, lo, hi int64
+	}
+	for _, b := range []bound{
+		{"lease_ms", c.LeaseMS, subjects.MinLease.Milliseconds(), subjects.MaxLease.Milliseconds()},
+		{"invisible_ms", c.InvisibleMS, 0, subjects.MaxInvisible.Milliseconds()},
+		{"max_attempts", int64(c.MaxAttempts), 1, subjects.MaxAttemptsLimit},
+		{"retention_ms", c.RetentionMS, 0, subjects.MaxRetention.Milliseconds()},
+		{"max_payload_bytes", int64(c.MaxPayloadBytes), 0, subjects.MaxPayloadBytes},
+		{"max_metadata_pairs", int64(c.MaxMetadataPairs), 1, subjects.MaxMetadataPairs},
+	} {
+		if b.v < b.lo || b.v > b.hi {
+			return bad("%s must be %d to %d, got %d", b.field, b.lo, b.hi, b.v)
+		}
+	}
+	return nil
+}
+
+// lookup returns the open queue called name, creating it with the defaults if autoCreate is set and
+// auto-creation is enabled.
+func (b *Broker) lookup(ctx context.Context, name string, autoCreate bool) (*queue, error) {
+	b.mu.Lock()
+	q := b.queues[name]
+	b.mu.Unlock()
+	if q != nil {
+		return q, nil
+	}
+	if !autoCreate || b.cfg.DisableAutoCreate {
+		return nil, subjects.Errorf(subjects.CodeQueueNotFound, "no queue %s", name)
+	}
+	q, _, err := b.createQueue(ctx, name, subjects.CreateQueueRequest{})
+	if errors.Is(err, &subjects.Error{Code: subjects.CodeQueueExists}) {
+		// Created concurrently with another config: use it.
+		b.mu.Lock()
+		q = b.queues[name]
+		b.mu.Unlock()
+		if q != nil {
+			return q, nil
+		}
+	}
+	return q, err
+}
+
+// createQueue creates a queue, or returns the existing one if its config is the same.
+func (b *Broker) createQueue(ctx context.Context, name string, r subjects.CreateQueueRequest) (*queue, subjects.QueueInfo, error) {
+	cfg, err := resolveConfig(r)
+	if err != nil {
+		return nil, subjects.QueueInfo{}, err
+	}
+	b.mu.Lock()
+	q := b.queues[name]
+	b.mu.Unlock()
+	if q == nil {
+		rec := kv.QueueRecord{Config: cfg, CreatedAt: b.clock.Now().UnixMilli()}
+		rev, err := b.store.PutQueue(ctx, name, rec, 0)
+		switch {
+		case err == nil:
+			b.mu.Lock()
+			if b.closed {
+				b.mu.Unlock()
+				return nil, subjects.QueueInfo{}, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping")
+			}
+			if q = b.queues[name]; q == nil {
+				q = newQueue(b, name, rec, rev)
+				b.queues[name] = q
+			}
+			b.mu.Unlock()
+		case errors.Is(err, kv.ErrConflict):
+			// Stored by a concurrent create; compare with it below.
+			if q, err = b.adopt(ctx, name); err != nil {
+				return nil, subjects.QueueInfo{}, err
+			}
+		default:
+			return nil, subjects.QueueInfo{}, unavailable("store queue", err)
+		}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.cfg != cfg {
+		return nil, subjects.QueueInfo{}, subjects.Errorf(subjects.CodeQueueExists, "queue %s exists with another config", name)
+	}
+	return q, q.info(), nil
+}
+
+// adopt loads a queue another writer stored.
+func (b *Broker) adopt(ctx context.Context, name string) (*queue, error) {
+	rec, rev, err := b.store.GetQueue(ctx, name)
+	if err != nil {
+		return nil, unavailable("load queue", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q := b.queues[name]
+	if q == nil {
+		q = newQueue(b, name, rec, rev)
+		b.queues[name] = q
+	}
+	return q, nil
+}
+
+// info describes the queue. Called with q.mu held.
+func (q *queue) info() subjects.QueueInfo {
+	return subjects.QueueInfo{
+		Name:      q.name,
+		Config:    q.cfg,
+		Revision:  q.cfgRev,
+		CreatedAt: time.UnixMilli(q.createdAt).UTC(),
+		Counts:    q.countsLocked(),
+	}
+}
+
+// update changes the fields of a queue's config that the request sets.
+func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subjects.QueueInfo, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return subjects.QueueInfo{}, err
+	}
+	if r.Revision != 0 && r.Revision != q.cfgRev {
+		return subjects.QueueInfo{}, subjects.Errorf(subjects.CodeRevisionMismatch, "queue %s is at revision %d, not %d", q.name, q.cfgRev, r.Revision)
+	}
+	c := q.cfg
+	setIf(&c.LeaseMS, r.LeaseMS)
+	setIf(&c.InvisibleMS, r.InvisibleMS)
+	setIf(&c.MaxAttempts, r.MaxAttempts)
+	setIf(&c.RetentionMS, r.RetentionMS)
+	setIf(&c.MaxPayloadBytes, r.MaxPayloadBytes)
+	setIf(&c.MaxMetadataPairs, r.MaxMetadataPairs)
+	setIf(&c.EnqueueBlocked, r.EnqueueBlocked)
+	setIf(&c.DequeueBlocked, r.DequeueBlocked)
+	if err := validateConfig(&c); err != nil {
+		return subjects.QueueInfo{}, err
+	}
+	if c == q.cfg {
+		return q.info(), nil
+	}
+	// Held across the write: config changes are rare and must not interleave with each other.
+	rev, err := q.b.store.PutQueue(ctx, q.name, kv.QueueRecord{Config: c, CreatedAt: q.createdAt}, q.cfgRev)
+	if errors.Is(err, kv.ErrConflict) {
+		return subjects.QueueInfo{}, subjects.Errorf(subjects.CodeRevisionMismatch, "queue %s changed in storage; get it and retry", q.name)
+	}
+	if err != nil {
+		return subjects.QueueInfo{}, unavailable("store queue", err)
+	}
+	retention := c.RetentionMS != q.cfg.RetentionMS
+	q.cfg, q.cfgRev = c, rev
+	if retention {
+		q.gc.armedAt = 0 // every gc deadline moved by the same amount: the order holds
+	}
+	q.settle()
+	return q.info(), nil
+}
+
+func setIf[T any](dst *T, v *T) {
+	if v != nil {
+		*dst = *v
+	}
+}
+
+// deleteQueue deletes a queue with all its messages. Waiting dequeues end empty; requests in
+// progress on it fail.
+func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteReply, error) {
+	q.mu.Lock()
+	if err := q.usable(); err != nil {
+		q.mu.Unlock()
+		return subjects.DeleteReply{}, err
+	}
+	n := len(q.entries)
+	q.close(subjects.Errorf(subjects.CodeQueueNotFound, "queue %s was deleted", q.name))
+	// Let writes in flight land first, so none lands after the purge.
+	for _, e := range q.entries {
+		if err := q.waitIdle(ctx, e); err != nil {
+			q.mu.Unlock()
+			return subjects.DeleteReply{}, unavailable("delete queue", err)
+		}
+	}
+	q.mu.Unlock()
+	b.mu.Lock()
+	if b.queues[q.name] == q {
+		delete(b.queues, q.name)
+	}
+	b.mu.Unlock()
+	if err := b.store.DeleteQueue(ctx, q.name); err != nil {
+		return subjects.DeleteReply{}, unavailable("delete queue", err)
+	}
+	return subjects.DeleteReply{Name: q.name, Messages: n}, nil
+}
+
+// list describes every queue, by name.
+func (b *Broker) list() subjects.ListReply {
+	b.mu.Lock()
+	qs := make([]*queue, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	b.mu.Unlock()
+	slices.SortFunc(qs, func(a, b *queue) int { return strings.Compare(a.name, b.name) })
+	out := subjects.ListReply{Queues: make([]subjects.QueueInfo, 0, len(qs))}
+	for _, q := range qs {
+		q.mu.Lock()
+		if q.usable() == nil {
+			out.Queues = append(out.Queues, q.info())
+		}
+		q.mu.Unlock()
+	}
+	return out
+}

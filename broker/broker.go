@@ -1,0 +1,196 @@
+package broker
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/natstone/natstone/broker/clock"
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// Version is the broker's version, reported to NATS service discovery.
+const Version = "0.1.0"
+
+// DefaultWriteTimeout bounds how long a storage write may stay unacknowledged before its outcome is
+// treated as unknown.
+const DefaultWriteTimeout = 10 * time.Second
+
+// Config configures a Broker.
+type Config struct {
+	// Conn is the NATS connection the broker serves requests on and stores through. Required.
+	// The broker does not close it.
+	Conn *nats.Conn
+	// Prefix of the request subjects. Default subjects.DefaultPrefix ("natstone.v1").
+	Prefix string
+	// StorePrefix names the KV buckets and the bodies stream. Default kv.DefaultPrefix ("natstone").
+	StorePrefix string
+	// Replicas of every bucket and stream (3 on a production cluster). Default 1.
+	Replicas int
+	// MemoryStorage keeps data in memory only: for tests and benchmarks, never production.
+	MemoryStorage bool
+	// DisableAutoCreate makes an enqueue to an unknown queue fail with queue_not_found instead of
+	// creating a simple queue with the defaults.
+	DisableAutoCreate bool
+	// Clock tells time for leases, invisibility and garbage collection. Default the real clock.
+	Clock clock.Clock
+	// Logger receives the broker's logs. Default slog.Default().
+	Logger *slog.Logger
+	// WriteTimeout bounds a storage write's acknowledgement. Default DefaultWriteTimeout.
+	WriteTimeout time.Duration
+}
+
+// Broker serves natstone's request/reply API over NATS, keeping per-queue EDF indexes in memory
+// and every message in JetStream. Create it with New, then Start it.
+type Broker struct {
+	cfg   Config
+	space subjects.Space
+	clock clock.Clock
+	log   *slog.Logger
+	store *kv.Store
+	svc   micro.Service
+
+	ctx    context.Context // cancelled by Stop: ends long polls
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // request goroutines and timer callbacks in progress
+
+	// mu guards the fields below.
+	mu     sync.Mutex
+	queues map[string]*queue
+	closed bool
+}
+
+// New validates cfg and returns a broker that is not started yet.
+func New(cfg *Config) (*Broker, error) {
+	if cfg == nil || cfg.Conn == nil {
+		return nil, errors.New("natstone: broker Config.Conn is required")
+	}
+	c := *cfg
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	if c.WriteTimeout < 0 {
+		return nil, fmt.Errorf("natstone: broker Config.WriteTimeout %v is negative", c.WriteTimeout)
+	}
+	if c.Replicas < 0 {
+		return nil, fmt.Errorf("natstone: broker Config.Replicas %d is negative", c.Replicas)
+	}
+	space, err := subjects.NewSpace(c.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("natstone: broker Config.Prefix: %w", err)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &Broker{
+		cfg:    c,
+		space:  space,
+		clock:  c.Clock,
+		log:    c.Logger,
+		queues: make(map[string]*queue),
+	}, nil
+}
+
+// Start opens the storage, rebuilds every queue's indexes from it, reconciles exclusivity locks,
+// and only then starts answering requests.
+func (b *Broker) Start(ctx context.Context) error {
+	js, err := jetstream.New(b.cfg.Conn, jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout))
+	if err != nil {
+		return fmt.Errorf("natstone: jetstream: %w", err)
+	}
+	b.store, err = kv.Open(ctx, &kv.Config{
+		JS:            js,
+		Prefix:        b.cfg.StorePrefix,
+		Replicas:      b.cfg.Replicas,
+		MemoryStorage: b.cfg.MemoryStorage,
+	})
+	if err != nil {
+		return err
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	start := time.Now()
+	n, err := b.recover(ctx)
+	if err != nil {
+		b.cancel()
+		return err
+	}
+	b.log.Info("recovered", "queues", len(b.queues), "messages", n, "took", time.Since(start).Round(time.Millisecond))
+	if err := b.serve(); err != nil {
+		b.cancel()
+		b.mu.Lock()
+		b.closed = true
+		b.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// Stop stops answering requests, ends long polls, stops the timers and waits for work in progress
+// (or ctx) to end. Every reply already sent stays true: nothing is acknowledged before it is stored.
+func (b *Broker) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	qs := make([]*queue, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	b.mu.Unlock()
+	var err error
+	if b.svc != nil {
+		err = b.svc.Stop()
+	}
+	if b.cancel != nil {
+		b.cancel()
+	}
+	for _, q := range qs {
+		q.mu.Lock()
+		q.close(subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
+		q.mu.Unlock()
+	}
+	done := make(chan struct{})
+	go func() {
+		b.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return err
+	case <-ctx.Done():
+		return errors.Join(err, fmt.Errorf("natstone: stop: %w", ctx.Err()))
+	}
+}
+
+// track registers a unit of work (a request or a timer callback) unless the broker is stopping.
+// The caller must call b.wg.Done when it ends.
+func (b *Broker) track() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.wg.Add(1)
+	return true
+}
+
+// unavailable wraps a storage or wait failure as a retryable typed error.
+func unavailable(what string, err error) error {
+	var e *subjects.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return subjects.Errorf(subjects.CodeUnavailable, "%s: %v", what, err)
+}

@@ -1,0 +1,96 @@
+package broker
+
+import (
+	"container/heap"
+	"time"
+
+	"github.com/natstone/natstone/broker/clock"
+)
+
+// deadlines is a min-heap of entries by a deadline (Unix ms) with one clock timer armed for its
+// earliest deadline: the broker's single timer per kind of deadline per queue. An entry is in at most
+// one deadlines heap at a time (its state decides which), so entry.heapIdx is its position there.
+type deadlines struct {
+	key     func(*entry) int64
+	items   []*entry
+	timer   clock.Timer
+	armedAt int64 // deadline the timer is armed for; 0 if not armed
+}
+
+func (d *deadlines) Len() int           { return len(d.items) }
+func (d *deadlines) Less(i, j int) bool { return d.key(d.items[i]) < d.key(d.items[j]) }
+func (d *deadlines) Swap(i, j int) {
+	d.items[i], d.items[j] = d.items[j], d.items[i]
+	d.items[i].heapIdx = i
+	d.items[j].heapIdx = j
+}
+func (d *deadlines) Push(x any) {
+	e := x.(*entry)
+	e.heapIdx = len(d.items)
+	d.items = append(d.items, e)
+}
+func (d *deadlines) Pop() any {
+	n := len(d.items) - 1
+	e := d.items[n]
+	d.items[n] = nil
+	d.items = d.items[:n]
+	e.heapIdx = -1
+	return e
+}
+
+func (d *deadlines) add(e *entry) { heap.Push(d, e) }
+
+func (d *deadlines) remove(e *entry) {
+	if e.heapIdx >= 0 && e.heapIdx < len(d.items) && d.items[e.heapIdx] == e {
+		heap.Remove(d, e.heapIdx)
+	}
+}
+
+// due returns the entries whose deadline is at or before now, earliest first, without removing them.
+func (d *deadlines) due(now int64, max int) []*entry {
+	var out []*entry
+	// Walk the heap as a tree, pruning subtrees whose root is not due.
+	stack := []int{0}
+	for len(stack) > 0 && len(out) < max {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if i >= len(d.items) || d.key(d.items[i]) > now {
+			continue
+		}
+		out = append(out, d.items[i])
+		stack = append(stack, 2*i+1, 2*i+2)
+	}
+	return out
+}
+
+// arm (re)sets the timer for the earliest deadline; fire runs when it elapses.
+func (d *deadlines) arm(clk clock.Clock, fire func()) {
+	if len(d.items) == 0 {
+		if d.timer != nil && d.armedAt != 0 {
+			d.timer.Stop()
+		}
+		d.armedAt = 0
+		return
+	}
+	at := d.key(d.items[0])
+	if at == d.armedAt || d.armedAt == parked {
+		return
+	}
+	d.armedAt = at
+	wait := time.Duration(at-clk.Now().UnixMilli()) * time.Millisecond
+	if wait < 0 {
+		wait = 0
+	}
+	if d.timer == nil {
+		d.timer = clk.AfterFunc(wait, fire)
+		return
+	}
+	d.timer.Reset(wait)
+}
+
+func (d *deadlines) stop() {
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+	d.armedAt = 0
+}

@@ -1,0 +1,325 @@
+package broker
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nuid"
+
+	"github.com/natstone/natstone/broker/index"
+	"github.com/natstone/natstone/subjects"
+)
+
+// waiter is a dequeue long-polling for messages.
+type waiter struct {
+	filter index.Filter
+	n      int
+	got    chan []*entry // buffered: the entries popped for it
+	gone   chan struct{} // closed when the queue closes
+}
+
+// dequeueRecord remembers what a dequeue with a request id leased, so a retry returns the same leases.
+type dequeueRecord struct {
+	done   chan struct{} // closed when the first dequeue with the id has finished
+	leases []leaseRef
+}
+
+type leaseRef struct {
+	e       *entry
+	leaseID string
+}
+
+type reqStamp struct {
+	id string
+	at int64
+}
+
+// validateDequeue checks a dequeue request and fills in its defaults.
+func validateDequeue(cfg *subjects.QueueConfig, r *subjects.DequeueRequest) (index.Filter, error) {
+	if r.Batch == 0 {
+		r.Batch = 1
+	}
+	if r.Batch < 1 || r.Batch > subjects.MaxDequeueBatch {
+		return nil, subjects.Errorf(subjects.CodeOutOfRange, "batch must be 1 to %d, got %d", subjects.MaxDequeueBatch, r.Batch)
+	}
+	if r.LeaseMS != 0 {
+		if err := checkRange("lease_ms", r.LeaseMS, subjects.MinLease.Milliseconds(), subjects.MaxLease); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkRange("wait_ms", r.WaitMS, 0, subjects.MaxWait); err != nil {
+		return nil, err
+	}
+	if err := subjects.ValidateMetadata(r.Filter, subjects.MaxMetadataPairs); err != nil {
+		return nil, err
+	}
+	if err := subjects.ValidateRequestID(r.RequestID); err != nil {
+		return nil, err
+	}
+	return toFilter(r.Filter), nil
+}
+
+func toFilter(md map[string]string) index.Filter {
+	if len(md) == 0 {
+		return nil
+	}
+	f := make(index.Filter, 0, len(md))
+	for k, v := range md {
+		f = append(f, index.Pair{Key: k, Value: v})
+	}
+	return f
+}
+
+// dequeue leases up to r.Batch earliest-deadline pending messages matching the filter, waiting up to
+// r.WaitMS for a first one, and returns them with their payloads.
+func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subjects.Message, error) {
+	q.mu.Lock()
+	if err := q.usable(); err != nil {
+		q.mu.Unlock()
+		return nil, err
+	}
+	filter, err := validateDequeue(&q.cfg, &r)
+	if err != nil {
+		q.mu.Unlock()
+		return nil, err
+	}
+	if q.cfg.DequeueBlocked {
+		q.mu.Unlock()
+		return nil, subjects.Errorf(subjects.CodeQueueBlocked, "queue %s: dequeue is blocked", q.name)
+	}
+	q.expireRequests(q.now())
+	var rec *dequeueRecord
+	if r.RequestID != "" {
+		if prior := q.requests[r.RequestID]; prior != nil {
+			q.mu.Unlock()
+			select {
+			case <-prior.done:
+			case <-ctx.Done():
+				return nil, unavailable("wait for the first dequeue with this request_id", ctx.Err())
+			}
+			q.mu.Lock()
+			held := q.replay(prior)
+			q.mu.Unlock()
+			return q.withPayloads(ctx, held)
+		}
+		rec = &dequeueRecord{done: make(chan struct{})}
+		q.requests[r.RequestID] = rec
+		q.reqOrder = append(q.reqOrder, reqStamp{id: r.RequestID, at: q.now()})
+		defer close(rec.done)
+	}
+
+	es := q.pending.Pop(filter, r.Batch)
+	if len(es) == 0 && r.WaitMS > 0 {
+		es = q.wait(ctx, filter, r.Batch, time.Duration(r.WaitMS)*time.Millisecond)
+	}
+	if len(es) == 0 {
+		q.mu.Unlock()
+		return nil, nil
+	}
+	now := q.now()
+	cs := make([]*change, len(es))
+	seqs := make([]uint64, len(es))
+	for i, e := range es {
+		next := e.rec
+		next.State = subjects.StateRunning
+		next.Attempts++
+		next.LeaseID = nuid.Next()
+		next.LeaseExpires = now + q.leaseMS(r.LeaseMS, e)
+		next.RequestID = r.RequestID
+		next.Released = false
+		q.stamp(&next, now)
+		cs[i] = &change{e: e, next: next}
+		seqs[i] = e.rec.BodySeq
+	}
+	bodies := q.readBodies(ctx, seqs) // in parallel with the lease writes: payloads are immutable
+	q.commit(cs)
+	var held []leaseRef
+	var heldBodies []bodyResult
+	for i, c := range cs {
+		if c.err == nil {
+			held = append(held, leaseRef{e: c.e, leaseID: c.next.LeaseID})
+			heldBodies = append(heldBodies, <-bodies[i])
+		} else {
+			<-bodies[i]
+		}
+	}
+	if rec != nil {
+		rec.leases = held
+	}
+	views := make([]subjects.Message, len(held))
+	for i, h := range held {
+		views[i] = q.view(h.e)
+	}
+	q.mu.Unlock()
+	if len(held) == 0 && len(cs) > 0 {
+		return nil, subjects.Errorf(subjects.CodeUnavailable, "queue %s: storage did not take the leases; retry", q.name)
+	}
+	for i := range views {
+		if heldBodies[i].err != nil {
+			return nil, unavailable("read payload", heldBodies[i].err)
+		}
+		views[i].SetPayload(heldBodies[i].data)
+	}
+	return views, nil
+}
+
+// leaseMS picks a lease duration: the request's, else the message's own, else the queue's.
+func (q *queue) leaseMS(requested int64, e *entry) int64 {
+	switch {
+	case requested > 0:
+		return requested
+	case e.rec.LeaseMS > 0:
+		return e.rec.LeaseMS
+	default:
+		return q.cfg.LeaseMS
+	}
+}
+
+// wait parks a dequeue until messages matching f are popped for it, d elapses, the context ends or
+// the queue closes. Called and returns with q.mu held.
+func (q *queue) wait(ctx context.Context, f index.Filter, n int, d time.Duration) []*entry {
+	w := &waiter{filter: f, n: n, got: make(chan []*entry, 1), gone: make(chan struct{})}
+	q.waiters = append(q.waiters, w)
+	timeout := make(chan struct{})
+	t := q.b.clock.AfterFunc(d, func() { close(timeout) })
+	q.mu.Unlock()
+	var es []*entry
+	select {
+	case es = <-w.got:
+	case <-timeout:
+	case <-ctx.Done():
+	case <-w.gone:
+	}
+	t.Stop()
+	q.mu.Lock()
+	if es != nil {
+		return es
+	}
+	select {
+	case es = <-w.got: // served just as it gave up
+		return es
+	default:
+	}
+	for i, o := range q.waiters {
+		if o == w {
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			break
+		}
+	}
+	return nil
+}
+
+// serveWaiters hands eligible messages to waiting dequeues in arrival order.
+func (q *queue) serveWaiters() {
+	if len(q.waiters) == 0 || q.cfg.DequeueBlocked {
+		return
+	}
+	kept := q.waiters[:0]
+	for i, w := range q.waiters {
+		if q.pending.Len() == 0 {
+			kept = append(kept, q.waiters[i:]...)
+			break
+		}
+		if es := q.pending.Pop(w.filter, w.n); len(es) > 0 {
+			w.got <- es
+			continue
+		}
+		kept = append(kept, w)
+	}
+	clear(q.waiters[len(kept):])
+	q.waiters = kept
+}
+
+// replay returns the leases of an earlier dequeue with the same request id that are still held.
+func (q *queue) replay(r *dequeueRecord) []leaseRef {
+	var held []leaseRef
+	for _, l := range r.leases {
+		if q.entries[l.e.rec.ID] == l.e && l.e.rec.State == subjects.StateRunning && l.e.rec.LeaseID == l.leaseID {
+			held = append(held, l)
+		}
+	}
+	return held
+}
+
+// RequestIDWindow is how long a dequeue request id is remembered: a retry within it returns the same
+// leases (those still held) instead of leasing more.
+const RequestIDWindow = 5 * time.Minute
+
+func (q *queue) expireRequests(now int64) {
+	cut := now - RequestIDWindow.Milliseconds()
+	n := 0
+	for n < len(q.reqOrder) && q.reqOrder[n].at < cut {
+		delete(q.requests, q.reqOrder[n].id)
+		n++
+	}
+	if n > 0 {
+		q.reqOrder = append(q.reqOrder[:0], q.reqOrder[n:]...)
+	}
+}
+
+// withPayloads builds the replies of held leases with their payloads.
+func (q *queue) withPayloads(ctx context.Context, held []leaseRef) ([]subjects.Message, error) {
+	q.mu.Lock()
+	views := make([]subjects.Message, len(held))
+	seqs := make([]uint64, len(held))
+	for i, h := range held {
+		views[i] = q.view(h.e)
+		seqs[i] = h.e.rec.BodySeq
+	}
+	q.mu.Unlock()
+	for i, ch := range q.readBodies(ctx, seqs) {
+		b := <-ch
+		if b.err != nil {
+			return nil, unavailable("read payload", b.err)
+		}
+		views[i].SetPayload(b.data)
+	}
+	return views, nil
+}
+
+type bodyResult struct {
+	data []byte
+	err  error
+}
+
+// readBodies starts reading the payloads at seqs concurrently; each channel yields one result.
+func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult {
+	out := make([]chan bodyResult, len(seqs))
+	for i, seq := range seqs {
+		ch := make(chan bodyResult, 1)
+		out[i] = ch
+		go func() {
+			data, err := q.b.store.GetBody(ctx, seq)
+			ch <- bodyResult{data, err}
+		}()
+	}
+	return out
+}
+
+// view describes e for a reply (without payload).
+func (q *queue) view(e *entry) subjects.Message {
+	r := &e.rec
+	m := subjects.Message{
+		ID:           r.ID,
+		Queue:        q.name,
+		State:        r.State,
+		Priority:     r.Priority,
+		Metadata:     r.Metadata,
+		Version:      r.Version,
+		Attempts:     r.Attempts,
+		AttemptsLeft: max(r.MaxAttempts-r.Attempts, 0),
+		LeaseID:      r.LeaseID,
+		EnqueuedAt:   time.UnixMilli(r.EnqueuedAt).UTC(),
+		VisibleAt:    time.UnixMilli(r.VisibleAt).UTC(),
+		UpdatedAt:    time.UnixMilli(r.UpdatedAt).UTC(),
+	}
+	if r.State == subjects.StateRunning {
+		t := time.UnixMilli(r.LeaseExpires).UTC()
+		m.LeaseExpiresAt = &t
+	}
+	if r.EndedAt != 0 {
+		t := time.UnixMilli(r.EndedAt).UTC()
+		m.EndedAt = &t
+	}
+	return m
+}

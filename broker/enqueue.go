@@ -1,0 +1,220 @@
+package broker
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nuid"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// enqueued is one validated message of an enqueue request.
+type enqueued struct {
+	rec     kv.Record // the record to create (BodySeq set once the payload is stored)
+	payload []byte
+	given   bool     // the client chose the id
+	dupOf   int      // index of an earlier message of the same request with this id, else -1
+	e       *entry   // the entry (new, or the existing one for a duplicate)
+	dup     bool     // the id already existed: nothing is written for it
+	body    kv.Write // the payload write in flight
+}
+
+// validateEnqueue checks every message of a request against the queue's config and builds its
+// record. Nothing is written unless every message is valid.
+func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, now int64) ([]*enqueued, error) {
+	out := make([]*enqueued, len(reqs))
+	seen := make(map[string]int, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		m := &enqueued{dupOf: -1}
+		payload, err := r.PayloadBytes()
+		if err != nil {
+			return nil, err
+		}
+		if len(payload) > cfg.MaxPayloadBytes {
+			return nil, subjects.Errorf(subjects.CodePayloadTooLarge, "payload of %d bytes, the queue accepts at most %d", len(payload), cfg.MaxPayloadBytes)
+		}
+		m.payload = payload
+		if err := subjects.ValidateMetadata(r.Metadata, cfg.MaxMetadataPairs); err != nil {
+			return nil, err
+		}
+		if cfg.Type == subjects.Exclusive {
+			if v, ok := r.Metadata[cfg.ExclusivityKey]; !ok || v == "" {
+				return nil, subjects.Errorf(subjects.CodeMissingExclusivityKey, "exclusive queue: metadata must carry a non-empty %q", cfg.ExclusivityKey)
+			}
+		}
+		invisible := cfg.InvisibleMS
+		if r.InvisibleMS != nil {
+			invisible = *r.InvisibleMS
+			if err := checkRange("invisible_ms", invisible, 0, subjects.MaxInvisible); err != nil {
+				return nil, err
+			}
+		}
+		var leaseMS int64
+		if r.LeaseMS != nil {
+			leaseMS = *r.LeaseMS
+			if err := checkRange("lease_ms", leaseMS, subjects.MinLease.Milliseconds(), subjects.MaxLease); err != nil {
+				return nil, err
+			}
+		}
+		id := r.ID
+		if id != "" {
+			if err := subjects.ValidateID(id); err != nil {
+				return nil, err
+			}
+			m.given = true
+			if j, ok := seen[id]; ok {
+				m.dupOf = j
+			}
+			seen[id] = i
+		} else {
+			id = nuid.Next()
+		}
+		prio := now
+		if r.Priority != nil {
+			prio = *r.Priority
+		}
+		m.rec = kv.Record{
+			ID:          id,
+			State:       subjects.StatePending,
+			Priority:    prio,
+			PayloadSize: len(payload),
+			Metadata:    r.Metadata,
+			Version:     1,
+			MaxAttempts: cfg.MaxAttempts,
+			LeaseMS:     leaseMS,
+			EnqueuedAt:  now,
+			VisibleAt:   now + invisible,
+			UpdatedAt:   now,
+		}
+		if invisible > 0 {
+			m.rec.State = subjects.StateInvisible
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// checkRange checks that a millisecond field lies in [min, max].
+func checkRange(field string, v, min int64, max time.Duration) error {
+	if v < min || v > max.Milliseconds() {
+		return subjects.Errorf(subjects.CodeOutOfRange, "%s must be %d to %d, got %d", field, min, max.Milliseconds(), v)
+	}
+	return nil
+}
+
+// enqueue stores the messages of one request: payloads first (each payload's stream sequence becomes
+// its record's BodySeq and FIFO tie-breaker), then the records, created with CAS so an id exists once.
+func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]subjects.EnqueueReply, error) {
+	q.mu.Lock()
+	if err := q.usable(); err != nil {
+		q.mu.Unlock()
+		return nil, err
+	}
+	if q.cfg.EnqueueBlocked {
+		q.mu.Unlock()
+		return nil, subjects.Errorf(subjects.CodeQueueBlocked, "queue %s: enqueue is blocked", q.name)
+	}
+	cfg := q.cfg
+	now := q.now()
+	ms, err := validateEnqueue(&cfg, reqs, now)
+	if err != nil {
+		q.mu.Unlock()
+		return nil, err
+	}
+	for _, m := range ms {
+		if m.dupOf < 0 && q.entries[m.rec.ID] != nil {
+			m.dup = true
+		}
+	}
+	q.mu.Unlock()
+
+	for _, m := range ms {
+		if !m.dup && m.dupOf < 0 {
+			m.body = q.b.store.WriteBody(q.name, m.rec.ID, m.payload, m.given)
+		}
+	}
+	for _, m := range ms {
+		if m.dup || m.dupOf >= 0 {
+			continue
+		}
+		seq, err := m.body.Wait(ctx)
+		if err != nil {
+			return nil, unavailable("store payload", err)
+		}
+		m.rec.BodySeq = seq
+	}
+
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return nil, err
+	}
+	var cs []*change
+	var orphans []uint64
+	for _, m := range ms {
+		if m.dupOf >= 0 {
+			continue
+		}
+		if e := q.entries[m.rec.ID]; e != nil {
+			// Created meanwhile by a concurrent request with the same id.
+			if !m.dup && e.rec.BodySeq != m.rec.BodySeq {
+				orphans = append(orphans, m.rec.BodySeq)
+			}
+			m.e, m.dup = e, true
+			continue
+		}
+		e := q.newEntry(m.rec, 0)
+		e.rec = kv.Record{ID: m.rec.ID} // not placed until stored
+		q.entries[m.rec.ID] = e
+		m.e = e
+		cs = append(cs, &change{e: e, next: m.rec})
+	}
+	q.commit(cs)
+	for _, c := range cs {
+		if c.err != nil {
+			if e := q.entries[c.next.ID]; e != nil && e.rev != 0 {
+				continue // another writer created it: a duplicate
+			}
+			return nil, unavailable("store message", c.err)
+		}
+	}
+	replies := make([]subjects.EnqueueReply, len(ms))
+	for i, m := range ms {
+		if m.dupOf >= 0 {
+			replies[i] = replies[m.dupOf]
+			replies[i].Duplicate = true
+			continue
+		}
+		e := m.e
+		if m.dup {
+			// Wait out a write in flight so the reply shows a stored record.
+			if err := q.waitIdle(ctx, e); err != nil {
+				return nil, unavailable("wait for message", err)
+			}
+			if q.entries[e.rec.ID] != e || e.rev == 0 {
+				return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q: a concurrent enqueue of this id failed; retry", e.rec.ID)
+			}
+		}
+		replies[i] = subjects.EnqueueReply{
+			ID:        e.rec.ID,
+			State:     e.rec.State,
+			Priority:  e.rec.Priority,
+			Version:   e.rec.Version,
+			Duplicate: m.dup,
+			VisibleAt: time.UnixMilli(e.rec.VisibleAt).UTC(),
+		}
+	}
+	if len(orphans) > 0 {
+		q.mu.Unlock()
+		for _, seq := range orphans {
+			if err := q.b.store.DeleteBody(ctx, seq); err != nil {
+				q.log().Warn("orphan payload not deleted", "body_seq", seq, "error", err)
+			}
+		}
+		q.mu.Lock()
+	}
+	return replies, nil
+}

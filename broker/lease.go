@@ -1,0 +1,246 @@
+package broker
+
+import (
+	"context"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// find returns the entry of id once it has no write in flight. Called and returns with q.mu held.
+func (q *queue) find(ctx context.Context, id string) (*entry, error) {
+	if err := subjects.ValidateID(id); err != nil {
+		return nil, err
+	}
+	for {
+		if err := q.usable(); err != nil {
+			return nil, err
+		}
+		e := q.entries[id]
+		if e == nil || (e.rev == 0 && e.busy == nil) {
+			return nil, subjects.Errorf(subjects.CodeMessageNotFound, "queue %s has no message %q", q.name, id)
+		}
+		if e.busy == nil {
+			return e, nil
+		}
+		if err := q.waitIdle(ctx, e); err != nil {
+			return nil, unavailable("wait for message", err)
+		}
+	}
+}
+
+// fence checks that leaseID is e's current, unexpired lease. It returns nil when it is, and a typed
+// error otherwise; idempotent tells the caller the same call already succeeded and must change nothing.
+func (q *queue) fence(e *entry, leaseID string, op subjects.Op) (idempotent bool, err error) {
+	if leaseID == "" {
+		return false, subjects.Errorf(subjects.CodeBadRequest, "%s needs the lease_id the dequeue returned", op)
+	}
+	r := &e.rec
+	if r.LeaseID != leaseID {
+		return false, subjects.Errorf(subjects.CodeLeaseMismatch, "message %q: lease %q is not its current lease", r.ID, leaseID)
+	}
+	switch r.State {
+	case subjects.StateRunning:
+		if q.now() >= r.LeaseExpires {
+			return false, subjects.Errorf(subjects.CodeLeaseExpired, "message %q: lease %q has expired", r.ID, leaseID)
+		}
+		return false, nil
+	case subjects.StateCompleted:
+		if op == subjects.OpComplete {
+			return true, nil
+		}
+		return false, subjects.Errorf(subjects.CodeInvalidState, "message %q is completed", r.ID)
+	case subjects.StateCanceled:
+		return false, subjects.Errorf(subjects.CodeInvalidState, "message %q was canceled", r.ID)
+	default: // pending, invisible, errored after this lease
+		if r.Released {
+			if op == subjects.OpRelease {
+				return true, nil
+			}
+			return false, subjects.Errorf(subjects.CodeInvalidState, "message %q: lease %q was released", r.ID, leaseID)
+		}
+		return false, subjects.Errorf(subjects.CodeLeaseExpired, "message %q: lease %q has expired", r.ID, leaseID)
+	}
+}
+
+// transition writes e's record as edit changes it and returns the message's new view.
+// Called with q.mu held.
+func (q *queue) transition(e *entry, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
+	now := q.now()
+	r := e.rec
+	edit(&r, now)
+	q.stamp(&r, now)
+	c := &change{e: e, next: r}
+	q.commit([]*change{c})
+	if c.err != nil {
+		return subjects.Message{}, unavailable("store message", c.err)
+	}
+	return q.view(e), nil
+}
+
+// complete moves a running message to completed. Completing it again with the same lease succeeds
+// and writes nothing.
+func (q *queue) complete(ctx context.Context, req subjects.LeaseRequest) (subjects.Message, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	e, err := q.find(ctx, req.ID)
+	if err != nil {
+		return subjects.Message{}, err
+	}
+	if done, err := q.fence(e, req.LeaseID, subjects.OpComplete); err != nil || done {
+		return q.view(e), err
+	}
+	return q.transition(e, func(r *kv.Record, _ int64) { r.State = subjects.StateCompleted })
+}
+
+// extend moves a running message's lease expiry to LeaseMS from now.
+func (q *queue) extend(ctx context.Context, req subjects.ExtendRequest) (subjects.Message, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if req.LeaseMS != 0 {
+		if err := checkRange("lease_ms", req.LeaseMS, subjects.MinLease.Milliseconds(), subjects.MaxLease); err != nil {
+			return subjects.Message{}, err
+		}
+	}
+	e, err := q.find(ctx, req.ID)
+	if err != nil {
+		return subjects.Message{}, err
+	}
+	if _, err := q.fence(e, req.LeaseID, subjects.OpExtend); err != nil {
+		return subjects.Message{}, err
+	}
+	lease := q.leaseMS(req.LeaseMS, e)
+	return q.transition(e, func(r *kv.Record, now int64) { r.LeaseExpires = now + lease })
+}
+
+// release gives a running message back: pending now, or invisible for DelayMS. The attempt it used
+// stays spent; with none left the message is errored. Releasing it again with the same lease succeeds
+// and writes nothing.
+func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subjects.Message, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := checkRange("delay_ms", req.DelayMS, 0, subjects.MaxInvisible); err != nil {
+		return subjects.Message{}, err
+	}
+	e, err := q.find(ctx, req.ID)
+	if err != nil {
+		return subjects.Message{}, err
+	}
+	if done, err := q.fence(e, req.LeaseID, subjects.OpRelease); err != nil || done {
+		return q.view(e), err
+	}
+	return q.transition(e, func(r *kv.Record, now int64) {
+		r.Released = true
+		switch {
+		case r.Attempts >= r.MaxAttempts:
+			r.State = subjects.StateErrored
+		case req.DelayMS > 0:
+			r.State = subjects.StateInvisible
+			r.VisibleAt = now + req.DelayMS
+		default:
+			r.State = subjects.StatePending
+			r.VisibleAt = now
+		}
+	})
+}
+
+// cancel moves a message that is not terminal to canceled. A running message's lease id, when given,
+// must be current; without one the cancel is unconditional (an operator's). Canceling a canceled
+// message succeeds and writes nothing.
+func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects.Message, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	e, err := q.find(ctx, req.ID)
+	if err != nil {
+		return subjects.Message{}, err
+	}
+	switch e.rec.State {
+	case subjects.StateCanceled:
+		return q.view(e), nil
+	case subjects.StateCompleted, subjects.StateErrored:
+		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.rec.ID, e.rec.State)
+	case subjects.StateRunning:
+		if req.LeaseID != "" {
+			if _, err := q.fence(e, req.LeaseID, subjects.OpCancel); err != nil {
+				return q.view(e), err
+			}
+		}
+	}
+	return q.transition(e, func(r *kv.Record, _ int64) { r.State = subjects.StateCanceled })
+}
+
+// get returns a message with its payload.
+func (q *queue) get(ctx context.Context, id string) (subjects.Message, error) {
+	q.mu.Lock()
+	e, err := q.find(ctx, id)
+	if err != nil {
+		q.mu.Unlock()
+		return subjects.Message{}, err
+	}
+	m := q.view(e)
+	seq := e.rec.BodySeq
+	q.mu.Unlock()
+	b := <-q.readBodies(ctx, []uint64{seq})[0]
+	if b.err != nil {
+		return subjects.Message{}, unavailable("read payload", b.err)
+	}
+	m.SetPayload(b.data)
+	return m, nil
+}
+
+// depth counts the queue's messages by state, only those whose metadata matches filter if given.
+func (q *queue) depth(filter map[string]string) (subjects.Counts, error) {
+	if err := subjects.ValidateMetadata(filter, subjects.MaxMetadataPairs); err != nil {
+		return subjects.Counts{}, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return subjects.Counts{}, err
+	}
+	if len(filter) == 0 {
+		return q.countsLocked(), nil
+	}
+	var c subjects.Counts
+	for _, e := range q.entries {
+		if e.rev == 0 || !matches(e.rec.Metadata, filter) {
+			continue
+		}
+		addCount(&c, e.rec.State, 1)
+	}
+	return c, nil
+}
+
+func matches(md, filter map[string]string) bool {
+	for k, v := range filter {
+		if got, ok := md[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (q *queue) countsLocked() subjects.Counts {
+	var c subjects.Counts
+	for _, s := range subjects.States {
+		addCount(&c, s, q.counts[stateIndex(s)])
+	}
+	return c
+}
+
+func addCount(c *subjects.Counts, s subjects.State, n int) {
+	switch s {
+	case subjects.StateInvisible:
+		c.Invisible += n
+	case subjects.StatePending:
+		c.Pending += n
+	case subjects.StateRunning:
+		c.Running += n
+	case subjects.StateCompleted:
+		c.Completed += n
+	case subjects.StateCanceled:
+		c.Canceled += n
+	case subjects.StateErrored:
+		c.Errored += n
+	}
+}

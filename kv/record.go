@@ -1,0 +1,88 @@
+package kv
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// Record is a message as stored: everything but the payload. Times are Unix milliseconds.
+type Record struct {
+	ID           string            `json:"id"`
+	State        subjects.State    `json:"state"`
+	Priority     int64             `json:"priority"`
+	BodySeq      uint64            `json:"body_seq"` // the payload's sequence in the bodies stream
+	PayloadSize  int               `json:"payload_size"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	Version      uint64            `json:"version"`
+	Attempts     int               `json:"attempts"`
+	MaxAttempts  int               `json:"max_attempts"`
+	LeaseMS      int64             `json:"lease_ms,omitempty"` // the message's own lease default; 0 = the queue's
+	LeaseID      string            `json:"lease_id,omitempty"`
+	LeaseExpires int64             `json:"lease_expires,omitempty"`
+	RequestID    string            `json:"request_id,omitempty"` // the dequeue request of the current or last lease
+	Released     bool              `json:"released,omitempty"`   // the last lease ended by release
+	EnqueuedAt   int64             `json:"enqueued_at"`
+	VisibleAt    int64             `json:"visible_at"`
+	UpdatedAt    int64             `json:"updated_at"`
+	EndedAt      int64             `json:"ended_at,omitempty"`
+}
+
+// Lock records who holds an exclusivity value. A free lock has an empty MessageID.
+type Lock struct {
+	MessageID string `json:"message_id,omitempty"`
+	LeaseID   string `json:"lease_id,omitempty"`
+}
+
+// QueueRecord is a queue as stored.
+type QueueRecord struct {
+	Config    subjects.QueueConfig `json:"config"`
+	CreatedAt int64                `json:"created_at"` // Unix ms
+}
+
+// EncodeRecord encodes r for storage.
+func EncodeRecord(r *Record) ([]byte, error) { return json.Marshal(r) }
+
+// DecodeRecord decodes a stored record. It rejects records that fail basic invariants, so that a
+// corrupted or foreign value never reaches the broker's indexes.
+func DecodeRecord(data []byte) (Record, error) {
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Record{}, fmt.Errorf("kv: decode record: %w", err)
+	}
+	if r.ID == "" {
+		return Record{}, fmt.Errorf("kv: decode record: empty id")
+	}
+	switch r.State {
+	case subjects.StateInvisible, subjects.StatePending, subjects.StateRunning,
+		subjects.StateCompleted, subjects.StateCanceled, subjects.StateErrored:
+	default:
+		return Record{}, fmt.Errorf("kv: decode record %q: unknown state %q", r.ID, r.State)
+	}
+	return r, nil
+}
+
+// encodeToken maps an arbitrary string (message id, exclusivity value) to a KV key token:
+// unpadded base64url, whose alphabet ([A-Za-z0-9_-]) is valid in keys and subjects.
+func encodeToken(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+func decodeToken(tok string) (string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	return string(b), err
+}
+
+// splitKey splits "<queue>.<token>" and decodes the token.
+func splitKey(key string) (queue, name string, err error) {
+	queue, tok, ok := strings.Cut(key, ".")
+	if !ok {
+		return "", "", fmt.Errorf("kv: malformed key %q", key)
+	}
+	name, err = decodeToken(tok)
+	if err != nil {
+		return "", "", fmt.Errorf("kv: malformed key %q: %w", key, err)
+	}
+	return queue, name, nil
+}

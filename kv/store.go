@@ -1,0 +1,388 @@
+package kv
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultPrefix names the buckets and the bodies stream unless configured otherwise.
+const DefaultPrefix = "natstone"
+
+// Errors returned by the store.
+var (
+	// ErrConflict: a compare-and-swap write found another revision than expected.
+	ErrConflict = errors.New("kv: revision conflict")
+	// ErrNotFound: no such key or body.
+	ErrNotFound = errors.New("kv: not found")
+)
+
+// Config configures a Store.
+type Config struct {
+	// JS is the JetStream context to use. Required. Its async publish timeout bounds how long a write
+	// may stay unacknowledged (jetstream.WithPublishAsyncTimeout).
+	JS jetstream.JetStream
+	// Prefix names the buckets (<prefix>-queues, -messages, -locks) and the bodies stream
+	// (<prefix>-bodies on subjects <prefix>.body.<queue>). Default DefaultPrefix.
+	Prefix string
+	// Replicas of every bucket and stream: 1 on a single server, 3 on a production cluster. Default 1.
+	Replicas int
+	// MemoryStorage keeps everything in memory instead of files (tests and benchmarks only).
+	MemoryStorage bool
+}
+
+// Store is natstone's storage in JetStream. It is safe for concurrent use.
+type Store struct {
+	js       jetstream.JetStream
+	prefix   string
+	queues   jetstream.KeyValue
+	messages jetstream.KeyValue
+	locks    jetstream.KeyValue
+	bodies   jetstream.Stream
+	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
+
+	msgSubj  string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
+	lockSubj string
+	bodySubj string // "<prefix>.body."
+}
+
+// Open creates (or updates) the buckets and the bodies stream and returns a Store over them.
+// It is idempotent: every broker calls it at start.
+func Open(ctx context.Context, cfg *Config) (*Store, error) {
+	if cfg == nil || cfg.JS == nil {
+		return nil, errors.New("kv: Config.JS is required")
+	}
+	prefix := cmp.Or(cfg.Prefix, DefaultPrefix)
+	replicas := cmp.Or(cfg.Replicas, 1)
+	storage := jetstream.FileStorage
+	if cfg.MemoryStorage {
+		storage = jetstream.MemoryStorage
+	}
+	s := &Store{js: cfg.JS, prefix: prefix}
+	bucket := func(name, desc string) (jetstream.KeyValue, error) {
+		kv, err := cfg.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      prefix + "-" + name,
+			Description: desc,
+			History:     1,
+			Storage:     storage,
+			Replicas:    replicas,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("kv: open bucket %s-%s: %w", prefix, name, err)
+		}
+		return kv, nil
+	}
+	var err error
+	if s.queues, err = bucket("queues", "natstone queue configs"); err != nil {
+		return nil, err
+	}
+	if s.messages, err = bucket("messages", "natstone message records"); err != nil {
+		return nil, err
+	}
+	if s.locks, err = bucket("locks", "natstone exclusivity locks"); err != nil {
+		return nil, err
+	}
+	s.bodies, err = cfg.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        prefix + "-bodies",
+		Description: "natstone message payloads",
+		Subjects:    []string{prefix + ".body.>"},
+		Storage:     storage,
+		Replicas:    replicas,
+		AllowDirect: true,
+		Duplicates:  2 * time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", prefix, err)
+	}
+	s.streams = make(map[jetstream.KeyValue]jetstream.Stream, 3)
+	for _, b := range []jetstream.KeyValue{s.queues, s.messages, s.locks} {
+		st, err := cfg.JS.Stream(ctx, "KV_"+b.Bucket())
+		if err != nil {
+			return nil, fmt.Errorf("kv: open bucket %s: %w", b.Bucket(), err)
+		}
+		s.streams[b] = st
+	}
+	s.msgSubj = "$KV." + prefix + "-messages."
+	s.lockSubj = "$KV." + prefix + "-locks."
+	s.bodySubj = prefix + ".body."
+	return s, nil
+}
+
+// Write is a write in flight. Wait returns the new revision (the write's stream sequence).
+type Write struct {
+	f   jetstream.PubAckFuture
+	err error
+}
+
+// Wait waits for the write's acknowledgement. It returns ErrConflict if the expected revision did not
+// match; any other error leaves the outcome unknown (the write may or may not have been stored).
+func (w Write) Wait(ctx context.Context) (uint64, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	select {
+	case ack := <-w.f.Ok():
+		return ack.Sequence, nil
+	case err := <-w.f.Err():
+		return 0, mapErr(err)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func mapErr(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return fmt.Errorf("%w: %v", ErrConflict, err)
+	}
+	return err
+}
+
+func (s *Store) publish(subject string, data []byte, expect uint64, opts ...jetstream.PublishOpt) Write {
+	msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	f, err := s.js.PublishMsgAsync(msg, opts...)
+	return Write{f: f, err: err}
+}
+
+// MessageKey returns the KV key of message id in queue.
+func MessageKey(queue, id string) string { return queue + "." + encodeToken(id) }
+
+// WriteMessage stores r as message r.ID of queue if the key's revision is still expect (0: the key
+// must not exist). It returns at once; Wait on the result.
+func (s *Store) WriteMessage(queue string, r *Record, expect uint64) Write {
+	data, err := EncodeRecord(r)
+	if err != nil {
+		return Write{err: err}
+	}
+	return s.publish(s.msgSubj+MessageKey(queue, r.ID), data, expect)
+}
+
+// GetMessage reads message id of queue with its revision.
+func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint64, error) {
+	e, err := s.messages.Get(ctx, MessageKey(queue, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Record{}, 0, ErrNotFound
+	}
+	if err != nil {
+		return Record{}, 0, err
+	}
+	r, err := DecodeRecord(e.Value())
+	return r, e.Revision(), err
+}
+
+// PurgeMessage removes message id of queue entirely (no tombstone is left, so the server keeps no
+// index entry for it and the id can be enqueued again).
+func (s *Store) PurgeMessage(ctx context.Context, queue, id string) error {
+	return s.purge(ctx, s.messages, s.msgSubj+MessageKey(queue, id))
+}
+
+// LoadMessages calls fn for every stored message of queue ("" for every queue), with its queue
+// name and revision, in key-update order. It reads a consistent snapshot: writes after it started
+// are not seen.
+func (s *Store) LoadMessages(ctx context.Context, queue string, fn func(queue string, r Record, rev uint64) error) error {
+	return s.load(ctx, s.messages, queue, func(q, _ string, value []byte, rev uint64) error {
+		r, err := DecodeRecord(value)
+		if err != nil {
+			return err
+		}
+		return fn(q, r, rev)
+	})
+}
+
+// LockKey returns the KV key of exclusivity value in queue.
+func LockKey(queue, value string) string { return queue + "." + encodeToken(value) }
+
+// WriteLock stores l as the lock of value in queue if its revision is still expect (0: new).
+func (s *Store) WriteLock(queue, value string, l Lock, expect uint64) Write {
+	data, err := json.Marshal(l)
+	if err != nil {
+		return Write{err: err}
+	}
+	return s.publish(s.lockSubj+LockKey(queue, value), data, expect)
+}
+
+// GetLock reads the lock of value in queue with its revision.
+func (s *Store) GetLock(ctx context.Context, queue, value string) (Lock, uint64, error) {
+	e, err := s.locks.Get(ctx, LockKey(queue, value))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Lock{}, 0, ErrNotFound
+	}
+	if err != nil {
+		return Lock{}, 0, err
+	}
+	var l Lock
+	if err := json.Unmarshal(e.Value(), &l); err != nil {
+		return Lock{}, 0, fmt.Errorf("kv: decode lock %s/%q: %w", queue, value, err)
+	}
+	return l, e.Revision(), nil
+}
+
+// LoadLocks calls fn for every lock of queue ("" for every queue).
+func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, value string, l Lock, rev uint64) error) error {
+	return s.load(ctx, s.locks, queue, func(q, value string, data []byte, rev uint64) error {
+		var l Lock
+		if err := json.Unmarshal(data, &l); err != nil {
+			return fmt.Errorf("kv: decode lock %s/%q: %w", q, value, err)
+		}
+		return fn(q, value, l, rev)
+	})
+}
+
+// load reads the last value of every key of bucket (under queue, or all) through a KV watcher,
+// which delivers the current values and then a nil marker.
+func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue string, fn func(queue, name string, value []byte, rev uint64) error) error {
+	var w jetstream.KeyWatcher
+	var err error
+	if queue == "" {
+		w, err = bucket.WatchAll(ctx, jetstream.IgnoreDeletes())
+	} else {
+		w, err = bucket.Watch(ctx, queue+".>", jetstream.IgnoreDeletes())
+	}
+	if err != nil {
+		return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("kv: load %s: watcher stopped", bucket.Bucket())
+			}
+			if e == nil {
+				return nil
+			}
+			q, name, err := splitKey(e.Key())
+			if err != nil {
+				return err
+			}
+			if err := fn(q, name, e.Value(), e.Revision()); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// bodyMsgIDHeader dedups a client-identified payload re-published within the stream's duplicate
+// window (a retried enqueue), so the retry finds the same sequence rather than a second copy.
+func bodyMsgID(queue, id string) string { return queue + "/" + id }
+
+// WriteBody publishes a payload of message id in queue. If dedup is set, a retry within two minutes
+// returns the first copy's sequence. Wait gives the body's sequence.
+func (s *Store) WriteBody(queue, id string, payload []byte, dedup bool) Write {
+	msg := &nats.Msg{Subject: s.bodySubj + queue, Data: payload}
+	var opts []jetstream.PublishOpt
+	if dedup {
+		opts = append(opts, jetstream.WithMsgID(bodyMsgID(queue, id)))
+	}
+	f, err := s.js.PublishMsgAsync(msg, opts...)
+	return Write{f: f, err: err}
+}
+
+// GetBody reads the payload at seq.
+func (s *Store) GetBody(ctx context.Context, seq uint64) ([]byte, error) {
+	m, err := s.bodies.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	return m.Data, nil
+}
+
+// DeleteBody removes the payload at seq. A missing body is not an error.
+func (s *Store) DeleteBody(ctx context.Context, seq uint64) error {
+	err := s.bodies.DeleteMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		return nil
+	}
+	return err
+}
+
+// GetQueue reads a queue's record with its revision.
+func (s *Store) GetQueue(ctx context.Context, name string) (QueueRecord, uint64, error) {
+	e, err := s.queues.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return QueueRecord{}, 0, ErrNotFound
+	}
+	if err != nil {
+		return QueueRecord{}, 0, err
+	}
+	var q QueueRecord
+	if err := json.Unmarshal(e.Value(), &q); err != nil {
+		return QueueRecord{}, 0, fmt.Errorf("kv: decode queue %q: %w", name, err)
+	}
+	return q, e.Revision(), nil
+}
+
+// PutQueue stores a queue's record if its revision is still expect (0: the queue must not exist).
+func (s *Store) PutQueue(ctx context.Context, name string, q QueueRecord, expect uint64) (uint64, error) {
+	data, err := json.Marshal(q)
+	if err != nil {
+		return 0, err
+	}
+	return s.publish("$KV."+s.prefix+"-queues."+name, data, expect).Wait(ctx)
+}
+
+// LoadQueues calls fn for every queue.
+func (s *Store) LoadQueues(ctx context.Context, fn func(name string, q QueueRecord, rev uint64) error) error {
+	w, err := s.queues.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("kv: load queues: %w", err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("kv: load queues: watcher stopped")
+			}
+			if e == nil {
+				return nil
+			}
+			var q QueueRecord
+			if err := json.Unmarshal(e.Value(), &q); err != nil {
+				return fmt.Errorf("kv: decode queue %q: %w", e.Key(), err)
+			}
+			if err := fn(e.Key(), q, e.Revision()); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// DeleteQueue removes a queue with all its messages, locks and payloads. The config goes last, so a
+// crash part way leaves a queue that still exists and can be deleted again.
+func (s *Store) DeleteQueue(ctx context.Context, name string) error {
+	if err := s.purge(ctx, s.messages, s.msgSubj+name+".>"); err != nil {
+		return err
+	}
+	if err := s.purge(ctx, s.locks, s.lockSubj+name+".>"); err != nil {
+		return err
+	}
+	if err := s.bodies.Purge(ctx, jetstream.WithPurgeSubject(s.bodySubj+name)); err != nil {
+		return fmt.Errorf("kv: purge bodies of %s: %w", name, err)
+	}
+	return s.purge(ctx, s.queues, "$KV."+s.prefix+"-queues."+name)
+}
+
+// purge removes every message on subject from bucket's stream.
+func (s *Store) purge(ctx context.Context, bucket jetstream.KeyValue, subject string) error {
+	if err := s.streams[bucket].Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+		return fmt.Errorf("kv: purge %s: %w", subject, err)
+	}
+	return nil
+}

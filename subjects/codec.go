@@ -1,0 +1,160 @@
+package subjects
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/textproto"
+	"strconv"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Headers of the enqueue_raw form. Header names are case-insensitive.
+const (
+	HeaderID          = "Natstone-Id"           // message id
+	HeaderPriority    = "Natstone-Priority"     // int64, decimal
+	HeaderMetadata    = "Natstone-Metadata"     // a JSON object of string values
+	HeaderInvisibleMS = "Natstone-Invisible-Ms" // int64 ms, decimal
+	HeaderLeaseMS     = "Natstone-Lease-Ms"     // int64 ms, decimal
+)
+
+// Decode strictly decodes a JSON request body into v: one object, no unknown fields, nothing after it.
+// An empty (or all white space) body leaves v at its zero value. Errors are *Error with CodeBadRequest.
+func Decode(data []byte, v any) error {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return Errorf(CodeBadRequest, "malformed JSON body: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Errorf(CodeBadRequest, "malformed JSON body: data after the object")
+	}
+	return nil
+}
+
+// DecodeRawEnqueue builds an EnqueueRequest from the enqueue_raw form: body is the payload, the
+// attributes come from the Natstone-* headers (missing headers leave fields unset).
+func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, error) {
+	req := EnqueueRequest{PayloadBase64: body}
+	if req.PayloadBase64 == nil {
+		req.PayloadBase64 = []byte{}
+	}
+	get := func(name string) (string, bool) {
+		vs, ok := header[name]
+		if !ok {
+			vs, ok = header[textproto.CanonicalMIMEHeaderKey(name)]
+		}
+		if !ok || len(vs) == 0 {
+			return "", false
+		}
+		return vs[0], true
+	}
+	if v, ok := get(HeaderID); ok {
+		req.ID = v
+	}
+	for _, h := range []struct {
+		name string
+		dst  **int64
+	}{{HeaderPriority, &req.Priority}, {HeaderInvisibleMS, &req.InvisibleMS}, {HeaderLeaseMS, &req.LeaseMS}} {
+		v, ok := get(h.name)
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %q is not a decimal int64", h.name, v)
+		}
+		*h.dst = &n
+	}
+	if v, ok := get(HeaderMetadata); ok {
+		if err := json.Unmarshal([]byte(v), &req.Metadata); err != nil {
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: want a JSON object of strings: %v", HeaderMetadata, err)
+		}
+	}
+	return req, nil
+}
+
+// PayloadBytes returns the payload of r and whether both payload forms were given (which is an error).
+func (r *EnqueueRequest) PayloadBytes() ([]byte, error) {
+	if r.Payload != "" && len(r.PayloadBase64) > 0 {
+		return nil, Errorf(CodeBadRequest, "give payload or payload_base64, not both")
+	}
+	if r.Payload != "" {
+		return []byte(r.Payload), nil
+	}
+	if r.PayloadBase64 == nil {
+		return []byte{}, nil
+	}
+	return r.PayloadBase64, nil
+}
+
+// SetPayload stores p in m as Payload when it is valid UTF-8, else as PayloadBase64.
+func (m *Message) SetPayload(p []byte) {
+	if utf8.Valid(p) {
+		s := string(p)
+		m.Payload, m.PayloadBase64 = &s, nil
+		return
+	}
+	m.Payload, m.PayloadBase64 = nil, p
+}
+
+// PayloadBytes returns the payload carried by m (nil if it carries none).
+func (m *Message) PayloadBytes() []byte {
+	if m.Payload != nil {
+		return []byte(*m.Payload)
+	}
+	return m.PayloadBase64
+}
+
+// ValidateID checks a message id: 1 to MaxIDLen bytes of printable UTF-8.
+func ValidateID(id string) error {
+	if id == "" || len(id) > MaxIDLen {
+		return Errorf(CodeInvalidID, "id must be 1 to %d bytes, got %d", MaxIDLen, len(id))
+	}
+	if !printable(id) {
+		return Errorf(CodeInvalidID, "id %q must be printable UTF-8", id)
+	}
+	return nil
+}
+
+// ValidateRequestID checks a dequeue request id (empty means none).
+func ValidateRequestID(id string) error {
+	if len(id) > MaxRequestIDLen || !printable(id) {
+		return Errorf(CodeBadRequest, "request_id must be at most %d bytes of printable UTF-8", MaxRequestIDLen)
+	}
+	return nil
+}
+
+// ValidateMetadata checks metadata pairs (or a filter) against the protocol limits and maxPairs.
+func ValidateMetadata(md map[string]string, maxPairs int) error {
+	if len(md) > maxPairs {
+		return Errorf(CodeInvalidMetadata, "%d metadata pairs, at most %d allowed", len(md), maxPairs)
+	}
+	for k, v := range md {
+		if k == "" || len(k) > MaxMetadataKeyLen || !printable(k) {
+			return Errorf(CodeInvalidMetadata, "metadata key %q must be 1 to %d bytes of printable UTF-8", k, MaxMetadataKeyLen)
+		}
+		if len(v) > MaxMetadataValueLen || !printable(v) {
+			return Errorf(CodeInvalidMetadata, "metadata value of %q must be at most %d bytes of printable UTF-8", k, MaxMetadataValueLen)
+		}
+	}
+	return nil
+}
+
+// printable reports whether s is valid UTF-8 without control characters.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,32 @@
+package subjects
+
+import "time"
+
+// Limits of the protocol. A queue's own limits (payload size, metadata pairs) are configured within
+// these bounds; everything else is fixed. docs/limits.md lists them with the error each one gives.
+const (
+	MaxIDLen            = 256       // bytes of a message id
+	MaxRequestIDLen     = 256       // bytes of a dequeue request id
+	MaxMetadataKeyLen   = 128       // bytes of a metadata key
+	MaxMetadataValueLen = 1024      // bytes of a metadata value
+	MaxMetadataPairs    = 32        // the highest max_metadata_pairs a queue may set
+	MaxPayloadBytes     = 512 << 10 // the highest max_payload_bytes a queue may set
+	MaxEnqueueBatch     = 1000      // messages in one enqueue_batch
+	MaxDequeueBatch     = 256       // messages one dequeue may lease
+	MaxAttemptsLimit    = 1000      // the highest max_attempts a queue may set
+
+	MinLease     = 100 * time.Millisecond
+	MaxLease     = 24 * time.Hour
+	MaxWait      = 5 * time.Minute      // longest long-poll of a dequeue
+	MaxInvisible = 366 * 24 * time.Hour // longest invisibility window or release delay
+	MaxRetention = 90 * 24 * time.Hour  // longest retention of terminal messages
+)
+
+// Defaults for a queue created without them (and for auto-created queues).
+const (
+	DefaultLease            = 30 * time.Second
+	DefaultMaxAttempts      = 5
+	DefaultRetention        = 24 * time.Hour
+	DefaultMaxPayloadBytes  = 32 << 10
+	DefaultMaxMetadataPairs = 8
+)

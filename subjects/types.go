@@ -1,0 +1,216 @@
+package subjects
+
+import "time"
+
+// QueueType is simple or exclusive.
+type QueueType string
+
+// The queue types.
+const (
+	Simple    QueueType = "simple"    // a plain EDF priority queue
+	Exclusive QueueType = "exclusive" // at most one running message per exclusivity value
+)
+
+// State is a message's state, as in Timestone's state diagram.
+type State string
+
+// The message states. Completed, canceled and errored are terminal.
+const (
+	StateInvisible State = "invisible"
+	StatePending   State = "pending"
+	StateRunning   State = "running"
+	StateCompleted State = "completed"
+	StateCanceled  State = "canceled"
+	StateErrored   State = "errored"
+)
+
+// States lists every state in diagram order.
+var States = []State{StateInvisible, StatePending, StateRunning, StateCompleted, StateCanceled, StateErrored}
+
+// Terminal reports whether s is completed, canceled or errored.
+func (s State) Terminal() bool {
+	return s == StateCompleted || s == StateCanceled || s == StateErrored
+}
+
+// QueueConfig is a queue's configuration. Durations are in milliseconds; a zero field in a create
+// request takes the default.
+type QueueConfig struct {
+	Type             QueueType `json:"type"`
+	ExclusivityKey   string    `json:"exclusivity_key,omitempty"`
+	LeaseMS          int64     `json:"lease_ms"`           // default lease of a dequeue
+	InvisibleMS      int64     `json:"invisible_ms"`       // default invisibility of an enqueue
+	MaxAttempts      int       `json:"max_attempts"`       // dequeues a message may have
+	RetentionMS      int64     `json:"retention_ms"`       // how long terminal messages are kept
+	MaxPayloadBytes  int       `json:"max_payload_bytes"`  // largest payload accepted
+	MaxMetadataPairs int       `json:"max_metadata_pairs"` // most metadata pairs accepted
+	EnqueueBlocked   bool      `json:"enqueue_blocked"`
+	DequeueBlocked   bool      `json:"dequeue_blocked"`
+}
+
+// CreateQueueRequest is the body of create. Every field is optional; an empty body creates a simple
+// queue with the defaults.
+type CreateQueueRequest struct {
+	Type             QueueType `json:"type,omitempty"`
+	ExclusivityKey   string    `json:"exclusivity_key,omitempty"`
+	LeaseMS          int64     `json:"lease_ms,omitempty"`
+	InvisibleMS      int64     `json:"invisible_ms,omitempty"`
+	MaxAttempts      int       `json:"max_attempts,omitempty"`
+	RetentionMS      *int64    `json:"retention_ms,omitempty"` // 0 is valid: collect at once
+	MaxPayloadBytes  int       `json:"max_payload_bytes,omitempty"`
+	MaxMetadataPairs int       `json:"max_metadata_pairs,omitempty"`
+	EnqueueBlocked   bool      `json:"enqueue_blocked,omitempty"`
+	DequeueBlocked   bool      `json:"dequeue_blocked,omitempty"`
+}
+
+// UpdateQueueRequest is the body of update: only the fields given change. If Revision is set the
+// update applies only if the config's revision still equals it (else revision_mismatch).
+// The type and exclusivity key cannot change.
+type UpdateQueueRequest struct {
+	Revision         uint64 `json:"revision,omitempty"`
+	LeaseMS          *int64 `json:"lease_ms,omitempty"`
+	InvisibleMS      *int64 `json:"invisible_ms,omitempty"`
+	MaxAttempts      *int   `json:"max_attempts,omitempty"`
+	RetentionMS      *int64 `json:"retention_ms,omitempty"`
+	MaxPayloadBytes  *int   `json:"max_payload_bytes,omitempty"`
+	MaxMetadataPairs *int   `json:"max_metadata_pairs,omitempty"`
+	EnqueueBlocked   *bool  `json:"enqueue_blocked,omitempty"`
+	DequeueBlocked   *bool  `json:"dequeue_blocked,omitempty"`
+}
+
+// Counts is the number of messages in each state.
+type Counts struct {
+	Invisible int `json:"invisible"`
+	Pending   int `json:"pending"`
+	Running   int `json:"running"`
+	Completed int `json:"completed"`
+	Canceled  int `json:"canceled"`
+	Errored   int `json:"errored"`
+}
+
+// QueueInfo is the reply of create, info and update, and an element of the list reply.
+type QueueInfo struct {
+	Name      string      `json:"name"`
+	Config    QueueConfig `json:"config"`
+	Revision  uint64      `json:"revision"` // the config's revision, for update's CAS
+	CreatedAt time.Time   `json:"created_at"`
+	Counts    Counts      `json:"counts"`
+}
+
+// ListReply is the reply of list.
+type ListReply struct {
+	Queues []QueueInfo `json:"queues"`
+}
+
+// DeleteReply is the reply of delete.
+type DeleteReply struct {
+	Name     string `json:"name"`
+	Messages int    `json:"messages"` // how many messages were deleted with it
+}
+
+// EnqueueRequest is one message to enqueue. Payload is UTF-8 text; PayloadBase64 carries binary
+// payloads; give at most one. Priority defaults to the enqueue time in Unix ms (FIFO).
+type EnqueueRequest struct {
+	ID            string            `json:"id,omitempty"`
+	Priority      *int64            `json:"priority,omitempty"`
+	Payload       string            `json:"payload,omitempty"`
+	PayloadBase64 []byte            `json:"payload_base64,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+	InvisibleMS   *int64            `json:"invisible_ms,omitempty"` // overrides the queue's invisibility
+	LeaseMS       *int64            `json:"lease_ms,omitempty"`     // overrides the queue's lease for this message
+}
+
+// EnqueueBatchRequest is the body of enqueue_batch.
+type EnqueueBatchRequest struct {
+	Messages []EnqueueRequest `json:"messages"`
+}
+
+// EnqueueReply describes an enqueued message. Duplicate is true when a message with that id already
+// existed: the reply then describes the existing message and nothing was written.
+type EnqueueReply struct {
+	ID        string    `json:"id"`
+	State     State     `json:"state"`
+	Priority  int64     `json:"priority"`
+	Version   uint64    `json:"version"`
+	Duplicate bool      `json:"duplicate,omitempty"`
+	VisibleAt time.Time `json:"visible_at"`
+}
+
+// EnqueueBatchReply is the reply of enqueue_batch, one element per request message in order.
+type EnqueueBatchReply struct {
+	Messages []EnqueueReply `json:"messages"`
+}
+
+// DequeueRequest is the body of dequeue; an empty body leases one message with the queue's lease and
+// does not wait.
+type DequeueRequest struct {
+	Batch     int               `json:"batch,omitempty"`      // 1 to MaxDequeueBatch, default 1
+	LeaseMS   int64             `json:"lease_ms,omitempty"`   // default the queue's lease_ms
+	WaitMS    int64             `json:"wait_ms,omitempty"`    // long-poll up to this long for a first message
+	Filter    map[string]string `json:"filter,omitempty"`     // every pair must be in the metadata
+	RequestID string            `json:"request_id,omitempty"` // a retry with the same id returns the same leases
+}
+
+// DequeueReply is the reply of dequeue: the leased messages in EDF order (possibly none).
+type DequeueReply struct {
+	Messages []Message `json:"messages"`
+}
+
+// LeaseRequest is the body of complete and cancel (where LeaseID may be empty to cancel
+// unconditionally), and the base of extend and release.
+type LeaseRequest struct {
+	ID      string `json:"id"`
+	LeaseID string `json:"lease_id,omitempty"`
+}
+
+// ExtendRequest is the body of extend: the lease then ends LeaseMS from now (default the lease
+// duration the message was dequeued with).
+type ExtendRequest struct {
+	ID      string `json:"id"`
+	LeaseID string `json:"lease_id"`
+	LeaseMS int64  `json:"lease_ms,omitempty"`
+}
+
+// ReleaseRequest is the body of release: the message is pending again at once, or invisible for DelayMS.
+type ReleaseRequest struct {
+	ID      string `json:"id"`
+	LeaseID string `json:"lease_id"`
+	DelayMS int64  `json:"delay_ms,omitempty"`
+}
+
+// GetRequest is the body of get.
+type GetRequest struct {
+	ID string `json:"id"`
+}
+
+// DepthRequest is the body of depth; an empty body counts every message.
+type DepthRequest struct {
+	Filter map[string]string `json:"filter,omitempty"`
+}
+
+// DepthReply is the reply of depth.
+type DepthReply struct {
+	Queue  string `json:"queue"`
+	Counts Counts `json:"counts"`
+}
+
+// Message is a message as replies describe it. Dequeue, get and complete/extend/release/cancel
+// replies use it; the payload is present in dequeue and get replies only, as Payload when it is valid
+// UTF-8 and as PayloadBase64 otherwise.
+type Message struct {
+	ID             string            `json:"id"`
+	Queue          string            `json:"queue"`
+	State          State             `json:"state"`
+	Priority       int64             `json:"priority"`
+	Metadata       map[string]string `json:"metadata,omitempty"`
+	Payload        *string           `json:"payload,omitempty"`
+	PayloadBase64  []byte            `json:"payload_base64,omitempty"`
+	Version        uint64            `json:"version"`       // incremented by every write
+	Attempts       int               `json:"attempts"`      // dequeues so far
+	AttemptsLeft   int               `json:"attempts_left"` // dequeues still allowed
+	LeaseID        string            `json:"lease_id,omitempty"`
+	LeaseExpiresAt *time.Time        `json:"lease_expires_at,omitempty"`
+	EnqueuedAt     time.Time         `json:"enqueued_at"`
+	VisibleAt      time.Time         `json:"visible_at"` // when it became (or becomes) pending
+	UpdatedAt      time.Time         `json:"updated_at"`
+	EndedAt        *time.Time        `json:"ended_at,omitempty"` // when it reached a terminal state
+}
