@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net/textproto"
 	"strconv"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -47,7 +47,13 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 	get := func(name string) (string, bool) {
 		vs, ok := header[name]
 		if !ok {
-			vs, ok = header[textproto.CanonicalMIMEHeaderKey(name)]
+			// NATS headers keep the sender's case; match names case-insensitively.
+			for k, v := range header {
+				if strings.EqualFold(k, name) {
+					vs, ok = v, true
+					break
+				}
+			}
 		}
 		if !ok || len(vs) == 0 {
 			return "", false

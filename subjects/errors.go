@@ -71,13 +71,13 @@ func (e *Error) Error() string { return "natstone: " + string(e.Code) + ": " + e
 // errors.Is(err, &subjects.Error{Code: subjects.CodeLeaseExpired}) matches any lease_expired error.
 func (e *Error) Is(target error) bool {
 	var t *Error
-	return errors.As(target, &t) && t.Code == e.Code
+	return errors.As(target, &t) && t != nil && e != nil && t.Code == e.Code
 }
 
 // CodeOf returns the code of the *Error in err's chain, or CodeInternal if there is none.
 func CodeOf(err error) Code {
 	var e *Error
-	if errors.As(err, &e) {
+	if errors.As(err, &e) && e != nil {
 		return e.Code
 	}
 	return CodeInternal

@@ -1,0 +1,134 @@
+package natstest
+
+import (
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// readyTimeout bounds how long Start and Restart wait for the server to accept
+// connections.
+const readyTimeout = 10 * time.Second
+
+// Options tune the test server.
+type Options struct {
+	// SyncAlways makes JetStream fsync before every ack (server option
+	// SyncAlways).
+	SyncAlways bool
+	// StoreDir is the JetStream store directory. If empty, Start uses
+	// t.TempDir(). Set it to start a server on an existing store.
+	StoreDir string
+}
+
+// Server is a running in-process nats-server with JetStream.
+type Server struct {
+	ns       *server.Server
+	opts     Options // StoreDir always set
+	url      string
+	port     int
+	shutdown sync.Once
+}
+
+// Start starts a server listening on 127.0.0.1 on a random free port, with
+// JetStream enabled and file storage in opts.StoreDir (or t.TempDir() if that
+// is empty). The server logs nothing unless NATSTEST_LOG=1 is set. Start
+// waits until the server is ready for connections, failing the test if it is
+// not, and registers a t.Cleanup that shuts it down. opts may be nil.
+func Start(t testing.TB, opts *Options) *Server {
+	t.Helper()
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.StoreDir == "" {
+		o.StoreDir = t.TempDir()
+	}
+	return start(t, o, server.RANDOM_PORT)
+}
+
+// start runs a server on port (RANDOM_PORT for any free port) and registers
+// its shutdown with t.Cleanup.
+func start(t testing.TB, o Options, port int) *Server {
+	t.Helper()
+	logging := os.Getenv("NATSTEST_LOG") == "1"
+	ns, err := server.NewServer(&server.Options{
+		Host:       "127.0.0.1",
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   o.StoreDir,
+		SyncAlways: o.SyncAlways,
+		NoLog:      !logging,
+		NoSigs:     true,
+	})
+	if err != nil {
+		t.Fatalf("natstest: creating nats-server: %v", err)
+	}
+	if logging {
+		ns.ConfigureLogger()
+	}
+	s := &Server{ns: ns, opts: o}
+	// Registered before Start so that a failure below still stops the server.
+	t.Cleanup(s.Shutdown)
+
+	ns.Start()
+	if !ns.ReadyForConnections(readyTimeout) {
+		t.Fatalf("natstest: nats-server not ready for connections after %v", readyTimeout)
+	}
+	if !ns.JetStreamEnabled() {
+		t.Fatal("natstest: nats-server started without JetStream")
+	}
+	addr, ok := ns.Addr().(*net.TCPAddr)
+	if !ok {
+		t.Fatalf("natstest: unexpected listener address %v", ns.Addr())
+	}
+	s.port = addr.Port
+	s.url = ns.ClientURL()
+	return s
+}
+
+// URL returns the client URL of the server, e.g. "nats://127.0.0.1:4222".
+func (s *Server) URL() string { return s.url }
+
+// StoreDir returns the JetStream store directory.
+func (s *Server) StoreDir() string { return s.opts.StoreDir }
+
+// NATS returns the underlying nats-server.
+func (s *Server) NATS() *server.Server { return s.ns }
+
+// Connect returns a client connection to the server, made with nats.Connect
+// and the given options, and closed at t.Cleanup. It fails the test if the
+// connection cannot be made.
+func (s *Server) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.URL(), opts...)
+	if err != nil {
+		t.Fatalf("natstest: connecting to %s: %v", s.URL(), err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Shutdown stops the server and waits until it has fully shut down. It is
+// idempotent and safe to call concurrently.
+func (s *Server) Shutdown() {
+	s.shutdown.Do(func() {
+		s.ns.Shutdown()
+		s.ns.WaitForShutdown()
+	})
+}
+
+// Restart shuts the server down (if it is running) and starts a new one with
+// the same options, store directory and port, so client connections with
+// reconnection enabled reconnect to it. It returns the new server, whose
+// shutdown is registered with t.Cleanup; s must not be used afterwards except
+// for Shutdown, URL and StoreDir.
+func (s *Server) Restart(t testing.TB) *Server {
+	t.Helper()
+	s.Shutdown()
+	return start(t, s.opts, s.port)
+}
