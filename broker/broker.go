@@ -125,12 +125,20 @@ func (b *Broker) Start(ctx context.Context) error {
 		return err
 	}
 	b.log.Info("recovered", "queues", len(b.queues), "messages", n, "took", time.Since(start).Round(time.Millisecond))
-	if err := b.serve(); err != nil {
+	if err := b.serve(); err == nil {
+		// A round trip makes sure the server has the endpoints' subscriptions: once Start returns,
+		// requests from any connection reach the broker.
+		err = b.cfg.Conn.FlushWithContext(ctx)
+	}
+	if err != nil {
 		b.cancel()
 		b.mu.Lock()
 		b.closed = true
 		b.mu.Unlock()
-		return err
+		if b.svc != nil {
+			_ = b.svc.Stop()
+		}
+		return fmt.Errorf("natstone: serve: %w", err)
 	}
 	return nil
 }

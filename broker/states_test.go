@@ -1,0 +1,301 @@
+package broker_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// TestStateDiagram walks every transition of Timestone's figure 4 (and release, our addition).
+func TestStateDiagram(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{MaxAttempts: 2, LeaseMS: 10_000, RetentionMS: ptr[int64](60_000)})
+
+	t.Run("invisible becomes pending when its window ends", func(t *testing.T) {
+		r := e.enqueue("q", subjects.EnqueueRequest{ID: "inv", InvisibleMS: ptr[int64](5_000)})
+		if r.State != subjects.StateInvisible || !r.VisibleAt.Equal(e.clk.Now().Add(5*time.Second)) {
+			t.Fatalf("enqueue: %+v", r)
+		}
+		if ms := e.dequeue("q", subjects.DequeueRequest{}); len(ms) != 0 {
+			t.Fatalf("dequeued an invisible message: %v", ids(ms))
+		}
+		e.advance(4_999 * time.Millisecond)
+		if got := e.get("q", "inv").State; got != subjects.StateInvisible {
+			t.Fatalf("state before window end = %s", got)
+		}
+		e.advance(time.Millisecond)
+		m := e.get("q", "inv")
+		if m.State != subjects.StatePending || m.Version != 2 {
+			t.Fatalf("after window: %s v%d", m.State, m.Version)
+		}
+		got := e.dequeueOne("q")
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: got.ID, LeaseID: got.LeaseID})
+	})
+
+	t.Run("dequeue leases, complete ends", func(t *testing.T) {
+		e.enqueue("q", subjects.EnqueueRequest{ID: "c", Payload: "p"})
+		m := e.dequeueOne("q")
+		if m.State != subjects.StateRunning || m.Attempts != 1 || m.AttemptsLeft != 1 || m.LeaseID == "" {
+			t.Fatalf("dequeued: %+v", m)
+		}
+		if want := e.clk.Now().Add(10 * time.Second); m.LeaseExpiresAt == nil || !m.LeaseExpiresAt.Equal(want) {
+			t.Fatalf("lease expires %v, want %v", m.LeaseExpiresAt, want)
+		}
+		done := must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "c", LeaseID: m.LeaseID})
+		if done.State != subjects.StateCompleted || done.EndedAt == nil || done.Version != 3 {
+			t.Fatalf("completed: %+v", done)
+		}
+	})
+
+	t.Run("extend pushes the lease", func(t *testing.T) {
+		e.enqueue("q", subjects.EnqueueRequest{ID: "x"})
+		m := e.dequeueOne("q")
+		e.advance(8 * time.Second)
+		ext := must[subjects.Message](e, subjects.OpExtend, "q", subjects.ExtendRequest{ID: "x", LeaseID: m.LeaseID, LeaseMS: 20_000})
+		if want := e.clk.Now().Add(20 * time.Second); !ext.LeaseExpiresAt.Equal(want) {
+			t.Fatalf("extended to %v, want %v", ext.LeaseExpiresAt, want)
+		}
+		e.advance(15 * time.Second) // past the original expiry, within the extension
+		if got := e.get("q", "x").State; got != subjects.StateRunning {
+			t.Fatalf("state after original expiry = %s, want running", got)
+		}
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "x", LeaseID: m.LeaseID})
+	})
+
+	t.Run("lease expiry spends an attempt, the last one errors", func(t *testing.T) {
+		e.enqueue("q", subjects.EnqueueRequest{ID: "exp"})
+		m1 := e.dequeueOne("q")
+		e.advance(10 * time.Second)
+		m := e.get("q", "exp")
+		if m.State != subjects.StatePending || m.Attempts != 1 || m.AttemptsLeft != 1 {
+			t.Fatalf("after first expiry: %+v", m)
+		}
+		m2 := e.dequeueOne("q")
+		if m2.Attempts != 2 || m2.LeaseID == m1.LeaseID {
+			t.Fatalf("second lease: %+v", m2)
+		}
+		e.advance(10 * time.Second)
+		m = e.get("q", "exp")
+		if m.State != subjects.StateErrored || m.AttemptsLeft != 0 || m.EndedAt == nil {
+			t.Fatalf("after last expiry: %+v", m)
+		}
+	})
+
+	t.Run("release gives back now or after a delay", func(t *testing.T) {
+		e.enqueue("q", subjects.EnqueueRequest{ID: "rel"})
+		m := e.dequeueOne("q")
+		r := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "rel", LeaseID: m.LeaseID, DelayMS: 3_000})
+		if r.State != subjects.StateInvisible || !r.VisibleAt.Equal(e.clk.Now().Add(3*time.Second)) {
+			t.Fatalf("released with delay: %+v", r)
+		}
+		e.advance(3 * time.Second)
+		m = e.dequeueOne("q")
+		if m.ID != "rel" || m.Attempts != 2 {
+			t.Fatalf("re-dequeued: %+v", m)
+		}
+		// Out of attempts: a release errors it rather than make it pending forever.
+		r = must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "rel", LeaseID: m.LeaseID})
+		if r.State != subjects.StateErrored {
+			t.Fatalf("release of the last attempt: %s", r.State)
+		}
+	})
+
+	t.Run("cancel works on pending, invisible and running", func(t *testing.T) {
+		e.enqueue("q", subjects.EnqueueRequest{ID: "cp"})
+		e.enqueue("q", subjects.EnqueueRequest{ID: "ci", InvisibleMS: ptr[int64](1_000)})
+		for _, id := range []string{"cp", "ci"} {
+			c := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: id})
+			if c.State != subjects.StateCanceled {
+				t.Fatalf("cancel %s: %s", id, c.State)
+			}
+		}
+		e.enqueue("q", subjects.EnqueueRequest{ID: "cr"})
+		m := e.dequeueOne("q")
+		c := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "cr", LeaseID: m.LeaseID})
+		if c.State != subjects.StateCanceled {
+			t.Fatalf("cancel running: %s", c.State)
+		}
+		e.advance(time.Second) // the invisible one's window ends: it must stay canceled
+		if got := e.get("q", "ci").State; got != subjects.StateCanceled {
+			t.Fatalf("canceled invisible became %s", got)
+		}
+	})
+
+	t.Run("terminal messages are collected after retention", func(t *testing.T) {
+		before := e.depth("q", nil)
+		if before.Completed == 0 || before.Canceled == 0 || before.Errored == 0 {
+			t.Fatalf("expected terminal messages before GC: %+v", before)
+		}
+		e.advance(60 * time.Second)
+		after := e.depth("q", nil)
+		if after != (subjects.Counts{}) {
+			t.Fatalf("after retention: %+v", after)
+		}
+		fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "q", subjects.GetRequest{ID: "c"})
+		// The id is free again once collected.
+		if r := e.enqueue("q", subjects.EnqueueRequest{ID: "c"}); r.Duplicate || r.Version != 1 {
+			t.Fatalf("re-enqueue after GC: %+v", r)
+		}
+	})
+}
+
+func TestEDFOrderWithTies(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	prios := []int64{50, 10, 30, 10, 50, -5, 30, 10}
+	for i, p := range prios {
+		e.enqueue("q", subjects.EnqueueRequest{ID: string(rune('a' + i)), Priority: ptr(p)})
+	}
+	// Ascending priority, ties in enqueue order.
+	want := []string{"f", "b", "d", "h", "c", "g", "a", "e"}
+	var got []string
+	for range prios {
+		got = append(got, e.dequeueOne("q").ID)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+	if ms := e.dequeue("q", subjects.DequeueRequest{}); len(ms) != 0 {
+		t.Fatalf("queue should be empty, got %v", ids(ms))
+	}
+}
+
+func TestDefaultPriorityIsEnqueueTime(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	a := e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	if a.Priority != e.clk.Now().UnixMilli() {
+		t.Fatalf("default priority %d, want now %d", a.Priority, e.clk.Now().UnixMilli())
+	}
+	e.advance(time.Millisecond)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b"})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "urgent", Priority: ptr(a.Priority - 1)})
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{Batch: 3})); !slices.Equal(got, []string{"urgent", "a", "b"}) {
+		t.Fatalf("order %v", got)
+	}
+}
+
+// TestExclusiveFigure5 is the article's figure 5: with foo leased, the next dequeue skips the more
+// urgent msg_1 (foo) and leases msg_2 (bar).
+func TestExclusiveFigure5(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "project"})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "msg_0", Priority: ptr[int64](0), Metadata: map[string]string{"project": "foo"}})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "msg_1", Priority: ptr[int64](1), Metadata: map[string]string{"project": "foo"}})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "msg_2", Priority: ptr[int64](2), Metadata: map[string]string{"project": "bar"}})
+
+	w1 := e.dequeueOne("x")
+	if w1.ID != "msg_0" {
+		t.Fatalf("worker_1 got %s", w1.ID)
+	}
+	w2 := e.dequeueOne("x")
+	if w2.ID != "msg_2" {
+		t.Fatalf("worker_2 got %s, want msg_2 (foo is leased)", w2.ID)
+	}
+	if ms := e.dequeue("x", subjects.DequeueRequest{}); len(ms) != 0 {
+		t.Fatalf("both values are leased, yet got %v", ids(ms))
+	}
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: "msg_0", LeaseID: w1.LeaseID})
+	if got := e.dequeueOne("x").ID; got != "msg_1" {
+		t.Fatalf("after foo is free: got %s, want msg_1", got)
+	}
+}
+
+func TestExclusiveBatchTakesOnePerValue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
+	for i, v := range []string{"a", "a", "b", "a", "c", "b"} {
+		e.enqueue("x", subjects.EnqueueRequest{ID: string(rune('0' + i)), Priority: ptr(int64(i)), Metadata: map[string]string{"p": v}})
+	}
+	got := e.dequeue("x", subjects.DequeueRequest{Batch: 10})
+	if !slices.Equal(ids(got), []string{"0", "2", "4"}) {
+		t.Fatalf("batch %v, want one per value [0 2 4]", ids(got))
+	}
+	// An expired lease frees its value too.
+	e.advance(30 * time.Second)
+	got = e.dequeue("x", subjects.DequeueRequest{Batch: 10})
+	if !slices.Equal(ids(got), []string{"0", "2", "4"}) {
+		t.Fatalf("after expiry %v, want the same three again", ids(got))
+	}
+}
+
+func TestFilters(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	md := []map[string]string{
+		{"region": "eu", "kind": "video"},
+		{"region": "us", "kind": "video"},
+		{"region": "eu", "kind": "audio"},
+		{"region": "eu", "kind": "video", "tier": "gold"},
+		nil,
+	}
+	for i, m := range md {
+		e.enqueue("q", subjects.EnqueueRequest{ID: string(rune('a' + i)), Priority: ptr(int64(10 - i)), Metadata: m})
+	}
+	if c := e.depth("q", map[string]string{"region": "eu", "kind": "video"}); c.Pending != 2 {
+		t.Fatalf("filtered depth %+v, want 2 pending", c)
+	}
+	got := e.dequeue("q", subjects.DequeueRequest{Batch: 5, Filter: map[string]string{"region": "eu", "kind": "video"}})
+	if !slices.Equal(ids(got), []string{"d", "a"}) {
+		t.Fatalf("filtered dequeue %v, want [d a] (EDF among matches)", ids(got))
+	}
+	if c := e.depth("q", map[string]string{"region": "eu", "kind": "video"}); c.Pending != 0 || c.Running != 2 {
+		t.Fatalf("filtered depth after dequeue %+v", c)
+	}
+	if got := e.dequeue("q", subjects.DequeueRequest{Filter: map[string]string{"region": "mars"}}); len(got) != 0 {
+		t.Fatalf("no message matches, got %v", ids(got))
+	}
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{Batch: 5})); !slices.Equal(got, []string{"e", "c", "b"}) {
+		t.Fatalf("unfiltered rest %v", got)
+	}
+}
+
+func TestBatchEnqueueAndDequeue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var batch subjects.EnqueueBatchRequest
+	for i := range 20 {
+		batch.Messages = append(batch.Messages, subjects.EnqueueRequest{Priority: ptr(int64(20 - i)), Payload: string(rune('A' + i))})
+	}
+	// The same client id twice in one batch is one message.
+	batch.Messages = append(batch.Messages, subjects.EnqueueRequest{ID: "dup", Priority: ptr[int64](100)}, subjects.EnqueueRequest{ID: "dup", Priority: ptr[int64](100)})
+	rep := must[subjects.EnqueueBatchReply](e, subjects.OpEnqueueBatch, "q", batch)
+	if len(rep.Messages) != 22 || rep.Messages[20].Duplicate || !rep.Messages[21].Duplicate || rep.Messages[21].ID != "dup" {
+		t.Fatalf("batch reply: %+v", rep.Messages[19:])
+	}
+	if c := e.depth("q", nil); c.Pending != 21 {
+		t.Fatalf("depth %+v, want 21 pending", c)
+	}
+	got := e.dequeue("q", subjects.DequeueRequest{Batch: 10})
+	if len(got) != 10 || *got[0].Payload != "T" || *got[9].Payload != "K" {
+		t.Fatalf("batch dequeue: %d messages, first %q last %q", len(got), *got[0].Payload, *got[len(got)-1].Payload)
+	}
+}
+
+func TestRawEnqueueBinaryPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	payload := []byte{0, 1, 2, 0xff, 0xfe, '\n'}
+	msg := natsMsg(e.space.Subject(subjects.OpEnqueueRaw, "bin"), payload, map[string]string{
+		subjects.HeaderID:       "raw-1",
+		subjects.HeaderPriority: "-7",
+		subjects.HeaderMetadata: `{"k":"v"}`,
+	})
+	reply, err := e.nc.RequestMsg(msg, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, rerr := decodeReply[subjects.EnqueueReply](t, reply)
+	if rerr != nil || r.ID != "raw-1" || r.Priority != -7 {
+		t.Fatalf("raw enqueue: %+v %v", r, rerr)
+	}
+	m := e.dequeueOne("bin")
+	if string(m.PayloadBytes()) != string(payload) || m.Payload != nil || m.Metadata["k"] != "v" {
+		t.Fatalf("dequeued %+v", m)
+	}
+}
