@@ -64,7 +64,7 @@ func validateConfig(c *subjects.QueueConfig) error {
 		return bad("type must be %q or %q, got %q", subjects.Simple, subjects.Exclusive, c.Type)
 	}
 	type bound struct {
-		field    string
+		field     string
 		v, lo, hi int64
 	}
 	for _, b := range []bound{

@@ -221,3 +221,12 @@ func natsMsg(subject string, data []byte, headers map[string]string) *nats.Msg {
 	}
 	return m
 }
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

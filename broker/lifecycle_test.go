@@ -1,0 +1,368 @@
+package broker_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/subjects"
+)
+
+// asyncDequeue sends a dequeue in the background; the returned channel yields its reply.
+func (e *env) asyncDequeue(queue string, r subjects.DequeueRequest) <-chan []subjects.Message {
+	e.t.Helper()
+	data := mustJSON(e.t, r)
+	ch := make(chan []subjects.Message, 1)
+	msgCh := make(chan error, 1)
+	inbox := e.nc.NewRespInbox()
+	sub, err := e.nc.SubscribeSync(inbox)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.nc.PublishRequest(e.space.Subject(subjects.OpDequeue, queue), inbox, data); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		msg, err := sub.NextMsg(20 * time.Second)
+		if err != nil {
+			msgCh <- err
+			return
+		}
+		out, rerr := decodeReply[subjects.DequeueReply](e.t, msg)
+		if rerr != nil {
+			msgCh <- rerr
+			return
+		}
+		ch <- out.Messages
+	}()
+	e.t.Cleanup(func() { _ = sub.Unsubscribe() })
+	out := make(chan []subjects.Message, 1)
+	go func() {
+		select {
+		case ms := <-ch:
+			out <- ms
+		case err := <-msgCh:
+			e.t.Errorf("async dequeue: %v", err)
+			close(out)
+		}
+	}()
+	return out
+}
+
+// receive waits for a reply with a deadline.
+func receive(t *testing.T, ch <-chan []subjects.Message) []subjects.Message {
+	t.Helper()
+	select {
+	case ms, ok := <-ch:
+		if !ok {
+			t.Fatal("dequeue failed")
+		}
+		return ms
+	case <-time.After(15 * time.Second):
+		t.Fatal("no dequeue reply within 15s")
+		return nil
+	}
+}
+
+// waitTimers waits until the fake clock has at least n timers armed (a long poll arms one).
+func (e *env) waitTimers(n int) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.clk.WaitForTimers(ctx, n); err != nil {
+		e.t.Fatalf("waiting for %d timers: %v", n, err)
+	}
+}
+
+func TestLongPollWokenByEnqueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	got := e.asyncDequeue("q", subjects.DequeueRequest{WaitMS: 60_000, Filter: map[string]string{"k": "v"}})
+	e.waitTimers(1) // the poll is parked
+	e.enqueue("q", subjects.EnqueueRequest{ID: "other"})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "match", Metadata: map[string]string{"k": "v"}})
+	ms := receive(t, got)
+	if !slices.Equal(ids(ms), []string{"match"}) {
+		t.Fatalf("woken with %v, want [match]", ids(ms))
+	}
+	if ms[0].State != subjects.StateRunning {
+		t.Fatalf("state %s", ms[0].State)
+	}
+}
+
+func TestLongPollWokenByInvisibilityEnd(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "later", InvisibleMS: ptr[int64](5_000)}) // arms the invisibility timer
+	got := e.asyncDequeue("q", subjects.DequeueRequest{WaitMS: 60_000})
+	e.waitTimers(2)
+	e.advance(5 * time.Second)
+	if ms := receive(t, got); !slices.Equal(ids(ms), []string{"later"}) {
+		t.Fatalf("woken with %v", ids(ms))
+	}
+}
+
+func TestLongPollTimesOutEmpty(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	got := e.asyncDequeue("q", subjects.DequeueRequest{WaitMS: 2_000})
+	e.waitTimers(1)
+	e.advance(2 * time.Second)
+	if ms := receive(t, got); len(ms) != 0 {
+		t.Fatalf("timed-out poll returned %v", ids(ms))
+	}
+	// A message enqueued after the poll ended stays pending for the next dequeue.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	if c := e.depth("q", nil); c.Pending != 1 {
+		t.Fatalf("depth %+v", c)
+	}
+}
+
+func TestLongPollWokenByUnblockAndByFreedValue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "a1", Priority: ptr[int64](1), Metadata: map[string]string{"p": "a"}})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "a2", Priority: ptr[int64](2), Metadata: map[string]string{"p": "a"}})
+	first := e.dequeueOne("x")
+	got := e.asyncDequeue("x", subjects.DequeueRequest{WaitMS: 60_000})
+	e.waitTimers(2) // lease timer + the poll
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: first.ID, LeaseID: first.LeaseID})
+	if ms := receive(t, got); !slices.Equal(ids(ms), []string{"a2"}) {
+		t.Fatalf("woken with %v, want [a2] once a is free", ids(ms))
+	}
+}
+
+func TestIdempotentOperations(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	first := e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "one", Priority: ptr[int64](5)})
+	again := e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "two", Priority: ptr[int64](1)})
+	if !again.Duplicate || again.Version != first.Version || again.Priority != 5 {
+		t.Fatalf("re-enqueue: %+v", again)
+	}
+	if c := e.depth("q", nil); c.Pending != 1 {
+		t.Fatalf("depth after re-enqueue %+v", c)
+	}
+
+	lease := e.dequeueOne("q")
+	if *lease.Payload != "one" {
+		t.Fatalf("payload %q: the duplicate must not replace the original", *lease.Payload)
+	}
+	c1 := must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: lease.LeaseID})
+	c2 := must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: lease.LeaseID})
+	if c1.Version != c2.Version || c2.State != subjects.StateCompleted {
+		t.Fatalf("completing twice changed the version: %d then %d", c1.Version, c2.Version)
+	}
+
+	e.enqueue("q", subjects.EnqueueRequest{ID: "r"})
+	l := e.dequeueOne("q")
+	r1 := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "r", LeaseID: l.LeaseID})
+	r2 := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "r", LeaseID: l.LeaseID})
+	if r1.Version != r2.Version || r2.State != subjects.StatePending {
+		t.Fatalf("releasing twice: v%d then v%d (%s)", r1.Version, r2.Version, r2.State)
+	}
+
+	x1 := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "r"})
+	x2 := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "r"})
+	if x1.Version != x2.Version || x2.State != subjects.StateCanceled {
+		t.Fatalf("canceling twice: v%d then v%d", x1.Version, x2.Version)
+	}
+}
+
+func TestRetriedDequeueReturnsSameLeases(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for i := range 5 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: string(rune('a' + i)), Priority: ptr(int64(i))})
+	}
+	req := subjects.DequeueRequest{Batch: 2, RequestID: "req-1"}
+	first := e.dequeue("q", req)
+	retry := e.dequeue("q", req)
+	if !slices.Equal(ids(first), []string{"a", "b"}) || !slices.Equal(ids(retry), ids(first)) {
+		t.Fatalf("first %v, retry %v", ids(first), ids(retry))
+	}
+	for i := range first {
+		if retry[i].LeaseID != first[i].LeaseID || retry[i].Version != first[i].Version || *retry[i].Payload != *first[i].Payload {
+			t.Fatalf("retry returned another lease: %+v vs %+v", retry[i], first[i])
+		}
+	}
+	if c := e.depth("q", nil); c.Running != 2 || c.Pending != 3 {
+		t.Fatalf("a retry leased more: %+v", c)
+	}
+	// A retry after one lease ended returns only the one still held, and never leases more.
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "a", LeaseID: first[0].LeaseID})
+	if got := ids(e.dequeue("q", req)); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("retry after complete: %v", got)
+	}
+	// Survives a broker restart: the request id is stored with the lease.
+	e.restartBroker()
+	if got := ids(e.dequeue("q", req)); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("retry after restart: %v", got)
+	}
+	// Another request id leases the next message.
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "req-2"})); !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("new request id: %v", got)
+	}
+}
+
+func TestStaleLeaseHolderIsFenced(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{LeaseMS: 1_000})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
+	stale := e.dequeueOne("q")
+	e.advance(time.Second) // expires: pending again
+	fresh := e.dequeueOne("q")
+	v := e.get("q", "m").Version
+	for _, op := range []subjects.Op{subjects.OpComplete, subjects.OpExtend, subjects.OpRelease, subjects.OpCancel} {
+		fails(e, subjects.CodeLeaseMismatch, op, "q", map[string]string{"id": "m", "lease_id": stale.LeaseID})
+	}
+	if got := e.get("q", "m"); got.Version != v || got.LeaseID != fresh.LeaseID || got.State != subjects.StateRunning {
+		t.Fatalf("the stale holder changed the message: %+v", got)
+	}
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: fresh.LeaseID})
+}
+
+func TestBlockedFlags(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	info := e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	info = must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{Revision: info.Revision, DequeueBlocked: ptr(true)})
+	if !info.Config.DequeueBlocked {
+		t.Fatal("dequeue_blocked not set")
+	}
+	fails(e, subjects.CodeQueueBlocked, subjects.OpDequeue, "q", subjects.DequeueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b"}) // enqueue still allowed
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{DequeueBlocked: ptr(false), EnqueueBlocked: ptr(true)})
+	fails(e, subjects.CodeQueueBlocked, subjects.OpEnqueue, "q", subjects.EnqueueRequest{ID: "c"})
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{Batch: 5})); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("after unblock: %v", got)
+	}
+	// Flags survive a restart.
+	e.restartBroker()
+	fails(e, subjects.CodeQueueBlocked, subjects.OpEnqueue, "q", subjects.EnqueueRequest{ID: "c"})
+}
+
+func TestAutoCreate(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue("fresh", subjects.EnqueueRequest{ID: "a"})
+	info := must[subjects.QueueInfo](e, subjects.OpInfo, "fresh", nil)
+	if info.Config.Type != subjects.Simple || info.Config.LeaseMS != subjects.DefaultLease.Milliseconds() ||
+		info.Config.MaxAttempts != subjects.DefaultMaxAttempts || info.Counts.Pending != 1 {
+		t.Fatalf("auto-created queue: %+v", info)
+	}
+
+	off := setup(t, func(c *broker.Config) { c.DisableAutoCreate = true })
+	fails(off, subjects.CodeQueueNotFound, subjects.OpEnqueue, "fresh", subjects.EnqueueRequest{ID: "a"})
+	if l := must[subjects.ListReply](off, subjects.OpList, "", nil); len(l.Queues) != 0 {
+		t.Fatalf("queues created with auto-create off: %+v", l.Queues)
+	}
+}
+
+func TestDeleteQueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b"})
+	e.dequeueOne("q")
+	got := e.asyncDequeue("q", subjects.DequeueRequest{WaitMS: 60_000, Filter: map[string]string{"none": "x"}})
+	e.waitTimers(2)
+	d := must[subjects.DeleteReply](e, subjects.OpDelete, "q", nil)
+	if d.Messages != 2 {
+		t.Fatalf("deleted %+v", d)
+	}
+	if ms := receive(t, got); len(ms) != 0 {
+		t.Fatalf("waiting dequeue got %v", ids(ms))
+	}
+	fails(e, subjects.CodeQueueNotFound, subjects.OpInfo, "q", nil)
+	// Nothing of it is left in storage: a new queue of that name starts empty, also after a restart.
+	e.create("q", subjects.CreateQueueRequest{})
+	e.restartBroker()
+	if c := e.depth("q", nil); c != (subjects.Counts{}) {
+		t.Fatalf("recreated queue has %+v", c)
+	}
+	l := must[subjects.ListReply](e, subjects.OpList, "", nil)
+	if len(l.Queues) != 1 || l.Queues[0].Name != "q" {
+		t.Fatalf("list %+v", l)
+	}
+}
+
+// TestRestartKeepsEverything restarts broker and server on the same data dir and checks state,
+// order, leases, locks and pending timers.
+func TestRestartKeepsEverything(t *testing.T) {
+	t.Parallel()
+	for _, full := range []bool{false, true} {
+		name := "broker only"
+		if full {
+			name = "broker and NATS"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 10_000})
+			for i, v := range []string{"a", "a", "b", "c"} {
+				e.enqueue("x", subjects.EnqueueRequest{ID: string(rune('0' + i)), Priority: ptr(int64(10 - i)), Metadata: map[string]string{"p": v}, Payload: "payload-" + v})
+			}
+			e.enqueue("x", subjects.EnqueueRequest{ID: "inv", Priority: ptr[int64](0), InvisibleMS: ptr[int64](5_000), Metadata: map[string]string{"p": "d"}})
+			held := e.dequeueOne("x") // "3" (c, prio 7)
+			if held.ID != "3" {
+				t.Fatalf("dequeued %s", held.ID)
+			}
+			before := e.depth("x", nil)
+
+			if full {
+				e.restartAll()
+			} else {
+				e.restartBroker()
+			}
+
+			if got := e.depth("x", nil); got != before {
+				t.Fatalf("depth after restart %+v, want %+v", got, before)
+			}
+			m := e.get("x", "3")
+			if m.State != subjects.StateRunning || m.LeaseID != held.LeaseID || m.Version != held.Version {
+				t.Fatalf("lease after restart: %+v", m)
+			}
+			// c is still locked; EDF over the rest: 2 (b, prio 8), then 1 (a, prio 9) — a's 0 waits for 1.
+			got := e.dequeue("x", subjects.DequeueRequest{Batch: 10})
+			if !slices.Equal(ids(got), []string{"2", "1"}) || *got[0].Payload != "payload-b" {
+				t.Fatalf("after restart dequeued %v", ids(got))
+			}
+			must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: "3", LeaseID: held.LeaseID})
+			// The invisibility window still ends on time (timers re-armed from the records).
+			e.advance(5 * time.Second)
+			if got := e.get("x", "inv").State; got != subjects.StatePending {
+				t.Fatalf("invisible after restart: %s", got)
+			}
+		})
+	}
+}
+
+// TestRestartHandlesDeadlinesThatPassedWhileDown: a lease and an invisibility window that ended while
+// no broker ran are handled right after start.
+func TestRestartHandlesDeadlinesThatPassedWhileDown(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{LeaseMS: 1_000, MaxAttempts: 1})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "leased"})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "inv", InvisibleMS: ptr[int64](1_000)})
+	e.dequeueOne("q")
+	e.stopBroker(e.b)
+	e.clk.Set(e.clk.Now().Add(time.Minute)) // time passes while it is down
+	e.startBroker()
+	e.advance(0) // run the timers that are already due
+	if got := e.get("q", "leased").State; got != subjects.StateErrored {
+		t.Fatalf("expired lease with no attempts left: %s, want errored", got)
+	}
+	if got := e.get("q", "inv").State; got != subjects.StatePending {
+		t.Fatalf("ended window: %s, want pending", got)
+	}
+}
