@@ -1,0 +1,122 @@
+package broker_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// TestConcurrentWorkers runs many workers against one queue and checks that every message is
+// completed exactly once, no message is held by two workers at once, and in an exclusive queue no
+// two workers hold the same value at once.
+func TestConcurrentWorkers(t *testing.T) {
+	t.Parallel()
+	for _, exclusive := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exclusive=%v", exclusive), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			cfg := subjects.CreateQueueRequest{LeaseMS: 60_000}
+			if exclusive {
+				cfg.Type, cfg.ExclusivityKey = subjects.Exclusive, "p"
+			}
+			e.create("q", cfg)
+			const n, workers = 400, 8
+			var batch subjects.EnqueueBatchRequest
+			for i := range n {
+				batch.Messages = append(batch.Messages, subjects.EnqueueRequest{
+					ID:       fmt.Sprintf("m%03d", i),
+					Priority: ptr(int64(i % 37)),
+					Metadata: map[string]string{"p": fmt.Sprintf("v%d", i%10)},
+				})
+			}
+			must[subjects.EnqueueBatchReply](e, subjects.OpEnqueueBatch, "q", batch)
+
+			var mu sync.Mutex
+			heldMsg := map[string]string{} // message id → worker
+			heldVal := map[string]string{} // value → message id
+			completed := map[string]int{}
+			var wg sync.WaitGroup
+			errs := make(chan error, workers)
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					nc := e.srv.Connect(t)
+					for {
+						msg, err := nc.Request(e.space.Subject(subjects.OpDequeue, "q"), mustJSON(t, subjects.DequeueRequest{Batch: 1 + w%3}), 10e9)
+						if err != nil {
+							errs <- err
+							return
+						}
+						rep, rerr := decodeReply[subjects.DequeueReply](t, msg)
+						if rerr != nil {
+							errs <- rerr
+							return
+						}
+						if len(rep.Messages) == 0 {
+							mu.Lock()
+							done := len(completed) == n
+							mu.Unlock()
+							if done {
+								return
+							}
+							continue
+						}
+						for _, m := range rep.Messages {
+							mu.Lock()
+							if other, ok := heldMsg[m.ID]; ok {
+								errs <- fmt.Errorf("message %s leased to worker %d while worker %s holds it", m.ID, w, other)
+							}
+							heldMsg[m.ID] = fmt.Sprint(w)
+							if exclusive {
+								if other, ok := heldVal[m.Metadata["p"]]; ok {
+									errs <- fmt.Errorf("value %s leased with %s while %s holds it", m.Metadata["p"], m.ID, other)
+								}
+								heldVal[m.Metadata["p"]] = m.ID
+							}
+							mu.Unlock()
+						}
+						for _, m := range rep.Messages {
+							// Release the test's own bookkeeping first: the broker only frees the
+							// value after the complete is stored, so a correct broker never overlaps.
+							mu.Lock()
+							delete(heldMsg, m.ID)
+							delete(heldVal, m.Metadata["p"])
+							mu.Unlock()
+							reply, err := nc.Request(e.space.Subject(subjects.OpComplete, "q"), mustJSON(t, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}), 10e9)
+							if err != nil {
+								errs <- err
+								return
+							}
+							if _, rerr := decodeReply[subjects.Message](t, reply); rerr != nil {
+								errs <- fmt.Errorf("complete %s: %v", m.ID, rerr)
+								return
+							}
+							mu.Lock()
+							completed[m.ID]++
+							mu.Unlock()
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			for id, c := range completed {
+				if c != 1 {
+					t.Errorf("message %s completed %d times", id, c)
+				}
+			}
+			if len(completed) != n {
+				t.Errorf("completed %d of %d", len(completed), n)
+			}
+			if c := e.depth("q", nil); c.Completed != n || c.Pending+c.Running+c.Invisible != 0 {
+				t.Errorf("final depth %+v", c)
+			}
+		})
+	}
+}
