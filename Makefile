@@ -1,0 +1,50 @@
+# natstone developer commands. `make` (or `make help`) lists them; CI runs `make test` via .ci/run.
+
+GO       ?= go
+FUZZTIME ?= 10s
+ARGS     ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help build run test vet fmt-check lint fuzz bench tidy-check
+
+help: ## list the targets
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+build: ## build bin/natstone
+	$(GO) build -o bin/natstone ./cmd/natstone
+
+run: ## run `natstone serve` (extra flags: make run ARGS='--sync always')
+	$(GO) run ./cmd/natstone serve $(ARGS)
+
+test: vet fmt-check ## vet, check formatting, run every test with the race detector
+	$(GO) test -race -count=1 ./...
+
+vet: ## go vet every package
+	$(GO) vet ./...
+
+fmt-check: ## fail, listing them, if files need gofmt
+	@out="$$(gofmt -l .)"; \
+	if [ -n "$$out" ]; then echo "these files need gofmt:"; echo "$$out"; exit 1; fi
+
+lint: vet fmt-check ## vet, check formatting, and golangci-lint when it is installed
+	@if command -v golangci-lint >/dev/null 2>&1; then \
+		golangci-lint run ./...; \
+	else \
+		echo "golangci-lint is not installed: skipped"; \
+	fi
+
+fuzz: ## run every Fuzz* target for FUZZTIME each (default 10s)
+	@set -e; \
+	for pkg in $$($(GO) list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./...); do \
+		names="$$($(GO) test -list '^Fuzz' "$$pkg")"; \
+		for name in $$(echo "$$names" | grep '^Fuzz' || true); do \
+			echo "== $$pkg $$name"; \
+			$(GO) test -run '^$$' -fuzz "^$${name}$$" -fuzztime $(FUZZTIME) "$$pkg"; \
+		done; \
+	done
+
+bench: ## run every benchmark with allocations
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+tidy-check: ## fail if go mod tidy would change go.mod or go.sum
+	$(GO) mod tidy -diff

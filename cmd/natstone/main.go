@@ -1,0 +1,99 @@
+// Command natstone runs the natstone broker: an earliest-deadline-first priority queue on NATS
+// JetStream. Run "natstone help" for the commands.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"github.com/natstone/natstone/broker"
+)
+
+// Exit codes of every command.
+const (
+	exitOK    = 0
+	exitError = 1 // a failure while running
+	exitUsage = 2 // a bad command line
+)
+
+// command is one subcommand: run gets the arguments after the command's name.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+// commands lists the subcommands in the order "natstone help" shows them.
+var commands = []command{
+	{name: "serve", summary: "run the broker (with an embedded NATS server unless --nats-url is given)", run: runServe},
+}
+
+func main() {
+	// The first SIGINT or SIGTERM cancels ctx and starts a graceful shutdown; a second one exits at
+	// once. signal.NotifyContext cannot report a second signal, so one channel sees both.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	go func() {
+		sig := <-sigs
+		cancel(fmt.Errorf("received %v", sig))
+		sig = <-sigs
+		fmt.Fprintf(os.Stderr, "natstone: second signal (%v) during shutdown, exiting now\n", sig)
+		os.Exit(exitError)
+	}()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run dispatches args (without the program name) to a subcommand and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		return runHelp(ctx, rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "natstone %s %s\n", broker.Version, runtime.Version())
+		return exitOK
+	}
+	for _, c := range commands {
+		if c.name == name {
+			return c.run(ctx, rest, stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "natstone: unknown command %q\n\n", name)
+	usage(stderr)
+	return exitUsage
+}
+
+// runHelp prints the overview, or a command's flags for "natstone help <command>".
+func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stdout)
+		return exitOK
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(ctx, []string{"-h"}, stdout, stdout)
+		}
+	}
+	fmt.Fprintf(stderr, "natstone: unknown help topic %q\n\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, "Usage: natstone <command> [flags]\n\nCommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "  %-9s %s\n", "help", "show this help, or a command's flags: natstone help <command>")
+	fmt.Fprintf(w, "  %-9s %s\n", "version", "print the version")
+}

@@ -1,0 +1,348 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// Defaults of the serve flags that have no home in a library package.
+const (
+	DefaultDataDir = "natstone-data"
+	DefaultListen  = "127.0.0.1:4222"
+)
+
+// The time budgets of serve.
+const (
+	// StartTimeout bounds broker.Start: opening the storage and recovering every queue.
+	StartTimeout = 60 * time.Second
+	// ShutdownTimeout bounds the whole graceful shutdown: stopping the broker, then draining the
+	// connection. The embedded server's shutdown is not bounded: it only closes local resources.
+	ShutdownTimeout = 30 * time.Second
+)
+
+// connName is the NATS connection name of the broker, as monitoring endpoints show it.
+const connName = "natstone-broker"
+
+// serveConfig is the parsed command line of serve.
+type serveConfig struct {
+	natsURL string // empty: run the embedded server
+
+	// Used by the embedded server only.
+	dataDir    string // absolute
+	host       string
+	port       int // 0: any free port
+	syncAlways bool
+
+	prefix            string
+	storePrefix       string
+	replicas          int
+	disableAutoCreate bool
+	logLevel          slog.Level
+	logFormat         string
+}
+
+// runServe is the serve command: it runs the broker until ctx is cancelled, then shuts down
+// gracefully. It returns exitUsage for a bad command line, exitError if starting or stopping fails.
+func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
+	cfg, err := parseServeFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		return exitUsage
+	}
+	log := newLogger(stderr, cfg.logLevel, cfg.logFormat)
+	if err := serve(ctx, cfg, log); err != nil {
+		log.Error("natstone failed", "err", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// parseServeFlags parses and validates the serve command line. A usage error has already been
+// reported on stderr, with the flags, when it returns.
+func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
+	fs := flag.NewFlagSet("natstone serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: natstone serve [flags]
+
+Runs the natstone broker. Unless --nats-url is given it starts an embedded NATS server with
+JetStream, storing in --data and accepting NATS clients on --listen. SIGINT or SIGTERM shuts it
+down gracefully; a second signal exits at once.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	var (
+		cfg       serveConfig
+		listen    string
+		syncMode  string
+		logLevel  string
+		dataDir   string
+		natsFlags = []string{"data", "listen", "sync"}
+	)
+	fs.StringVar(&dataDir, "data", DefaultDataDir, "JetStream store `dir`ectory of the embedded server")
+	fs.StringVar(&listen, "listen", DefaultListen, "`host:port` where the embedded server accepts NATS clients (port 0: any free port)")
+	fs.StringVar(&cfg.natsURL, "nats-url", "", "`url` of an existing NATS server with JetStream to use instead of the embedded one")
+	fs.StringVar(&syncMode, "sync", "default", "embedded server's JetStream sync `mode`: always (fsync before every ack) or default")
+	fs.StringVar(&cfg.prefix, "prefix", subjects.DefaultPrefix, "`prefix` of the request subjects")
+	fs.StringVar(&cfg.storePrefix, "store-prefix", kv.DefaultPrefix, "`prefix` of the KV buckets and the bodies stream")
+	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas of every bucket and stream (above 1 needs a clustered --nats-url)")
+	fs.BoolVar(&cfg.disableAutoCreate, "no-auto-create", false, "fail an enqueue to an unknown queue instead of creating it")
+	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
+	if err := fs.Parse(args); err != nil {
+		return nil, err // the flag package has reported it
+	}
+
+	usageErr := func(format string, a ...any) (*serveConfig, error) {
+		err := fmt.Errorf(format, a...)
+		fmt.Fprintf(stderr, "natstone serve: %v\n", err)
+		fs.Usage()
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected argument %q", fs.Arg(0))
+	}
+	if cfg.natsURL != "" {
+		var given []string
+		fs.Visit(func(f *flag.Flag) {
+			for _, name := range natsFlags {
+				if f.Name == name {
+					given = append(given, "--"+name)
+				}
+			}
+		})
+		if len(given) > 0 {
+			return usageErr("with --nats-url there is no embedded server to configure: drop %s", strings.Join(given, ", "))
+		}
+	}
+	switch syncMode {
+	case "always":
+		cfg.syncAlways = true
+	case "default":
+	default:
+		return usageErr("--sync must be always or default, not %q", syncMode)
+	}
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return usageErr("--listen %q: %v", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return usageErr("--listen %q: port must be a number from 0 to 65535", listen)
+	}
+	cfg.host, cfg.port = host, port
+	if cfg.dataDir, err = filepath.Abs(dataDir); err != nil {
+		return usageErr("--data %q: %v", dataDir, err)
+	}
+	if _, err := subjects.NewSpace(cfg.prefix); err != nil {
+		return usageErr("--prefix: %v", err)
+	}
+	if cfg.replicas < 1 {
+		return usageErr("--replicas must be at least 1, not %d", cfg.replicas)
+	}
+	if cfg.replicas > 1 && cfg.natsURL == "" {
+		return usageErr("--replicas %d needs a clustered NATS server: the embedded one is a single node", cfg.replicas)
+	}
+	switch logLevel {
+	case "debug":
+		cfg.logLevel = slog.LevelDebug
+	case "info":
+		cfg.logLevel = slog.LevelInfo
+	case "warn":
+		cfg.logLevel = slog.LevelWarn
+	case "error":
+		cfg.logLevel = slog.LevelError
+	default:
+		return usageErr("--log-level must be debug, info, warn or error, not %q", logLevel)
+	}
+	if cfg.logFormat != "text" && cfg.logFormat != "json" {
+		return usageErr("--log-format must be text or json, not %q", cfg.logFormat)
+	}
+	return &cfg, nil
+}
+
+// newLogger returns the logger of every component of serve, writing to w.
+func newLogger(w io.Writer, level slog.Level, format string) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// serve runs the broker until ctx is cancelled, then stops it, closes its connection and shuts the
+// embedded server down, in that order, so no request is cut off by a vanishing server.
+func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
+	var ns *server.Server
+	if cfg.natsURL == "" {
+		var err error
+		if ns, err = startServer(cfg, log.With("component", "nats-server")); err != nil {
+			return err
+		}
+		defer func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}()
+	}
+
+	closed := make(chan struct{})
+	nc, err := connect(cfg, ns, log, closed)
+	if err != nil {
+		return err
+	}
+
+	b, err := broker.New(&broker.Config{
+		Conn:              nc,
+		Prefix:            cfg.prefix,
+		StorePrefix:       cfg.storePrefix,
+		Replicas:          cfg.replicas,
+		DisableAutoCreate: cfg.disableAutoCreate,
+		Logger:            log,
+	})
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	if err := startBroker(ctx, b, nc); err != nil {
+		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		err = errors.Join(err, b.Stop(stopCtx))
+		nc.Close()
+		if ctx.Err() != nil {
+			// A signal during a long recovery is a request to stop, not a failure.
+			log.Info("interrupted while starting", "reason", context.Cause(ctx), "err", err)
+			return nil
+		}
+		return err
+	}
+
+	ready := []any{"prefix", cfg.prefix, "store_prefix", cfg.storePrefix}
+	if ns != nil {
+		syncMode := "default"
+		if cfg.syncAlways {
+			syncMode = "always"
+		}
+		ready = append(ready, "listen", ns.Addr().String(), "data", cfg.dataDir, "sync", syncMode)
+	} else {
+		ready = append(ready, "nats_url", redactURL(cfg.natsURL))
+	}
+	log.Info("natstone ready", ready...)
+
+	<-ctx.Done()
+	log.Info("shutting down", "reason", context.Cause(ctx))
+	stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	err = b.Stop(stopCtx)
+	err = errors.Join(err, drain(stopCtx, nc, closed))
+	if err != nil {
+		return fmt.Errorf("shutting down: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// startBroker starts b within StartTimeout and waits until the server has registered every
+// subscription, so that "natstone ready" means requests are answered.
+func startBroker(ctx context.Context, b *broker.Broker, nc *nats.Conn) error {
+	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		return fmt.Errorf("starting the broker: %w", err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("starting the broker: flushing subscriptions: %w", err)
+	}
+	return nil
+}
+
+// connect opens the broker's connection: in-process to ns if it is not nil, so the broker needs no
+// TCP port, otherwise to cfg.natsURL, reconnecting forever. closed is closed when the connection
+// is.
+func connect(cfg *serveConfig, ns *server.Server, log *slog.Logger, closed chan struct{}) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name(connName),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", "url", redactURL(nc.ConnectedUrl()))
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Error("nats async error", "subject", sub.Subject, "err", err)
+				return
+			}
+			log.Error("nats async error", "err", err)
+		}),
+	}
+	if ns != nil {
+		nc, err := nats.Connect("", append(opts, nats.InProcessServer(ns))...)
+		if err != nil {
+			return nil, fmt.Errorf("connecting to the embedded server: %w", err)
+		}
+		return nc, nil
+	}
+	nc, err := nats.Connect(cfg.natsURL, append(opts, nats.MaxReconnects(-1))...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", redactURL(cfg.natsURL), err)
+	}
+	return nc, nil
+}
+
+// drain drains nc and waits until it is closed, or closes it when ctx ends first.
+func drain(ctx context.Context, nc *nats.Conn, closed <-chan struct{}) error {
+	if err := nc.Drain(); err != nil {
+		nc.Close()
+		return fmt.Errorf("draining the connection: %w", err)
+	}
+	select {
+	case <-closed:
+		return nil
+	case <-ctx.Done():
+		nc.Close()
+		return fmt.Errorf("draining the connection: %w", ctx.Err())
+	}
+}
+
+// redactURL hides the credentials of a NATS URL, or of each URL of a comma-separated list.
+func redactURL(s string) string {
+	urls := strings.Split(s, ",")
+	for i, raw := range urls {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		switch {
+		case err != nil:
+			urls[i] = "(unparsable url)" // it might still hold a secret
+		case u.User != nil:
+			// A user name alone may be a token, so the whole user info goes.
+			u.User = url.User("redacted")
+			urls[i] = u.String()
+		default:
+			urls[i] = u.String()
+		}
+	}
+	return strings.Join(urls, ",")
+}

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
+)
+
+// dial returns a client connection to url, closed at t.Cleanup.
+func dial(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Name("natstone-test"))
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// request sends body to subject and decodes a successful reply into reply.
+func request(t *testing.T, nc *nats.Conn, subject, body string, reply any) {
+	t.Helper()
+	msg, err := nc.Request(subject, []byte(body), deadline)
+	if err != nil {
+		t.Fatalf("request %s: %v", subject, err)
+	}
+	var e subjects.ErrorReply
+	if err := json.Unmarshal(msg.Data, &e); err == nil && e.Error != nil {
+		t.Fatalf("request %s: error reply %s", subject, msg.Data)
+	}
+	if err := json.Unmarshal(msg.Data, reply); err != nil {
+		t.Fatalf("request %s: decoding reply %s: %v", subject, msg.Data, err)
+	}
+}
+
+// roundTrip creates queue jobs, enqueues "hi" and dequeues it over url.
+func roundTrip(t *testing.T, url string) {
+	t.Helper()
+	nc := dial(t, url)
+
+	var info subjects.QueueInfo
+	request(t, nc, "natstone.v1.create.jobs", `{}`, &info)
+	if info.Name != "jobs" {
+		t.Fatalf("create: name = %q, want jobs", info.Name)
+	}
+	var enq subjects.EnqueueReply
+	request(t, nc, "natstone.v1.enqueue.jobs", `{"payload":"hi"}`, &enq)
+	if enq.State != subjects.StatePending {
+		t.Fatalf("enqueue: state = %q, want pending", enq.State)
+	}
+	var deq subjects.DequeueReply
+	request(t, nc, "natstone.v1.dequeue.jobs", `{}`, &deq)
+	if len(deq.Messages) != 1 || deq.Messages[0].Payload == nil || *deq.Messages[0].Payload != "hi" {
+		t.Fatalf("dequeue: %+v, want one message with payload hi", deq)
+	}
+}
+
+func TestServeEmbeddedSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+
+	port := freePort(t)
+	p := startServe(t, "--data", data, "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	roundTrip(t, fmt.Sprintf("nats://127.0.0.1:%d", port))
+	p.stop(t)
+
+	port = freePort(t)
+	p = startServe(t, "--data", data, "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	var info subjects.QueueInfo
+	request(t, dial(t, fmt.Sprintf("nats://127.0.0.1:%d", port)), "natstone.v1.info.jobs", `{}`, &info)
+	if info.Name != "jobs" || info.Counts.Running != 1 {
+		t.Fatalf("info after restart: %+v, want queue jobs with its message running", info)
+	}
+	p.stop(t)
+}
+
+func TestServeNATSURL(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t, nil)
+	p := startServe(t, "--nats-url", s.URL())
+	roundTrip(t, s.URL())
+	p.stop(t)
+}
+
+// TestServeInProcess runs serve in this process with --sync always (checking its goroutines end)
+// and --listen port 0.
+func TestServeInProcess(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+	ready, cancel, code := inProcess(t, "--data", data, "--listen", "127.0.0.1:0", "--sync", "always", "--log-format", "json")
+
+	var line struct {
+		Listen string `json:"listen"`
+		Data   string `json:"data"`
+		Sync   string `json:"sync"`
+	}
+	if err := json.Unmarshal([]byte(ready), &line); err != nil {
+		t.Fatalf("ready line %s: %v", ready, err)
+	}
+	if line.Sync != "always" || line.Data != data || !strings.HasPrefix(line.Listen, "127.0.0.1:") || strings.HasSuffix(line.Listen, ":0") {
+		t.Fatalf("ready line %s: want sync always, data %s and the port picked", ready, data)
+	}
+	roundTrip(t, "nats://"+line.Listen)
+
+	cancel()
+	if c := exitCode(t, code); c != exitOK {
+		t.Fatalf("exit code after cancel = %d, want 0", c)
+	}
+}
+
+func TestServePortInUse(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	var stderr bytes.Buffer
+	c := runServe(context.Background(), []string{"--data", t.TempDir(), "--listen", l.Addr().String()}, nil, &stderr)
+	if c != exitError || !strings.Contains(stderr.String(), "natstone failed") {
+		t.Fatalf("serve on a port in use: exit code %d, want 1, with \"natstone failed\" in:\n%s", c, &stderr)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		want string // in stderr
+	}{
+		{"no command", nil, "Usage: natstone <command>"},
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown help topic", []string{"help", "frobnicate"}, `unknown help topic "frobnicate"`},
+		{"unknown flag", []string{"serve", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"bad sync", []string{"serve", "--sync", "sometimes"}, `--sync must be always or default, not "sometimes"`},
+		{"nats-url with data", []string{"serve", "--nats-url", "nats://127.0.0.1:1", "--data", "d"}, "no embedded server to configure: drop --data"},
+		{"nats-url with listen and sync", []string{"serve", "--nats-url", "nats://127.0.0.1:1", "--listen", ":1", "--sync", "always"}, "drop --listen, --sync"},
+		{"argument", []string{"serve", "extra"}, `unexpected argument "extra"`},
+		{"bad listen", []string{"serve", "--listen", "4222"}, `--listen "4222"`},
+		{"bad port", []string{"serve", "--listen", "127.0.0.1:http"}, "port must be a number"},
+		{"bad prefix", []string{"serve", "--prefix", "a.*"}, "--prefix"},
+		{"zero replicas", []string{"serve", "--replicas", "0"}, "--replicas must be at least 1"},
+		{"replicas embedded", []string{"serve", "--replicas", "3"}, "needs a clustered NATS server"},
+		{"bad log level", []string{"serve", "--log-level", "loud"}, "--log-level must be"},
+		{"bad log format", []string{"serve", "--log-format", "xml"}, "--log-format must be"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			if c := run(context.Background(), tt.args, &stdout, &stderr); c != exitUsage {
+				t.Fatalf("run(%q) = %d, want %d; stderr:\n%s", tt.args, c, exitUsage, &stderr)
+			}
+			if !strings.Contains(stderr.String(), tt.want) {
+				t.Fatalf("run(%q) stderr does not contain %q:\n%s", tt.args, tt.want, &stderr)
+			}
+			if stdout.Len() != 0 {
+				t.Fatalf("run(%q) wrote to stdout:\n%s", tt.args, &stdout)
+			}
+		})
+	}
+}
+
+// TestUsageErrorExitCode checks that main turns a usage error into exit code 2.
+func TestUsageErrorExitCode(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, "serve", "--sync", "sometimes")
+	if c := p.wait(t); c != exitUsage {
+		t.Fatalf("exit code = %d, want %d:\n%s", c, exitUsage, p.log)
+	}
+	if !strings.Contains(p.log.String(), "--sync must be") {
+		t.Fatalf("stderr does not explain the error:\n%s", p.log)
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		want []string // in stdout
+	}{
+		{[]string{"help"}, []string{"Usage: natstone <command>", "serve", "version"}},
+		{[]string{"--help"}, []string{"Usage: natstone <command>"}},
+		{[]string{"help", "serve"}, []string{"Usage: natstone serve", "-nats-url", "-sync", "-no-auto-create"}},
+		{[]string{"version"}, []string{"natstone " + broker.Version}},
+	}
+	for _, tt := range tests {
+		var stdout, stderr bytes.Buffer
+		if c := run(context.Background(), tt.args, &stdout, &stderr); c != exitOK {
+			t.Fatalf("run(%q) = %d, want 0; stderr:\n%s", tt.args, c, &stderr)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("run(%q) stdout does not contain %q:\n%s", tt.args, w, &stdout)
+			}
+		}
+	}
+
+	// -h on the command itself prints its flags where flag errors go, and is no error.
+	var stderr bytes.Buffer
+	if c := runServe(context.Background(), []string{"-h"}, nil, &stderr); c != exitOK || !strings.Contains(stderr.String(), "-data dir") {
+		t.Fatalf("serve -h = %d, want 0 with the flags; stderr:\n%s", c, &stderr)
+	}
+}
+
+// TestDefaultDataDirIsRelative checks that --data defaults to natstone-data in the working
+// directory.
+func TestDefaultDataDirIsRelative(t *testing.T) {
+	t.Chdir(t.TempDir())
+	cfg, err := parseServeFlags(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(wd, DefaultDataDir); cfg.dataDir != want {
+		t.Fatalf("default data dir = %q, want %q", cfg.dataDir, want)
+	}
+	if cfg.host != "127.0.0.1" || cfg.port != 4222 || cfg.syncAlways || cfg.replicas != 1 {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ in, want string }{
+		{"nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
+		{"nats://alice:secret@h:4222", "nats://redacted@h:4222"},
+		{"nats://s3cr3tt0ken@h:4222", "nats://redacted@h:4222"},
+		{"nats://a:1,nats://u:p@b:2", "nats://a:1,nats://redacted@b:2"},
+		{"nats://u:p@h:bad port", "(unparsable url)"},
+	}
+	for _, tt := range tests {
+		if got := redactURL(tt.in); got != tt.want {
+			t.Errorf("redactURL(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
