@@ -107,6 +107,23 @@ func (b *Broker) lookup(ctx context.Context, name string, autoCreate bool) (*que
 	return q, err
 }
 
+// lookupForEnqueue returns the queue an enqueue goes to. A queue that does not exist is created with
+// the defaults — but only if the messages are valid for it, so a bad request writes nothing.
+func (b *Broker) lookupForEnqueue(ctx context.Context, name string, reqs []subjects.EnqueueRequest) (*queue, error) {
+	q, err := b.lookup(ctx, name, false)
+	if err == nil || b.cfg.DisableAutoCreate {
+		return q, err
+	}
+	cfg, err := resolveConfig(subjects.CreateQueueRequest{})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := validateEnqueue(&cfg, reqs, b.clock.Now().UnixMilli(), func() string { return "" }); err != nil {
+		return nil, err
+	}
+	return b.lookup(ctx, name, true)
+}
+
 // createQueue creates a queue, or returns the existing one if its config is the same.
 func (b *Broker) createQueue(ctx context.Context, name string, r subjects.CreateQueueRequest) (*queue, subjects.QueueInfo, error) {
 	cfg, err := resolveConfig(r)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/nats-io/nuid"
-
 	"github.com/natstone/natstone/broker/index"
 	"github.com/natstone/natstone/subjects"
 )
@@ -123,7 +121,7 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 		next := e.rec
 		next.State = subjects.StateRunning
 		next.Attempts++
-		next.LeaseID = nuid.Next()
+		next.LeaseID = q.ids.Next()
 		next.LeaseExpires = now + q.leaseMS(r.LeaseMS, e)
 		next.RequestID = r.RequestID
 		next.Released = false
@@ -134,13 +132,11 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 	bodies := q.readBodies(ctx, seqs) // in parallel with the lease writes: payloads are immutable
 	q.commit(cs)
 	var held []leaseRef
-	var heldBodies []bodyResult
+	var heldBodies []chan bodyResult
 	for i, c := range cs {
 		if c.err == nil {
 			held = append(held, leaseRef{e: c.e, leaseID: c.next.LeaseID})
-			heldBodies = append(heldBodies, <-bodies[i])
-		} else {
-			<-bodies[i]
+			heldBodies = append(heldBodies, bodies[i])
 		}
 	}
 	if rec != nil {
@@ -155,10 +151,11 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 		return nil, subjects.Errorf(subjects.CodeUnavailable, "queue %s: storage did not take the leases; retry", q.name)
 	}
 	for i := range views {
-		if heldBodies[i].err != nil {
-			return nil, unavailable("read payload", heldBodies[i].err)
+		b := <-heldBodies[i]
+		if b.err != nil {
+			return nil, unavailable("read payload", b.err)
 		}
-		views[i].SetPayload(heldBodies[i].data)
+		views[i].SetPayload(b.data)
 	}
 	return views, nil
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/nats-io/nuid"
-
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
@@ -23,7 +21,7 @@ type enqueued struct {
 
 // validateEnqueue checks every message of a request against the queue's config and builds its
 // record. Nothing is written unless every message is valid.
-func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, now int64) ([]*enqueued, error) {
+func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, now int64, newID func() string) ([]*enqueued, error) {
 	out := make([]*enqueued, len(reqs))
 	seen := make(map[string]int, len(reqs))
 	for i := range reqs {
@@ -70,7 +68,7 @@ func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, 
 			}
 			seen[id] = i
 		} else {
-			id = nuid.Next()
+			id = newID()
 		}
 		prio := now
 		if r.Priority != nil {
@@ -119,7 +117,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	}
 	cfg := q.cfg
 	now := q.now()
-	ms, err := validateEnqueue(&cfg, reqs, now)
+	ms, err := validateEnqueue(&cfg, reqs, now, q.ids.Next)
 	if err != nil {
 		q.mu.Unlock()
 		return nil, err

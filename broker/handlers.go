@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/natstone/natstone/subjects"
@@ -63,10 +64,22 @@ func (b *Broker) dispatch(op subjects.Op, req micro.Request) {
 			b.replyError(req, err)
 			return
 		}
-		if err := req.Respond(data); err != nil {
-			b.log.Debug("reply not sent", "op", op, "error", err)
-		}
+		b.respond(req, &nats.Msg{Data: data})
 	}()
+}
+
+// respond publishes a reply to the request's reply subject. It does not use req.Respond or
+// req.Error: the micro framework reads the request's error state right after the handler returns,
+// which races with a reply sent later from the request's own goroutine. (So the framework's
+// per-endpoint error counts stay zero; requests are counted.)
+func (b *Broker) respond(req micro.Request, msg *nats.Msg) {
+	msg.Subject = req.Reply()
+	if msg.Subject == "" {
+		return // a publish, not a request: nobody to answer
+	}
+	if err := b.cfg.Conn.PublishMsg(msg); err != nil {
+		b.log.Debug("reply not sent", "subject", req.Subject(), "error", err)
+	}
 }
 
 // handle decodes a request, runs it and returns the reply body.
@@ -78,6 +91,9 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req micro.Request) 
 	data := req.Data()
 	switch op {
 	case subjects.OpList:
+		if err := subjects.Decode(data, &struct{}{}); err != nil {
+			return nil, err
+		}
 		return b.list(), nil
 	case subjects.OpCreate:
 		var r subjects.CreateQueueRequest
@@ -91,7 +107,7 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req micro.Request) 
 		if err != nil {
 			return nil, err
 		}
-		q, err := b.lookup(ctx, name, true)
+		q, err := b.lookupForEnqueue(ctx, name, reqs)
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +233,8 @@ func (b *Broker) replyError(req micro.Request, err error) {
 		e = subjects.Errorf(subjects.CodeInternal, "%v", err)
 	}
 	data, _ := json.Marshal(subjects.ErrorReply{Error: e})
-	if err := req.Error(strconv.Itoa(e.Code.Status()), e.Message, data); err != nil {
-		b.log.Debug("error reply not sent", "subject", req.Subject(), "error", err)
-	}
+	msg := &nats.Msg{Data: data, Header: nats.Header{}}
+	msg.Header.Set(micro.ErrorHeader, e.Message)
+	msg.Header.Set(micro.ErrorCodeHeader, strconv.Itoa(e.Code.Status()))
+	b.respond(req, msg)
 }

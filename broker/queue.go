@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nuid"
+
 	"github.com/natstone/natstone/broker/index"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -57,6 +59,7 @@ type queue struct {
 	locks     map[string]*lock
 	waiters   []*waiter
 	requests  map[string]*dequeueRecord // dequeue request id → its leases
+	ids       *nuid.NUID                // message and lease ids; the package's global one is behind a lock
 	reqOrder  []reqStamp                // request ids by time, for expiry
 }
 
@@ -91,6 +94,7 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 		pending:   index.New[*entry](rec.Config.Type == subjects.Exclusive),
 		locks:     make(map[string]*lock),
 		requests:  make(map[string]*dequeueRecord),
+		ids:       nuid.New(),
 	}
 	q.invisible.key = func(e *entry) int64 { return e.rec.VisibleAt }
 	q.leases.key = func(e *entry) int64 { return e.rec.LeaseExpires }
@@ -168,11 +172,12 @@ func (q *queue) apply(e *entry, r kv.Record, rev uint64) {
 
 // change is one record write: e's record becomes next.
 type change struct {
-	e    *entry
-	next kv.Record
-	prev subjects.State // e's state before the change
-	rev  uint64
-	err  error
+	e      *entry
+	next   kv.Record
+	prev   subjects.State // e's state before the change
+	expect uint64         // e's revision before the change: the write's compare-and-swap
+	rev    uint64
+	err    error
 }
 
 // waitIdle waits, with q.mu held on entry and exit, until e has no write in flight.
@@ -200,16 +205,19 @@ func (q *queue) waitIdle(ctx context.Context, e *entry) error {
 func (q *queue) commit(cs []*change) {
 	for _, c := range cs {
 		c.prev = c.e.rec.State
+		c.expect = c.e.rev
 		c.e.busy = make(chan struct{})
 	}
 	if q.exclusive() {
 		cs = q.takeLocks(cs)
 	}
+	// Encode and publish outside the lock: the entries are busy, so nothing else touches them, and
+	// their expected revisions are fixed.
+	q.mu.Unlock()
 	writes := make([]kv.Write, len(cs))
 	for i, c := range cs {
-		writes[i] = q.b.store.WriteMessage(q.name, &c.next, c.e.rev)
+		writes[i] = q.b.store.WriteMessage(q.name, &c.next, c.expect)
 	}
-	q.mu.Unlock()
 	for i, c := range cs {
 		c.rev, c.err = writes[i].Wait(context.Background())
 	}
@@ -420,12 +428,16 @@ func (q *queue) takeLocks(cs []*change) []*change {
 	if len(takes) == 0 {
 		return cs
 	}
+	expect := make([]uint64, len(takes))
+	for i, c := range takes {
+		expect[i] = q.lockOf(c.e.Value).rev
+	}
+	// The values are held in the index, so no other write on these locks can start meanwhile.
+	q.mu.Unlock()
 	writes := make([]kv.Write, len(takes))
 	for i, c := range takes {
-		l := q.lockOf(c.e.Value)
-		writes[i] = q.b.store.WriteLock(q.name, c.e.Value, kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID}, l.rev)
+		writes[i] = q.b.store.WriteLock(q.name, c.e.Value, kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID}, expect[i])
 	}
-	q.mu.Unlock()
 	errs := make([]error, len(takes))
 	revs := make([]uint64, len(takes))
 	for i := range takes {
@@ -489,10 +501,11 @@ func (q *queue) reloadLocks(cs []*change) {
 // values in the index. Called and returns with q.mu held.
 func (q *queue) freeLocks(es []*entry) {
 	type free struct {
-		value string
-		w     kv.Write
-		rev   uint64
-		err   error
+		value  string
+		expect uint64
+		w      kv.Write
+		rev    uint64
+		err    error
 	}
 	var fs []*free
 	for _, e := range es {
@@ -504,12 +517,15 @@ func (q *queue) freeLocks(es []*entry) {
 			}
 			continue
 		}
-		fs = append(fs, &free{value: e.Value, w: q.b.store.WriteLock(q.name, e.Value, kv.Lock{}, l.rev)})
+		fs = append(fs, &free{value: e.Value, expect: l.rev})
 	}
 	if len(fs) == 0 {
 		return
 	}
 	q.mu.Unlock()
+	for _, f := range fs {
+		f.w = q.b.store.WriteLock(q.name, f.value, kv.Lock{}, f.expect)
+	}
 	for _, f := range fs {
 		f.rev, f.err = f.w.Wait(context.Background())
 	}
