@@ -30,6 +30,10 @@ type Config struct {
 	// Conn is the NATS connection the broker serves requests on and stores through. Required.
 	// The broker does not close it.
 	Conn *nats.Conn
+	// StoreConn, if set, carries the storage traffic (KV writes, payload reads) instead of Conn. A
+	// connection is served by one goroutine on the server, so splitting request traffic from storage
+	// traffic lets both proceed in parallel. The broker does not close it.
+	StoreConn *nats.Conn
 	// Prefix of the request subjects. Default subjects.DefaultPrefix ("natstone.v1").
 	Prefix string
 	// StorePrefix names the KV buckets and the bodies stream. Default kv.DefaultPrefix ("natstone").
@@ -104,7 +108,7 @@ func New(cfg *Config) (*Broker, error) {
 // Start opens the storage, rebuilds every queue's indexes from it, reconciles exclusivity locks,
 // and only then starts answering requests.
 func (b *Broker) Start(ctx context.Context) error {
-	js, err := jetstream.New(b.cfg.Conn, jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout))
+	js, err := jetstream.New(cmp.Or(b.cfg.StoreConn, b.cfg.Conn), jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout))
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}

@@ -206,14 +206,23 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		}()
 	}
 
-	closed := make(chan struct{})
-	nc, err := connect(cfg, ns, log, closed)
+	// Two connections: requests and replies on one, storage traffic on the other. The server reads
+	// each connection in one goroutine, so one connection would serialise both.
+	closed, storeClosed := make(chan struct{}), make(chan struct{})
+	nc, err := connect(cfg, ns, log, connName, closed)
 	if err != nil {
 		return err
 	}
+	storeNC, err := connect(cfg, ns, log, connName+"-store", storeClosed)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	defer storeNC.Close()
 
 	b, err := broker.New(&broker.Config{
 		Conn:              nc,
+		StoreConn:         storeNC,
 		Prefix:            cfg.prefix,
 		StorePrefix:       cfg.storePrefix,
 		Replicas:          cfg.replicas,
@@ -254,7 +263,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 	stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	err = b.Stop(stopCtx)
-	err = errors.Join(err, drain(stopCtx, nc, closed))
+	err = errors.Join(err, drain(stopCtx, nc, closed), drain(stopCtx, storeNC, storeClosed))
 	if err != nil {
 		return fmt.Errorf("shutting down: %w", err)
 	}
@@ -276,12 +285,12 @@ func startBroker(ctx context.Context, b *broker.Broker, nc *nats.Conn) error {
 	return nil
 }
 
-// connect opens the broker's connection: in-process to ns if it is not nil, so the broker needs no
+// connect opens a connection of the broker named name: in-process to ns if it is not nil, so the broker needs no
 // TCP port, otherwise to cfg.natsURL, reconnecting forever. closed is closed when the connection
 // is.
-func connect(cfg *serveConfig, ns *server.Server, log *slog.Logger, closed chan struct{}) (*nats.Conn, error) {
+func connect(cfg *serveConfig, ns *server.Server, log *slog.Logger, name string, closed chan struct{}) (*nats.Conn, error) {
 	opts := []nats.Option{
-		nats.Name(connName),
+		nats.Name(name),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
