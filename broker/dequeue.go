@@ -28,8 +28,9 @@ type leaseRef struct {
 }
 
 type reqStamp struct {
-	id string
-	at int64
+	id  string
+	rec *dequeueRecord
+	at  int64
 }
 
 // validateDequeue checks a dequeue request and fills in its defaults.
@@ -102,7 +103,7 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 		}
 		rec = &dequeueRecord{done: make(chan struct{})}
 		q.requests[r.RequestID] = rec
-		q.reqOrder = append(q.reqOrder, reqStamp{id: r.RequestID, at: q.now()})
+		q.reqOrder = append(q.reqOrder, reqStamp{id: r.RequestID, rec: rec, at: q.now()})
 		defer close(rec.done)
 	}
 
@@ -111,6 +112,10 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 		es = q.wait(ctx, filter, r.Batch, time.Duration(r.WaitMS)*time.Millisecond)
 	}
 	if len(es) == 0 {
+		if rec != nil && q.requests[r.RequestID] == rec {
+			// Nothing was leased: a retry may lease, like any new dequeue.
+			delete(q.requests, r.RequestID)
+		}
 		q.mu.Unlock()
 		return nil, nil
 	}
@@ -246,7 +251,9 @@ func (q *queue) expireRequests(now int64) {
 	cut := now - RequestIDWindow.Milliseconds()
 	n := 0
 	for n < len(q.reqOrder) && q.reqOrder[n].at < cut {
-		delete(q.requests, q.reqOrder[n].id)
+		if st := q.reqOrder[n]; q.requests[st.id] == st.rec {
+			delete(q.requests, st.id)
+		}
 		n++
 	}
 	if n > 0 {

@@ -208,6 +208,31 @@ func TestRetriedDequeueReturnsSameLeases(t *testing.T) {
 	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "req-2"})); !slices.Equal(got, []string{"c"}) {
 		t.Fatalf("new request id: %v", got)
 	}
+	// The window ends: the id is forgotten and a dequeue with it leases anew (the leases have
+	// expired by then too, so b is the most urgent pending message again).
+	e.advance(broker.RequestIDWindow + time.Millisecond)
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "req-1"})); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("request id after its window: %v", got)
+	}
+}
+
+// TestEmptyDequeueDoesNotPinItsRequestID: a dequeue that leased nothing must not make its retries
+// return nothing for the rest of the window.
+func TestEmptyDequeueDoesNotPinItsRequestID(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	req := subjects.DequeueRequest{RequestID: "r"}
+	if got := e.dequeue("q", req); len(got) != 0 {
+		t.Fatalf("empty queue gave %v", ids(got))
+	}
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	if got := ids(e.dequeue("q", req)); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("retry after an empty dequeue: %v", got)
+	}
+	if got := ids(e.dequeue("q", req)); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("second retry: %v", got)
+	}
 }
 
 func TestStaleLeaseHolderIsFenced(t *testing.T) {

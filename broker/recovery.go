@@ -132,7 +132,7 @@ func (q *queue) rebuildRequests() {
 			r = &dequeueRecord{done: make(chan struct{})}
 			close(r.done)
 			q.requests[e.rec.RequestID] = r
-			q.reqOrder = append(q.reqOrder, reqStamp{id: e.rec.RequestID, at: now})
+			q.reqOrder = append(q.reqOrder, reqStamp{id: e.rec.RequestID, rec: r, at: now})
 		}
 		r.leases = append(r.leases, leaseRef{e: e, leaseID: e.rec.LeaseID})
 	}
