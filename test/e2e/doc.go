@@ -1,0 +1,3 @@
+// Package e2e holds end-to-end tests of natstone as users meet it: the requests its documentation
+// shows, run against a real broker on an in-process JetStream server.
+package e2e

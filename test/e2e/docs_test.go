@@ -1,0 +1,142 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/test/natstest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// natsReq is one `nats req` line of the docs.
+type natsReq struct {
+	line    string
+	subject string
+	body    string
+	headers map[string]string
+	comment string // what the docs say the reply is, after '#'
+}
+
+// reqLine matches `nats req SUBJECT [--header K:V]... 'BODY'  # comment`.
+var reqLine = regexp.MustCompile(`^nats req (\S+)((?: --header \S+?:'[^']*')*) '([^']*)'\s*(?:#\s*(.*))?$`)
+var headerArg = regexp.MustCompile(`--header (\S+?):'([^']*)'`)
+
+// docRequests returns the `nats req` lines of the ```sh blocks of a Markdown file.
+func docRequests(t *testing.T, path string) []natsReq {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []natsReq
+	inSh := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.HasPrefix(line, "```sh"):
+			inSh = true
+		case strings.HasPrefix(line, "```"):
+			inSh = false
+		case inSh && strings.HasPrefix(line, "nats req "):
+			m := reqLine.FindStringSubmatch(line)
+			if m == nil {
+				t.Fatalf("%s: cannot parse %q", path, line)
+			}
+			r := natsReq{line: line, subject: m[1], body: m[3], comment: m[4], headers: map[string]string{}}
+			for _, h := range headerArg.FindAllStringSubmatch(m[2], -1) {
+				r.headers[h[1]] = h[2]
+			}
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s: no nats req examples found", path)
+	}
+	return out
+}
+
+// startBroker runs a broker the way `natstone serve` does, on an in-process server.
+func startBroker(t *testing.T) *nats.Conn {
+	t.Helper()
+	srv := natstest.Start(t, nil)
+	b, err := broker.New(&broker.Config{Conn: srv.Connect(t), StoreConn: srv.Connect(t), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return srv.Connect(t)
+}
+
+// runDoc sends every request of a document in order, as a user would type them, and checks that
+// none fails and that each reply says what the line's comment promises.
+func runDoc(t *testing.T, path string) {
+	nc := startBroker(t)
+	var lastLease string
+	for _, r := range docRequests(t, path) {
+		body := strings.ReplaceAll(r.body, "<lease_id from the dequeue>", lastLease)
+		msg := nats.NewMsg(r.subject)
+		msg.Data = []byte(body)
+		for k, v := range r.headers {
+			msg.Header.Set(k, v)
+		}
+		reply, err := nc.RequestMsg(msg, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", r.line, err)
+		}
+		if e := reply.Header.Get("Nats-Service-Error"); e != "" {
+			t.Fatalf("%s: error reply %s", r.line, reply.Data)
+		}
+		var dq struct {
+			Messages []struct {
+				ID      string `json:"id"`
+				LeaseID string `json:"lease_id"`
+			} `json:"messages"`
+		}
+		if strings.Contains(r.subject, ".dequeue.") {
+			if err := json.Unmarshal(reply.Data, &dq); err != nil {
+				t.Fatalf("%s: %v", r.line, err)
+			}
+			if len(dq.Messages) > 0 {
+				lastLease = dq.Messages[0].LeaseID
+			}
+		}
+		// Comments of the form "job-2: …" promise that message; "nothing: …" an empty dequeue.
+		switch word, _, _ := strings.Cut(r.comment, ":"); {
+		case r.comment == "":
+		case word == "nothing":
+			if len(dq.Messages) != 0 {
+				t.Fatalf("%s: got %s, the docs promise nothing", r.line, reply.Data)
+			}
+		case strings.Contains(r.subject, ".dequeue.") && !strings.Contains(word, " "):
+			if len(dq.Messages) == 0 || dq.Messages[0].ID != word {
+				t.Fatalf("%s: got %s, the docs promise %s", r.line, reply.Data, word)
+			}
+		}
+	}
+}
+
+func TestREADMEQuickStart(t *testing.T) { t.Parallel(); runDoc(t, "../../README.md") }
+
+func TestProtocolExamples(t *testing.T) { t.Parallel(); runDoc(t, "../../docs/protocol.md") }
