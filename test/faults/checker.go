@@ -1,0 +1,456 @@
+package faults
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Slack absorbs the broker's millisecond timestamps and scheduling between the broker deciding and
+// the client reading its clock (both on one machine's wall clock).
+const clockSlack = 5 * time.Millisecond
+
+// freeSlack bounds how late the broker may act on a deadline it owns (a lease expiry timer, the
+// lock release after a lease ends) under load. Only the EDF rule uses it, to stay sound.
+const freeSlack = 250 * time.Millisecond
+
+// Violation is one broken rule, with the evidence.
+type Violation struct {
+	Rule   string
+	Detail string
+}
+
+func (v Violation) String() string { return v.Rule + ": " + v.Detail }
+
+// Restart is one kill of natstone and the moment it served again.
+type Restart struct {
+	Killed time.Time
+	Ready  time.Time
+}
+
+// Run is everything the checker judges.
+type Run struct {
+	Ops      []Op
+	Queues   map[string]QueueSpec
+	Restarts []Restart
+	Final    map[string]Final // by queue + "/" + message id
+}
+
+// lease is one lease granted, with what the history proves about how long it lasted.
+type lease struct {
+	Lease
+	queue string
+	// certainEnd: the lease was certainly valid in [GrantedAt, certainEnd): nothing acknowledged or
+	// possibly applied ended it earlier.
+	certainEnd time.Time
+	// possibleEnd: its message or exclusivity value may have been held until then (unknown extends,
+	// a late timer, a kill delaying the release to the next start).
+	possibleEnd time.Time
+}
+
+type msgKey struct{ queue, id string }
+
+// Check judges a run and returns every violation found.
+func Check(run Run) []Violation {
+	c := &checker{run: run, leases: map[string]*lease{}}
+	c.collectLeases()
+	c.checkDoubleLeases()
+	c.checkExclusivity()
+	c.checkStaleOps()
+	c.checkAttempts()
+	c.checkLost()
+	c.checkIdempotentDequeues()
+	c.checkEDF()
+	return c.out
+}
+
+type checker struct {
+	run    Run
+	leases map[string]*lease // by lease id
+	out    []Violation
+}
+
+func (c *checker) fail(rule, format string, args ...any) {
+	c.out = append(c.out, Violation{Rule: rule, Detail: fmt.Sprintf(format, args...)})
+}
+
+// collectLeases gathers every lease some acknowledged dequeue returned and bounds its life.
+func (c *checker) collectLeases() {
+	for _, op := range c.run.Ops {
+		if op.Kind != Dequeue || op.Outcome != OK {
+			continue
+		}
+		for _, l := range op.Leases {
+			if c.leases[l.LeaseID] == nil {
+				c.leases[l.LeaseID] = &lease{Lease: l, queue: op.Queue, certainEnd: l.ExpiresAt, possibleEnd: l.ExpiresAt}
+			}
+		}
+	}
+	for _, op := range c.run.Ops {
+		l := c.leases[op.LeaseID]
+		if l == nil || op.LeaseID == "" {
+			continue
+		}
+		switch op.Kind {
+		case Extend:
+			if op.Outcome == OK && op.ExpiresAt.After(l.certainEnd) {
+				l.certainEnd = op.ExpiresAt
+			}
+			if op.Outcome != Failed && op.RequestedExpiry.After(l.possibleEnd) {
+				l.possibleEnd = op.RequestedExpiry
+			}
+			if op.Outcome == OK && op.ExpiresAt.After(l.possibleEnd) {
+				l.possibleEnd = op.ExpiresAt
+			}
+		}
+	}
+	for _, op := range c.run.Ops {
+		l := c.leases[op.LeaseID]
+		if l == nil || op.LeaseID == "" {
+			continue
+		}
+		switch op.Kind {
+		case Complete, Release, Cancel:
+			if op.Outcome != Failed && op.Start.Before(l.certainEnd) {
+				l.certainEnd = op.Start // it may have ended as soon as this was sent
+			}
+			if op.Outcome == OK && op.End.Before(l.possibleEnd) {
+				l.possibleEnd = op.End // it had certainly ended when the reply came
+			}
+		}
+	}
+	// A kill while a lease may still hold its message or value delays the release to the next start.
+	for _, l := range c.leases {
+		l.possibleEnd = l.possibleEnd.Add(freeSlack)
+		for _, r := range c.run.Restarts {
+			if !r.Killed.Before(l.GrantedAt) && !r.Killed.After(l.possibleEnd) && r.Ready.Add(freeSlack).After(l.possibleEnd) {
+				l.possibleEnd = r.Ready.Add(freeSlack)
+			}
+		}
+	}
+}
+
+func (c *checker) sortedLeases(key func(*lease) string) map[string][]*lease {
+	groups := map[string][]*lease{}
+	for _, l := range c.leases {
+		k := key(l)
+		groups[k] = append(groups[k], l)
+	}
+	for _, g := range groups {
+		sort.Slice(g, func(i, j int) bool { return g[i].GrantedAt.Before(g[j].GrantedAt) })
+	}
+	return groups
+}
+
+// checkDoubleLeases: no message is granted a lease while another of its leases is certainly valid.
+func (c *checker) checkDoubleLeases() {
+	for _, g := range c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID }) {
+		var open *lease // the lease certainly valid the longest so far
+		for _, l := range g {
+			if open != nil && l.GrantedAt.Before(open.certainEnd.Add(-clockSlack)) {
+				c.fail("double-lease", "%s/%s: lease %s granted at %s while lease %s was valid until %s",
+					l.queue, l.MessageID, l.LeaseID, ts(l.GrantedAt), open.LeaseID, ts(open.certainEnd))
+			}
+			if open == nil || l.certainEnd.After(open.certainEnd) {
+				open = l
+			}
+		}
+	}
+}
+
+// checkExclusivity: in an exclusive queue no lease on a value is granted while a lease on another
+// message of that value is certainly valid.
+func (c *checker) checkExclusivity() {
+	groups := c.sortedLeases(func(l *lease) string {
+		if !c.run.Queues[l.queue].Exclusive {
+			return ""
+		}
+		return l.queue + "/" + l.Value
+	})
+	delete(groups, "")
+	for _, g := range groups {
+		// The two longest-valid leases of distinct messages so far, so that a message's own
+		// earlier lease (the double-lease rule's business) cannot hide another message's.
+		var best [2]*lease
+		for _, l := range g {
+			for _, o := range best {
+				if o != nil && o.MessageID != l.MessageID && l.GrantedAt.Before(o.certainEnd.Add(-clockSlack)) {
+					c.fail("exclusivity", "%s value %q: %s leased at %s while %s held it until %s",
+						l.queue, l.Value, l.MessageID, ts(l.GrantedAt), o.MessageID, ts(o.certainEnd))
+					break
+				}
+			}
+			switch {
+			case best[0] == nil || l.certainEnd.After(best[0].certainEnd):
+				if best[0] == nil || best[0].MessageID != l.MessageID {
+					best[1] = best[0]
+				}
+				best[0] = l
+			case l.MessageID != best[0].MessageID && (best[1] == nil || l.certainEnd.After(best[1].certainEnd)):
+				best[1] = l
+			}
+		}
+	}
+}
+
+// checkStaleOps: once a newer lease of a message was granted, every operation with an older lease
+// of it sent afterwards must have been rejected.
+func (c *checker) checkStaleOps() {
+	byMsg := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })
+	for _, op := range c.run.Ops {
+		if op.Outcome != OK || op.LeaseID == "" || (op.Kind != Complete && op.Kind != Extend && op.Kind != Release && op.Kind != Cancel) {
+			continue
+		}
+		l := c.leases[op.LeaseID]
+		if l == nil {
+			continue
+		}
+		for _, newer := range byMsg[l.queue+"/"+l.MessageID] {
+			if newer.GrantedAt.After(l.GrantedAt) && op.Start.After(newer.GrantedAt.Add(clockSlack)) {
+				c.fail("stale-holder", "%s/%s: %s with lease %s sent at %s succeeded after lease %s was granted at %s",
+					op.Queue, op.MessageID, op.Kind, op.LeaseID, ts(op.Start), newer.LeaseID, ts(newer.GrantedAt))
+				break
+			}
+		}
+	}
+}
+
+// checkAttempts: no lease beyond the queue's attempts, and a message out of attempts ends errored.
+func (c *checker) checkAttempts() {
+	for _, l := range c.leases {
+		if max := c.run.Queues[l.queue].MaxAttempts; l.Attempts > max {
+			c.fail("attempts", "%s/%s leased for attempt %d of %d", l.queue, l.MessageID, l.Attempts, max)
+		}
+	}
+	for key, f := range c.run.Final {
+		queue, _, _ := cut(key)
+		max := c.run.Queues[queue].MaxAttempts
+		if f.Found && f.Attempts > max {
+			c.fail("attempts", "%s ended with %d attempts of %d", key, f.Attempts, max)
+		}
+		if f.Found && f.Attempts >= max && (f.State == "pending" || f.State == "invisible") {
+			c.fail("attempts", "%s is %s with no attempts left; it must be errored", key, f.State)
+		}
+	}
+}
+
+// checkLost: every acknowledged enqueue is still there at the end, and acknowledged completes and
+// cancels stuck.
+func (c *checker) checkLost() {
+	for _, op := range c.run.Ops {
+		if op.Outcome != OK {
+			continue
+		}
+		key := op.Queue + "/" + op.MessageID
+		f, read := c.run.Final[key]
+		switch op.Kind {
+		case Enqueue:
+			if !read || !f.Found {
+				c.fail("lost", "%s: enqueue acknowledged at %s, gone at the end", key, ts(op.End))
+			}
+		case Complete:
+			if read && f.State != "completed" {
+				c.fail("lost", "%s: complete acknowledged at %s, but it ended %s", key, ts(op.End), f.State)
+			}
+		case Cancel:
+			if read && f.State != "canceled" {
+				c.fail("lost", "%s: cancel acknowledged at %s, but it ended %s", key, ts(op.End), f.State)
+			}
+		}
+	}
+}
+
+// checkIdempotentDequeues: retries of a dequeue (same request id) never lease more than the first
+// acknowledged reply did.
+func (c *checker) checkIdempotentDequeues() {
+	type req struct {
+		first map[string]bool
+		batch int
+	}
+	seen := map[string]*req{}
+	for _, op := range c.run.Ops {
+		if op.Kind != Dequeue || op.Outcome != OK || op.RequestID == "" {
+			continue
+		}
+		key := op.Queue + "/" + op.RequestID
+		ids := map[string]bool{}
+		for _, l := range op.Leases {
+			ids[l.LeaseID] = true
+		}
+		if len(ids) > op.Batch {
+			c.fail("idempotent-dequeue", "%s returned %d leases for a batch of %d", key, len(ids), op.Batch)
+		}
+		r := seen[key]
+		if r == nil {
+			seen[key] = &req{first: ids, batch: op.Batch}
+			continue
+		}
+		for id := range ids {
+			if !r.first[id] {
+				c.fail("idempotent-dequeue", "%s: a retry returned lease %s that the first reply did not have", key, id)
+			}
+		}
+	}
+}
+
+// checkEDF: a dequeue never returned a message (or fewer than its batch) while a strictly more
+// urgent eligible message had been pending since before the request: enqueued and acknowledged
+// before it, never leased, canceled or invisible by then, matching its filter, and — in an
+// exclusive queue — of a value certainly free throughout the request. Stretches where a dequeue
+// of unknown outcome may have leased that message are skipped, as is everything it cannot prove.
+func (c *checker) checkEDF() {
+	type cand struct {
+		id       string
+		queue    string
+		prio     int64
+		md       map[string]string
+		enqStart time.Time
+		added    time.Time // acknowledged: pending from here
+		removed  time.Time // first lease grant or cancel sent: maybe not pending from here
+	}
+	cands := map[msgKey]*cand{}
+	for _, op := range c.run.Ops {
+		if op.Kind == Enqueue && op.Outcome == OK && op.InvisibleMS == 0 {
+			k := msgKey{op.Queue, op.MessageID}
+			if cands[k] == nil {
+				cands[k] = &cand{id: op.MessageID, queue: op.Queue, prio: op.Priority, md: op.Metadata, enqStart: op.Start, added: op.End, removed: farFuture}
+			}
+		}
+	}
+	// An id enqueued more than once (a retry) counts from its first attempt: drop the ambiguous.
+	for _, op := range c.run.Ops {
+		if op.Kind == Enqueue && op.Outcome != Failed {
+			if cd := cands[msgKey{op.Queue, op.MessageID}]; cd != nil && op.Start.Before(cd.enqStart) {
+				cd.enqStart = op.Start
+			}
+		}
+	}
+	for _, l := range c.leases {
+		if cd := cands[msgKey{l.queue, l.MessageID}]; cd != nil && l.GrantedAt.Before(cd.removed) {
+			cd.removed = l.GrantedAt
+		}
+	}
+	for _, op := range c.run.Ops {
+		if op.Kind == Cancel && op.Outcome != Failed {
+			if cd := cands[msgKey{op.Queue, op.MessageID}]; cd != nil && op.Start.Before(cd.removed) {
+				cd.removed = op.Start
+			}
+		}
+	}
+	// Dequeues of unknown outcome may have leased any message pending while they ran; such a
+	// message may then be unavailable until that lease ran out (or the next start after a kill).
+	type window struct{ from, to time.Time }
+	unknown := map[string][]window{}
+	for _, op := range c.run.Ops {
+		if op.Kind == Dequeue && op.Outcome == Unknown {
+			to := op.End.Add(c.run.Queues[op.Queue].Lease + freeSlack)
+			for _, r := range c.run.Restarts {
+				if !r.Killed.Before(op.Start) && !r.Killed.After(to) && r.Ready.Add(c.run.Queues[op.Queue].Lease+freeSlack).After(to) {
+					to = r.Ready.Add(c.run.Queues[op.Queue].Lease + freeSlack)
+				}
+			}
+			unknown[op.Queue] = append(unknown[op.Queue], window{op.Start.Add(-clockSlack), to})
+		}
+	}
+	byValue := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.Value })
+	byQueue := map[string][]*cand{}
+	for _, cd := range cands {
+		byQueue[cd.queue] = append(byQueue[cd.queue], cd)
+	}
+	for _, op := range c.run.Ops {
+		if op.Kind != Dequeue || op.Outcome != OK || len(op.Leases) == 0 {
+			continue
+		}
+		spec := c.run.Queues[op.Queue]
+		granted := op.Leases[0].GrantedAt
+		var worst int64
+		values := map[string]bool{}
+		returned := map[string]bool{}
+		for _, l := range op.Leases {
+			worst = max(worst, l.Priority)
+			values[l.Value] = true
+			returned[l.MessageID] = true
+		}
+		full := len(op.Leases) >= op.Batch
+		for _, cd := range byQueue[op.Queue] {
+			if returned[cd.id] || (full && cd.prio >= worst) {
+				continue
+			}
+			// Pending since before the request, and still not leased or canceled when it was decided.
+			if !cd.added.Before(op.Start.Add(-clockSlack)) || !cd.removed.After(granted.Add(clockSlack)) {
+				continue
+			}
+			if !matches(cd.md, op.Filter) {
+				continue
+			}
+			skip := false
+			for _, w := range unknown[op.Queue] {
+				if w.from.Before(granted.Add(clockSlack)) && w.to.After(op.Start) && cd.enqStart.Before(w.to) {
+					skip = true
+					break
+				}
+			}
+			if skip {
+				continue
+			}
+			if spec.Exclusive {
+				v := cd.md[spec.Key]
+				if values[v] || !c.valueFree(byValue[op.Queue+"/"+v], op.Start, granted, op.Leases) {
+					continue
+				}
+			}
+			what := fmt.Sprintf("the less urgent %s", worstID(op.Leases, worst))
+			if !full {
+				what = fmt.Sprintf("only %d of a batch of %d", len(op.Leases), op.Batch)
+			}
+			c.fail("edf", "%s: dequeue sent at %s by %s returned %s while %s (priority %d) had been pending since %s",
+				op.Queue, ts(op.Start), op.Client, what, cd.id, cd.prio, ts(cd.added))
+		}
+	}
+}
+
+// valueFree reports whether no lease (but the dequeue's own) may have held the value at any time
+// from the request to its decision.
+func (c *checker) valueFree(leases []*lease, from, to time.Time, own []Lease) bool {
+	for _, l := range leases {
+		if slices.ContainsFunc(own, func(o Lease) bool { return o.LeaseID == l.LeaseID }) {
+			continue
+		}
+		if l.GrantedAt.Before(to.Add(clockSlack)) && l.possibleEnd.After(from.Add(-clockSlack)) {
+			return false
+		}
+	}
+	return true
+}
+
+var farFuture = time.Unix(1<<40, 0)
+
+func matches(md, filter map[string]string) bool {
+	for k, v := range filter {
+		if md[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func worstID(ls []Lease, prio int64) string {
+	for _, l := range ls {
+		if l.Priority == prio {
+			return fmt.Sprintf("%s (priority %d)", l.MessageID, prio)
+		}
+	}
+	return "?"
+}
+
+func cut(key string) (queue, id string, ok bool) {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '/' {
+			return key[:i], key[i+1:], true
+		}
+	}
+	return key, "", false
+}
+
+func ts(t time.Time) string { return t.UTC().Format("15:04:05.000") }

@@ -1,0 +1,206 @@
+package faults
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The checker is only worth something if it fails on a bad history: each case builds a small
+// history by hand and states which rules must fire.
+
+var base = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func at(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+
+var specs = map[string]QueueSpec{
+	"s": {MaxAttempts: 3, Lease: time.Second},
+	"x": {Exclusive: true, Key: "p", MaxAttempts: 3, Lease: time.Second},
+}
+
+func enq(q, id string, prio int64, start, end int, md map[string]string) Op {
+	return Op{Kind: Enqueue, Queue: q, MessageID: id, Priority: prio, Metadata: md, Start: at(start), End: at(end), Outcome: OK}
+}
+
+func deq(q, rid string, start, end int, ls ...Lease) Op {
+	return Op{Kind: Dequeue, Queue: q, RequestID: rid, Batch: max(1, len(ls)), Start: at(start), End: at(end), Outcome: OK, Leases: ls}
+}
+
+func ls(id, leaseID string, prio int64, value string, grant, expire int) Lease {
+	return Lease{MessageID: id, LeaseID: leaseID, Priority: prio, Value: value, Metadata: map[string]string{"p": value}, Attempts: 1, GrantedAt: at(grant), ExpiresAt: at(expire)}
+}
+
+func done(kind Kind, q, id, leaseID string, start, end int, o Outcome) Op {
+	return Op{Kind: kind, Queue: q, MessageID: id, LeaseID: leaseID, Start: at(start), End: at(end), Outcome: o}
+}
+
+func finals(kv ...any) map[string]Final {
+	out := map[string]Final{}
+	for i := 0; i < len(kv); i += 3 {
+		out[kv[i].(string)] = Final{Found: true, State: kv[i+1].(string), Attempts: kv[i+2].(int)}
+	}
+	return out
+}
+
+func TestChecker(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		run   Run
+		rules []string // rules that must fire, in any order; none for a clean history
+	}{
+		{
+			name: "clean: lease, expiry, lease again, complete",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				deq("s", "r2", 1020, 1022, ls("a", "L2", 1, "", 1021, 2021)),
+				done(Complete, "s", "a", "L2", 1030, 1032, OK),
+			}, Final: finals("s/a", "completed", 2)},
+		},
+		{
+			name: "double lease",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				deq("s", "r2", 500, 502, ls("a", "L2", 1, "", 501, 1501)),
+			}, Final: finals("s/a", "running", 2)},
+			rules: []string{"double-lease"},
+		},
+		{
+			name: "a complete of unknown outcome may have ended the lease early",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				done(Complete, "s", "a", "L1", 100, 2000, Unknown),
+				deq("s", "r2", 500, 502, ls("a", "L2", 1, "", 501, 1501)),
+			}, Final: finals("s/a", "running", 2)},
+		},
+		{
+			name: "an acknowledged extend makes a later grant a double lease",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				{Kind: Extend, Queue: "s", MessageID: "a", LeaseID: "L1", Start: at(900), End: at(902), Outcome: OK, ExpiresAt: at(1901), RequestedExpiry: at(1901)},
+				deq("s", "r2", 1100, 1102, ls("a", "L2", 1, "", 1101, 2101)),
+			}, Final: finals("s/a", "running", 2)},
+			rules: []string{"double-lease"},
+		},
+		{
+			name: "exclusivity overlap between two messages of one value",
+			run: Run{Ops: []Op{
+				enq("x", "a", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "b", 2, 0, 2, map[string]string{"p": "foo"}),
+				deq("x", "r1", 10, 12, ls("a", "L1", 1, "foo", 11, 1011)),
+				deq("x", "r2", 20, 22, ls("b", "L2", 2, "foo", 21, 1021)),
+			}, Final: finals("x/a", "running", 1, "x/b", "running", 1)},
+			rules: []string{"exclusivity"},
+		},
+		{
+			name: "figure 5: another value is fine",
+			run: Run{Ops: []Op{
+				enq("x", "a", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "b", 2, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "c", 3, 0, 2, map[string]string{"p": "bar"}),
+				deq("x", "r1", 10, 12, ls("a", "L1", 1, "foo", 11, 1011)),
+				deq("x", "r2", 20, 22, ls("c", "L2", 3, "bar", 21, 1021)),
+			}, Final: finals("x/a", "running", 1, "x/b", "pending", 0, "x/c", "running", 1)},
+		},
+		{
+			name: "a stale holder's complete accepted",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				deq("s", "r2", 1020, 1022, ls("a", "L2", 1, "", 1021, 2021)),
+				done(Complete, "s", "a", "L1", 1100, 1102, OK),
+			}, Final: finals("s/a", "completed", 2)},
+			rules: []string{"stale-holder"},
+		},
+		{
+			name: "attempts: beyond max, and pending with none left",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				enq("s", "b", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, Lease{MessageID: "a", LeaseID: "L1", Priority: 1, Attempts: 4, GrantedAt: at(11), ExpiresAt: at(1011)}),
+			}, Final: finals("s/a", "errored", 4, "s/b", "pending", 3)},
+			rules: []string{"attempts", "attempts", "attempts"}, // b has a's priority: ties are not judged
+		},
+		{
+			name: "lost: acknowledged enqueue and complete",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				enq("s", "b", 2, 0, 2, nil),
+				{Kind: Enqueue, Queue: "s", MessageID: "u", Start: at(0), End: at(2), Outcome: Unknown},
+				deq("s", "r1", 10, 12, ls("b", "L1", 2, "", 11, 1011)),
+				done(Complete, "s", "b", "L1", 20, 22, OK),
+			}, Final: map[string]Final{"s/a": {}, "s/b": {Found: true, State: "pending", Attempts: 1}, "s/u": {}}},
+			rules: []string{"lost", "lost", "edf"},
+		},
+		{
+			name: "a retried dequeue leased more",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				enq("s", "b", 2, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				deq("s", "r1", 20, 22, ls("b", "L2", 2, "", 21, 1021)),
+			}, Final: finals("s/a", "running", 1, "s/b", "running", 1)},
+			rules: []string{"idempotent-dequeue"},
+		},
+		{
+			name: "edf: a more urgent message was pending",
+			run: Run{Ops: []Op{
+				enq("s", "urgent", 1, 0, 2, nil),
+				enq("s", "late", 9, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("late", "L1", 9, "", 11, 1011)),
+			}, Final: finals("s/urgent", "pending", 0, "s/late", "running", 1)},
+			rules: []string{"edf"},
+		},
+		{
+			name: "edf: a dequeue of unknown outcome may have taken it",
+			run: Run{Ops: []Op{
+				enq("s", "urgent", 1, 0, 2, nil),
+				enq("s", "late", 9, 0, 2, nil),
+				{Kind: Dequeue, Queue: "s", Batch: 1, Start: at(5), End: at(3000), Outcome: Unknown},
+				deq("s", "r1", 10, 12, ls("late", "L1", 9, "", 11, 1011)),
+			}, Final: finals("s/urgent", "pending", 1, "s/late", "running", 1)},
+		},
+		{
+			name: "edf: a more urgent message of a leased value is not eligible",
+			run: Run{Ops: []Op{
+				enq("x", "held", 0, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
+				deq("x", "r0", 5, 7, ls("held", "L0", 0, "foo", 6, 1006)),
+				deq("x", "r1", 10, 12, ls("late", "L1", 9, "bar", 11, 1011)),
+			}, Final: finals("x/held", "running", 1, "x/urgent", "pending", 0, "x/late", "running", 1)},
+		},
+		{
+			name: "edf: filters",
+			run: Run{Ops: []Op{
+				enq("s", "urgent-other", 1, 0, 2, map[string]string{"k": "b"}),
+				enq("s", "late", 9, 0, 2, map[string]string{"k": "a"}),
+				{Kind: Dequeue, Queue: "s", Batch: 1, Filter: map[string]string{"k": "a"}, Start: at(10), End: at(12), Outcome: OK,
+					Leases: []Lease{ls("late", "L1", 9, "", 11, 1011)}},
+			}, Final: finals("s/urgent-other", "pending", 0, "s/late", "running", 1)},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run.Queues = specs
+			got := Check(tc.run)
+			var rules []string
+			for _, v := range got {
+				rules = append(rules, v.Rule)
+			}
+			if strings.Join(sorted(rules), ",") != strings.Join(sorted(tc.rules), ",") {
+				t.Fatalf("rules fired %v, want %v\n%v", rules, tc.rules, got)
+			}
+		})
+	}
+}
+
+func sorted(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
+}

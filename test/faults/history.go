@@ -1,0 +1,119 @@
+package faults
+
+import (
+	"sync"
+	"time"
+)
+
+// Outcome is what a client learned of an operation.
+type Outcome int
+
+// The outcomes.
+const (
+	// OK: the broker acknowledged the operation; its effect is durable.
+	OK Outcome = iota
+	// Failed: the broker refused it with a typed error (or nobody received it): it had no effect.
+	Failed
+	// Unknown: a timeout, a lost connection or an `unavailable` reply: it may or may not have
+	// taken effect.
+	Unknown
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OK:
+		return "ok"
+	case Failed:
+		return "failed"
+	default:
+		return "unknown"
+	}
+}
+
+// Kind is an operation's kind.
+type Kind string
+
+// The kinds recorded.
+const (
+	Enqueue  Kind = "enqueue"
+	Dequeue  Kind = "dequeue"
+	Complete Kind = "complete"
+	Extend   Kind = "extend"
+	Release  Kind = "release"
+	Cancel   Kind = "cancel"
+)
+
+// Lease is one message leased by a dequeue, as its reply described it. Times come from the broker.
+type Lease struct {
+	MessageID string
+	LeaseID   string
+	Priority  int64
+	Value     string            // exclusivity value ("" in a simple queue)
+	Metadata  map[string]string // the message's metadata
+	Attempts  int
+	GrantedAt time.Time // the reply's updated_at: when the broker decided the lease
+	ExpiresAt time.Time
+}
+
+// Op is one operation and its outcome.
+type Op struct {
+	Kind    Kind
+	Queue   string
+	Client  string    // which producer/worker
+	Start   time.Time // when the client sent it
+	End     time.Time // when the client learned the outcome
+	Outcome Outcome
+	Code    string // the error code of a Failed op
+
+	// Enqueue
+	MessageID   string
+	Priority    int64
+	Metadata    map[string]string
+	InvisibleMS int64
+
+	// Dequeue
+	RequestID string
+	Batch     int
+	Filter    map[string]string
+	Leases    []Lease // OK dequeues only
+
+	// Complete, Extend, Release, Cancel (MessageID above)
+	LeaseID         string
+	ExpiresAt       time.Time // OK extends: the new expiry
+	RequestedExpiry time.Time // extends: the expiry asked for (an upper bound if unknown)
+}
+
+// History is the operations of one run, appended concurrently.
+type History struct {
+	mu  sync.Mutex
+	ops []Op
+}
+
+// Add records an operation.
+func (h *History) Add(op Op) {
+	h.mu.Lock()
+	h.ops = append(h.ops, op)
+	h.mu.Unlock()
+}
+
+// Ops returns a copy of the operations recorded so far.
+func (h *History) Ops() []Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Op(nil), h.ops...)
+}
+
+// QueueSpec is what the checker needs to know of a queue.
+type QueueSpec struct {
+	Exclusive   bool
+	Key         string // the exclusivity key of an exclusive queue
+	MaxAttempts int
+	Lease       time.Duration // the longest lease any dequeue asked for
+}
+
+// Final is a message's state read after the run, once no lease was left.
+type Final struct {
+	Found    bool
+	State    string
+	Attempts int
+}
