@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -465,7 +464,14 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		c.e.busy = nil
 	}
 	q.reloadLocks(dropped)
-	return slices.DeleteFunc(cs, func(c *change) bool { return c.err != nil })
+	// A new slice: the caller still reads every change it passed, dropped ones included.
+	kept := make([]*change, 0, len(cs)-len(dropped))
+	for _, c := range cs {
+		if c.err == nil {
+			kept = append(kept, c)
+		}
+	}
+	return kept
 }
 
 // reloadLocks reads the locks of failed lock writes back and releases the values found free.
