@@ -429,7 +429,15 @@ func (q *queue) takeLocks(cs []*change) []*change {
 	}
 	expect := make([]uint64, len(takes))
 	for i, c := range takes {
-		expect[i] = q.lockOf(c.e.Value).rev
+		l := q.lockOf(c.e.Value)
+		if l.holder != "" && l.holder != c.next.ID {
+			// The index should never offer a held value; if it does, refuse rather than overwrite
+			// the holder's lock with our own current revision.
+			q.log().Error("exclusivity value offered while held", "value", c.e.Value, "message_id", c.next.ID, "holder", l.holder)
+			expect[i] = l.rev + 1 // certain to conflict: the write fails and the change is dropped
+			continue
+		}
+		expect[i] = l.rev
 	}
 	// The values are held in the index, so no other write on these locks can start meanwhile.
 	q.mu.Unlock()

@@ -1,0 +1,91 @@
+package faults
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/natstone/natstone/test/natstest"
+)
+
+// kills is how many times each variant kills natstone: a handful by default (make faults, part of
+// make test), NATSTONE_FAULT_KILLS for a long run (make faults-long).
+func kills(t *testing.T, def int) int {
+	if s := os.Getenv("NATSTONE_FAULT_KILLS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("NATSTONE_FAULT_KILLS=%q: want a positive number", s)
+		}
+		return n
+	}
+	return def
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "natstone-faults")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "natstone")
+	build := exec.Command("go", "build", "-race", "-o", binary, "../../cmd/natstone")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build natstone:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// TestFaults kills natstone (embedded NATS and broker together) at random moments under load and
+// checks the whole history.
+func TestFaults(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	dir := t.TempDir()
+	check(t, faultConfig{kills: kills(t, 4), producers: 2, workers: 4}, fmt.Sprintf("nats://127.0.0.1:%d", port),
+		[]string{"serve", "--data", filepath.Join(dir, "data"), "--listen", fmt.Sprintf("127.0.0.1:%d", port)})
+}
+
+// TestFaultsBrokerOnly keeps NATS running (in this process) and kills only the broker.
+func TestFaultsBrokerOnly(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4}, srv.URL(),
+		[]string{"serve", "--nats-url", srv.URL()})
+}
+
+// TestFaultsSyncAlways is TestFaults with an fsync before every acknowledgement.
+func TestFaultsSyncAlways(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	dir := t.TempDir()
+	check(t, faultConfig{kills: kills(t, 3), syncAlways: true, producers: 2, workers: 4}, fmt.Sprintf("nats://127.0.0.1:%d", port),
+		[]string{"serve", "--data", filepath.Join(dir, "data"), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--sync", "always"})
+}
+
+func check(t *testing.T, cfg faultConfig, url string, args []string) {
+	run, stats := runFaults(t, cfg, url, args)
+	violations := Check(run)
+	leases := 0
+	for _, op := range run.Ops {
+		leases += len(op.Leases)
+	}
+	t.Logf("kills=%d ops=%d messages=%d enqueued=%d leases=%d completed=%d extended=%d violations=%d",
+		stats.kills, len(run.Ops), len(run.Final), stats.enqueued, leases, stats.completed, stats.ex, len(violations))
+	if stats.completed == 0 || stats.enqueued == 0 {
+		t.Errorf("the run did no work: %+v", stats)
+	}
+	for i, v := range violations {
+		if i == 50 {
+			t.Errorf("… and %d more", len(violations)-50)
+			break
+		}
+		t.Error(v)
+	}
+}

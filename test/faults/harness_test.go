@@ -1,0 +1,469 @@
+package faults
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// binary is the natstone binary under test, built once by TestMain with the race detector, so a
+// data race in the broker under faults fails the run too.
+var binary string
+
+// natstone is one run of the natstone child process.
+type natstone struct {
+	cmd   *exec.Cmd
+	done  chan struct{} // closed when the process has exited
+	ready chan struct{} // closed when it logged "natstone ready"
+	log   *os.File
+	bad   chan string // a data race or panic seen in its output
+}
+
+// startNatstone starts natstone with args and waits until it is ready.
+func startNatstone(t *testing.T, args []string, logPath string) *natstone {
+	t.Helper()
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &natstone{cmd: cmd, done: make(chan struct{}), ready: make(chan struct{}), log: f, bad: make(chan string, 1)}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<16), 1<<20)
+		readyOnce := sync.Once{}
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(f, line)
+			if strings.Contains(line, "natstone ready") {
+				readyOnce.Do(func() { close(n.ready) })
+			}
+			if strings.Contains(line, "DATA RACE") || strings.HasPrefix(line, "panic:") {
+				select {
+				case n.bad <- line:
+				default:
+				}
+			}
+		}
+		_ = cmd.Wait()
+		f.Close()
+		close(n.done)
+	}()
+	select {
+	case <-n.ready:
+	case <-n.done:
+		fatalWithLog(t, logPath, "natstone exited before it was ready")
+	case <-time.After(60 * time.Second):
+		n.kill()
+		fatalWithLog(t, logPath, "natstone not ready within 60s")
+	}
+	return n
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (n *natstone) kill() {
+	_ = n.cmd.Process.Signal(syscall.SIGKILL)
+	<-n.done
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (n *natstone) stop(t *testing.T) {
+	t.Helper()
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.done:
+		if code := n.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("natstone exited with %d after SIGTERM", code)
+		}
+	case <-time.After(60 * time.Second):
+		n.kill()
+		t.Error("natstone did not stop within 60s of SIGTERM")
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// client sends requests and records each in the history.
+type client struct {
+	name  string
+	nc    *nats.Conn
+	space subjects.Space
+	h     *History
+}
+
+// requestTimeout is how long a client waits for a reply before calling the outcome unknown.
+const requestTimeout = 3 * time.Second
+
+// call sends body to op on queue and decodes the reply into out. It classifies the outcome:
+// no responders means nobody received it (Failed); a typed error is Failed, except unavailable and
+// internal, whose writes may have happened (Unknown); any other failure is Unknown.
+func (c *client) call(op subjects.Op, queue string, body, out any) (Outcome, string) {
+	data, err := json.Marshal(body)
+	if err != nil {
+		panic(err)
+	}
+	msg, err := c.nc.Request(c.space.Subject(op, queue), data, requestTimeout)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return Failed, "no_responders"
+	case err != nil:
+		return Unknown, err.Error()
+	}
+	if msg.Header.Get("Nats-Service-Error-Code") != "" {
+		var er subjects.ErrorReply
+		if err := json.Unmarshal(msg.Data, &er); err != nil || er.Error == nil {
+			return Unknown, "undecodable error"
+		}
+		if er.Error.Code == subjects.CodeUnavailable || er.Error.Code == subjects.CodeInternal {
+			return Unknown, string(er.Error.Code)
+		}
+		return Failed, string(er.Error.Code)
+	}
+	if err := json.Unmarshal(msg.Data, out); err != nil {
+		return Unknown, "undecodable reply"
+	}
+	return OK, ""
+}
+
+func leaseOf(m subjects.Message, key string) Lease {
+	l := Lease{MessageID: m.ID, LeaseID: m.LeaseID, Priority: m.Priority, Metadata: m.Metadata, Attempts: m.Attempts, GrantedAt: m.UpdatedAt}
+	if key != "" {
+		l.Value = m.Metadata[key]
+	}
+	if m.LeaseExpiresAt != nil {
+		l.ExpiresAt = *m.LeaseExpiresAt
+	}
+	return l
+}
+
+// faultConfig is one variant of the fault test.
+type faultConfig struct {
+	kills      int
+	external   bool // NATS runs in the test process; only the broker is killed
+	syncAlways bool
+	producers  int
+	workers    int
+}
+
+// queues of every run: a simple one and an exclusive one, short leases so expiry happens a lot.
+var queueSpecs = map[string]QueueSpec{
+	"simple":    {MaxAttempts: 3, Lease: 800 * time.Millisecond},
+	"exclusive": {Exclusive: true, Key: "p", MaxAttempts: 3, Lease: 800 * time.Millisecond},
+}
+
+// runFaults drives natstone under SIGKILLs and returns the run for the checker.
+func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Run, *runStats) {
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "natstone.log")
+	space, _ := subjects.NewSpace("")
+	h := &History{}
+	stats := &runStats{}
+
+	proc := startNatstone(t, args, logPath)
+	var procMu sync.Mutex // guards proc
+	t.Cleanup(func() {
+		procMu.Lock()
+		defer procMu.Unlock()
+		select {
+		case <-proc.done:
+		default:
+			proc.kill()
+		}
+	})
+	connect := func(name string) *client {
+		nc, err := nats.Connect(natsURL, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+			nats.ReconnectJitter(0, 0), nats.Timeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return &client{name: name, nc: nc, space: space, h: h}
+	}
+
+	admin := connect("admin")
+	for name, q := range queueSpecs {
+		req := subjects.CreateQueueRequest{LeaseMS: q.Lease.Milliseconds(), MaxAttempts: q.MaxAttempts, RetentionMS: ptr(time.Hour.Milliseconds())}
+		if q.Exclusive {
+			req.Type, req.ExclusivityKey = subjects.Exclusive, q.Key
+		}
+		var info subjects.QueueInfo
+		if o, code := admin.call(subjects.OpCreate, name, req, &info); o != OK {
+			t.Fatalf("create %s: %s %s", name, o, code)
+		}
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for p := range cfg.producers {
+		c := connect(fmt.Sprintf("producer-%d", p))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			produce(c, stop, stats)
+		}()
+	}
+	for w := range cfg.workers {
+		c := connect(fmt.Sprintf("worker-%d", w))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			work(c, stop, stats)
+		}()
+	}
+
+	var restarts []Restart
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	for range cfg.kills {
+		<-time.After(time.Duration(300+rng.IntN(700)) * time.Millisecond)
+		procMu.Lock()
+		killed := time.Now()
+		proc.kill()
+		select {
+		case line := <-proc.bad:
+			procMu.Unlock()
+			fatalWithLog(t, logPath, "natstone reported %q", line)
+		default:
+		}
+		proc = startNatstone(t, args, logPath)
+		restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
+		procMu.Unlock()
+	}
+	<-time.After(500 * time.Millisecond) // some load after the last restart
+	close(stop)
+	wg.Wait()
+
+	// Quiescence: every lease and invisibility window runs out (the broker's own clock; the
+	// condition is polled with a deadline).
+	deadline := time.Now().Add(30 * time.Second)
+	for name := range queueSpecs {
+		for {
+			var d subjects.DepthReply
+			o, _ := admin.call(subjects.OpDepth, name, nil, &d)
+			if o == OK && d.Counts.Running == 0 && d.Counts.Invisible == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("queue %s did not quiesce: %+v", name, d.Counts)
+			}
+			<-time.After(50 * time.Millisecond)
+		}
+	}
+
+	run := Run{Ops: h.Ops(), Queues: queueSpecs, Restarts: restarts, Final: map[string]Final{}}
+	for _, op := range run.Ops {
+		if op.Kind != Enqueue {
+			continue
+		}
+		key := op.Queue + "/" + op.MessageID
+		if _, ok := run.Final[key]; ok {
+			continue
+		}
+		var m subjects.Message
+		o, code := admin.call(subjects.OpGet, op.Queue, subjects.GetRequest{ID: op.MessageID}, &m)
+		switch {
+		case o == OK:
+			run.Final[key] = Final{Found: true, State: string(m.State), Attempts: m.Attempts}
+		case code == string(subjects.CodeMessageNotFound):
+			run.Final[key] = Final{}
+		default:
+			t.Fatalf("final get %s: %s %s", key, o, code)
+		}
+	}
+	procMu.Lock()
+	select {
+	case line := <-proc.bad:
+		t.Errorf("natstone reported %q; see %s", line, logPath)
+	default:
+	}
+	proc.stop(t)
+	procMu.Unlock()
+	stats.kills = len(restarts)
+	if t.Failed() {
+		if b, err := os.ReadFile(logPath); err == nil && len(b) > 0 {
+			t.Logf("natstone log tail:\n%s", tail(string(b), 40))
+		}
+	}
+	return run, stats
+}
+
+// runStats counts what a run did, for the report.
+type runStats struct {
+	mu                                     sync.Mutex
+	kills, enqueued, leased, completed, ex int
+}
+
+func (s *runStats) add(f func(*runStats)) {
+	s.mu.Lock()
+	f(s)
+	s.mu.Unlock()
+}
+
+// produce enqueues until stop, retrying an enqueue of unknown outcome with the same id.
+func produce(c *client, stop <-chan struct{}, stats *runStats) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(len(c.name))))
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		queue := "simple"
+		if rng.IntN(2) == 0 {
+			queue = "exclusive"
+		}
+		req := subjects.EnqueueRequest{
+			ID:       fmt.Sprintf("%s-%d", c.name, n),
+			Priority: ptr(int64(rng.IntN(1000))),
+			Metadata: map[string]string{"p": fmt.Sprintf("v%d", rng.IntN(6)), "k": []string{"a", "b"}[rng.IntN(2)]},
+			Payload:  fmt.Sprintf("payload %d of %s", n, c.name),
+		}
+		if rng.IntN(10) == 0 {
+			req.InvisibleMS = ptr(int64(100 + rng.IntN(200)))
+		}
+		for try := 0; try < 20; try++ {
+			op := Op{Kind: Enqueue, Queue: queue, Client: c.name, MessageID: req.ID, Priority: *req.Priority, Metadata: req.Metadata, Start: time.Now()}
+			if req.InvisibleMS != nil {
+				op.InvisibleMS = *req.InvisibleMS
+			}
+			var r subjects.EnqueueReply
+			op.Outcome, op.Code = c.call(subjects.OpEnqueue, queue, req, &r)
+			op.End = time.Now()
+			c.h.Add(op)
+			if op.Outcome == OK {
+				stats.add(func(s *runStats) { s.enqueued++ })
+			}
+			if op.Outcome != Unknown && op.Code != "no_responders" {
+				break
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// work dequeues until stop and then completes, extends, releases or abandons (a crash mid-lease)
+// what it got. A dequeue of unknown outcome is retried with the same request id.
+func work(c *client, stop <-chan struct{}, stats *runStats) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(len(c.name))+99))
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		queue := "simple"
+		if rng.IntN(2) == 0 {
+			queue = "exclusive"
+		}
+		req := subjects.DequeueRequest{Batch: 1 + rng.IntN(3), WaitMS: 100, RequestID: fmt.Sprintf("%s-%d", c.name, n)}
+		if rng.IntN(4) == 0 {
+			req.Filter = map[string]string{"k": "a"}
+		}
+		var got []subjects.Message
+		for try := 0; try < 5; try++ {
+			op := Op{Kind: Dequeue, Queue: queue, Client: c.name, RequestID: req.RequestID, Batch: req.Batch, Filter: req.Filter, Start: time.Now()}
+			var r subjects.DequeueReply
+			op.Outcome, op.Code = c.call(subjects.OpDequeue, queue, req, &r)
+			op.End = time.Now()
+			if op.Outcome == OK {
+				for _, m := range r.Messages {
+					op.Leases = append(op.Leases, leaseOf(m, queueSpecs[queue].Key))
+				}
+				got = r.Messages
+			}
+			c.h.Add(op)
+			if op.Outcome != Unknown {
+				break
+			}
+		}
+		stats.add(func(s *runStats) { s.leased += len(got) })
+		for _, m := range got {
+			lease := subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}
+			record := func(kind Kind, body, out any) Op {
+				op := Op{Kind: kind, Queue: queue, Client: c.name, MessageID: m.ID, LeaseID: m.LeaseID, Start: time.Now()}
+				if e, ok := body.(subjects.ExtendRequest); ok {
+					op.RequestedExpiry = op.Start.Add(time.Duration(e.LeaseMS) * time.Millisecond).Add(clockSlack)
+				}
+				op.Outcome, op.Code = c.call(map[Kind]subjects.Op{Complete: subjects.OpComplete, Extend: subjects.OpExtend, Release: subjects.OpRelease}[kind], queue, body, out)
+				op.End = time.Now()
+				if msg, ok := out.(*subjects.Message); ok && op.Outcome == OK && kind == Extend && msg.LeaseExpiresAt != nil {
+					op.ExpiresAt = *msg.LeaseExpiresAt
+				}
+				c.h.Add(op)
+				return op
+			}
+			switch r := rng.IntN(20); {
+			case r < 13:
+				if record(Complete, lease, &subjects.Message{}).Outcome == OK {
+					stats.add(func(s *runStats) { s.completed++ })
+				}
+			case r < 15:
+				if record(Extend, subjects.ExtendRequest{ID: m.ID, LeaseID: m.LeaseID, LeaseMS: 800}, &subjects.Message{}).Outcome == OK {
+					stats.add(func(s *runStats) { s.ex++ })
+				}
+				record(Complete, lease, &subjects.Message{})
+			case r < 17:
+				record(Release, subjects.ReleaseRequest{ID: m.ID, LeaseID: m.LeaseID, DelayMS: int64(rng.IntN(2) * 100)}, &subjects.Message{})
+			case r < 18 && m.LeaseExpiresAt != nil:
+				// A worker too slow for its lease: it completes after the lease ran out (and maybe
+				// after someone else leased the message). The broker must refuse it.
+				select {
+				case <-stop:
+				case <-time.After(time.Until(*m.LeaseExpiresAt) + time.Duration(rng.IntN(400))*time.Millisecond):
+				}
+				record(Complete, lease, &subjects.Message{})
+			default:
+				// A crash mid-lease: the lease runs out and the attempt is spent.
+			}
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// fatalWithLog fails the test with the end of natstone's log, which the temp dir takes with it.
+func fatalWithLog(t *testing.T, logPath, format string, args ...any) {
+	t.Helper()
+	if b, err := os.ReadFile(logPath); err == nil && len(b) > 0 {
+		t.Logf("natstone log tail:\n%s", tail(string(b), 60))
+	}
+	t.Fatalf(format, args...)
+}
+
+func tail(s string, lines int) string {
+	all := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
