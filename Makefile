@@ -5,7 +5,7 @@ FUZZTIME ?= 10s
 ARGS     ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test vet fmt-check lint fuzz bench tidy-check
+.PHONY: help build run test vet fmt-check lint fuzz bench tidy-check faults faults-long
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -32,6 +32,14 @@ lint: vet fmt-check ## vet, check formatting, and golangci-lint when it is insta
 	else \
 		echo "golangci-lint is not installed: skipped"; \
 	fi
+
+KILLS ?= 100
+
+faults: ## the kill/restart fault tests, short (also part of make test)
+	$(GO) test -race -count=1 -run '^TestFaults' -v ./test/faults/
+
+faults-long: ## the fault tests with KILLS kills per variant (default 100)
+	NATSTONE_FAULT_KILLS=$(KILLS) $(GO) test -count=1 -timeout 90m -run '^TestFaults' -v ./test/faults/
 
 fuzz: ## run every Fuzz* target for FUZZTIME each (default 10s)
 	@set -e; \
