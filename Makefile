@@ -5,7 +5,7 @@ FUZZTIME ?= 10s
 ARGS     ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test vet fmt-check lint fuzz bench tidy-check faults faults-long
+.PHONY: help build run test vet fmt-check lint tools fuzz bench tidy-check faults faults-long
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -26,12 +26,17 @@ fmt-check: ## fail, listing them, if files need gofmt
 	@out="$$(gofmt -l .)"; \
 	if [ -n "$$out" ]; then echo "these files need gofmt:"; echo "$$out"; exit 1; fi
 
-lint: vet fmt-check ## vet, check formatting, and golangci-lint when it is installed
-	@if command -v golangci-lint >/dev/null 2>&1; then \
-		golangci-lint run ./...; \
+GOLANGCI_LINT ?= $(shell command -v golangci-lint || echo $$($(GO) env GOPATH)/bin/golangci-lint)
+
+lint: vet fmt-check ## vet, check formatting, and golangci-lint (.golangci.yml) when it is installed (make tools)
+	@if [ -x "$(GOLANGCI_LINT)" ]; then \
+		$(GOLANGCI_LINT) run ./...; \
 	else \
-		echo "golangci-lint is not installed: skipped"; \
+		echo "golangci-lint is not installed (make tools): skipped"; \
 	fi
+
+tools: ## install golangci-lint from the Go module proxy (takes a few minutes to build)
+	$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
 KILLS ?= 100
 

@@ -129,7 +129,8 @@ func (b *Broker) Start(ctx context.Context) error {
 		return err
 	}
 	b.log.Info("recovered", "queues", len(b.queues), "messages", n, "took", time.Since(start).Round(time.Millisecond))
-	if err := b.serve(); err == nil {
+	err = b.serve()
+	if err == nil {
 		// A round trip makes sure the server has the endpoints' subscriptions: once Start returns,
 		// requests from any connection reach the broker.
 		err = b.cfg.Conn.FlushWithContext(ctx)

@@ -91,7 +91,7 @@ func TestConcurrentWorkers(t *testing.T) {
 								return
 							}
 							if _, rerr := decodeReply[subjects.Message](t, reply); rerr != nil {
-								errs <- fmt.Errorf("complete %s: %v", m.ID, rerr)
+								errs <- fmt.Errorf("complete %s: %w", m.ID, rerr)
 								return
 							}
 							mu.Lock()

@@ -141,7 +141,7 @@ func mapErr(err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
-		return fmt.Errorf("%w: %v", ErrConflict, err)
+		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
 	return err
 }
@@ -250,7 +250,7 @@ func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue strin
 	if err != nil {
 		return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
 	}
-	defer w.Stop()
+	defer func() { _ = w.Stop() }()
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -341,7 +341,7 @@ func (s *Store) LoadQueues(ctx context.Context, fn func(name string, q QueueReco
 	if err != nil {
 		return fmt.Errorf("kv: load queues: %w", err)
 	}
-	defer w.Stop()
+	defer func() { _ = w.Stop() }()
 	for {
 		select {
 		case e, ok := <-w.Updates():

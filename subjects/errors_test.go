@@ -92,7 +92,7 @@ func TestErrorIs(t *testing.T) {
 	if errors.Is(err, io.EOF) {
 		t.Error("errors.Is(err, io.EOF) = true")
 	}
-	if errors.Is(io.EOF, &subjects.Error{Code: subjects.CodeInternal}) {
+	if plain := fmt.Errorf("plain: %w", io.EOF); errors.Is(plain, &subjects.Error{Code: subjects.CodeInternal}) {
 		t.Error("a plain error matches &Error{Code: internal}")
 	}
 }
@@ -118,7 +118,7 @@ func TestErrorWrapped(t *testing.T) {
 		}
 	}
 	// %v (not %w) loses the chain.
-	if got := subjects.CodeOf(fmt.Errorf("x: %v", base)); got != subjects.CodeInternal {
+	if got := subjects.CodeOf(fmt.Errorf("x: %v", base)); got != subjects.CodeInternal { //nolint:errorlint // %v on purpose
 		t.Errorf("CodeOf of a %%v-formatted error = %q, want internal", got)
 	}
 }

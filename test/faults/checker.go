@@ -92,17 +92,17 @@ func (c *checker) collectLeases() {
 		if l == nil || op.LeaseID == "" {
 			continue
 		}
-		switch op.Kind {
-		case Extend:
-			if op.Outcome == OK && op.ExpiresAt.After(l.certainEnd) {
-				l.certainEnd = op.ExpiresAt
-			}
-			if op.Outcome != Failed && op.RequestedExpiry.After(l.possibleEnd) {
-				l.possibleEnd = op.RequestedExpiry
-			}
-			if op.Outcome == OK && op.ExpiresAt.After(l.possibleEnd) {
-				l.possibleEnd = op.ExpiresAt
-			}
+		if op.Kind != Extend {
+			continue
+		}
+		if op.Outcome == OK && op.ExpiresAt.After(l.certainEnd) {
+			l.certainEnd = op.ExpiresAt
+		}
+		if op.Outcome != Failed && op.RequestedExpiry.After(l.possibleEnd) {
+			l.possibleEnd = op.RequestedExpiry
+		}
+		if op.Outcome == OK && op.ExpiresAt.After(l.possibleEnd) {
+			l.possibleEnd = op.ExpiresAt
 		}
 	}
 	for _, op := range c.run.Ops {
