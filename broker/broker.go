@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/kv"
@@ -61,7 +60,7 @@ type Broker struct {
 	clock clock.Clock
 	log   *slog.Logger
 	store *kv.Store
-	svc   micro.Service
+	svc   *service
 
 	ctx    context.Context // cancelled by Stop: ends long polls
 	cancel context.CancelFunc
@@ -133,7 +132,7 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err == nil {
 		// A round trip makes sure the server has the endpoints' subscriptions: once Start returns,
 		// requests from any connection reach the broker.
-		err = b.cfg.Conn.FlushWithContext(ctx)
+		err = flush(ctx, b.cfg.Conn)
 	}
 	if err != nil {
 		b.cancel()
@@ -141,11 +140,22 @@ func (b *Broker) Start(ctx context.Context) error {
 		b.closed = true
 		b.mu.Unlock()
 		if b.svc != nil {
-			_ = b.svc.Stop()
+			_ = b.svc.stop()
 		}
 		return fmt.Errorf("natstone: serve: %w", err)
 	}
 	return nil
+}
+
+// flush waits for a round trip to the server; nats.go needs a deadline for that, so a context
+// without one gets DefaultWriteTimeout.
+func flush(ctx context.Context, nc *nats.Conn) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultWriteTimeout)
+		defer cancel()
+	}
+	return nc.FlushWithContext(ctx)
 }
 
 // Stop stops answering requests, ends long polls, stops the timers and waits for work in progress
@@ -164,7 +174,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 	b.mu.Unlock()
 	var err error
 	if b.svc != nil {
-		err = b.svc.Stop()
+		err = b.svc.stop()
 	}
 	if b.cancel != nil {
 		b.cancel()

@@ -16,79 +16,57 @@ import (
 // requestTimeout bounds one request's work, a long poll included.
 const requestTimeout = subjects.MaxWait + 30*time.Second
 
-// serve registers the broker with the NATS micro service framework: one endpoint per operation,
-// on <prefix>.<op>.* (and <prefix>.list), so `nats micro ls|info|stats` describe it.
-func (b *Broker) serve() error {
-	svc, err := micro.AddService(b.cfg.Conn, micro.Config{
-		Name:        "natstone",
-		Version:     Version,
-		Description: "earliest-deadline-first priority queues with exclusive queues, on JetStream",
-		Metadata:    map[string]string{"prefix": b.space.Prefix()},
-	})
-	if err != nil {
-		return err
-	}
-	b.svc = svc
-	for _, op := range subjects.Ops {
-		h := micro.HandlerFunc(func(req micro.Request) { b.dispatch(op, req) })
-		subj := b.space.Wildcard(op)
-		if op == subjects.OpList {
-			subj = b.space.Subject(op, "")
-		}
-		if err := svc.AddEndpoint(string(op), h, micro.WithEndpointSubject(subj)); err != nil {
-			_ = svc.Stop()
-			return err
-		}
-	}
-	return nil
-}
-
 // dispatch runs one request in its own goroutine, so a request waiting on storage or a long poll
 // never holds up the others: that is what lets the writes of many requests be in flight at once.
-func (b *Broker) dispatch(op subjects.Op, req micro.Request) {
+// The endpoint's statistics are recorded when the reply is sent, so they count the real processing
+// time and every error reply.
+func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
+	received := time.Now()
 	if !b.track() {
-		b.replyError(req, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
+		_, out := b.errorReply(msg, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
+		b.respond(msg, out)
 		return
 	}
 	go func() {
 		defer b.wg.Done()
 		ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
 		defer cancel()
-		reply, err := b.handle(ctx, op, req)
-		if err != nil {
-			b.replyError(req, err)
-			return
+		reply, err := b.handle(ctx, ep.op, msg)
+		var out *nats.Msg
+		if err == nil {
+			var data []byte
+			if data, err = json.Marshal(reply); err == nil {
+				out = &nats.Msg{Data: data}
+			}
 		}
-		data, err := json.Marshal(reply)
+		var failed *subjects.Error
 		if err != nil {
-			b.replyError(req, err)
-			return
+			failed, out = b.errorReply(msg, err)
 		}
-		b.respond(req, &nats.Msg{Data: data})
+		// Counted before the reply leaves, so a client that got its reply sees it in the stats.
+		ep.record(time.Since(received), failed)
+		b.respond(msg, out)
 	}()
 }
 
-// respond publishes a reply to the request's reply subject. It does not use req.Respond or
-// req.Error: the micro framework reads the request's error state right after the handler returns,
-// which races with a reply sent later from the request's own goroutine. (So the framework's
-// per-endpoint error counts stay zero; requests are counted.)
-func (b *Broker) respond(req micro.Request, msg *nats.Msg) {
-	msg.Subject = req.Reply()
-	if msg.Subject == "" {
+// respond publishes a reply to the request's reply subject.
+func (b *Broker) respond(req *nats.Msg, reply *nats.Msg) {
+	reply.Subject = req.Reply
+	if reply.Subject == "" {
 		return // a publish, not a request: nobody to answer
 	}
-	if err := b.cfg.Conn.PublishMsg(msg); err != nil {
-		b.log.Debug("reply not sent", "subject", req.Subject(), "error", err)
+	if err := b.cfg.Conn.PublishMsg(reply); err != nil {
+		b.log.Debug("reply not sent", "subject", req.Subject, "error", err)
 	}
 }
 
 // handle decodes a request, runs it and returns the reply body.
-func (b *Broker) handle(ctx context.Context, op subjects.Op, req micro.Request) (any, error) {
-	_, name, err := b.space.Parse(req.Subject())
+func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any, error) {
+	_, name, err := b.space.Parse(req.Subject)
 	if err != nil {
 		return nil, err
 	}
-	data := req.Data()
+	data := req.Data
 	switch op {
 	case subjects.OpList:
 		if err := subjects.Decode(data, &struct{}{}); err != nil {
@@ -199,17 +177,17 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req micro.Request) 
 }
 
 // decodeEnqueue decodes the three enqueue forms into a list of messages.
-func decodeEnqueue(op subjects.Op, req micro.Request) ([]subjects.EnqueueRequest, error) {
+func decodeEnqueue(op subjects.Op, req *nats.Msg) ([]subjects.EnqueueRequest, error) {
 	switch op {
 	case subjects.OpEnqueueRaw:
-		r, err := subjects.DecodeRawEnqueue(req.Headers(), req.Data())
+		r, err := subjects.DecodeRawEnqueue(req.Header, req.Data)
 		if err != nil {
 			return nil, err
 		}
 		return []subjects.EnqueueRequest{r}, nil
 	case subjects.OpEnqueueBatch:
 		var r subjects.EnqueueBatchRequest
-		if err := subjects.Decode(req.Data(), &r); err != nil {
+		if err := subjects.Decode(req.Data, &r); err != nil {
 			return nil, err
 		}
 		if len(r.Messages) == 0 || len(r.Messages) > subjects.MaxEnqueueBatch {
@@ -218,23 +196,24 @@ func decodeEnqueue(op subjects.Op, req micro.Request) ([]subjects.EnqueueRequest
 		return r.Messages, nil
 	default:
 		var r subjects.EnqueueRequest
-		if err := subjects.Decode(req.Data(), &r); err != nil {
+		if err := subjects.Decode(req.Data, &r); err != nil {
 			return nil, err
 		}
 		return []subjects.EnqueueRequest{r}, nil
 	}
 }
 
-// replyError answers a failed request with an ErrorReply body and the micro error headers.
-func (b *Broker) replyError(req micro.Request, err error) {
+// errorReply builds the answer to a failed request: an ErrorReply body and the NATS service error
+// headers (Nats-Service-Error, Nats-Service-Error-Code). It returns the typed error it carries.
+func (b *Broker) errorReply(req *nats.Msg, err error) (*subjects.Error, *nats.Msg) {
 	var e *subjects.Error
 	if !errors.As(err, &e) {
-		b.log.Error("request failed", "subject", req.Subject(), "error", err)
+		b.log.Error("request failed", "subject", req.Subject, "error", err)
 		e = subjects.Errorf(subjects.CodeInternal, "%v", err)
 	}
 	data, _ := json.Marshal(subjects.ErrorReply{Error: e})
 	msg := &nats.Msg{Data: data, Header: nats.Header{}}
 	msg.Header.Set(micro.ErrorHeader, e.Message)
 	msg.Header.Set(micro.ErrorCodeHeader, strconv.Itoa(e.Code.Status()))
-	b.respond(req, msg)
+	return e, msg
 }

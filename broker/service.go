@@ -1,0 +1,144 @@
+package broker
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// ServiceName is the name natstone registers under in NATS service discovery.
+const ServiceName = "natstone"
+
+// QueueGroup is the NATS queue group of the broker's request subscriptions.
+const QueueGroup = "natstone"
+
+// The broker speaks the NATS service protocol ($SRV.PING, $SRV.INFO, $SRV.STATS — what
+// `nats micro ls|info|stats` read) itself instead of through the micro package: micro counts a
+// request when its handler returns, but natstone answers from the request's own goroutine later,
+// so micro could count neither the processing time nor the errors. The bodies are micro's types.
+
+// endpoint is one operation's subscription and statistics.
+type endpoint struct {
+	op      subjects.Op
+	subject string
+
+	// mu guards stats.
+	mu    sync.Mutex
+	stats micro.EndpointStats
+}
+
+// record counts one request that took d and ended with err (nil on success).
+func (ep *endpoint) record(d time.Duration, err *subjects.Error) {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	ep.stats.NumRequests++
+	ep.stats.ProcessingTime += d
+	ep.stats.AverageProcessingTime = ep.stats.ProcessingTime / time.Duration(ep.stats.NumRequests)
+	if err != nil {
+		ep.stats.NumErrors++
+		ep.stats.LastError = fmt.Sprintf("%d:%s", err.Code.Status(), err.Message)
+	}
+}
+
+func (ep *endpoint) snapshot() *micro.EndpointStats {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	s := ep.stats
+	return &s
+}
+
+// service is the broker's presence on NATS: its endpoints and its discovery responders.
+type service struct {
+	id        string
+	started   time.Time
+	endpoints []*endpoint
+	subs      []*nats.Subscription
+}
+
+func (s *service) identity(b *Broker) micro.ServiceIdentity {
+	return micro.ServiceIdentity{Name: ServiceName, ID: s.id, Version: Version, Metadata: map[string]string{"prefix": b.space.Prefix()}}
+}
+
+// serve subscribes one endpoint per operation (<prefix>.<op>.*, and <prefix>.list) and the
+// discovery subjects.
+func (b *Broker) serve() error {
+	s := &service{id: nuid.Next(), started: time.Now().UTC()}
+	b.svc = s
+	for _, op := range subjects.Ops {
+		subj := b.space.Wildcard(op)
+		if op == subjects.OpList {
+			subj = b.space.Subject(op, "")
+		}
+		ep := &endpoint{op: op, subject: subj}
+		ep.stats.Name, ep.stats.Subject, ep.stats.QueueGroup = string(op), subj, QueueGroup
+		sub, err := b.cfg.Conn.QueueSubscribe(subj, QueueGroup, func(m *nats.Msg) { b.dispatch(ep, m) })
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", subj, err)
+		}
+		s.endpoints = append(s.endpoints, ep)
+		s.subs = append(s.subs, sub)
+	}
+	for _, verb := range []micro.Verb{micro.PingVerb, micro.InfoVerb, micro.StatsVerb} {
+		for _, subj := range []struct{ name, id string }{{"", ""}, {ServiceName, ""}, {ServiceName, s.id}} {
+			control, err := micro.ControlSubject(verb, subj.name, subj.id)
+			if err != nil {
+				return err
+			}
+			sub, err := b.cfg.Conn.Subscribe(control, func(m *nats.Msg) { b.discover(verb, m) })
+			if err != nil {
+				return fmt.Errorf("subscribe %s: %w", control, err)
+			}
+			s.subs = append(s.subs, sub)
+		}
+	}
+	return nil
+}
+
+// discover answers one discovery request.
+func (b *Broker) discover(verb micro.Verb, m *nats.Msg) {
+	s := b.svc
+	var body any
+	switch verb {
+	case micro.PingVerb:
+		body = micro.Ping{ServiceIdentity: s.identity(b), Type: micro.PingResponseType}
+	case micro.InfoVerb:
+		info := micro.Info{ServiceIdentity: s.identity(b), Type: micro.InfoResponseType,
+			Description: "earliest-deadline-first priority queues with exclusive queues, on JetStream"}
+		for _, ep := range s.endpoints {
+			info.Endpoints = append(info.Endpoints, micro.EndpointInfo{Name: string(ep.op), Subject: ep.subject, QueueGroup: QueueGroup})
+		}
+		body = info
+	case micro.StatsVerb:
+		stats := micro.Stats{ServiceIdentity: s.identity(b), Type: micro.StatsResponseType, Started: s.started}
+		for _, ep := range s.endpoints {
+			stats.Endpoints = append(stats.Endpoints, ep.snapshot())
+		}
+		body = stats
+	}
+	data, err := json.Marshal(body)
+	if err == nil {
+		err = m.Respond(data)
+	}
+	if err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
+		b.log.Debug("discovery reply not sent", "verb", verb.String(), "error", err)
+	}
+}
+
+// stop unsubscribes everything; requests already received finish on their own.
+func (s *service) stop() error {
+	var errs []error
+	for _, sub := range s.subs {
+		if err := sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

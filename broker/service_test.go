@@ -1,0 +1,67 @@
+package broker_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/subjects"
+)
+
+// TestServiceDiscovery: what `nats micro ls|info|stats` read describes natstone, its endpoints and
+// live request and error counts.
+func TestServiceDiscovery(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	discover := func(subject string, out any) {
+		t.Helper()
+		msg, err := e.nc.Request(subject, nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", subject, err)
+		}
+		if err := json.Unmarshal(msg.Data, out); err != nil {
+			t.Fatalf("%s: %v", subject, err)
+		}
+	}
+	var ping micro.Ping
+	discover("$SRV.PING", &ping)
+	if ping.Name != broker.ServiceName || ping.Type != micro.PingResponseType || ping.Version != broker.Version || ping.ID == "" {
+		t.Fatalf("ping: %+v", ping)
+	}
+	var info micro.Info
+	discover("$SRV.INFO.natstone."+ping.ID, &info)
+	if len(info.Endpoints) != len(subjects.Ops) || info.Metadata["prefix"] != "natstone.v1" {
+		t.Fatalf("info: %+v", info)
+	}
+	for i, ep := range info.Endpoints {
+		want := e.space.Wildcard(subjects.Ops[i])
+		if subjects.Ops[i] == subjects.OpList {
+			want = e.space.Subject(subjects.OpList, "")
+		}
+		if ep.Name != string(subjects.Ops[i]) || ep.Subject != want || ep.QueueGroup != broker.QueueGroup {
+			t.Fatalf("endpoint %d: %+v, want %s on %s", i, ep, subjects.Ops[i], want)
+		}
+	}
+
+	for range 3 {
+		e.enqueue("q", subjects.EnqueueRequest{})
+	}
+	fails(e, subjects.CodeBadRequest, subjects.OpEnqueue, "q", `{"nope":1}`)
+	var stats micro.Stats
+	discover("$SRV.STATS.natstone", &stats)
+	var enq *micro.EndpointStats
+	for _, ep := range stats.Endpoints {
+		if ep.Name == string(subjects.OpEnqueue) {
+			enq = ep
+		}
+	}
+	if enq == nil || enq.NumRequests != 4 || enq.NumErrors != 1 || enq.LastError == "" || enq.ProcessingTime <= 0 {
+		t.Fatalf("enqueue stats: %+v", enq)
+	}
+	if stats.Type != micro.StatsResponseType || stats.Started.IsZero() {
+		t.Fatalf("stats: %+v", stats)
+	}
+}
