@@ -14,10 +14,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/embedded"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
@@ -191,72 +191,47 @@ func newLogger(w io.Writer, level slog.Level, format string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// serve runs the broker until ctx is cancelled, then stops it, closes its connection and shuts the
-// embedded server down, in that order, so no request is cut off by a vanishing server.
+// serve runs natstone until ctx is cancelled, then stops the broker, closes its connections and
+// (embedded) shuts the server down, in that order, so no request is cut off by a vanishing server.
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
-	var ns *server.Server
-	if cfg.natsURL == "" {
-		var err error
-		if ns, err = startServer(cfg, log.With("component", "nats-server")); err != nil {
-			return err
-		}
-		defer func() {
-			ns.Shutdown()
-			ns.WaitForShutdown()
-		}()
-	}
-
-	// Two connections: requests and replies on one, storage traffic on the other. The server reads
-	// each connection in one goroutine, so one connection would serialise both.
-	closed, storeClosed := make(chan struct{}), make(chan struct{})
-	nc, err := connect(cfg, ns, log, connName, closed)
-	if err != nil {
-		return err
-	}
-	storeNC, err := connect(cfg, ns, log, connName+"-store", storeClosed)
-	if err != nil {
-		nc.Close()
-		return err
-	}
-	defer storeNC.Close()
-
-	b, err := broker.New(&broker.Config{
-		Conn:              nc,
-		StoreConn:         storeNC,
+	bcfg := &broker.Config{
 		Prefix:            cfg.prefix,
 		StorePrefix:       cfg.storePrefix,
 		Replicas:          cfg.replicas,
 		DisableAutoCreate: cfg.disableAutoCreate,
 		Logger:            log,
-	})
+	}
+	if cfg.natsURL == "" {
+		return serveEmbedded(ctx, cfg, bcfg, log)
+	}
+
+	// Two connections: requests and replies on one, storage traffic on the other. The server reads
+	// each connection in one goroutine, so one connection would serialise both.
+	closed, storeClosed := make(chan struct{}), make(chan struct{})
+	nc, err := connect(cfg, log, connName, closed)
+	if err != nil {
+		return err
+	}
+	storeNC, err := connect(cfg, log, connName+"-store", storeClosed)
 	if err != nil {
 		nc.Close()
 		return err
 	}
-	if err := startBroker(ctx, b, nc); err != nil {
+	defer storeNC.Close()
+	bcfg.Conn, bcfg.StoreConn = nc, storeNC
+	b, err := broker.New(bcfg)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	if err := startBroker(ctx, b); err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 		defer cancel()
 		err = errors.Join(err, b.Stop(stopCtx))
 		nc.Close()
-		if ctx.Err() != nil {
-			// A signal during a long recovery is a request to stop, not a failure.
-			log.Info("interrupted while starting", "reason", context.Cause(ctx), "err", err)
-			return nil
-		}
-		return err
+		return interrupted(ctx, log, err)
 	}
-
-	ready := []any{"prefix", cfg.prefix, "store_prefix", cfg.storePrefix}
-	if ns != nil {
-		syncMode := "default"
-		if cfg.syncAlways {
-			syncMode = "always"
-		}
-		ready = append(ready, "listen", ns.Addr().String(), "data", cfg.dataDir, "sync", syncMode)
-	} else {
-		ready = append(ready, "nats_url", redactURL(cfg.natsURL))
-	}
-	log.Info("natstone ready", ready...)
+	log.Info("natstone ready", "prefix", cfg.prefix, "store_prefix", cfg.storePrefix, "nats_url", redactURL(cfg.natsURL))
 
 	<-ctx.Done()
 	log.Info("shutting down", "reason", context.Cause(ctx))
@@ -271,24 +246,61 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 	return nil
 }
 
-// startBroker starts b within StartTimeout and waits until the server has registered every
+// serveEmbedded runs natstone on its own nats-server.
+func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, log *slog.Logger) error {
+	startCtx, cancel := context.WithTimeout(ctx, StartTimeout)
+	defer cancel()
+	n, err := embedded.Start(startCtx, &embedded.Config{
+		DataDir:    cfg.dataDir,
+		Listen:     net.JoinHostPort(cfg.host, strconv.Itoa(cfg.port)),
+		SyncAlways: cfg.syncAlways,
+		Broker:     bcfg,
+		Logger:     log,
+	})
+	if err != nil {
+		return interrupted(ctx, log, err)
+	}
+	syncMode := "default"
+	if cfg.syncAlways {
+		syncMode = "always"
+	}
+	log.Info("natstone ready", "prefix", cfg.prefix, "store_prefix", cfg.storePrefix,
+		"listen", n.Addr().String(), "data", cfg.dataDir, "sync", syncMode)
+
+	<-ctx.Done()
+	log.Info("shutting down", "reason", context.Cause(ctx))
+	stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := n.Stop(stopCtx); err != nil {
+		return fmt.Errorf("shutting down: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// interrupted turns a start failure caused by a signal during a long recovery into a clean stop.
+func interrupted(ctx context.Context, log *slog.Logger, err error) error {
+	if ctx.Err() != nil {
+		log.Info("interrupted while starting", "reason", context.Cause(ctx), "err", err)
+		return nil
+	}
+	return err
+}
+
+// startBroker starts b within StartTimeout. broker.Start returns once the server has every
 // subscription, so that "natstone ready" means requests are answered.
-func startBroker(ctx context.Context, b *broker.Broker, nc *nats.Conn) error {
+func startBroker(ctx context.Context, b *broker.Broker) error {
 	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
 	if err := b.Start(ctx); err != nil {
 		return fmt.Errorf("starting the broker: %w", err)
 	}
-	if err := nc.FlushWithContext(ctx); err != nil {
-		return fmt.Errorf("starting the broker: flushing subscriptions: %w", err)
-	}
 	return nil
 }
 
-// connect opens a connection of the broker named name: in-process to ns if it is not nil, so the broker needs no
-// TCP port, otherwise to cfg.natsURL, reconnecting forever. closed is closed when the connection
-// is.
-func connect(cfg *serveConfig, ns *server.Server, log *slog.Logger, name string, closed chan struct{}) (*nats.Conn, error) {
+// connect opens a connection of the broker named name to cfg.natsURL, reconnecting forever.
+// closed is closed when the connection is.
+func connect(cfg *serveConfig, log *slog.Logger, name string, closed chan struct{}) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
@@ -307,13 +319,6 @@ func connect(cfg *serveConfig, ns *server.Server, log *slog.Logger, name string,
 			}
 			log.Error("nats async error", "err", err)
 		}),
-	}
-	if ns != nil {
-		nc, err := nats.Connect("", append(opts, nats.InProcessServer(ns))...)
-		if err != nil {
-			return nil, fmt.Errorf("connecting to the embedded server: %w", err)
-		}
-		return nc, nil
 	}
 	nc, err := nats.Connect(cfg.natsURL, append(opts, nats.MaxReconnects(-1))...)
 	if err != nil {

@@ -409,6 +409,14 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 				break
 			}
 		}
+		if len(got) == 0 {
+			// Nothing, or no broker (NATS up, natstone restarting): don't spin.
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
 		stats.add(func(s *runStats) { s.leased += len(got) })
 		for _, m := range got {
 			lease := subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}

@@ -1,4 +1,4 @@
-package main
+package embedded
 
 import (
 	"context"
@@ -11,25 +11,12 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// ServerReadyTimeout bounds how long serve waits for the embedded server to accept connections.
+// ServerReadyTimeout bounds how long Start waits for the server to accept connections.
 const ServerReadyTimeout = 10 * time.Second
 
-// startServer starts the embedded nats-server with JetStream and waits until it accepts
-// connections. The caller shuts it down.
-func startServer(cfg *serveConfig, log *slog.Logger) (*server.Server, error) {
-	port := cfg.port
-	if port == 0 {
-		port = server.RANDOM_PORT // nats-server reads 0 as its default port, 4222
-	}
-	ns, err := server.NewServer(&server.Options{
-		ServerName: "natstone",
-		Host:       cfg.host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   cfg.dataDir,
-		SyncAlways: cfg.syncAlways,
-		NoSigs:     true, // serve handles the signals
-	})
+// startServer starts a nats-server and waits until it accepts connections. The caller shuts it down.
+func startServer(opts *server.Options, log *slog.Logger) (*server.Server, error) {
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}

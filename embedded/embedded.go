@@ -1,0 +1,172 @@
+package embedded
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/broker"
+)
+
+// DefaultListen is where the server accepts NATS clients unless configured otherwise.
+const DefaultListen = "127.0.0.1:4222"
+
+// Config configures an embedded natstone.
+type Config struct {
+	// DataDir is the JetStream store directory. Required.
+	DataDir string
+	// Listen is host:port for NATS clients ("host:0": any free port). Default DefaultListen.
+	// With NoListen the server accepts in-process connections only.
+	Listen   string
+	NoListen bool
+	// SyncAlways fsyncs every JetStream write before it is acknowledged.
+	SyncAlways bool
+	// Broker configures the broker; its Conn and StoreConn are set by Start. Nil: the defaults.
+	Broker *broker.Config
+	// Logger receives natstone's and the server's logs (the server's notices at debug level).
+	// Default: discard.
+	Logger *slog.Logger
+}
+
+// Natstone is a running embedded natstone.
+type Natstone struct {
+	server *server.Server
+	broker *broker.Broker
+	conns  []*nats.Conn
+	closed []chan struct{}
+	log    *slog.Logger
+}
+
+// Start starts the nats-server, connects the broker to it in-process (one connection for requests,
+// one for storage, so the server reads them in parallel) and starts the broker. On error
+// everything started is stopped again.
+func Start(ctx context.Context, cfg *Config) (*Natstone, error) {
+	if cfg == nil || cfg.DataDir == "" {
+		return nil, errors.New("natstone: embedded Config.DataDir is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	host, port, err := splitListen(cmp.Or(cfg.Listen, DefaultListen))
+	if err != nil {
+		return nil, err
+	}
+	ns, err := startServer(&server.Options{
+		ServerName: "natstone",
+		Host:       host,
+		Port:       port,
+		DontListen: cfg.NoListen,
+		JetStream:  true,
+		StoreDir:   cfg.DataDir,
+		SyncAlways: cfg.SyncAlways,
+		NoSigs:     true,
+	}, log.With("component", "nats-server"))
+	if err != nil {
+		return nil, err
+	}
+	n := &Natstone{server: ns, log: log}
+	for _, name := range []string{"natstone-broker", "natstone-broker-store"} {
+		closed := make(chan struct{})
+		nc, err := nats.Connect("", nats.InProcessServer(ns), nats.Name(name),
+			nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+		if err != nil {
+			n.shutdown()
+			return nil, fmt.Errorf("natstone: connect to the embedded server: %w", err)
+		}
+		n.conns = append(n.conns, nc)
+		n.closed = append(n.closed, closed)
+	}
+	bcfg := broker.Config{}
+	if cfg.Broker != nil {
+		bcfg = *cfg.Broker
+	}
+	bcfg.Conn, bcfg.StoreConn = n.conns[0], n.conns[1]
+	if bcfg.Logger == nil {
+		bcfg.Logger = log
+	}
+	if n.broker, err = broker.New(&bcfg); err != nil {
+		n.shutdown()
+		return nil, err
+	}
+	if err := n.broker.Start(ctx); err != nil {
+		n.shutdown()
+		return nil, err
+	}
+	return n, nil
+}
+
+func splitListen(listen string) (string, int, error) {
+	host, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", 0, fmt.Errorf("natstone: embedded Config.Listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("natstone: embedded Config.Listen %q: bad port", listen)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT // nats-server reads 0 as its default port, 4222
+	}
+	return host, port, nil
+}
+
+// Server returns the embedded nats-server.
+func (n *Natstone) Server() *server.Server { return n.server }
+
+// Broker returns the broker.
+func (n *Natstone) Broker() *broker.Broker { return n.broker }
+
+// ClientURL returns the URL NATS clients connect to ("" with NoListen).
+func (n *Natstone) ClientURL() string {
+	if n.server.Addr() == nil {
+		return ""
+	}
+	return n.server.ClientURL()
+}
+
+// Addr returns the address the server listens on for clients (nil with NoListen).
+func (n *Natstone) Addr() net.Addr { return n.server.Addr() }
+
+// Connect opens an in-process client connection to the server; the caller closes it.
+func (n *Natstone) Connect(opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect("", append(opts, nats.InProcessServer(n.server))...)
+}
+
+// Stop stops the broker (within ctx), drains its connections and shuts the server down, in that
+// order, so no request in progress is cut off by a vanishing server.
+func (n *Natstone) Stop(ctx context.Context) error {
+	err := n.broker.Stop(ctx)
+	for i, nc := range n.conns {
+		if derr := nc.Drain(); derr != nil {
+			nc.Close()
+			continue
+		}
+		select {
+		case <-n.closed[i]:
+		case <-ctx.Done():
+			nc.Close()
+			err = errors.Join(err, fmt.Errorf("natstone: draining the broker connection: %w", ctx.Err()))
+		}
+	}
+	n.server.Shutdown()
+	n.server.WaitForShutdown()
+	return err
+}
+
+// shutdown tears down what Start got to, on a failed start.
+func (n *Natstone) shutdown() {
+	for _, nc := range n.conns {
+		nc.Close()
+	}
+	n.server.Shutdown()
+	n.server.WaitForShutdown()
+}

@@ -1,0 +1,90 @@
+package embedded_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/natstone/natstone/embedded"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestStartServeStopRestart(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	for round := range 2 {
+		ns, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, Listen: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(ns.ClientURL(), "nats://127.0.0.1:") {
+			t.Fatalf("client URL %q", ns.ClientURL())
+		}
+		nc, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			if _, err := nc.Request("natstone.v1.enqueue.jobs", []byte(`{"id":"a","payload":"kept"}`), 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		msg, err := nc.Request("natstone.v1.get.jobs", []byte(`{"id":"a"}`), 5*time.Second)
+		if err != nil || !strings.Contains(string(msg.Data), `"payload":"kept"`) {
+			t.Fatalf("round %d: get: %s %v", round, msg.Data, err)
+		}
+		nc.Close()
+		if err := ns.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestNoListenAndErrors(t *testing.T) {
+	if _, err := embedded.Start(context.Background(), &embedded.Config{}); err == nil {
+		t.Fatal("no DataDir: want an error")
+	}
+	if _, err := embedded.Start(context.Background(), &embedded.Config{DataDir: t.TempDir(), Listen: "nope"}); err == nil {
+		t.Fatal("bad Listen: want an error")
+	}
+	ns, err := embedded.Start(context.Background(), &embedded.Config{DataDir: t.TempDir(), NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Stop(context.Background())
+	if ns.ClientURL() != "" || ns.Addr() != nil {
+		t.Fatalf("NoListen listens: %q", ns.ClientURL())
+	}
+	nc, err := ns.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Request("natstone.v1.list", nil, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Example runs natstone inside a Go program and talks to it over an in-process connection.
+func Example() {
+	dir, _ := os.MkdirTemp("", "natstone")
+	defer os.RemoveAll(dir)
+	ns, err := embedded.Start(context.Background(), &embedded.Config{DataDir: dir, NoListen: true})
+	if err != nil {
+		panic(err)
+	}
+	defer ns.Stop(context.Background())
+	nc, _ := ns.Connect()
+	defer nc.Close()
+
+	reply, _ := nc.Request("natstone.v1.enqueue.emails", []byte(`{"id":"hello","priority":1}`), 5*time.Second)
+	fmt.Println(string(reply.Data)[:strings.Index(string(reply.Data), `,"priority"`)])
+	// Output: {"id":"hello","state":"pending"
+}
