@@ -2,6 +2,7 @@ package embedded_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/natstone/natstone/embedded"
+	"github.com/natstone/natstone/subjects"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -85,6 +87,8 @@ func Example() {
 	defer nc.Close()
 
 	reply, _ := nc.Request("natstone.v1.enqueue.emails", []byte(`{"id":"hello","priority":1}`), 5*time.Second)
-	fmt.Println(string(reply.Data)[:strings.Index(string(reply.Data), `,"priority"`)])
-	// Output: {"id":"hello","state":"pending"
+	var r subjects.EnqueueReply
+	_ = json.Unmarshal(reply.Data, &r)
+	fmt.Println(r.ID, r.State)
+	// Output: hello pending
 }
