@@ -1,0 +1,385 @@
+// A natstone client written from docs/protocol.md alone, with the official NATS client for node.
+//
+//   NATS_URL=nats://127.0.0.1:4222 node client.mjs [queue]
+//
+// The queue name comes from argv[2], else NATSTONE_QUEUE, else a generated one; the subject prefix
+// from NATSTONE_PREFIX (default natstone.v1). The script creates an exclusive queue, enqueues
+// messages with JSON and with enqueue_raw, dequeues them in earliest-deadline-first order, checks
+// exclusivity, completes with the lease id, checks the error replies of the protocol's error table
+// and reads the depth. On success it prints one JSON line to stdout:
+//
+//   {"ok":true,"queue":"…","steps":["…",…],"errors":[{"code":"…","status":409,"op":"…"},…]}
+//
+// On any mismatch with the protocol it prints {"ok":false,…} to stdout, a clear message to stderr,
+// and exits with status 1. test/interop/interop_test.go runs it against a real broker and then
+// checks its effects from Go.
+
+import { connect, headers, Match } from "@nats-io/transport-node";
+
+const PREFIX = process.env.NATSTONE_PREFIX || "natstone.v1";
+const REQUEST_TIMEOUT_MS = 5000;
+const QUEUE_NAME = /^[A-Za-z0-9_-]{1,128}$/;
+// RFC 3339 in UTC with millisecond precision. docs/protocol.md shows three fraction digits
+// (2026-11-22T15:04:05.123Z), but the broker trims trailing zeros (…:05.7Z, or …:05Z on a whole
+// second), so a client must accept 0 to 3 digits.
+const TIMESTAMP = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,3})?Z$/;
+const COUNT_KEYS = ["invisible", "pending", "running", "completed", "canceled", "errored"];
+
+const steps = [];
+const errorsSeen = [];
+let current = "start";
+
+class Mismatch extends Error {}
+
+function fail(what) {
+  throw new Mismatch(what);
+}
+
+function check(cond, what) {
+  if (!cond) fail(what);
+}
+
+// canonical is JSON with the keys of every object sorted, so that eq ignores key order.
+function canonical(v) {
+  if (Array.isArray(v)) return `[${v.map(canonical).join(",")}]`;
+  if (v !== null && typeof v === "object") {
+    return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canonical(v[k])}`).join(",")}}`;
+  }
+  return v === undefined ? "undefined" : JSON.stringify(v);
+}
+
+function eq(actual, expected, what) {
+  const a = canonical(actual);
+  const e = canonical(expected);
+  if (a !== e) fail(`${what}: got ${a}, want ${e}`);
+}
+
+function isTimestamp(v, what) {
+  check(typeof v === "string" && TIMESTAMP.test(v), `${what}: ${JSON.stringify(v)} is not an RFC 3339 UTC timestamp of at most millisecond precision`);
+}
+
+function isCounts(counts, want, what) {
+  check(counts && typeof counts === "object", `${what}: counts missing`);
+  eq(Object.keys(counts).sort(), [...COUNT_KEYS].sort(), `${what}: count names`);
+  for (const k of COUNT_KEYS) {
+    eq(counts[k], want[k] ?? 0, `${what}: counts.${k}`);
+  }
+}
+
+function step(name) {
+  current = name;
+}
+
+function done(summary) {
+  steps.push(`${current}: ${summary}`);
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+function bytesEqual(a, b) {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
+}
+
+function subject(op, queue) {
+  return queue === undefined ? `${PREFIX}.${op}` : `${PREFIX}.${op}.${queue}`;
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder("utf-8", { fatal: true });
+
+// call sends one request and returns {body, error}. body is the decoded JSON reply; error is
+// {code, message, status, header} when the broker answered with an error, else null. It checks
+// that the error body and the micro framework's headers agree, as the Errors section says.
+async function call(nc, op, queue, request, opts = {}) {
+  const subj = subject(op, queue);
+  let data;
+  if (opts.raw !== undefined) {
+    data = opts.raw;
+  } else if (request === undefined) {
+    data = new Uint8Array(0); // an empty body is the same as {}
+  } else {
+    data = encoder.encode(JSON.stringify(request));
+  }
+  let msg;
+  try {
+    msg = await nc.request(subj, data, { timeout: REQUEST_TIMEOUT_MS, headers: opts.headers });
+  } catch (err) {
+    const why = err?.message ?? String(err);
+    const cause = err?.cause ? (err.cause.message ?? String(err.cause)) : why;
+    fail(`request to ${subj} failed: ${why}${cause !== why ? ` (${cause})` : ""} — is a natstone broker serving ${PREFIX} on NATS_URL?`);
+  }
+  let text;
+  let body;
+  try {
+    text = decoder.decode(msg.data);
+    body = JSON.parse(text);
+  } catch (err) {
+    fail(`reply on ${subj} is not JSON: ${err.message}`);
+  }
+  check(body !== null && typeof body === "object" && !Array.isArray(body), `reply on ${subj} is not a JSON object: ${text}`);
+
+  const hdrCode = msg.headers?.get("Nats-Service-Error-Code", Match.IgnoreCase) ?? "";
+  const hdrMessage = msg.headers?.get("Nats-Service-Error", Match.IgnoreCase) ?? "";
+  if (body.error === undefined) {
+    check(hdrCode === "" && hdrMessage === "", `${subj}: reply has error headers (${hdrCode} ${hdrMessage}) but no error body: ${text}`);
+    return { body, error: null };
+  }
+  const e = body.error;
+  check(e && typeof e.code === "string" && e.code !== "", `${subj}: error body without a code: ${text}`);
+  check(typeof e.message === "string" && e.message !== "", `${subj}: error body without a message: ${text}`);
+  eq(Object.keys(body), ["error"], `${subj}: fields of an error reply`);
+  check(/^[0-9]{3}$/.test(hdrCode), `${subj}: error reply ${text} without a numeric Nats-Service-Error-Code header (got ${JSON.stringify(hdrCode)})`);
+  eq(hdrMessage, e.message, `${subj}: Nats-Service-Error header vs error.message`);
+  return { body, error: { code: e.code, message: e.message, status: Number(hdrCode), header: hdrMessage } };
+}
+
+// ok sends a request that must succeed and returns the reply body.
+async function ok(nc, op, queue, request, opts) {
+  const { body, error } = await call(nc, op, queue, request, opts);
+  if (error) fail(`${subject(op, queue)} ${JSON.stringify(request ?? null)}: unexpected error ${error.code} (${error.status}): ${error.message}`);
+  return body;
+}
+
+// expectError sends a request that must fail with code and status, and records the pair.
+async function expectError(nc, op, queue, request, code, status, opts) {
+  const { body, error } = await call(nc, op, queue, request, opts);
+  if (!error) fail(`${subject(op, queue)}: want error ${code}, got success ${JSON.stringify(body)}`);
+  eq(`${error.code} ${error.status}`, `${code} ${status}`, `${subject(op, queue)}: error code and Nats-Service-Error-Code`);
+  errorsSeen.push({ code: error.code, status: error.status, op });
+  return error;
+}
+
+function checkEnqueueReply(r, id, state, priority, what) {
+  eq(r.id, id, `${what}: id`);
+  eq(r.state, state, `${what}: state`);
+  eq(r.priority, priority, `${what}: priority`);
+  check(Number.isInteger(r.version) && r.version >= 1, `${what}: version ${r.version}`);
+  isTimestamp(r.visible_at, `${what}: visible_at`);
+}
+
+// checkMessage checks the fields every message reply has.
+function checkMessage(m, queue, id, state, what) {
+  eq(m.id, id, `${what}: id`);
+  eq(m.queue, queue, `${what}: queue`);
+  eq(m.state, state, `${what}: state`);
+  check(Number.isInteger(m.priority), `${what}: priority ${m.priority}`);
+  check(Number.isInteger(m.version) && m.version >= 1, `${what}: version ${m.version}`);
+  check(Number.isInteger(m.attempts) && Number.isInteger(m.attempts_left), `${what}: attempts ${m.attempts}/${m.attempts_left}`);
+  for (const k of ["enqueued_at", "visible_at", "updated_at"]) isTimestamp(m[k], `${what}: ${k}`);
+  check(m.payload === undefined || m.payload_base64 === undefined, `${what}: both payload and payload_base64`);
+}
+
+function noPayload(m, what) {
+  check(m.payload === undefined && m.payload_base64 === undefined, `${what}: a lease operation replies without the payload, got ${JSON.stringify(m)}`);
+}
+
+async function run(nc, q) {
+  const aux = `${q}-aux`;
+  const lease = {};
+
+  step("create");
+  const createBody = { type: "exclusive", exclusivity_key: "project" };
+  const info = await ok(nc, "create", q, createBody);
+  eq(info.name, q, "create: name");
+  eq(info.config, {
+    type: "exclusive", exclusivity_key: "project", lease_ms: 30000, invisible_ms: 0, max_attempts: 5,
+    retention_ms: 86400000, max_payload_bytes: 32768, max_metadata_pairs: 8, enqueue_blocked: false, dequeue_blocked: false,
+  }, "create: config with the documented defaults");
+  check(Number.isInteger(info.revision), `create: revision ${info.revision}`);
+  isTimestamp(info.created_at, "create: created_at");
+  isCounts(info.counts, {}, "create");
+  done(`exclusive queue ${q} on key "project", revision ${info.revision}`);
+
+  step("create again");
+  const again = await ok(nc, "create", q, createBody);
+  eq([again.revision, again.created_at], [info.revision, info.created_at], "create again: idempotent");
+  done("same config returns the same queue");
+
+  step("enqueue m-a");
+  const textPayload = "hello from node ✓";
+  let r = await ok(nc, "enqueue", q, { id: "m-a", priority: 100, payload: textPayload, metadata: { project: "alpha", kind: "text" } });
+  checkEnqueueReply(r, "m-a", "pending", 100, "enqueue m-a");
+  check(r.duplicate !== true, "enqueue m-a: first enqueue reported duplicate");
+  done("JSON, text payload, priority 100, project alpha");
+
+  step("enqueue m-b");
+  r = await ok(nc, "enqueue", q, { id: "m-b", priority: 200, metadata: { project: "alpha" } });
+  checkEnqueueReply(r, "m-b", "pending", 200, "enqueue m-b");
+  done("JSON, empty payload, priority 200, project alpha");
+
+  step("enqueue m-c");
+  r = await ok(nc, "enqueue", q, { id: "m-c", priority: 300, payload_base64: Buffer.from("from base64").toString("base64"), metadata: { project: "beta" } });
+  checkEnqueueReply(r, "m-c", "pending", 300, "enqueue m-c");
+  done("JSON, payload_base64, priority 300, project beta");
+
+  step("enqueue m-a again");
+  r = await ok(nc, "enqueue", q, { id: "m-a", priority: 1, payload: "other", metadata: { project: "alpha" } });
+  eq(r.duplicate, true, "enqueue m-a again: duplicate");
+  checkEnqueueReply(r, "m-a", "pending", 100, "enqueue m-a again (the existing message)");
+  done("duplicate id returns the existing message");
+
+  step("enqueue_raw m-raw");
+  const rawBytes = new Uint8Array([0, 1, 2, 255]);
+  const h = headers();
+  h.set("Natstone-Id", "m-raw");
+  h.set("Natstone-Priority", "250");
+  h.set("Natstone-Metadata", JSON.stringify({ project: "gamma" }));
+  r = await ok(nc, "enqueue_raw", q, undefined, { raw: rawBytes, headers: h });
+  checkEnqueueReply(r, "m-raw", "pending", 250, "enqueue_raw m-raw");
+  done("bytes [0,1,2,255], priority 250, project gamma from headers");
+
+  step("depth");
+  let d = await ok(nc, "depth", q);
+  eq(d.queue, q, "depth: queue");
+  isCounts(d.counts, { pending: 4 }, "depth");
+  done("4 pending");
+
+  step("dequeue 1");
+  let dq = await ok(nc, "dequeue", q, {});
+  check(Array.isArray(dq.messages), `dequeue 1: messages is not an array: ${JSON.stringify(dq)}`);
+  eq(dq.messages.map((m) => m.id), ["m-a"], "dequeue 1: EDF order, lowest priority first");
+  let m = dq.messages[0];
+  checkMessage(m, q, "m-a", "running", "dequeue 1");
+  eq(m.priority, 100, "dequeue 1: priority");
+  eq(m.payload, textPayload, "dequeue 1: payload");
+  eq(m.metadata, { project: "alpha", kind: "text" }, "dequeue 1: metadata");
+  eq([m.attempts, m.attempts_left], [1, 4], "dequeue 1: attempts, attempts_left");
+  check(typeof m.lease_id === "string" && m.lease_id !== "", "dequeue 1: lease_id");
+  isTimestamp(m.lease_expires_at, "dequeue 1: lease_expires_at");
+  check(Date.parse(m.lease_expires_at) > Date.parse(m.updated_at), "dequeue 1: lease_expires_at after updated_at");
+  lease.a = m.lease_id;
+  done("m-a (priority 100) leased, text payload intact");
+
+  step("dequeue 2");
+  dq = await ok(nc, "dequeue", q, { batch: 1, lease_ms: 60000 });
+  eq(dq.messages.map((x) => x.id), ["m-raw"], "dequeue 2: m-b's project alpha is leased, so the next best free value");
+  m = dq.messages[0];
+  checkMessage(m, q, "m-raw", "running", "dequeue 2");
+  eq(m.payload, undefined, "dequeue 2: payload (the bytes are not UTF-8)");
+  eq(m.payload_base64, "AAEC/w==", "dequeue 2: payload_base64");
+  check(bytesEqual([...Buffer.from(m.payload_base64, "base64")], [...rawBytes]), "dequeue 2: payload bytes");
+  eq(m.metadata, { project: "gamma" }, "dequeue 2: metadata from the Natstone-Metadata header");
+  check(m.lease_id !== lease.a, "dequeue 2: a fresh lease_id");
+  lease.raw = m.lease_id;
+  const rawVersion = m.version;
+  done("m-b skipped (alpha leased); m-raw (priority 250) leased, bytes round-tripped");
+
+  step("complete m-a");
+  let c = await ok(nc, "complete", q, { id: "m-a", lease_id: lease.a });
+  checkMessage(c, q, "m-a", "completed", "complete m-a");
+  noPayload(c, "complete m-a");
+  isTimestamp(c.ended_at, "complete m-a: ended_at");
+  done(`completed with its lease, version ${c.version}`);
+
+  step("complete m-a again");
+  const c2 = await ok(nc, "complete", q, { id: "m-a", lease_id: lease.a });
+  eq([c2.state, c2.version], ["completed", c.version], "complete m-a again: succeeds and writes nothing");
+  done("idempotent, same version");
+
+  step("lease_mismatch");
+  const e = await expectError(nc, "complete", q, { id: "m-raw", lease_id: lease.a }, "lease_mismatch", 409);
+  m = await ok(nc, "get", q, { id: "m-raw" });
+  checkMessage(m, q, "m-raw", "running", "get m-raw after lease_mismatch");
+  eq([m.version, m.lease_id], [rawVersion, lease.raw], "get m-raw after lease_mismatch: nothing changed");
+  eq(m.payload_base64, "AAEC/w==", "get m-raw: payload_base64");
+  done(`complete m-raw with m-a's lease: ${e.code}, Nats-Service-Error-Code ${e.status}, message ${JSON.stringify(e.message)}; m-raw unchanged`);
+
+  step("depth");
+  d = await ok(nc, "depth", q, { filter: {} });
+  eq(d.queue, q, "depth: queue");
+  isCounts(d.counts, { pending: 2, running: 1, completed: 1 }, "depth");
+  d = await ok(nc, "depth", q, { filter: { project: "alpha" } });
+  isCounts(d.counts, { pending: 1, completed: 1 }, "depth filter project=alpha");
+  done("2 pending, 1 running, 1 completed; filter project=alpha: 1 pending, 1 completed");
+
+  // The error table, code by code (all but unavailable and internal, which a client cannot cause).
+  step("errors on the queue");
+  await expectError(nc, "dequeue", q, { lease: 5000 }, "bad_request", 400);
+  await expectError(nc, "enqueue", q, { id: "both", payload: "x", payload_base64: "eA==", metadata: { project: "x" } }, "bad_request", 400);
+  const badHdr = headers();
+  badHdr.set("Natstone-Priority", "soon");
+  await expectError(nc, "enqueue_raw", q, undefined, "bad_request", 400, { raw: rawBytes, headers: badHdr });
+  await expectError(nc, "complete", q, { id: "m-raw" }, "bad_request", 400);
+  await expectError(nc, "info", "q".repeat(129), undefined, "invalid_queue_name", 400);
+  await expectError(nc, "enqueue", q, { id: "x".repeat(257), metadata: { project: "x" } }, "invalid_id", 400);
+  await expectError(nc, "enqueue", q, { id: "bad-md", metadata: { project: "x", "": "empty key" } }, "invalid_metadata", 400);
+  await expectError(nc, "enqueue", q, { id: "no-key", metadata: { kind: "x" } }, "missing_exclusivity_key", 400);
+  await expectError(nc, "dequeue", q, { batch: 257 }, "out_of_range", 400);
+  await expectError(nc, "info", `${q}-missing`, undefined, "queue_not_found", 404);
+  await expectError(nc, "create", q, { type: "simple" }, "queue_exists", 409);
+  await expectError(nc, "get", q, { id: "never-enqueued" }, "message_not_found", 404);
+  await expectError(nc, "extend", q, { id: "m-a", lease_id: lease.a }, "invalid_state", 409);
+  d = await ok(nc, "depth", q);
+  isCounts(d.counts, { pending: 2, running: 1, completed: 1 }, "depth after the refused requests");
+  done("bad_request ×4, invalid_queue_name, invalid_id, invalid_metadata, missing_exclusivity_key, out_of_range, queue_not_found, queue_exists, message_not_found, invalid_state; depth unchanged");
+
+  step("errors on a second queue");
+  // Not max_attempts 0: in create a 0 means "the default" (docs/limits.md gives 1–1000).
+  await expectError(nc, "create", aux, { max_attempts: 1001 }, "invalid_config", 400);
+  const auxInfo = await ok(nc, "create", aux, { max_payload_bytes: 16 });
+  eq([auxInfo.config.type, auxInfo.config.max_payload_bytes], ["simple", 16], "create aux: config");
+  await expectError(nc, "enqueue", aux, { id: "big", payload: "x".repeat(17) }, "payload_too_large", 413);
+  r = await ok(nc, "enqueue", aux, { id: "short", payload: "x".repeat(16) });
+  checkEnqueueReply(r, "short", "pending", r.priority, "enqueue aux short");
+  dq = await ok(nc, "dequeue", aux, { lease_ms: 100 });
+  eq(dq.messages.map((x) => x.id), ["short"], "dequeue aux");
+  const shortLease = dq.messages[0].lease_id;
+  // Past lease_expires_at but well before the message could be leased again by anyone else.
+  const wait = Date.parse(dq.messages[0].lease_expires_at) - Date.now() + 20;
+  await sleep(Math.max(wait, 0));
+  await expectError(nc, "complete", aux, { id: "short", lease_id: shortLease }, "lease_expired", 409);
+  const upd = await ok(nc, "update", aux, { revision: auxInfo.revision, enqueue_blocked: true });
+  eq(upd.config.enqueue_blocked, true, "update aux: enqueue_blocked");
+  check(upd.revision !== auxInfo.revision, "update aux: a new revision");
+  await expectError(nc, "enqueue", aux, { id: "blocked" }, "queue_blocked", 409);
+  await expectError(nc, "update", aux, { revision: auxInfo.revision, dequeue_blocked: true }, "revision_mismatch", 409);
+  const del = await ok(nc, "delete", aux);
+  eq([del.name, del.messages], [aux, 1], "delete aux");
+  done("invalid_config, payload_too_large, lease_expired, queue_blocked, revision_mismatch; deleted");
+
+  step("list");
+  const list = await ok(nc, "list");
+  check(Array.isArray(list.queues), "list: queues");
+  const names = list.queues.map((x) => x.name);
+  check(names.includes(q) && !names.includes(aux), `list: want ${q} and not ${aux}, got ${JSON.stringify(names)}`);
+  eq(names, [...names].sort(), "list: sorted by name");
+  done(`${names.length} queue(s), ${q} among them`);
+}
+
+async function main() {
+  const url = process.env.NATS_URL;
+  if (!url) {
+    console.error("natstone interop: NATS_URL is not set (e.g. NATS_URL=nats://127.0.0.1:4222)");
+    process.exit(2);
+  }
+  const q = process.argv[2] || process.env.NATSTONE_QUEUE || `js-${Date.now()}-${Math.floor(Math.random() * 1e6)}`;
+  if (!QUEUE_NAME.test(q) || q.length > 124) {
+    console.error(`natstone interop: queue name ${JSON.stringify(q)} must be 1 to 124 characters of A-Z a-z 0-9 _ -`);
+    process.exit(2);
+  }
+
+  let nc;
+  try {
+    nc = await connect({ servers: url, name: "natstone-interop-js" });
+  } catch (err) {
+    console.error(`natstone interop: cannot connect to ${url}: ${err.message}`);
+    process.exit(1);
+  }
+  let result;
+  try {
+    await run(nc, q);
+    result = { ok: true, queue: q, steps, errors: errorsSeen };
+  } catch (err) {
+    const what = err instanceof Mismatch ? err.message : (err?.stack ?? String(err));
+    result = { ok: false, queue: q, failed_step: current, error: what, steps };
+    console.error(`natstone interop: FAIL at step "${current}": ${what}`);
+    process.exitCode = 1;
+  } finally {
+    await nc.close();
+  }
+  process.stdout.write(JSON.stringify(result) + "\n");
+}
+
+await main();
