@@ -159,6 +159,9 @@ func (b *Broker) createQueue(ctx context.Context, name string, r subjects.Create
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return nil, subjects.QueueInfo{}, err
+	}
 	if q.cfg != cfg {
 		return nil, subjects.QueueInfo{}, subjects.Errorf(subjects.CodeQueueExists, "queue %s exists with another config", name)
 	}
@@ -241,15 +244,20 @@ func setIf[T any](dst *T, v *T) {
 }
 
 // deleteQueue deletes a queue with all its messages. Waiting dequeues end empty; requests in
-// progress on it fail.
+// progress on it fail. The queue stays in the broker's map, closed, until storage has forgotten
+// it, so that an enqueue cannot auto-create it again from its half-deleted config meanwhile; a delete
+// that failed half way can be sent again.
 func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteReply, error) {
 	q.mu.Lock()
-	if err := q.usable(); err != nil {
-		q.mu.Unlock()
-		return subjects.DeleteReply{}, err
+	if !q.deleting {
+		if err := q.usable(); err != nil {
+			q.mu.Unlock()
+			return subjects.DeleteReply{}, err
+		}
+		q.deleting = true
+		q.deleted = len(q.entries)
+		q.close(subjects.Errorf(subjects.CodeUnavailable, "queue %s is being deleted", q.name))
 	}
-	n := len(q.entries)
-	q.close(subjects.Errorf(subjects.CodeQueueNotFound, "queue %s was deleted", q.name))
 	// Let writes in flight land first, so none lands after the purge.
 	for _, e := range q.entries {
 		if err := q.waitIdle(ctx, e); err != nil {
@@ -257,15 +265,19 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 			return subjects.DeleteReply{}, unavailable("delete queue", err)
 		}
 	}
+	n := q.deleted
 	q.mu.Unlock()
+	if err := b.store.DeleteQueue(ctx, q.name); err != nil {
+		return subjects.DeleteReply{}, unavailable("delete queue", err)
+	}
 	b.mu.Lock()
 	if b.queues[q.name] == q {
 		delete(b.queues, q.name)
 	}
 	b.mu.Unlock()
-	if err := b.store.DeleteQueue(ctx, q.name); err != nil {
-		return subjects.DeleteReply{}, unavailable("delete queue", err)
-	}
+	q.mu.Lock()
+	q.closed = subjects.Errorf(subjects.CodeQueueNotFound, "queue %s was deleted", q.name)
+	q.mu.Unlock()
 	return subjects.DeleteReply{Name: q.name, Messages: n}, nil
 }
 

@@ -107,7 +107,10 @@ func New(cfg *Config) (*Broker, error) {
 // Start opens the storage, rebuilds every queue's indexes from it, reconciles exclusivity locks,
 // and only then starts answering requests.
 func (b *Broker) Start(ctx context.Context) error {
-	js, err := jetstream.New(cmp.Or(b.cfg.StoreConn, b.cfg.Conn), jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout))
+	// Many writes are in flight at once (every request's, and batches of them): allow far more
+	// unacknowledged publishes than nats.go's default of 4000 before it stalls.
+	js, err := jetstream.New(cmp.Or(b.cfg.StoreConn, b.cfg.Conn),
+		jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout), jetstream.WithPublishAsyncMaxPending(1<<16))
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
@@ -125,6 +128,15 @@ func (b *Broker) Start(ctx context.Context) error {
 	n, err := b.recover(ctx)
 	if err != nil {
 		b.cancel()
+		b.mu.Lock()
+		b.closed = true
+		qs := b.queues
+		b.mu.Unlock()
+		for _, q := range qs { // some may have armed their timers already
+			q.mu.Lock()
+			q.close(subjects.Errorf(subjects.CodeUnavailable, "the broker did not start"))
+			q.mu.Unlock()
+		}
 		return err
 	}
 	b.log.Info("recovered", "queues", len(b.queues), "messages", n, "took", time.Since(start).Round(time.Millisecond))

@@ -46,7 +46,8 @@ func (d *deadlines) remove(e *entry) {
 	}
 }
 
-// due returns the entries whose deadline is at or before now, earliest first, without removing them.
+// due returns up to max entries whose deadline is at or before now (in heap order, not sorted),
+// without removing them.
 func (d *deadlines) due(now int64, max int) []*entry {
 	var out []*entry
 	// Walk the heap as a tree, pruning subtrees whose root is not due.

@@ -2,9 +2,11 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/natstone/natstone/broker/index"
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -97,8 +99,11 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 				return nil, unavailable("wait for the first dequeue with this request_id", ctx.Err())
 			}
 			q.mu.Lock()
-			held := q.replay(prior)
+			held, err := q.replay(ctx, prior)
 			q.mu.Unlock()
+			if err != nil {
+				return nil, err
+			}
 			return q.withPayloads(ctx, held)
 		}
 		rec = &dequeueRecord{done: make(chan struct{})}
@@ -110,6 +115,16 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 	es := q.pending.Pop(filter, r.Batch)
 	if len(es) == 0 && r.WaitMS > 0 {
 		es = q.wait(ctx, filter, r.Batch, time.Duration(r.WaitMS)*time.Millisecond)
+		// The entries were reserved for this waiter (busy) when they were popped; take the
+		// reservation over: the commit below marks them busy again in the same lock hold.
+		for _, e := range es {
+			close(e.busy)
+			e.busy = nil
+		}
+		if q.usable() != nil {
+			q.mu.Unlock()
+			return nil, nil // the queue closed while it waited: a long poll ends empty
+		}
 	}
 	if len(es) == 0 {
 		if rec != nil && q.requests[r.RequestID] == rec {
@@ -136,16 +151,23 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 	}
 	bodies := q.readBodies(ctx, seqs) // in parallel with the lease writes: payloads are immutable
 	q.commit(cs)
-	var held []leaseRef
+	var held, maybe []leaseRef
 	var heldBodies []chan bodyResult
 	for i, c := range cs {
-		if c.err == nil {
+		switch {
+		case c.err == nil:
 			held = append(held, leaseRef{e: c.e, leaseID: c.next.LeaseID})
 			heldBodies = append(heldBodies, bodies[i])
+		case !errors.Is(c.err, kv.ErrConflict):
+			maybe = append(maybe, leaseRef{e: c.e, leaseID: c.next.LeaseID}) // outcome unknown
 		}
 	}
 	if rec != nil {
-		rec.leases = held
+		// A retry must get back every lease this dequeue may have taken, the unknown ones too.
+		rec.leases = append(held, maybe...)
+		if len(rec.leases) == 0 && q.requests[r.RequestID] == rec {
+			delete(q.requests, r.RequestID) // nothing leased: a retry may lease
+		}
 	}
 	views := make([]subjects.Message, len(held))
 	for i, h := range held {
@@ -223,6 +245,11 @@ func (q *queue) serveWaiters() {
 			break
 		}
 		if es := q.pending.Pop(w.filter, w.n); len(es) > 0 {
+			// Reserved until the waiter's goroutine takes them: nothing else may write them
+			// (a cancel) or offer them to another dequeue meanwhile.
+			for _, e := range es {
+				e.busy = make(chan struct{})
+			}
 			w.got <- es
 			continue
 		}
@@ -232,15 +259,19 @@ func (q *queue) serveWaiters() {
 	q.waiters = kept
 }
 
-// replay returns the leases of an earlier dequeue with the same request id that are still held.
-func (q *queue) replay(r *dequeueRecord) []leaseRef {
+// replay returns the leases of an earlier dequeue with the same request id that are still held,
+// once any whose outcome was unknown is known. Called and returns with q.mu held.
+func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error) {
 	var held []leaseRef
 	for _, l := range r.leases {
+		if err := q.waitIdle(ctx, l.e); err != nil {
+			return nil, unavailable("wait for the leases of the first dequeue with this request_id", err)
+		}
 		if q.entries[l.e.rec.ID] == l.e && l.e.rec.State == subjects.StateRunning && l.e.rec.LeaseID == l.leaseID {
 			held = append(held, l)
 		}
 	}
-	return held
+	return held, nil
 }
 
 // RequestIDWindow is how long a dequeue request id is remembered: a retry within it returns the same

@@ -12,7 +12,6 @@ import (
 type enqueued struct {
 	rec     kv.Record // the record to create (BodySeq set once the payload is stored)
 	payload []byte
-	given   bool     // the client chose the id
 	dupOf   int      // index of an earlier message of the same request with this id, else -1
 	e       *entry   // the entry (new, or the existing one for a duplicate)
 	dup     bool     // the id already existed: nothing is written for it
@@ -62,7 +61,6 @@ func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, 
 			if err := subjects.ValidateID(id); err != nil {
 				return nil, err
 			}
-			m.given = true
 			if j, ok := seen[id]; ok {
 				m.dupOf = j
 			}
@@ -131,7 +129,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 
 	for _, m := range ms {
 		if !m.dup && m.dupOf < 0 {
-			m.body = q.b.store.WriteBody(q.name, m.rec.ID, m.payload, m.given)
+			m.body = q.b.store.WriteBody(q.name, m.payload)
 		}
 	}
 	for _, m := range ms {
@@ -157,15 +155,19 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			continue
 		}
 		if e := q.entries[m.rec.ID]; e != nil {
-			// Created meanwhile by a concurrent request with the same id.
-			if !m.dup && e.rec.BodySeq != m.rec.BodySeq {
+			// Created meanwhile by a concurrent request with the same id: our payload is not needed.
+			if !m.dup {
 				orphans = append(orphans, m.rec.BodySeq)
 			}
 			m.e, m.dup = e, true
 			continue
 		}
+		if m.dup {
+			// It existed a moment ago (so no payload was written for it) and was collected since.
+			return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q was garbage-collected during this enqueue; retry", m.rec.ID)
+		}
 		e := q.newEntry(m.rec, 0)
-		e.rec = kv.Record{ID: m.rec.ID} // not placed until stored
+		e.rec = kv.Record{ID: m.rec.ID, BodySeq: m.rec.BodySeq} // not placed until stored
 		q.entries[m.rec.ID] = e
 		m.e = e
 		cs = append(cs, &change{e: e, next: m.rec})

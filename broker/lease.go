@@ -144,9 +144,10 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 	})
 }
 
-// cancel moves a message that is not terminal to canceled. A running message's lease id, when given,
-// must be current; without one the cancel is unconditional (an operator's). Canceling a canceled
-// message succeeds and writes nothing.
+// cancel moves a message that is not terminal to canceled. With a lease id it is the lease holder's
+// cancel, fenced like complete: the lease must be the current, unexpired one (a holder whose lease
+// ran out must not cancel a message that is pending again for someone else). Without one it is
+// unconditional (an operator's). Canceling a canceled message succeeds and writes nothing.
 func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -159,11 +160,10 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 		return q.view(e), nil
 	case subjects.StateCompleted, subjects.StateErrored:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.rec.ID, e.rec.State)
-	case subjects.StateRunning:
-		if req.LeaseID != "" {
-			if _, err := q.fence(e, req.LeaseID, subjects.OpCancel); err != nil {
-				return q.view(e), err
-			}
+	}
+	if req.LeaseID != "" {
+		if _, err := q.fence(e, req.LeaseID, subjects.OpCancel); err != nil {
+			return q.view(e), err
 		}
 	}
 	return q.transition(e, func(r *kv.Record, _ int64) { r.State = subjects.StateCanceled })

@@ -2,13 +2,13 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nuid"
 
+	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/broker/index"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -48,18 +48,23 @@ type queue struct {
 	cfgRev    uint64
 	createdAt int64
 	closed    error // why the queue takes no more work (deleted, broker stopping); nil while open
+	deleting  bool  // a delete has started (it may be retried until storage has forgotten the queue)
+	deleted   int   // how many messages the delete removes
 
-	entries   map[string]*entry
-	pending   *index.Index[*entry]
-	counts    [numStates]int
-	invisible deadlines // invisible entries by VisibleAt
-	leases    deadlines // running entries by LeaseExpires
-	gc        deadlines // terminal entries by EndedAt + retention
-	locks     map[string]*lock
-	waiters   []*waiter
-	requests  map[string]*dequeueRecord // dequeue request id → its leases
-	ids       *nuid.NUID                // message and lease ids; the package's global one is behind a lock
-	reqOrder  []reqStamp                // request ids by time, for expiry
+	entries    map[string]*entry
+	pending    *index.Index[*entry]
+	counts     [numStates]int
+	invisible  deadlines // invisible entries by VisibleAt
+	leases     deadlines // running entries by LeaseExpires
+	gc         deadlines // terminal entries by EndedAt + retention
+	locks      map[string]*lock
+	waiters    []*waiter
+	requests   map[string]*dequeueRecord // dequeue request id → its leases
+	doubtful   []*change                 // writes of unknown outcome, their entries kept busy
+	doubt      clock.Timer               // issues the doubtful writes again
+	doubtArmed bool
+	ids        *nuid.NUID // message and lease ids; the package's global one is behind a lock
+	reqOrder   []reqStamp // request ids by time, for expiry
 }
 
 const numStates = 6
@@ -169,16 +174,6 @@ func (q *queue) apply(e *entry, r kv.Record, rev uint64) {
 	q.place(e)
 }
 
-// change is one record write: e's record becomes next.
-type change struct {
-	e      *entry
-	next   kv.Record
-	prev   subjects.State // e's state before the change
-	expect uint64         // e's revision before the change: the write's compare-and-swap
-	rev    uint64
-	err    error
-}
-
 // waitIdle waits, with q.mu held on entry and exit, until e has no write in flight.
 func (q *queue) waitIdle(ctx context.Context, e *entry) error {
 	for e.busy != nil {
@@ -195,60 +190,6 @@ func (q *queue) waitIdle(ctx context.Context, e *entry) error {
 	return nil
 }
 
-// commit stores every change and applies the ones stored. It is called with q.mu held and returns
-// with it held, releasing it while writes are in flight; the entries must not be busy.
-//
-// In an exclusive queue the writes are ordered so that a crash between two of them leaves only a
-// conservative state that recovery repairs: a message's lock is taken before its lease is written,
-// and freed only after the message has left running.
-func (q *queue) commit(cs []*change) {
-	for _, c := range cs {
-		c.prev = c.e.rec.State
-		c.expect = c.e.rev
-		c.e.busy = make(chan struct{})
-	}
-	if q.exclusive() {
-		cs = q.takeLocks(cs)
-	}
-	// Encode and publish outside the lock: the entries are busy, so nothing else touches them, and
-	// their expected revisions are fixed.
-	q.mu.Unlock()
-	writes := make([]kv.Write, len(cs))
-	for i, c := range cs {
-		writes[i] = q.b.store.WriteMessage(q.name, &c.next, c.expect)
-	}
-	for i, c := range cs {
-		c.rev, c.err = writes[i].Wait(context.Background())
-	}
-	q.mu.Lock()
-	var failed []*change
-	var free []*entry
-	for _, c := range cs {
-		if c.err != nil {
-			failed = append(failed, c)
-			continue
-		}
-		q.apply(c.e, c.next, c.rev)
-		if c.prev == subjects.StateRunning && c.next.State != subjects.StateRunning && q.exclusive() {
-			free = append(free, c.e)
-		}
-	}
-	if len(failed) > 0 {
-		free = append(free, q.resync(failed)...)
-	}
-	for _, c := range cs {
-		if c.err == nil {
-			close(c.e.busy)
-			c.e.busy = nil
-		}
-	}
-	if len(free) > 0 {
-		q.freeLocks(free)
-	}
-	q.unpark()
-	q.settle()
-}
-
 // parked is deadlines.armedAt while its due entries all have writes in flight.
 const parked = -1
 
@@ -261,49 +202,18 @@ func (q *queue) unpark() {
 	}
 }
 
-// resync reloads the records whose writes failed: a conflict means the record changed under us
-// (another broker), any other failure leaves the outcome unknown. It returns entries that took a lock
-// for a lease that did not happen, whose locks must be freed. Called and returns with q.mu held.
-func (q *queue) resync(failed []*change) []*entry {
-	q.mu.Unlock()
-	type got struct {
-		r   kv.Record
-		rev uint64
-		err error
-	}
-	res := make([]got, len(failed))
-	for i, c := range failed {
-		res[i].r, res[i].rev, res[i].err = q.b.store.GetMessage(context.Background(), q.name, c.e.rec.ID)
-	}
-	q.mu.Lock()
-	var free []*entry
-	for i, c := range failed {
-		e := c.e
-		q.log().Warn("message write failed; reloaded", "message_id", e.rec.ID, "error", c.err)
-		switch {
-		case errors.Is(res[i].err, kv.ErrNotFound):
-			q.unplace(e)
-			delete(q.entries, e.rec.ID)
-		case res[i].err != nil:
-			// Storage is unreachable: keep the last known record. The next write on this entry
-			// expects its old revision, so it cannot overwrite a change it has not seen.
-			q.apply(e, e.rec, e.rev)
-		default:
-			q.apply(e, res[i].r, res[i].rev)
-		}
-		if q.exclusive() && c.next.State == subjects.StateRunning && e.rec.State != subjects.StateRunning {
-			free = append(free, e)
-		}
-		close(e.busy)
-		e.busy = nil
-	}
-	return free
-}
-
 // settle re-arms the timers and hands newly eligible messages to waiting dequeues.
 func (q *queue) settle() {
 	if q.closed != nil {
 		return
+	}
+	if len(q.doubtful) > 0 && !q.doubtArmed {
+		q.doubtArmed = true
+		if q.doubt == nil {
+			q.doubt = q.b.clock.AfterFunc(doubtRetry, q.fireDoubt)
+		} else {
+			q.doubt.Reset(doubtRetry)
+		}
 	}
 	q.invisible.arm(q.b.clock, func() { q.fire(&q.invisible) })
 	q.leases.arm(q.b.clock, func() { q.fire(&q.leases) })
@@ -414,148 +324,6 @@ func (q *queue) collect(es []*entry) {
 	q.unpark()
 }
 
-// takeLocks takes the exclusivity lock of every change that leases a message, before its lease is
-// written. Changes whose lock could not be taken are dropped (their entries put back). Called and
-// returns with q.mu held.
-func (q *queue) takeLocks(cs []*change) []*change {
-	var takes []*change
-	for _, c := range cs {
-		if c.next.State == subjects.StateRunning && c.prev != subjects.StateRunning {
-			takes = append(takes, c)
-		}
-	}
-	if len(takes) == 0 {
-		return cs
-	}
-	expect := make([]uint64, len(takes))
-	for i, c := range takes {
-		l := q.lockOf(c.e.Value)
-		if l.holder != "" && l.holder != c.next.ID {
-			// The index should never offer a held value; if it does, refuse rather than overwrite
-			// the holder's lock with our own current revision.
-			q.log().Error("exclusivity value offered while held", "value", c.e.Value, "message_id", c.next.ID, "holder", l.holder)
-			expect[i] = l.rev + 1 // certain to conflict: the write fails and the change is dropped
-			continue
-		}
-		expect[i] = l.rev
-	}
-	// The values are held in the index, so no other write on these locks can start meanwhile.
-	q.mu.Unlock()
-	writes := make([]kv.Write, len(takes))
-	for i, c := range takes {
-		writes[i] = q.b.store.WriteLock(q.name, c.e.Value, kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID}, expect[i])
-	}
-	errs := make([]error, len(takes))
-	revs := make([]uint64, len(takes))
-	for i := range takes {
-		revs[i], errs[i] = writes[i].Wait(context.Background())
-	}
-	q.mu.Lock()
-	var dropped []*change
-	for i, c := range takes {
-		if errs[i] == nil {
-			l := q.lockOf(c.e.Value)
-			l.rev, l.holder = revs[i], c.next.ID
-			continue
-		}
-		q.log().Warn("exclusivity lock not taken", "value", c.e.Value, "message_id", c.next.ID, "error", errs[i])
-		c.err = errs[i]
-		dropped = append(dropped, c)
-	}
-	if len(dropped) == 0 {
-		return cs
-	}
-	// The entries stay as they were; their values stay held until the lock is known to be free.
-	for _, c := range dropped {
-		q.apply(c.e, c.e.rec, c.e.rev)
-		close(c.e.busy)
-		c.e.busy = nil
-	}
-	q.reloadLocks(dropped)
-	// A new slice: the caller still reads every change it passed, dropped ones included.
-	kept := make([]*change, 0, len(cs)-len(dropped))
-	for _, c := range cs {
-		if c.err == nil {
-			kept = append(kept, c)
-		}
-	}
-	return kept
-}
-
-// reloadLocks reads the locks of failed lock writes back and releases the values found free.
-func (q *queue) reloadLocks(cs []*change) {
-	q.mu.Unlock()
-	type got struct {
-		l   kv.Lock
-		rev uint64
-		err error
-	}
-	res := make([]got, len(cs))
-	for i, c := range cs {
-		res[i].l, res[i].rev, res[i].err = q.b.store.GetLock(context.Background(), q.name, c.e.Value)
-	}
-	q.mu.Lock()
-	for i, c := range cs {
-		l := q.lockOf(c.e.Value)
-		switch {
-		case errors.Is(res[i].err, kv.ErrNotFound):
-			l.rev, l.holder = 0, ""
-		case res[i].err != nil:
-			continue // unknown: keep the value held; recovery reconciles it
-		default:
-			l.rev, l.holder = res[i].rev, res[i].l.MessageID
-		}
-		if l.holder == "" {
-			q.pending.Release(c.e.Value)
-		}
-	}
-}
-
-// freeLocks frees the exclusivity locks held by entries that left running, and then releases their
-// values in the index. Called and returns with q.mu held.
-func (q *queue) freeLocks(es []*entry) {
-	type free struct {
-		value  string
-		expect uint64
-		w      kv.Write
-		rev    uint64
-		err    error
-	}
-	var fs []*free
-	for _, e := range es {
-		l := q.lockOf(e.Value)
-		if l.holder != e.rec.ID {
-			// Not ours (never taken, or already freed): the value is free unless another holds it.
-			if l.holder == "" {
-				q.pending.Release(e.Value)
-			}
-			continue
-		}
-		fs = append(fs, &free{value: e.Value, expect: l.rev})
-	}
-	if len(fs) == 0 {
-		return
-	}
-	q.mu.Unlock()
-	for _, f := range fs {
-		f.w = q.b.store.WriteLock(q.name, f.value, kv.Lock{}, f.expect)
-	}
-	for _, f := range fs {
-		f.rev, f.err = f.w.Wait(context.Background())
-	}
-	q.mu.Lock()
-	for _, f := range fs {
-		l := q.lockOf(f.value)
-		if f.err != nil {
-			// The value stays held (conservative); recovery frees a lock whose holder is not running.
-			q.log().Warn("exclusivity lock not freed", "value", f.value, "error", f.err)
-			continue
-		}
-		l.rev, l.holder = f.rev, ""
-		q.pending.Release(f.value)
-	}
-}
-
 func (q *queue) lockOf(value string) *lock {
 	l := q.locks[value]
 	if l == nil {
@@ -575,6 +343,9 @@ func (q *queue) close(why error) {
 	q.invisible.stop()
 	q.leases.stop()
 	q.gc.stop()
+	if q.doubt != nil {
+		q.doubt.Stop()
+	}
 	for _, w := range q.waiters {
 		close(w.gone)
 	}

@@ -21,7 +21,12 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	n, orphans := 0, 0
-	err = b.store.LoadMessages(ctx, "", func(name string, r kv.Record, rev uint64) error {
+	err = b.store.LoadMessages(ctx, "", func(name string, r kv.Record, rev uint64, bad error) error {
+		if bad != nil {
+			// One corrupted value must not keep every queue down: report it and go on.
+			b.log.Error("unreadable message record skipped", "queue", name, "error", bad)
+			return nil
+		}
 		q := b.queues[name]
 		if q == nil {
 			orphans++ // a queue deleted part way; deleting it again removes them

@@ -96,7 +96,6 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 		Storage:     storage,
 		Replicas:    replicas,
 		AllowDirect: true,
-		Duplicates:  2 * time.Minute,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", prefix, err)
@@ -187,14 +186,15 @@ func (s *Store) PurgeMessage(ctx context.Context, queue, id string) error {
 
 // LoadMessages calls fn for every stored message of queue ("" for every queue), with its queue
 // name and revision, in key-update order. It reads a consistent snapshot: writes after it started
-// are not seen.
-func (s *Store) LoadMessages(ctx context.Context, queue string, fn func(queue string, r Record, rev uint64) error) error {
-	return s.load(ctx, s.messages, queue, func(q, _ string, value []byte, rev uint64) error {
+// are not seen. A value that does not decode is passed as bad (with the zero Record) so the caller
+// can report it and go on.
+func (s *Store) LoadMessages(ctx context.Context, queue string, fn func(queue string, r Record, rev uint64, bad error) error) error {
+	return s.load(ctx, s.messages, queue, func(q, name string, value []byte, rev uint64) error {
 		r, err := DecodeRecord(value)
 		if err != nil {
-			return err
+			return fn(q, Record{}, rev, fmt.Errorf("message %q: %w", name, err))
 		}
-		return fn(q, r, rev)
+		return fn(q, r, rev, nil)
 	})
 }
 
@@ -262,7 +262,7 @@ func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue strin
 			}
 			q, name, err := splitKey(e.Key())
 			if err != nil {
-				return err
+				continue // not a key natstone wrote; nothing to load
 			}
 			if err := fn(q, name, e.Value(), e.Revision()); err != nil {
 				return err
@@ -273,32 +273,63 @@ func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue strin
 	}
 }
 
-// bodyMsgIDHeader dedups a client-identified payload re-published within the stream's duplicate
-// window (a retried enqueue), so the retry finds the same sequence rather than a second copy.
-func bodyMsgID(queue, id string) string { return queue + "/" + id }
-
-// WriteBody publishes a payload of message id in queue. If dedup is set, a retry within two minutes
-// returns the first copy's sequence. Wait gives the body's sequence.
-func (s *Store) WriteBody(queue, id string, payload []byte, dedup bool) Write {
-	msg := &nats.Msg{Subject: s.bodySubj + queue, Data: payload}
-	var opts []jetstream.PublishOpt
-	if dedup {
-		opts = append(opts, jetstream.WithMsgID(bodyMsgID(queue, id)))
-	}
-	f, err := s.js.PublishMsgAsync(msg, opts...)
+// WriteBody publishes a payload to queue's subject of the bodies stream. Wait gives the body's
+// sequence. There is no deduplication by message id: JetStream's duplicate window would outlive a
+// body's deletion (garbage collection, queue delete) and hand a retry the sequence of a deleted
+// payload. The record's create is what makes an enqueue idempotent.
+func (s *Store) WriteBody(queue string, payload []byte) Write {
+	f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: s.bodySubj + queue, Data: payload})
 	return Write{f: f, err: err}
 }
 
-// GetBody reads the payload at seq.
+// GetBody reads the payload at seq. It reads with a direct get, which any replica may answer; one
+// that has not caught up yet says "not found" for a payload just written, so that answer is checked
+// with the stream's leader before it is believed.
 func (s *Store) GetBody(ctx context.Context, seq uint64) ([]byte, error) {
 	m, err := s.bodies.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, ErrNotFound
+		return s.getBodyFromLeader(ctx, seq)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return m.Data, nil
+}
+
+// getBodyFromLeader reads the payload at seq through the JetStream API ($JS.API.STREAM.MSG.GET),
+// which the stream leader answers.
+func (s *Store) getBodyFromLeader(ctx context.Context, seq uint64) ([]byte, error) {
+	req, _ := json.Marshal(map[string]uint64{"seq": seq})
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	msg, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+s.prefix+"-bodies", req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Message *struct {
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("kv: get body %d: %w", seq, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, ErrNotFound
+	case resp.Error != nil:
+		return nil, resp.Error
+	case resp.Message == nil:
+		return nil, fmt.Errorf("kv: get body %d: empty reply", seq)
+	}
+	if resp.Message.Data == nil {
+		return []byte{}, nil
+	}
+	return resp.Message.Data, nil
 }
 
 // DeleteBody removes the payload at seq. A missing body is not an error.

@@ -1,0 +1,320 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// change is one record write: e's record becomes next.
+type change struct {
+	e      *entry
+	next   kv.Record
+	prev   subjects.State // e's state before the change
+	expect uint64         // e's revision before the change: the write's compare-and-swap
+	rev    uint64         // the stored revision, when err is nil
+	err    error          // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
+	truth  *kv.Record     // on a conflict: what storage holds instead (nil: the key is gone)
+}
+
+// rewrites bounds how often a write whose outcome is unknown is issued again (each waits up to the
+// write timeout) before the broker gives up on learning its outcome.
+const rewrites = 2
+
+// commit stores every change and applies the ones stored. It is called with q.mu held and returns
+// with it held, releasing it while writes are in flight. The entries must be idle.
+//
+// While its write is in flight an entry is busy and out of the pending index, so no other request
+// can pick it or write it; when the write's outcome is unknown the same write is issued again (with
+// the same expected revision) until storage says what happened, so the broker's memory never
+// guesses. In an exclusive queue the writes are ordered so that a crash between two of them leaves
+// only a conservative state that recovery repairs: a message's lock is taken before its lease is
+// written, and freed only after the message has left running.
+func (q *queue) commit(cs []*change) {
+	kept := cs[:0:0]
+	for _, c := range cs {
+		if c.e.busy != nil {
+			q.log().Error("write on a busy message skipped", "message_id", c.e.rec.ID)
+			c.err = subjects.Errorf(subjects.CodeInternal, "message %q has a write in flight", c.e.rec.ID)
+			continue
+		}
+		c.prev = c.e.rec.State
+		c.expect = c.e.rev
+		c.e.busy = make(chan struct{})
+		q.pending.Remove(c.e)
+		kept = append(kept, c)
+	}
+	cs = kept
+	if q.exclusive() {
+		cs = q.takeLocks(cs)
+	}
+	q.mu.Unlock()
+	writes := make([]kv.Write, len(cs))
+	for i, c := range cs {
+		writes[i] = q.b.store.WriteMessage(q.name, &c.next, c.expect)
+	}
+	for i, c := range cs {
+		c.rev, c.err = writes[i].Wait(context.Background())
+		if c.err != nil {
+			q.resolve(c)
+		}
+	}
+	q.mu.Lock()
+	q.finish(cs)
+}
+
+// finish applies what the writes of cs did. A write whose outcome is still unknown keeps its entry
+// busy — reserved, out of the index, untouched — and goes to the doubtful list, whose timer issues
+// it again until storage tells what happened; nothing is guessed. Called with q.mu held.
+func (q *queue) finish(cs []*change) {
+	var free []*entry
+	for _, c := range cs {
+		e := c.e
+		switch {
+		case c.err == nil:
+			q.apply(e, c.next, c.rev)
+		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:
+			q.log().Warn("message changed in storage; reloaded", "message_id", e.rec.ID)
+			q.apply(e, *c.truth, c.rev)
+		case errors.Is(c.err, kv.ErrConflict):
+			q.log().Warn("message gone from storage", "message_id", e.rec.ID)
+			q.unplace(e)
+			if q.entries[e.rec.ID] == e {
+				delete(q.entries, e.rec.ID)
+			}
+		default:
+			q.log().Warn("message write outcome unknown; will ask storage again", "message_id", e.rec.ID, "error", c.err)
+			q.doubtful = append(q.doubtful, c)
+			continue
+		}
+		if q.exclusive() && e.rec.State != subjects.StateRunning &&
+			(c.prev == subjects.StateRunning || c.next.State == subjects.StateRunning) {
+			free = append(free, e) // it left running, or its lease did not happen after its lock was taken
+		}
+		close(e.busy)
+		e.busy = nil
+	}
+	if len(free) > 0 {
+		q.freeLocks(free)
+	}
+	q.unpark()
+	q.settle()
+}
+
+// doubtRetry is how often writes of unknown outcome are issued again.
+const doubtRetry = 2 * time.Second
+
+// fireDoubt issues the doubtful writes again (same record, same expected revision) and applies
+// whatever storage now says.
+func (q *queue) fireDoubt() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.doubtArmed = false
+	if q.closed != nil || len(q.doubtful) == 0 || !q.b.track() {
+		return
+	}
+	defer q.b.wg.Done()
+	cs := q.doubtful
+	q.doubtful = nil
+	q.mu.Unlock()
+	for _, c := range cs {
+		q.resolve(c)
+	}
+	q.mu.Lock()
+	q.finish(cs)
+}
+
+// resolve learns the outcome of a write that failed. An unknown outcome (a timeout) is resolved by
+// issuing the same write again: the expected revision makes that idempotent. A conflict is resolved
+// by reading the record: if it is exactly what this change wrote, an earlier attempt landed.
+// Called without q.mu.
+func (q *queue) resolve(c *change) {
+	ctx := context.Background()
+	for try := 0; c.err != nil; try++ {
+		if !errors.Is(c.err, kv.ErrConflict) {
+			if try >= rewrites {
+				return // unknown it stays
+			}
+			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(ctx)
+			continue
+		}
+		r, rev, err := q.b.store.GetMessage(ctx, q.name, c.next.ID)
+		switch {
+		case errors.Is(err, kv.ErrNotFound):
+			c.truth = nil
+		case err != nil:
+			c.err = err // the read failed: unknown
+			if try >= rewrites {
+				return
+			}
+			continue
+		case sameWrite(&r, &c.next):
+			c.rev, c.err = rev, nil
+		default:
+			c.truth, c.rev = &r, rev
+		}
+		return
+	}
+}
+
+// sameWrite reports whether stored is the record want: the fields every write changes.
+func sameWrite(stored, want *kv.Record) bool {
+	return stored.Version == want.Version && stored.UpdatedAt == want.UpdatedAt &&
+		stored.State == want.State && stored.LeaseID == want.LeaseID && stored.BodySeq == want.BodySeq
+}
+
+// lockWrite is one write of an exclusivity lock.
+type lockWrite struct {
+	value  string
+	want   kv.Lock
+	expect uint64
+	rev    uint64
+	err    error
+	truth  *kv.Lock // on a conflict: what storage holds (nil: no key)
+}
+
+// writeLocks writes the locks, resolving unknown outcomes and conflicts like resolve does.
+// Called without q.mu.
+func (q *queue) writeLocks(ws []*lockWrite) {
+	ctx := context.Background()
+	pending := make([]kv.Write, len(ws))
+	for i, w := range ws {
+		pending[i] = q.b.store.WriteLock(q.name, w.value, w.want, w.expect)
+	}
+	for i, w := range ws {
+		w.rev, w.err = pending[i].Wait(ctx)
+		for try := 0; w.err != nil; try++ {
+			if !errors.Is(w.err, kv.ErrConflict) {
+				if try >= rewrites {
+					break
+				}
+				w.rev, w.err = q.b.store.WriteLock(q.name, w.value, w.want, w.expect).Wait(ctx)
+				continue
+			}
+			l, rev, err := q.b.store.GetLock(ctx, q.name, w.value)
+			switch {
+			case errors.Is(err, kv.ErrNotFound):
+				w.truth, w.rev = nil, 0
+			case err != nil:
+				w.err = err
+				if try >= rewrites {
+					return
+				}
+				continue
+			case l == w.want:
+				w.rev, w.err = rev, nil
+			default:
+				w.truth, w.rev = &l, rev
+			}
+			break
+		}
+	}
+}
+
+// takeLocks takes the exclusivity lock of every change that leases a message, before its lease is
+// written. Changes whose lock could not be taken are dropped and their entries put back. Called and
+// returns with q.mu held; the returned slice is new (the caller still reads every change it passed).
+func (q *queue) takeLocks(cs []*change) []*change {
+	var ws []*lockWrite
+	var takes []*change
+	for _, c := range cs {
+		if c.next.State != subjects.StateRunning || c.prev == subjects.StateRunning {
+			continue
+		}
+		l := q.lockOf(c.e.Value)
+		w := &lockWrite{value: c.e.Value, want: kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID}, expect: l.rev}
+		if l.holder != "" && l.holder != c.next.ID {
+			// The index should never offer a held value; refuse rather than overwrite the holder's
+			// lock with our own current revision.
+			q.log().Error("exclusivity value offered while held", "value", c.e.Value, "message_id", c.next.ID, "holder", l.holder)
+			w.expect = l.rev + 1 // certain to conflict
+		}
+		ws = append(ws, w)
+		takes = append(takes, c)
+	}
+	if len(ws) == 0 {
+		return cs
+	}
+	// The values are held in the index, so no other write on these locks starts meanwhile.
+	q.mu.Unlock()
+	q.writeLocks(ws)
+	q.mu.Lock()
+	dropped := map[*change]bool{}
+	for i, c := range takes {
+		w, l := ws[i], q.lockOf(c.e.Value)
+		if w.err == nil {
+			l.rev, l.holder = w.rev, c.next.ID
+			continue
+		}
+		q.log().Warn("exclusivity lock not taken", "value", c.e.Value, "message_id", c.next.ID, "error", w.err)
+		c.err = w.err
+		dropped[c] = true
+		q.apply(c.e, c.e.rec, c.e.rev) // back to pending
+		close(c.e.busy)
+		c.e.busy = nil
+		switch {
+		case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
+			l.rev, l.holder = 0, ""
+		case errors.Is(w.err, kv.ErrConflict):
+			l.rev, l.holder = w.rev, w.truth.MessageID
+		default:
+			continue // unknown: keep the value held; a restart reconciles it
+		}
+		if l.holder == "" {
+			q.pending.Release(c.e.Value)
+		}
+	}
+	kept := make([]*change, 0, len(cs)-len(dropped))
+	for _, c := range cs {
+		if !dropped[c] {
+			kept = append(kept, c)
+		}
+	}
+	return kept
+}
+
+// freeLocks frees the exclusivity locks held by entries that are no longer running, and then
+// releases their values in the index. Called and returns with q.mu held.
+func (q *queue) freeLocks(es []*entry) {
+	var ws []*lockWrite
+	for _, e := range es {
+		l := q.lockOf(e.Value)
+		if l.holder != e.rec.ID {
+			// Not ours (never taken, or already freed): the value is free unless another holds it.
+			if l.holder == "" {
+				q.pending.Release(e.Value)
+			}
+			continue
+		}
+		ws = append(ws, &lockWrite{value: e.Value, expect: l.rev})
+	}
+	if len(ws) == 0 {
+		return
+	}
+	// The values stay held (in the index and in l.holder) until the writes land, so no take of
+	// these locks starts meanwhile.
+	q.mu.Unlock()
+	q.writeLocks(ws)
+	q.mu.Lock()
+	for _, w := range ws {
+		l := q.lockOf(w.value)
+		switch {
+		case w.err == nil:
+			l.rev, l.holder = w.rev, ""
+		case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
+			l.rev, l.holder = 0, ""
+		case errors.Is(w.err, kv.ErrConflict):
+			l.rev, l.holder = w.rev, w.truth.MessageID
+		default:
+			// Unknown: the value stays held (conservative); a restart reconciles the lock.
+			q.log().Warn("exclusivity lock not freed", "value", w.value, "error", w.err)
+			continue
+		}
+		if l.holder == "" {
+			q.pending.Release(w.value)
+		}
+	}
+}
