@@ -162,8 +162,8 @@ type LeaseRequest struct {
 	LeaseID string `json:"lease_id,omitempty"`
 }
 
-// ExtendRequest is the body of extend: the lease then ends LeaseMS from now (default the lease
-// duration the message was dequeued with).
+// ExtendRequest is the body of extend: the lease then ends LeaseMS from now (default the message's
+// own lease_ms from its enqueue, else the queue's lease_ms).
 type ExtendRequest struct {
 	ID      string `json:"id"`
 	LeaseID string `json:"lease_id"`

@@ -1,0 +1,152 @@
+package workers
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// DefaultTimeout bounds one request of a Client unless Config.Timeout says otherwise.
+const DefaultTimeout = 10 * time.Second
+
+// Config configures a Client.
+type Config struct {
+	// Prefix of the broker's subjects. Default subjects.DefaultPrefix ("natstone.v1"); it must match
+	// the broker's --prefix.
+	Prefix string
+	// Timeout bounds each request, on top of the caller's context. A dequeue's Wait is added to it,
+	// so a long poll is never cut short. Default DefaultTimeout.
+	Timeout time.Duration
+}
+
+// Client sends natstone's requests over a NATS connection. Each method sends exactly one request and
+// waits for its reply. A Client is safe for concurrent use; it holds no state besides its config.
+//
+// Errors: an error reply of the broker is an [*APIError] matching one of the Err… sentinels. A
+// transport failure is returned wrapped, so errors.Is works on the nats.go errors:
+//   - nats.ErrTimeout: no reply within Config.Timeout (plus a dequeue's wait). The request may still
+//     have been carried out; every natstone write is idempotent, so retrying it is safe (a dequeue is
+//     only when retried with the same RequestID).
+//   - nats.ErrNoResponders: nothing listens on the subject — no broker is running for this prefix
+//     (or the connection may not publish to it).
+//   - the caller's context error when ctx ends first.
+type Client struct {
+	nc      *nats.Conn
+	space   subjects.Space
+	timeout time.Duration
+}
+
+// NewClient returns a Client that sends requests over nc. cfg may be nil for the defaults. The Client
+// does not close nc.
+func NewClient(nc *nats.Conn, cfg *Config) (*Client, error) {
+	if nc == nil {
+		return nil, errors.New("natstone: NewClient: nil *nats.Conn")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Timeout < 0 {
+		return nil, fmt.Errorf("natstone: client Config.Timeout %v is negative", c.Timeout)
+	}
+	space, err := subjects.NewSpace(c.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("natstone: client Config.Prefix: %w", err)
+	}
+	return &Client{nc: nc, space: space, timeout: cmp.Or(c.Timeout, DefaultTimeout)}, nil
+}
+
+// request sends body (JSON-encoded) as op on queue and decodes the reply into out.
+func (c *Client) request(ctx context.Context, op subjects.Op, queue string, body, out any) error {
+	var data []byte
+	if body != nil {
+		var err error
+		if data, err = json.Marshal(body); err != nil {
+			return fmt.Errorf("natstone: %s %s: encode request: %w", op, queue, err)
+		}
+	}
+	return c.send(ctx, op, queue, &nats.Msg{Data: data}, 0, out)
+}
+
+// send sends msg as op on queue, waiting up to the client's timeout plus extra, and decodes a
+// successful reply into out.
+func (c *Client) send(ctx context.Context, op subjects.Op, queue string, msg *nats.Msg, extra time.Duration, out any) error {
+	if op != subjects.OpList {
+		if err := subjects.ValidateQueueName(queue); err != nil {
+			// Not a valid subject token: the broker could not even be asked. Report it as the
+			// broker would.
+			var e *subjects.Error
+			if errors.As(err, &e) {
+				return apiError(e)
+			}
+			return err
+		}
+	}
+	msg.Subject = c.space.Subject(op, queue)
+	rctx, cancel := context.WithTimeout(ctx, c.timeout+extra)
+	defer cancel()
+	reply, err := c.nc.RequestMsgWithContext(rctx, msg)
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			err = nats.ErrTimeout // our own timeout, not the caller's context
+		}
+		return fmt.Errorf("natstone: %s %s: %w", op, queue, err)
+	}
+	if e := decodeError(reply); e != nil {
+		return e
+	}
+	if err := json.Unmarshal(reply.Data, out); err != nil {
+		return fmt.Errorf("natstone: %s %s: decode reply: %w", op, queue, err)
+	}
+	return nil
+}
+
+// decodeError returns the *APIError a reply carries, or nil for a successful reply. The body is the
+// source of truth; the micro error headers only say that it is an error reply.
+func decodeError(reply *nats.Msg) *APIError {
+	status := reply.Header.Get(micro.ErrorCodeHeader)
+	if status == "" && !bytes.HasPrefix(bytes.TrimSpace(reply.Data), []byte(`{"error":`)) {
+		return nil
+	}
+	var er subjects.ErrorReply
+	if err := json.Unmarshal(reply.Data, &er); err != nil || er.Error == nil {
+		// Not a natstone body (another micro service on the subject?): keep what the headers say.
+		n, _ := strconv.Atoi(status)
+		return &APIError{Code: subjects.CodeInternal, Message: reply.Header.Get(micro.ErrorHeader), Status: n}
+	}
+	e := apiError(er.Error)
+	if n, err := strconv.Atoi(status); err == nil {
+		e.Status = n
+	}
+	return e
+}
+
+// ms converts a duration to whole milliseconds for the wire, rounding down.
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// msPtr is ms for an optional duration.
+func msPtr(d *time.Duration) *int64 {
+	if d == nil {
+		return nil
+	}
+	v := ms(*d)
+	return &v
+}
+
+// timeOrZero returns *t, or the zero time for nil.
+func timeOrZero(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}

@@ -1,0 +1,668 @@
+package workers_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
+	"github.com/natstone/natstone/workers"
+)
+
+func TestNewClientValidates(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc := srv.Connect(t)
+	if _, err := workers.NewClient(nil, nil); err == nil {
+		t.Error("NewClient(nil conn) succeeded")
+	}
+	for _, prefix := range []string{"a..b", "a.*", "has space", ">"} {
+		_, err := workers.NewClient(nc, &workers.Config{Prefix: prefix})
+		if err == nil || !strings.Contains(err.Error(), "Config.Prefix") {
+			t.Errorf("prefix %q: err = %v, want one naming Config.Prefix", prefix, err)
+		}
+	}
+	if _, err := workers.NewClient(nc, &workers.Config{Timeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "Config.Timeout") {
+		t.Errorf("negative timeout: err = %v, want one naming Config.Timeout", err)
+	}
+	if _, err := workers.NewClient(nc, &workers.Config{Prefix: "acme.natstone", Timeout: time.Second}); err != nil {
+		t.Errorf("valid config: %v", err)
+	}
+}
+
+func TestQueueAdmin(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	opts := &workers.QueueOpts{
+		Type: subjects.Exclusive, ExclusivityKey: "project", Lease: 90 * time.Second,
+		Invisible: 2 * time.Second, MaxAttempts: 7, Retention: ptr(time.Duration(0)),
+		MaxPayloadBytes: 1000, MaxMetadataPairs: 4, DequeueBlocked: true,
+	}
+	info, err := e.c.CreateQueue(c, "jobs", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := subjects.QueueConfig{
+		Type: subjects.Exclusive, ExclusivityKey: "project", LeaseMS: 90_000, InvisibleMS: 2000,
+		MaxAttempts: 7, RetentionMS: 0, MaxPayloadBytes: 1000, MaxMetadataPairs: 4, DequeueBlocked: true,
+	}
+	if info.Name != "jobs" || info.Config != want || info.Revision == 0 || info.CreatedAt.IsZero() {
+		t.Fatalf("create = %+v, want config %+v", info, want)
+	}
+	// Creating it again with the same config is idempotent.
+	again, err := e.c.CreateQueue(c, "jobs", opts)
+	if err != nil || again.Revision != info.Revision {
+		t.Fatalf("create again = %+v, %v", again, err)
+	}
+	// Defaults, and sub-millisecond durations rounded down.
+	def, err := e.c.CreateQueue(c, "defaults", &workers.QueueOpts{Lease: 1500*time.Millisecond + 999*time.Microsecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.Config.Type != subjects.Simple || def.Config.LeaseMS != 1500 || def.Config.MaxAttempts != subjects.DefaultMaxAttempts ||
+		def.Config.RetentionMS != subjects.DefaultRetention.Milliseconds() {
+		t.Fatalf("defaults = %+v", def.Config)
+	}
+	if _, err := e.c.CreateQueue(c, "nil-opts", nil); err != nil {
+		t.Fatal(err)
+	}
+
+	got, err := e.c.Queue(c, "jobs")
+	if err != nil || got.Config != want || got.Revision != info.Revision {
+		t.Fatalf("info = %+v, %v", got, err)
+	}
+
+	up, err := e.c.UpdateQueue(c, "jobs", &workers.QueueUpdate{
+		Revision: info.Revision, Lease: ptr(time.Minute), DequeueBlocked: ptr(false), MaxAttempts: ptr(9),
+		Retention: ptr(time.Hour), Invisible: ptr(time.Duration(0)), MaxPayloadBytes: ptr(2000),
+		MaxMetadataPairs: ptr(5), EnqueueBlocked: ptr(true),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.LeaseMS, want.DequeueBlocked, want.MaxAttempts, want.RetentionMS = 60_000, false, 9, time.Hour.Milliseconds()
+	want.InvisibleMS, want.MaxPayloadBytes, want.MaxMetadataPairs, want.EnqueueBlocked = 0, 2000, 5, true
+	if up.Config != want || up.Revision <= info.Revision {
+		t.Fatalf("update = %+v, want config %+v and a new revision", up, want)
+	}
+	// A nil update changes nothing.
+	same, err := e.c.UpdateQueue(c, "jobs", nil)
+	if err != nil || same.Config != want {
+		t.Fatalf("nil update = %+v, %v", same, err)
+	}
+
+	list, err := e.c.Queues(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, q := range list {
+		names = append(names, q.Name)
+	}
+	if !slices.Equal(names, []string{"defaults", "jobs", "nil-opts"}) {
+		t.Fatalf("queues = %v", names)
+	}
+
+	e.enqueue("defaults", "x", nil)
+	del, err := e.c.DeleteQueue(c, "defaults")
+	if err != nil || del.Name != "defaults" || del.Messages != 1 {
+		t.Fatalf("delete = %+v, %v", del, err)
+	}
+	if _, err := e.c.Queue(c, "defaults"); !errors.Is(err, workers.ErrQueueNotFound) {
+		t.Fatalf("info after delete: %v", err)
+	}
+}
+
+func TestMessageLifecycle(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	e.createQueue("q", &workers.QueueOpts{Lease: time.Minute})
+	enq := e.enqueue("q", "hello", &workers.EnqueueOpts{
+		ID: "m1", Priority: ptr(int64(5)), Metadata: map[string]string{"kind": "a"},
+	})
+	if enq.ID != "m1" || enq.State != subjects.StatePending || enq.Priority != 5 || enq.Duplicate {
+		t.Fatalf("enqueue = %+v", enq)
+	}
+	dup := e.enqueue("q", "other", &workers.EnqueueOpts{ID: "m1"})
+	if !dup.Duplicate || dup.Priority != 5 {
+		t.Fatalf("second enqueue of m1 = %+v, want a duplicate", dup)
+	}
+	e.enqueue("q", "second", &workers.EnqueueOpts{ID: "m2", Priority: ptr(int64(6)), Metadata: map[string]string{"kind": "b"}})
+
+	counts, err := e.c.Depth(c, "q", map[string]string{"kind": "b"})
+	if err != nil || counts != (subjects.Counts{Pending: 1}) {
+		t.Fatalf("depth kind=b = %+v, %v", counts, err)
+	}
+
+	msgs, err := e.c.Dequeue(c, "q", &workers.DequeueOpts{Batch: 5, Lease: 20 * time.Second, Filter: map[string]string{"kind": "a"}, RequestID: "r1"})
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("dequeue = %+v, %v", msgs, err)
+	}
+	m := msgs[0]
+	if m.ID != "m1" || m.Queue != "q" || m.State != subjects.StateRunning || string(m.Payload) != "hello" ||
+		m.Attempts != 1 || m.AttemptsLeft != subjects.DefaultMaxAttempts-1 || m.LeaseID == "" ||
+		m.Metadata["kind"] != "a" || m.EnqueuedAt.IsZero() || !m.EndedAt.IsZero() {
+		t.Fatalf("dequeued %+v", m)
+	}
+	if lease := m.LeaseExpiresAt.Sub(m.UpdatedAt); lease != 20*time.Second {
+		t.Fatalf("lease = %v, want the 20s asked for", lease)
+	}
+	// A retry with the same request id returns the same lease.
+	retry, err := e.c.Dequeue(c, "q", &workers.DequeueOpts{Batch: 5, Filter: map[string]string{"kind": "a"}, RequestID: "r1"})
+	if err != nil || len(retry) != 1 || retry[0].LeaseID != m.LeaseID {
+		t.Fatalf("retried dequeue = %+v, %v", retry, err)
+	}
+
+	ext, err := e.c.Extend(c, "q", "m1", m.LeaseID, 40*time.Second)
+	if err != nil || ext.LeaseExpiresAt.Sub(ext.UpdatedAt) != 40*time.Second || ext.Payload != nil {
+		t.Fatalf("extend = %+v, %v", ext, err)
+	}
+	done, err := e.c.Complete(c, "q", "m1", m.LeaseID)
+	if err != nil || done.State != subjects.StateCompleted || done.EndedAt.IsZero() || !done.LeaseExpiresAt.IsZero() {
+		t.Fatalf("complete = %+v, %v", done, err)
+	}
+	if again, err := e.c.Complete(c, "q", "m1", m.LeaseID); err != nil || again.State != subjects.StateCompleted {
+		t.Fatalf("complete again = %+v, %v", again, err)
+	}
+
+	// Release with a delay: invisible.
+	m2 := dequeueOne(t, e, "q")
+	rel, err := e.c.Release(c, "q", m2.ID, m2.LeaseID, time.Hour)
+	if err != nil || rel.State != subjects.StateInvisible || rel.VisibleAt.Sub(rel.UpdatedAt) != time.Hour {
+		t.Fatalf("release = %+v, %v", rel, err)
+	}
+	// Cancel without a lease: unconditional.
+	can, err := e.c.Cancel(c, "q", m2.ID, "")
+	if err != nil || can.State != subjects.StateCanceled {
+		t.Fatalf("cancel = %+v, %v", can, err)
+	}
+	got := e.get("q", "m2")
+	if got.State != subjects.StateCanceled || string(got.Payload) != "second" || got.Attempts != 1 {
+		t.Fatalf("get = %+v", got)
+	}
+
+	// An empty dequeue, waiting a little.
+	empty, err := e.c.Dequeue(c, "q", &workers.DequeueOpts{Wait: 10 * time.Millisecond})
+	if err != nil || len(empty) != 0 {
+		t.Fatalf("dequeue of an empty queue = %+v, %v", empty, err)
+	}
+	// nil options everywhere.
+	if _, err := e.c.Dequeue(c, "q", nil); err != nil {
+		t.Fatal(err)
+	}
+	if counts, err := e.c.Depth(c, "q", nil); err != nil || counts != (subjects.Counts{Completed: 1, Canceled: 1}) {
+		t.Fatalf("depth = %+v, %v", counts, err)
+	}
+}
+
+func dequeueOne(t *testing.T, e *env, queue string) workers.Message {
+	t.Helper()
+	msgs, err := e.c.Dequeue(ctx(t), queue, nil)
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("dequeue %s = %+v, %v; want one message", queue, msgs, err)
+	}
+	return msgs[0]
+}
+
+func TestEnqueueAttributes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	e.createQueue("q", nil)
+	r := e.enqueue("q", "p", &workers.EnqueueOpts{
+		ID: "raw-1", Metadata: map[string]string{"k": "v ✓", "quote": `"{}"`}, Invisible: time.Hour, Lease: 1234 * time.Millisecond,
+	})
+	if r.State != subjects.StateInvisible {
+		t.Fatalf("enqueue with Invisible = %+v", r)
+	}
+	m := e.get("q", "raw-1")
+	if m.Metadata["k"] != "v ✓" || m.Metadata["quote"] != `"{}"` || m.VisibleAt.Sub(m.EnqueuedAt) != time.Hour {
+		t.Fatalf("get = %+v", m)
+	}
+	// The message's own lease applies to a dequeue that asks for none.
+	e.enqueue("q", "p", &workers.EnqueueOpts{ID: "raw-2", Lease: 1234 * time.Millisecond})
+	d := dequeueOne(t, e, "q")
+	if d.ID != "raw-2" || d.LeaseExpiresAt.Sub(d.UpdatedAt) != 1234*time.Millisecond {
+		t.Fatalf("dequeue = %+v", d)
+	}
+
+	// An id a header would change goes as JSON, unchanged; one the broker refuses is refused.
+	for _, id := range []string{" padded id ", "trailing ", "ünï côde"} {
+		if _, err := e.c.Enqueue(c, "q", []byte("x"), &workers.EnqueueOpts{ID: id}); err != nil {
+			t.Fatalf("enqueue id %q: %v", id, err)
+		}
+		if got := e.get("q", id); got.ID != id || string(got.Payload) != "x" {
+			t.Fatalf("get %q = %+v", id, got)
+		}
+	}
+	if _, err := e.c.Enqueue(c, "q", nil, &workers.EnqueueOpts{ID: "a\r\nNatstone-Priority: 1"}); !errors.Is(err, workers.ErrInvalidID) {
+		t.Fatalf("enqueue with a line break in the id: %v, want ErrInvalidID", err)
+	}
+}
+
+func TestBinaryPayloads(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	payloads := map[string][]byte{
+		"all-bytes": all,
+		"invalid":   {0xff, 0xfe, 0x00, 'a', 0x80},
+		"nul":       {0},
+		"text":      []byte("héllo ✓"),
+		"empty":     {},
+	}
+	for id, p := range payloads {
+		if _, err := e.c.Enqueue(c, "raw", p, &workers.EnqueueOpts{ID: id}); err != nil {
+			t.Fatalf("enqueue %s: %v", id, err)
+		}
+	}
+	var batch []workers.BatchMessage
+	for id, p := range payloads {
+		batch = append(batch, workers.BatchMessage{Payload: p, EnqueueOpts: workers.EnqueueOpts{ID: id}})
+	}
+	replies, err := e.c.EnqueueBatch(c, "batch", batch)
+	if err != nil || len(replies) != len(batch) {
+		t.Fatalf("enqueue batch = %+v, %v", replies, err)
+	}
+	for i, r := range replies {
+		if r.ID != batch[i].ID || r.State != subjects.StatePending {
+			t.Fatalf("batch reply %d = %+v, want id %s", i, r, batch[i].ID)
+		}
+	}
+	for _, q := range []string{"raw", "batch"} {
+		for id, p := range payloads {
+			if got := e.get(q, id).Payload; !bytes.Equal(got, p) {
+				t.Errorf("%s/%s: get payload = %v, want %v", q, id, got, p)
+			}
+		}
+		msgs, err := e.c.Dequeue(c, q, &workers.DequeueOpts{Batch: len(payloads)})
+		if err != nil || len(msgs) != len(payloads) {
+			t.Fatalf("dequeue %s = %d messages, %v", q, len(msgs), err)
+		}
+		for _, m := range msgs {
+			if !bytes.Equal(m.Payload, payloads[m.ID]) {
+				t.Errorf("%s/%s: dequeued payload = %v, want %v", q, m.ID, m.Payload, payloads[m.ID])
+			}
+		}
+	}
+}
+
+func TestDeadlineIsPriority(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	now := time.Now()
+	late := e.enqueue("q", "late", &workers.EnqueueOpts{ID: "late", Deadline: now.Add(time.Hour)})
+	soon := e.enqueue("q", "soon", &workers.EnqueueOpts{ID: "soon", Deadline: now.Add(time.Minute)})
+	// Priority wins over Deadline.
+	first := e.enqueue("q", "first", &workers.EnqueueOpts{ID: "first", Priority: ptr(int64(1)), Deadline: now})
+	if late.Priority != now.Add(time.Hour).UnixMilli() || soon.Priority != now.Add(time.Minute).UnixMilli() || first.Priority != 1 {
+		t.Fatalf("priorities = %d, %d, %d", late.Priority, soon.Priority, first.Priority)
+	}
+	// Batch too.
+	rs, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{ID: "b", Deadline: now.Add(2 * time.Minute)}}})
+	if err != nil || rs[0].Priority != now.Add(2*time.Minute).UnixMilli() {
+		t.Fatalf("batch = %+v, %v", rs, err)
+	}
+	msgs, err := e.c.Dequeue(c, "q", &workers.DequeueOpts{Batch: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, m := range msgs {
+		order = append(order, m.ID)
+	}
+	if want := []string{"first", "soon", "b", "late"}; !slices.Equal(order, want) {
+		t.Fatalf("dequeue order = %v, want %v (earliest deadline first)", order, want)
+	}
+}
+
+// TestErrorCodes provokes each error code the broker returns (and invalid_queue_name, which the
+// client detects itself) and checks errors.Is with the sentinel, errors.As to *APIError, and the
+// status.
+func TestErrorCodes(t *testing.T) {
+	t.Parallel()
+	e := setupFake(t)
+	c := ctx(t)
+	e.createQueue("q", &workers.QueueOpts{MaxPayloadBytes: 10, Lease: time.Second})
+	e.createQueue("x", &workers.QueueOpts{Type: subjects.Exclusive, ExclusivityKey: "p"})
+	e.createQueue("blocked", &workers.QueueOpts{EnqueueBlocked: true})
+	info := e.createQueue("cas", nil)
+	if _, err := e.c.UpdateQueue(c, "cas", &workers.QueueUpdate{MaxAttempts: ptr(3)}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		e.enqueue("q", "m", &workers.EnqueueOpts{ID: fmt.Sprint("m", i)})
+	}
+	m0 := dequeueOne(t, e, "q")
+	m1 := dequeueOne(t, e, "q")
+	m2 := dequeueOne(t, e, "q")
+	if _, err := e.c.Release(c, "q", m1.ID, m1.LeaseID, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Advance(time.Second) // the leases of m0 and m2 run out
+
+	tests := []struct {
+		code subjects.Code
+		want error
+		call func() error
+	}{
+		{subjects.CodeBadRequest, workers.ErrBadRequest, func() error {
+			_, err := e.c.Complete(c, "q", m0.ID, "")
+			return err
+		}},
+		{subjects.CodeInvalidQueueName, workers.ErrInvalidQueueName, func() error {
+			_, err := e.c.Queue(c, "a.b")
+			return err
+		}},
+		{subjects.CodeInvalidID, workers.ErrInvalidID, func() error {
+			_, err := e.c.Get(c, "q", strings.Repeat("i", subjects.MaxIDLen+1))
+			return err
+		}},
+		{subjects.CodeInvalidMetadata, workers.ErrInvalidMetadata, func() error {
+			_, err := e.c.Enqueue(c, "q", nil, &workers.EnqueueOpts{Metadata: map[string]string{"": "v"}})
+			return err
+		}},
+		{subjects.CodeInvalidConfig, workers.ErrInvalidConfig, func() error {
+			_, err := e.c.CreateQueue(c, "bad", &workers.QueueOpts{MaxAttempts: subjects.MaxAttemptsLimit + 1})
+			return err
+		}},
+		{subjects.CodeMissingExclusivityKey, workers.ErrMissingExclusivityKey, func() error {
+			_, err := e.c.Enqueue(c, "x", []byte("no key"), nil)
+			return err
+		}},
+		{subjects.CodePayloadTooLarge, workers.ErrPayloadTooLarge, func() error {
+			_, err := e.c.Enqueue(c, "q", []byte("eleven byte"), nil)
+			return err
+		}},
+		{subjects.CodeOutOfRange, workers.ErrOutOfRange, func() error {
+			_, err := e.c.Dequeue(c, "q", &workers.DequeueOpts{Batch: subjects.MaxDequeueBatch + 1})
+			return err
+		}},
+		{subjects.CodeQueueNotFound, workers.ErrQueueNotFound, func() error {
+			_, err := e.c.Depth(c, "nope", nil)
+			return err
+		}},
+		{subjects.CodeQueueExists, workers.ErrQueueExists, func() error {
+			_, err := e.c.CreateQueue(c, "q", &workers.QueueOpts{MaxPayloadBytes: 11})
+			return err
+		}},
+		{subjects.CodeQueueBlocked, workers.ErrQueueBlocked, func() error {
+			_, err := e.c.Enqueue(c, "blocked", []byte("x"), nil)
+			return err
+		}},
+		{subjects.CodeMessageNotFound, workers.ErrMessageNotFound, func() error {
+			_, err := e.c.Get(c, "q", "nope")
+			return err
+		}},
+		{subjects.CodeInvalidState, workers.ErrInvalidState, func() error {
+			_, err := e.c.Complete(c, "q", m1.ID, m1.LeaseID) // released
+			return err
+		}},
+		{subjects.CodeLeaseMismatch, workers.ErrLeaseMismatch, func() error {
+			_, err := e.c.Complete(c, "q", m2.ID, "not-the-lease")
+			return err
+		}},
+		{subjects.CodeLeaseExpired, workers.ErrLeaseExpired, func() error {
+			_, err := e.c.Complete(c, "q", m2.ID, m2.LeaseID)
+			return err
+		}},
+		{subjects.CodeRevisionMismatch, workers.ErrRevisionMismatch, func() error {
+			_, err := e.c.UpdateQueue(c, "cas", &workers.QueueUpdate{Revision: info.Revision, MaxAttempts: ptr(4)})
+			return err
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.code), func(t *testing.T) {
+			err := tc.call()
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			var apiErr *workers.APIError
+			if !errors.As(err, &apiErr) {
+				t.Fatalf("err = %T %v, want an *APIError", err, err)
+			}
+			if apiErr.Code != tc.code || apiErr.Status != tc.code.Status() || apiErr.Message == "" {
+				t.Fatalf("APIError = %+v, want code %s status %d and a message", apiErr, tc.code, tc.code.Status())
+			}
+			if !errors.Is(err, &subjects.Error{Code: tc.code}) || !errors.Is(err, &workers.APIError{Code: tc.code}) {
+				t.Error("errors.Is does not match a *subjects.Error or *APIError with the same code")
+			}
+			if errors.Is(err, workers.ErrInternal) || (tc.code != subjects.CodeLeaseExpired && errors.Is(err, workers.ErrLeaseExpired)) {
+				t.Error("errors.Is matches the sentinel of another code")
+			}
+			if want := "natstone: " + string(tc.code) + ": "; !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("Error() = %q, want prefix %q", err, want)
+			}
+		})
+	}
+}
+
+// TestAPIErrorIs checks that each code matches its own sentinel and no other.
+func TestAPIErrorIs(t *testing.T) {
+	t.Parallel()
+	codes := map[subjects.Code]error{
+		subjects.CodeBadRequest: workers.ErrBadRequest, subjects.CodeInvalidQueueName: workers.ErrInvalidQueueName,
+		subjects.CodeInvalidID: workers.ErrInvalidID, subjects.CodeInvalidMetadata: workers.ErrInvalidMetadata,
+		subjects.CodeInvalidConfig: workers.ErrInvalidConfig, subjects.CodeMissingExclusivityKey: workers.ErrMissingExclusivityKey,
+		subjects.CodePayloadTooLarge: workers.ErrPayloadTooLarge, subjects.CodeOutOfRange: workers.ErrOutOfRange,
+		subjects.CodeQueueNotFound: workers.ErrQueueNotFound, subjects.CodeQueueExists: workers.ErrQueueExists,
+		subjects.CodeQueueBlocked: workers.ErrQueueBlocked, subjects.CodeMessageNotFound: workers.ErrMessageNotFound,
+		subjects.CodeInvalidState: workers.ErrInvalidState, subjects.CodeLeaseMismatch: workers.ErrLeaseMismatch,
+		subjects.CodeLeaseExpired: workers.ErrLeaseExpired, subjects.CodeRevisionMismatch: workers.ErrRevisionMismatch,
+		subjects.CodeUnavailable: workers.ErrUnavailable, subjects.CodeInternal: workers.ErrInternal,
+	}
+	for code, sentinel := range codes {
+		err := fmt.Errorf("wrapped: %w", &workers.APIError{Code: code, Message: "m", Status: code.Status()})
+		for other, s := range codes {
+			if got := errors.Is(err, s); got != (other == code) {
+				t.Errorf("code %s: errors.Is(err, sentinel of %s) = %v", code, other, got)
+			}
+		}
+		if errors.Is(err, errors.New(sentinel.Error())) {
+			t.Errorf("code %s matches a look-alike error: Is must compare identity", code)
+		}
+	}
+	unknown := &workers.APIError{Code: "from_the_future"}
+	for _, s := range codes {
+		if errors.Is(unknown, s) {
+			t.Errorf("an unknown code matches %v", s)
+		}
+	}
+	var nilErr *workers.APIError
+	if nilErr.Is(workers.ErrInternal) {
+		t.Error("a nil *APIError matches a sentinel")
+	}
+}
+
+func TestNoResponders(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil) // no broker
+	c, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cx := ctx(t)
+	_, err = c.Queues(cx)
+	if !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("Queues without a broker: %v, want nats.ErrNoResponders", err)
+	}
+	var apiErr *workers.APIError
+	if errors.As(err, &apiErr) {
+		t.Fatalf("a transport error is an *APIError: %+v", apiErr)
+	}
+	if _, err := c.Enqueue(cx, "q", []byte("x"), nil); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("Enqueue without a broker: %v", err)
+	}
+	if _, err := c.Dequeue(cx, "q", &workers.DequeueOpts{Wait: time.Minute}); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("Dequeue without a broker: %v", err)
+	}
+}
+
+// TestTimeouts checks the client's own timeout (nats.ErrTimeout), that a dequeue's wait extends it,
+// and the caller's context.
+func TestTimeouts(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	// A responder that answers nothing but dequeues, after their wait.
+	silent := srv.Connect(t)
+	if _, err := silent.Subscribe(space.Wildcard(subjects.OpInfo), func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := silent.Subscribe(space.Wildcard(subjects.OpDequeue), func(m *nats.Msg) {
+		r := decode[subjects.DequeueRequest](t, m.Data)
+		// A long poll's empty answer comes after its wait, well past the client's own timeout.
+		time.AfterFunc(time.Duration(r.WaitMS)*time.Millisecond, func() { _ = m.Respond([]byte(`{"messages":[]}`)) })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := silent.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Queue(ctx(t), "q"); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("no reply: %v, want nats.ErrTimeout", err)
+	}
+	// The reply comes after the wait, later than the timeout alone but well within timeout + wait.
+	slow, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := slow.Dequeue(ctx(t), "q", &workers.DequeueOpts{Wait: 1500 * time.Millisecond})
+	if err != nil || len(msgs) != 0 {
+		t.Fatalf("dequeue waiting 1.5s with a 1s timeout = %v, %v; want the wait added to the timeout", msgs, err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.Queue(cancelled, "q"); !errors.Is(err, context.Canceled) || errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("cancelled context: %v, want context.Canceled", err)
+	}
+}
+
+// TestErrorReplyDecoding checks replies from a responder that is not the broker: the body decides,
+// with or without the micro headers.
+func TestErrorReplyDecoding(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("test.fake")
+	fake := srv.Connect(t)
+	replies := map[string]*nats.Msg{
+		"body-only":    {Data: []byte(`{"error":{"code":"lease_expired","message":"gone"}}`)},
+		"headers-only": {Data: []byte("not json"), Header: nats.Header{"Nats-Service-Error": {"boom"}, "Nats-Service-Error-Code": {"503"}}},
+		"both":         {Data: []byte(`{"error":{"code":"queue_blocked","message":"paused"}}`), Header: nats.Header{"Nats-Service-Error": {"paused"}, "Nats-Service-Error-Code": {"409"}}},
+	}
+	if _, err := fake.Subscribe(space.Wildcard(subjects.OpInfo), func(m *nats.Msg) {
+		_, queue, _ := space.Parse(m.Subject)
+		r := replies[queue]
+		_ = m.RespondMsg(&nats.Msg{Data: r.Data, Header: r.Header})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Prefix: "test.fake"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		queue  string
+		code   subjects.Code
+		status int
+		msg    string
+	}{
+		{"body-only", subjects.CodeLeaseExpired, 409, "gone"},
+		{"headers-only", subjects.CodeInternal, 503, "boom"},
+		{"both", subjects.CodeQueueBlocked, 409, "paused"},
+	}
+	for _, tc := range tests {
+		_, err := c.Queue(ctx(t), tc.queue)
+		var apiErr *workers.APIError
+		if !errors.As(err, &apiErr) || apiErr.Code != tc.code || apiErr.Status != tc.status || apiErr.Message != tc.msg {
+			t.Errorf("%s: err = %#v, want code %s status %d message %q", tc.queue, err, tc.code, tc.status, tc.msg)
+		}
+	}
+}
+
+// TestConcurrentClient shares one Client between goroutines that enqueue, dequeue and complete;
+// run with -race.
+func TestConcurrentClient(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	const goroutines, each = 8, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				if _, err := e.c.Enqueue(c, "shared", []byte{byte(g), byte(i)}, &workers.EnqueueOpts{ID: fmt.Sprintf("g%d-%d", g, i)}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var mu sync.Mutex
+	completed := map[string]int{}
+	for range goroutines {
+		wg.Go(func() {
+			for {
+				msgs, err := e.c.Dequeue(c, "shared", &workers.DequeueOpts{Batch: 3})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(msgs) == 0 {
+					return
+				}
+				for _, m := range msgs {
+					if _, err := e.c.Complete(c, "shared", m.ID, m.LeaseID); err != nil {
+						errs <- err
+						return
+					}
+					mu.Lock()
+					completed[m.ID]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(completed) != goroutines*each {
+		t.Fatalf("completed %d distinct messages, want %d", len(completed), goroutines*each)
+	}
+	for id, n := range completed {
+		if n != 1 {
+			t.Errorf("%s completed %d times", id, n)
+		}
+	}
+	counts, err := e.c.Depth(c, "shared", nil)
+	if err != nil || counts != (subjects.Counts{Completed: goroutines * each}) {
+		t.Fatalf("depth = %+v, %v", counts, err)
+	}
+}

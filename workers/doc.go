@@ -1,0 +1,27 @@
+// Package workers is natstone's Go client and worker runtime.
+//
+// A [Client] sends the requests of natstone's protocol (docs/protocol.md) over a NATS connection:
+// queue administration, enqueue, dequeue, the lease holder's complete/extend/release/cancel, and
+// queries. A [Worker] runs a [Handler] on a queue's messages: it long-polls for messages, extends
+// their leases while the handler runs, and completes, releases (with backoff) or cancels each one by
+// what the handler returned.
+//
+//	nc, _ := nats.Connect(nats.DefaultURL)
+//	c, _ := workers.NewClient(nc, nil)
+//	c.Enqueue(ctx, "emails", []byte("hello"), &workers.EnqueueOpts{Deadline: time.Now().Add(time.Hour)})
+//
+//	w, _ := workers.NewWorker(c, &workers.WorkerConfig{Queue: "emails", Concurrency: 4},
+//		workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+//			return send(ctx, job.Payload) // nil: completed; error: retried later; workers.Discard(err): canceled
+//		}))
+//	w.Start(ctx)
+//	defer w.Stop(ctx) // lets running handlers finish until ctx is done
+//
+// Errors the broker replies with are [*APIError] values that match the Err… sentinels with
+// errors.Is (errors.Is(err, workers.ErrLeaseExpired)); transport errors wrap nats.go's
+// (nats.ErrTimeout, and nats.ErrNoResponders when no broker is running for the prefix).
+//
+// Durations are time.Duration here and whole milliseconds on the wire: they are rounded down.
+// The package never imports nats-server: a program embeds the server itself if it wants one
+// (see the Embedded example).
+package workers

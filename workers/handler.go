@@ -1,0 +1,90 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Handler processes one leased message. What it returns decides the message's fate:
+//   - nil: the message is completed;
+//   - an error matching ErrDiscard (see Discard): the message is canceled, never retried;
+//   - any other error, or a panic: the message is released, pending again after the worker's
+//     Backoff for its attempt (errored once its attempts are spent).
+//
+// ctx is cancelled when the lease is lost (context.Cause is ErrLeaseLost: the message is no longer
+// this handler's, and its result is ignored) or when Worker.Stop stops waiting for the handler (cause
+// ErrWorkerStopped: the message is released at once). A handler must return soon after ctx is done.
+// Handle is called from several goroutines at once when the worker's Concurrency is above 1.
+type Handler interface {
+	Handle(ctx context.Context, job *Job) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, job *Job) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx, job) }
+
+// Middleware wraps a Handler, e.g. for logging, metrics or tracing. WorkerConfig.Middleware applies
+// them outer first: the first one sees every job first and its result last.
+type Middleware func(Handler) Handler
+
+// ErrDiscard makes the worker cancel the message instead of releasing it for a retry, when a handler
+// returns it or an error wrapping it. Use it for jobs that can never succeed.
+var ErrDiscard = errors.New("natstone: discard message")
+
+// Discard returns an error that matches both ErrDiscard and reason (which may be nil): a handler
+// returns it to cancel its message for good, e.g. return workers.Discard(err) for a malformed payload.
+func Discard(reason error) error {
+	if reason == nil {
+		return ErrDiscard
+	}
+	return fmt.Errorf("%w: %w", ErrDiscard, reason)
+}
+
+// ErrLeaseLost is the context.Cause of a handler's context when its lease is gone: an extension
+// failed because the message was canceled, completed or leased again by someone else, its lease ran
+// out, or the broker could not be reached before the lease's end.
+var ErrLeaseLost = errors.New("natstone: lease lost")
+
+// ErrWorkerStopped is the context.Cause of a handler's context when Worker.Stop's context ended
+// before the handler returned.
+var ErrWorkerStopped = errors.New("natstone: worker stopped")
+
+// Job is what a Handler gets: the leased message (with its payload, Attempts counting this one) and
+// the means to settle it itself.
+type Job struct {
+	Message
+
+	client *Client
+
+	// leaseMu serialises the lease operations on the job — the worker's extensions and the handler's
+	// Cancel — so an extension never reads the handler's own cancel as a lost lease.
+	leaseMu sync.Mutex
+	settled bool // the handler canceled the message: the worker neither extends nor settles it
+}
+
+// Cancel cancels the message for good, fenced by the job's lease, and tells the worker to leave it
+// alone afterwards (whatever the handler then returns). Calling it again returns nil. Errors: as
+// Client.Cancel.
+func (j *Job) Cancel(ctx context.Context) error {
+	j.leaseMu.Lock()
+	defer j.leaseMu.Unlock()
+	if j.settled {
+		return nil
+	}
+	if _, err := j.client.Cancel(ctx, j.Queue, j.ID, j.LeaseID); err != nil {
+		return err
+	}
+	j.settled = true
+	return nil
+}
+
+// isSettled reports whether the handler canceled the message.
+func (j *Job) isSettled() bool {
+	j.leaseMu.Lock()
+	defer j.leaseMu.Unlock()
+	return j.settled
+}

@@ -1,0 +1,278 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// Message is a message as the broker describes it, with Go types: the payload as bytes, timestamps
+// as time.Time (the zero time when the broker sent none).
+type Message struct {
+	ID       string
+	Queue    string
+	State    subjects.State
+	Priority int64 // lower is dequeued first; by convention a deadline in Unix ms
+	Metadata map[string]string
+	// Payload is present in the messages of Dequeue and Get only; nil elsewhere.
+	Payload        []byte
+	Version        uint64    // incremented by every write of the message
+	Attempts       int       // dequeues so far, this one included
+	AttemptsLeft   int       // dequeues still allowed
+	LeaseID        string    // the current lease, while running
+	LeaseExpiresAt time.Time // while running: when the lease ends unless extended
+	EnqueuedAt     time.Time
+	VisibleAt      time.Time // when it became (or becomes) pending
+	UpdatedAt      time.Time // its last write
+	EndedAt        time.Time // when it reached a terminal state
+}
+
+// newMessage converts a wire message.
+func newMessage(m *subjects.Message) Message {
+	return Message{
+		ID:             m.ID,
+		Queue:          m.Queue,
+		State:          m.State,
+		Priority:       m.Priority,
+		Metadata:       m.Metadata,
+		Payload:        m.PayloadBytes(),
+		Version:        m.Version,
+		Attempts:       m.Attempts,
+		AttemptsLeft:   m.AttemptsLeft,
+		LeaseID:        m.LeaseID,
+		LeaseExpiresAt: timeOrZero(m.LeaseExpiresAt),
+		EnqueuedAt:     m.EnqueuedAt,
+		VisibleAt:      m.VisibleAt,
+		UpdatedAt:      m.UpdatedAt,
+		EndedAt:        timeOrZero(m.EndedAt),
+	}
+}
+
+// EnqueueOpts are the optional attributes of an enqueued message. Durations are sent in whole
+// milliseconds, rounded down; a zero duration takes the queue's default.
+type EnqueueOpts struct {
+	// ID is the client-chosen id that makes the enqueue idempotent: enqueueing an existing id returns
+	// the existing message with Duplicate set. Default: the broker generates one.
+	ID string
+	// Priority orders the queue: lower is dequeued first. Default Deadline's Unix ms if set, else the
+	// enqueue time (FIFO).
+	Priority *int64
+	// Deadline, when set and Priority is nil, is the priority: Deadline.UnixMilli().
+	Deadline time.Time
+	// Metadata are string pairs for filters; an exclusive queue requires its exclusivity key.
+	Metadata map[string]string
+	// Invisible keeps the message invisible this long before it is pending.
+	Invisible time.Duration
+	// Lease is this message's lease when a dequeue does not ask for one.
+	Lease time.Duration
+}
+
+// priority returns the priority to send, or nil for the broker's default.
+func (o *EnqueueOpts) priority() *int64 {
+	if o.Priority != nil {
+		return o.Priority
+	}
+	if !o.Deadline.IsZero() {
+		p := o.Deadline.UnixMilli()
+		return &p
+	}
+	return nil
+}
+
+// request returns the JSON form of o with payload.
+func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
+	r := subjects.EnqueueRequest{
+		ID:            o.ID,
+		Priority:      o.priority(),
+		PayloadBase64: payload,
+		Metadata:      o.Metadata,
+	}
+	if o.Invisible > 0 {
+		r.InvisibleMS = msPtr(&o.Invisible)
+	}
+	if o.Lease > 0 {
+		r.LeaseMS = msPtr(&o.Lease)
+	}
+	return r
+}
+
+// Enqueue adds one message with payload (any bytes) to queue, creating the queue with the defaults
+// if it does not exist and the broker auto-creates. opts may be nil. It uses the enqueue_raw form: the
+// payload travels as the request body and the attributes in Natstone-* headers, so nothing is
+// base64-encoded.
+//
+// Errors: ErrInvalidID, ErrInvalidMetadata, ErrMissingExclusivityKey, ErrPayloadTooLarge,
+// ErrOutOfRange, ErrQueueNotFound (auto-create off), ErrQueueBlocked.
+func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts *EnqueueOpts) (subjects.EnqueueReply, error) {
+	var o EnqueueOpts
+	if opts != nil {
+		o = *opts
+	}
+	var reply subjects.EnqueueReply
+	if !headerSafe(o.ID) {
+		// A header would alter this id (NATS trims header values and ends them at a line break): send
+		// the JSON form, and let the broker judge the id.
+		err := c.request(ctx, subjects.OpEnqueue, queue, o.request(payload), &reply)
+		return reply, err
+	}
+	msg := &nats.Msg{Data: payload, Header: nats.Header{}}
+	if o.ID != "" {
+		msg.Header.Set(subjects.HeaderID, o.ID)
+	}
+	if p := o.priority(); p != nil {
+		msg.Header.Set(subjects.HeaderPriority, strconv.FormatInt(*p, 10))
+	}
+	if len(o.Metadata) > 0 {
+		md, err := json.Marshal(o.Metadata) // escapes control characters: one header line
+		if err != nil {
+			return reply, fmt.Errorf("natstone: enqueue %s: encode metadata: %w", queue, err)
+		}
+		msg.Header.Set(subjects.HeaderMetadata, string(md))
+	}
+	if o.Invisible > 0 {
+		msg.Header.Set(subjects.HeaderInvisibleMS, strconv.FormatInt(ms(o.Invisible), 10))
+	}
+	if o.Lease > 0 {
+		msg.Header.Set(subjects.HeaderLeaseMS, strconv.FormatInt(ms(o.Lease), 10))
+	}
+	err := c.send(ctx, subjects.OpEnqueueRaw, queue, msg, 0, &reply)
+	return reply, err
+}
+
+// headerSafe reports whether id reaches the broker unchanged as a header value.
+func headerSafe(id string) bool {
+	return id == strings.TrimSpace(id) && !strings.ContainsAny(id, "\r\n\x00")
+}
+
+// BatchMessage is one message of EnqueueBatch: its payload and its optional attributes.
+type BatchMessage struct {
+	Payload []byte
+	EnqueueOpts
+}
+
+// EnqueueBatch adds 1 to subjects.MaxEnqueueBatch messages to queue in one request and returns their
+// replies in order. Every message is validated before anything is written: one bad message fails the
+// whole batch. An id given twice is one message (the second reply is a duplicate). Payloads travel
+// base64-encoded in JSON. Errors: as Enqueue, and ErrOutOfRange for an empty or oversized batch.
+func (c *Client) EnqueueBatch(ctx context.Context, queue string, msgs []BatchMessage) ([]subjects.EnqueueReply, error) {
+	req := subjects.EnqueueBatchRequest{Messages: make([]subjects.EnqueueRequest, len(msgs))}
+	for i := range msgs {
+		req.Messages[i] = msgs[i].request(msgs[i].Payload)
+	}
+	var r subjects.EnqueueBatchReply
+	if err := c.request(ctx, subjects.OpEnqueueBatch, queue, req, &r); err != nil {
+		return nil, err
+	}
+	return r.Messages, nil
+}
+
+// DequeueOpts are the optional settings of a dequeue. Durations are sent in whole milliseconds,
+// rounded down.
+type DequeueOpts struct {
+	// Batch is how many messages to lease at most (1 to subjects.MaxDequeueBatch). Default 1.
+	Batch int
+	// Lease is the lease of the messages (subjects.MinLease to subjects.MaxLease). Default each
+	// message's own lease, else the queue's.
+	Lease time.Duration
+	// Wait long-polls: when nothing is eligible, wait up to this long (at most subjects.MaxWait) for
+	// a first message. Default 0: reply at once.
+	Wait time.Duration
+	// Filter leases only messages whose metadata has every pair.
+	Filter map[string]string
+	// RequestID makes the dequeue retry-safe: a dequeue with the same id within 5 minutes returns the
+	// leases the first one took that are still held, and never leases more. Use a fresh id per
+	// dequeue, and the same one to retry it after a timeout.
+	RequestID string
+}
+
+// Dequeue leases up to opts.Batch pending messages of queue in earliest-deadline-first order, waiting
+// up to opts.Wait for a first one; it returns none when nothing was eligible in time. opts may be
+// nil. The request's timeout is the Client's plus opts.Wait.
+//
+// Each message is running under the returned LeaseID until Complete, Release, Cancel or the lease's
+// end. Errors: ErrQueueNotFound, ErrQueueBlocked, ErrOutOfRange, ErrInvalidMetadata, ErrBadRequest
+// (a bad RequestID).
+func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) ([]Message, error) {
+	var o DequeueOpts
+	if opts != nil {
+		o = *opts
+	}
+	req := subjects.DequeueRequest{
+		Batch:     o.Batch,
+		LeaseMS:   ms(o.Lease),
+		WaitMS:    ms(o.Wait),
+		Filter:    o.Filter,
+		RequestID: o.RequestID,
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("natstone: dequeue %s: encode request: %w", queue, err)
+	}
+	var r subjects.DequeueReply
+	if err := c.send(ctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(o.Wait, 0), &r); err != nil {
+		return nil, err
+	}
+	out := make([]Message, len(r.Messages))
+	for i := range r.Messages {
+		out[i] = newMessage(&r.Messages[i])
+	}
+	return out, nil
+}
+
+// Complete moves a running message to completed. Completing it again with the same lease succeeds.
+// The returned message has no payload. Errors: ErrLeaseMismatch, ErrLeaseExpired, ErrInvalidState
+// (e.g. released or canceled), ErrMessageNotFound, ErrBadRequest (empty leaseID).
+func (c *Client) Complete(ctx context.Context, queue, id, leaseID string) (Message, error) {
+	return c.leaseOp(ctx, subjects.OpComplete, queue, subjects.LeaseRequest{ID: id, LeaseID: leaseID})
+}
+
+// Extend makes the lease end lease from now (0: the message's lease, else the queue's). Errors: as
+// Complete, and ErrOutOfRange for a lease outside subjects.MinLease to subjects.MaxLease.
+func (c *Client) Extend(ctx context.Context, queue, id, leaseID string, lease time.Duration) (Message, error) {
+	return c.leaseOp(ctx, subjects.OpExtend, queue, subjects.ExtendRequest{ID: id, LeaseID: leaseID, LeaseMS: ms(lease)})
+}
+
+// Release gives a running message back: pending at once, or invisible for delay. The attempt stays
+// spent; with none left the message is errored. Releasing it again with the same lease succeeds.
+// Errors: as Complete, and ErrOutOfRange for a delay outside 0 to subjects.MaxInvisible.
+func (c *Client) Release(ctx context.Context, queue, id, leaseID string, delay time.Duration) (Message, error) {
+	return c.leaseOp(ctx, subjects.OpRelease, queue, subjects.ReleaseRequest{ID: id, LeaseID: leaseID, DelayMS: ms(delay)})
+}
+
+// Cancel moves a message that is not terminal to canceled. With a leaseID the cancel of a running
+// message is fenced by it (ErrLeaseMismatch, ErrLeaseExpired); with an empty leaseID it is
+// unconditional, an operator's. Canceling a canceled message succeeds. Errors: ErrInvalidState
+// (completed or errored), ErrMessageNotFound.
+func (c *Client) Cancel(ctx context.Context, queue, id, leaseID string) (Message, error) {
+	return c.leaseOp(ctx, subjects.OpCancel, queue, subjects.LeaseRequest{ID: id, LeaseID: leaseID})
+}
+
+// Get returns the message id of queue, with its payload, in any state until it is garbage-collected.
+// Errors: ErrMessageNotFound, ErrInvalidID.
+func (c *Client) Get(ctx context.Context, queue, id string) (Message, error) {
+	return c.leaseOp(ctx, subjects.OpGet, queue, subjects.GetRequest{ID: id})
+}
+
+// Depth counts queue's messages by state; with a filter, only those whose metadata has every pair.
+// Errors: ErrQueueNotFound, ErrInvalidMetadata.
+func (c *Client) Depth(ctx context.Context, queue string, filter map[string]string) (subjects.Counts, error) {
+	var r subjects.DepthReply
+	err := c.request(ctx, subjects.OpDepth, queue, subjects.DepthRequest{Filter: filter}, &r)
+	return r.Counts, err
+}
+
+// leaseOp sends a request whose reply is one message.
+func (c *Client) leaseOp(ctx context.Context, op subjects.Op, queue string, body any) (Message, error) {
+	var m subjects.Message
+	if err := c.request(ctx, op, queue, body, &m); err != nil {
+		return Message{}, err
+	}
+	return newMessage(&m), nil
+}

@@ -1,0 +1,118 @@
+package workers
+
+import (
+	"context"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// QueueOpts configures a new queue. Every field is optional: a zero field takes the broker's default
+// (docs/protocol.md, "create"). Durations are sent in whole milliseconds, rounded down.
+type QueueOpts struct {
+	// Type is subjects.Simple (the default) or subjects.Exclusive.
+	Type subjects.QueueType
+	// ExclusivityKey is the metadata key whose value is exclusive; required for an exclusive queue.
+	ExclusivityKey string
+	// Lease is the lease of a dequeue that does not ask for one. Default 30s.
+	Lease time.Duration
+	// Invisible is the invisibility of an enqueue that does not ask for one. Default 0.
+	Invisible time.Duration
+	// MaxAttempts is how many times a message may be dequeued. Default 5.
+	MaxAttempts int
+	// Retention is how long completed, canceled and errored messages are kept; nil means the default
+	// (24h), a pointer to 0 means collect at once.
+	Retention *time.Duration
+	// MaxPayloadBytes is the largest payload accepted. Default 32 KiB.
+	MaxPayloadBytes int
+	// MaxMetadataPairs is the most metadata pairs a message may carry. Default 8.
+	MaxMetadataPairs int
+	// EnqueueBlocked and DequeueBlocked pause the queue's intake and its dequeues.
+	EnqueueBlocked, DequeueBlocked bool
+}
+
+// QueueUpdate changes a queue's config: only the non-nil fields change. A non-zero Revision makes the
+// update a compare-and-swap on the config's revision (QueueInfo.Revision): it fails with
+// ErrRevisionMismatch if the config changed since. The type and exclusivity key cannot change.
+type QueueUpdate struct {
+	Revision         uint64
+	Lease            *time.Duration
+	Invisible        *time.Duration
+	MaxAttempts      *int
+	Retention        *time.Duration
+	MaxPayloadBytes  *int
+	MaxMetadataPairs *int
+	EnqueueBlocked   *bool
+	DequeueBlocked   *bool
+}
+
+// CreateQueue creates the queue name with opts (nil for the defaults). Creating an existing queue
+// with the same config returns it; with a different config it fails with ErrQueueExists. Other
+// errors: ErrInvalidQueueName, ErrInvalidConfig.
+func (c *Client) CreateQueue(ctx context.Context, name string, opts *QueueOpts) (subjects.QueueInfo, error) {
+	var o QueueOpts
+	if opts != nil {
+		o = *opts
+	}
+	req := subjects.CreateQueueRequest{
+		Type:             o.Type,
+		ExclusivityKey:   o.ExclusivityKey,
+		LeaseMS:          ms(o.Lease),
+		InvisibleMS:      ms(o.Invisible),
+		MaxAttempts:      o.MaxAttempts,
+		RetentionMS:      msPtr(o.Retention),
+		MaxPayloadBytes:  o.MaxPayloadBytes,
+		MaxMetadataPairs: o.MaxMetadataPairs,
+		EnqueueBlocked:   o.EnqueueBlocked,
+		DequeueBlocked:   o.DequeueBlocked,
+	}
+	var info subjects.QueueInfo
+	err := c.request(ctx, subjects.OpCreate, name, req, &info)
+	return info, err
+}
+
+// Queue returns the queue's config, revision and counts. Errors: ErrQueueNotFound.
+func (c *Client) Queue(ctx context.Context, name string) (subjects.QueueInfo, error) {
+	var info subjects.QueueInfo
+	err := c.request(ctx, subjects.OpInfo, name, nil, &info)
+	return info, err
+}
+
+// UpdateQueue applies u (nil changes nothing) and returns the queue's new state. Errors:
+// ErrQueueNotFound, ErrInvalidConfig, ErrRevisionMismatch.
+func (c *Client) UpdateQueue(ctx context.Context, name string, u *QueueUpdate) (subjects.QueueInfo, error) {
+	var req subjects.UpdateQueueRequest
+	if u != nil {
+		req = subjects.UpdateQueueRequest{
+			Revision:         u.Revision,
+			LeaseMS:          msPtr(u.Lease),
+			InvisibleMS:      msPtr(u.Invisible),
+			MaxAttempts:      u.MaxAttempts,
+			RetentionMS:      msPtr(u.Retention),
+			MaxPayloadBytes:  u.MaxPayloadBytes,
+			MaxMetadataPairs: u.MaxMetadataPairs,
+			EnqueueBlocked:   u.EnqueueBlocked,
+			DequeueBlocked:   u.DequeueBlocked,
+		}
+	}
+	var info subjects.QueueInfo
+	err := c.request(ctx, subjects.OpUpdate, name, req, &info)
+	return info, err
+}
+
+// DeleteQueue deletes the queue with all its messages. Dequeues long-polling on it return empty.
+// Errors: ErrQueueNotFound.
+func (c *Client) DeleteQueue(ctx context.Context, name string) (subjects.DeleteReply, error) {
+	var r subjects.DeleteReply
+	err := c.request(ctx, subjects.OpDelete, name, nil, &r)
+	return r, err
+}
+
+// Queues returns every queue, sorted by name.
+func (c *Client) Queues(ctx context.Context) ([]subjects.QueueInfo, error) {
+	var r subjects.ListReply
+	if err := c.request(ctx, subjects.OpList, "", nil, &r); err != nil {
+		return nil, err
+	}
+	return r.Queues, nil
+}

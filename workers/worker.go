@@ -1,0 +1,441 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// Defaults of WorkerConfig.
+const (
+	DefaultConcurrency = 1
+	DefaultPollWait    = 20 * time.Second
+)
+
+// settleTries is how many times the worker tries to complete, release or cancel a message when the
+// broker cannot be reached or is unavailable. Each of these is idempotent for the same lease.
+const settleTries = 3
+
+// WorkerConfig configures a Worker. Only Queue is required.
+type WorkerConfig struct {
+	// Queue is the queue to work on. Required.
+	Queue string
+	// Concurrency is how many handlers run at once; each handler slot long-polls for its own
+	// message. Default DefaultConcurrency.
+	Concurrency int
+	// Filter, if set, makes the worker take only messages whose metadata has every pair.
+	Filter map[string]string
+	// Lease is the lease the worker asks for (subjects.MinLease to subjects.MaxLease), and how far
+	// each extension pushes it. Default: the message's own lease, else the queue's.
+	Lease time.Duration
+	// PollWait is how long one dequeue long-polls before it returns empty and the next one starts
+	// (1 ms to subjects.MaxWait). Default DefaultPollWait.
+	PollWait time.Duration
+	// BackoffFunc returns how long a message stays invisible after its attempt-th attempt (1 for the
+	// first) failed. Default DefaultBackoff.
+	BackoffFunc func(attempt int) time.Duration
+	// ExtendEveryFunc returns how often a running handler's lease is extended, given the lease
+	// duration; a result outside (0, lease) is replaced by the default, lease/3.
+	ExtendEveryFunc func(lease time.Duration) time.Duration
+	// Middleware wraps the handler, outer first.
+	Middleware []Middleware
+	// Logger receives the worker's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Worker runs a Handler on the messages of one queue: Concurrency slots, each long-polling for one
+// message, running the handler while extending the message's lease, then completing, releasing or
+// canceling the message by what the handler returned (see Handler). Create it with NewWorker, run it
+// with Start and Stop. A Worker runs once: it cannot be started again after Stop.
+//
+// Delivery is at least once. A message whose lease is lost — the worker could not extend it in time,
+// or someone else canceled it — is no longer the handler's: its context is cancelled with
+// ErrLeaseLost and its result ignored; the broker gives the message to another worker once the lease
+// has ended (if it has attempts left).
+type Worker struct {
+	client  *Client
+	cfg     WorkerConfig // defaults applied
+	handler Handler      // with the middleware
+	log     *slog.Logger
+
+	// mu guards the fields below.
+	mu       sync.Mutex
+	started  bool
+	stopPoll context.CancelCauseFunc // ends the slots' polls: no new messages
+	stopJobs context.CancelCauseFunc // cancels the running handlers' contexts
+	done     chan struct{}           // closed once every goroutine of the worker has returned
+}
+
+// NewWorker returns a Worker that runs h on cfg.Queue through c. It validates cfg, naming the
+// offending field; nothing is sent until Start.
+func NewWorker(c *Client, cfg *WorkerConfig, h Handler) (*Worker, error) {
+	if c == nil {
+		return nil, errors.New("natstone: NewWorker: nil *Client")
+	}
+	if h == nil {
+		return nil, errors.New("natstone: NewWorker: nil Handler")
+	}
+	if cfg == nil {
+		return nil, errors.New("natstone: NewWorker: nil *WorkerConfig (Queue is required)")
+	}
+	w := cfg.withDefaults()
+	if err := w.validate(); err != nil {
+		return nil, err
+	}
+	for i := len(w.Middleware) - 1; i >= 0; i-- {
+		h = w.Middleware[i](h)
+	}
+	return &Worker{client: c, cfg: w, handler: h, log: w.Logger}, nil
+}
+
+func (cfg *WorkerConfig) withDefaults() WorkerConfig {
+	w := *cfg
+	if w.Concurrency == 0 {
+		w.Concurrency = DefaultConcurrency
+	}
+	if w.PollWait == 0 {
+		w.PollWait = DefaultPollWait
+	}
+	if w.BackoffFunc == nil {
+		w.BackoffFunc = DefaultBackoff
+	}
+	if w.ExtendEveryFunc == nil {
+		w.ExtendEveryFunc = func(lease time.Duration) time.Duration { return lease / 3 }
+	}
+	if w.Logger == nil {
+		w.Logger = slog.Default()
+	}
+	return w
+}
+
+func (cfg *WorkerConfig) validate() error {
+	if err := subjects.ValidateQueueName(cfg.Queue); err != nil {
+		return fmt.Errorf("natstone: WorkerConfig.Queue: %w", err)
+	}
+	if cfg.Concurrency < 0 {
+		return fmt.Errorf("natstone: WorkerConfig.Concurrency %d is negative", cfg.Concurrency)
+	}
+	if err := subjects.ValidateMetadata(cfg.Filter, subjects.MaxMetadataPairs); err != nil {
+		return fmt.Errorf("natstone: WorkerConfig.Filter: %w", err)
+	}
+	if cfg.Lease != 0 && (cfg.Lease < subjects.MinLease || cfg.Lease > subjects.MaxLease) {
+		return fmt.Errorf("natstone: WorkerConfig.Lease %v is outside %v to %v", cfg.Lease, subjects.MinLease, subjects.MaxLease)
+	}
+	// Under a millisecond the wait would round to none, and the worker would poll without pause.
+	if cfg.PollWait < time.Millisecond || cfg.PollWait > subjects.MaxWait {
+		return fmt.Errorf("natstone: WorkerConfig.PollWait %v is outside 1ms to %v", cfg.PollWait, subjects.MaxWait)
+	}
+	for i, m := range cfg.Middleware {
+		if m == nil {
+			return fmt.Errorf("natstone: WorkerConfig.Middleware[%d] is nil", i)
+		}
+	}
+	return nil
+}
+
+// Start starts the worker's slots and returns at once; it sends nothing itself. Cancelling ctx
+// stops the worker's dequeues, like the start of Stop: handlers already running go on, with contexts
+// that carry ctx's values but not its cancellation. Call Stop to wait for them and to bound how long
+// they may still run.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return errors.New("natstone: worker already started")
+	}
+	w.started = true
+	pollCtx, stopPoll := context.WithCancelCause(ctx)
+	jobCtx, stopJobs := context.WithCancelCause(context.WithoutCancel(ctx))
+	w.stopPoll, w.stopJobs, w.done = stopPoll, stopJobs, make(chan struct{})
+
+	var slots sync.WaitGroup
+	for range w.cfg.Concurrency {
+		slots.Go(func() { w.slot(pollCtx, jobCtx) })
+	}
+	done := w.done
+	go func() {
+		slots.Wait()
+		stopPoll(nil)
+		stopJobs(nil)
+		close(done)
+	}()
+	return nil
+}
+
+// Stop drains the worker: no new message is dequeued (long polls in flight are abandoned), and the
+// running handlers may finish and settle their messages until ctx is done. Then their contexts are
+// cancelled (cause ErrWorkerStopped) and their messages released at once. Stop returns when every
+// goroutine of the worker has returned: nil if the handlers finished in time, else ctx's error.
+// Stopping a worker that was never started, or stopping it again, returns nil.
+//
+// The broker does not learn that a long poll was abandoned: a message that becomes pending before
+// that poll's wait is over can still be leased to it. Such a message is not lost, but it stays
+// running, unprocessed, until its lease ends (and that attempt is spent). A shorter PollWait narrows
+// the window.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	started, stopPoll, stopJobs, done := w.started, w.stopPoll, w.stopJobs, w.done
+	w.mu.Unlock()
+	if !started {
+		return nil
+	}
+	stopPoll(ErrWorkerStopped)
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	stopJobs(ErrWorkerStopped)
+	<-done
+	return fmt.Errorf("natstone: worker stop: %w", ctx.Err())
+}
+
+// slot is one handler slot: poll for a message, run it, repeat until the polls are stopped.
+func (w *Worker) slot(pollCtx, jobCtx context.Context) {
+	failures := 0 // consecutive polls that failed or came back suspiciously early
+	for pollCtx.Err() == nil {
+		began := time.Now()
+		msgs, err := w.poll(pollCtx)
+		for i := range msgs {
+			w.process(jobCtx, &msgs[i])
+		}
+		switch {
+		case len(msgs) > 0:
+			failures = 0
+			continue
+		case pollCtx.Err() != nil:
+			return
+		case err != nil:
+			failures++
+			w.log.Warn("dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", failures)
+		case time.Since(began) < w.cfg.PollWait/2:
+			// An empty reply long before the wait was up: the queue was deleted, or the broker does
+			// not wait. Back off rather than spin.
+			failures++
+			w.log.Debug("dequeue returned early", "queue", w.cfg.Queue, "failures", failures)
+		default:
+			failures = 0
+			continue
+		}
+		t := time.NewTimer(exponential(failures, pollRetryBase, pollRetryMax))
+		select {
+		case <-t.C:
+		case <-pollCtx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// poll long-polls for one message. A dequeue that timed out may have leased a message whose reply
+// was lost, so it is retried once with the same request id: the broker then returns the same lease
+// instead of leasing another message.
+func (w *Worker) poll(ctx context.Context) ([]Message, error) {
+	opts := &DequeueOpts{
+		Batch:     1,
+		Lease:     w.cfg.Lease,
+		Wait:      w.cfg.PollWait,
+		Filter:    w.cfg.Filter,
+		RequestID: nuid.Next(),
+	}
+	msgs, err := w.client.Dequeue(ctx, w.cfg.Queue, opts)
+	if errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+		w.log.Warn("dequeue timed out; retrying it", "queue", w.cfg.Queue, "request_id", opts.RequestID)
+		msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
+	}
+	return msgs, err
+}
+
+// process runs the handler on m while extending its lease, then settles m. The slot's goroutine
+// supervises its own job: each job has exactly one extension timer, and the extensions of different
+// jobs never wait for one another (a shared ticker would serialise them behind the slowest request).
+// It returns once the handler has returned.
+func (w *Worker) process(jobCtx context.Context, m *Message) {
+	received := time.Now()
+	lease := w.cfg.Lease
+	if lease == 0 {
+		// The lease the broker chose: both stamps come from its clock at the dequeue.
+		lease = m.LeaseExpiresAt.Sub(m.UpdatedAt)
+	}
+	lease = max(lease, subjects.MinLease)
+	every := w.cfg.ExtendEveryFunc(lease)
+	if every <= 0 || every >= lease {
+		every = lease / 3
+	}
+	// expires is when the lease ends at the latest as far as the worker knows; it only matters while
+	// the broker cannot be reached.
+	expires := received.Add(lease)
+	log := w.log.With("queue", m.Queue, "message_id", m.ID, "lease_id", m.LeaseID, "attempt", m.Attempts)
+	job := &Job{Message: *m, client: w.client}
+
+	hctx, cancel := context.WithCancelCause(jobCtx)
+	defer cancel(nil)
+	result := make(chan error, 1)
+	go func() { result <- w.run(hctx, job, log) }()
+
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	for {
+		select {
+		case err := <-result:
+			w.settle(jobCtx, hctx, job, err, expires, log)
+			return
+		case <-jobCtx.Done():
+			select {
+			case err := <-result: // finished just in time
+				w.settle(jobCtx, hctx, job, err, expires, log)
+				return
+			default:
+			}
+			// Stop gave up waiting: hand the message back now rather than when the handler returns.
+			if !job.isSettled() {
+				w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
+					_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, 0)
+					return err
+				})
+			}
+			err := <-result
+			log.Info("handler interrupted: worker stopped", "error", err)
+			return
+		case <-timer.C:
+			next, lost := w.extend(jobCtx, job, lease, every, &expires, log)
+			if lost {
+				cancel(ErrLeaseLost)
+				err := <-result
+				log.Warn("handler result ignored: lease lost", "error", err)
+				return
+			}
+			if next > 0 {
+				timer.Reset(next)
+			}
+		}
+	}
+}
+
+// run calls the handler, turning a panic into an error.
+func (w *Worker) run(ctx context.Context, job *Job, log *slog.Logger) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("handler panicked", "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("natstone: handler panicked: %v", r)
+		}
+	}()
+	return w.handler.Handle(ctx, job)
+}
+
+// extend pushes job's lease to lease from now. It returns when to extend next (0: never, the handler
+// settled the message itself) or lost when the lease is gone.
+func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Duration, expires *time.Time, log *slog.Logger) (next time.Duration, lost bool) {
+	job.leaseMu.Lock()
+	defer job.leaseMu.Unlock()
+	if job.settled {
+		return 0, false
+	}
+	// An answer after the lease's end would come too late to matter.
+	ctx, cancel := context.WithDeadline(jobCtx, *expires)
+	defer cancel()
+	sent := time.Now()
+	_, err := w.client.Extend(ctx, job.Queue, job.ID, job.LeaseID, lease)
+	switch {
+	case err == nil:
+		*expires = sent.Add(lease)
+		return every, false
+	case isLeaseLost(err):
+		log.Warn("lease lost", "error", err)
+		return 0, true
+	case jobCtx.Err() != nil:
+		return every, false // stopping: process sees jobCtx done
+	}
+	left := time.Until(*expires)
+	if left <= 0 {
+		log.Warn("lease lost: not extended before its end", "error", err)
+		return 0, true
+	}
+	retry := min(every, left/2)
+	log.Warn("lease extension failed; retrying", "error", err, "retry_in", retry)
+	return max(retry, time.Millisecond), false
+}
+
+// settle completes, cancels or releases job by the handler's result err.
+func (w *Worker) settle(jobCtx, hctx context.Context, job *Job, err error, expires time.Time, log *slog.Logger) {
+	if job.isSettled() {
+		log.Debug("handler canceled the message", "error", err)
+		return
+	}
+	switch {
+	case err == nil:
+		w.finish(jobCtx, "complete", expires, log, func(ctx context.Context) error {
+			_, err := w.client.Complete(ctx, job.Queue, job.ID, job.LeaseID)
+			return err
+		})
+	case errors.Is(err, ErrDiscard):
+		log.Info("handler discarded the message", "error", err)
+		w.finish(jobCtx, "cancel", expires, log, func(ctx context.Context) error {
+			_, err := w.client.Cancel(ctx, job.Queue, job.ID, job.LeaseID)
+			return err
+		})
+	case hctx.Err() != nil:
+		// The handler was interrupted (the worker is stopping), not failing: no backoff.
+		log.Info("handler interrupted: worker stopped", "error", err)
+		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
+			_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, 0)
+			return err
+		})
+	default:
+		delay := min(max(w.cfg.BackoffFunc(job.Attempts), 0), subjects.MaxInvisible)
+		if job.AttemptsLeft == 0 {
+			log.Error("handler failed; no attempts left, the message is errored", "error", err)
+		} else {
+			log.Warn("handler failed; message released", "error", err, "retry_in", delay)
+		}
+		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
+			_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, delay)
+			return err
+		})
+	}
+}
+
+// finish runs op (a complete, release or cancel of the job's lease) and retries it a few times while
+// the broker cannot be reached and the lease may still be held. It runs even when the worker is
+// stopping: a finished handler's result is worth recording.
+func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, log *slog.Logger, op func(context.Context) error) {
+	ctx := context.WithoutCancel(jobCtx)
+	for try := 1; ; try++ {
+		err := op(ctx)
+		switch {
+		case err == nil:
+			return
+		case isLeaseLost(err):
+			log.Warn(what+" refused: lease lost", "error", err)
+			return
+		case try < settleTries && retryable(err) && time.Now().Before(expires):
+			d := exponential(try, pollRetryBase, pollRetryMax)
+			log.Warn(what+" failed; retrying", "error", err, "retry_in", d)
+			t := time.NewTimer(d)
+			<-t.C
+		default:
+			log.Error(what+" failed", "error", err)
+			return
+		}
+	}
+}
+
+// retryable reports whether a request may succeed if sent again: no reply in time, no broker, or a
+// broker that said to retry.
+func retryable(err error) bool {
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, ErrUnavailable)
+}

@@ -1,0 +1,628 @@
+package workers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
+	"github.com/natstone/natstone/workers"
+)
+
+func TestNewWorkerValidates(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	c, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil })
+	tests := []struct {
+		name  string
+		cfg   *workers.WorkerConfig
+		field string
+	}{
+		{"nil config", nil, "WorkerConfig"},
+		{"no queue", &workers.WorkerConfig{}, "WorkerConfig.Queue"},
+		{"bad queue", &workers.WorkerConfig{Queue: "a.b"}, "WorkerConfig.Queue"},
+		{"negative concurrency", &workers.WorkerConfig{Queue: "q", Concurrency: -1}, "WorkerConfig.Concurrency"},
+		{"bad filter", &workers.WorkerConfig{Queue: "q", Filter: map[string]string{"": "x"}}, "WorkerConfig.Filter"},
+		{"short lease", &workers.WorkerConfig{Queue: "q", Lease: 99 * time.Millisecond}, "WorkerConfig.Lease"},
+		{"long lease", &workers.WorkerConfig{Queue: "q", Lease: 25 * time.Hour}, "WorkerConfig.Lease"},
+		{"sub-ms poll wait", &workers.WorkerConfig{Queue: "q", PollWait: time.Microsecond}, "WorkerConfig.PollWait"},
+		{"long poll wait", &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait + time.Millisecond}, "WorkerConfig.PollWait"},
+		{"nil middleware", &workers.WorkerConfig{Queue: "q", Middleware: []workers.Middleware{nil}}, "WorkerConfig.Middleware[0]"},
+	}
+	for _, tc := range tests {
+		if _, err := workers.NewWorker(c, tc.cfg, h); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: err = %v, want one naming %s", tc.name, err, tc.field)
+		}
+	}
+	if _, err := workers.NewWorker(nil, &workers.WorkerConfig{Queue: "q"}, h); err == nil {
+		t.Error("nil client accepted")
+	}
+	if _, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q"}, nil); err == nil {
+		t.Error("nil handler accepted")
+	}
+
+	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", Logger: discard()}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Stop(ctx(t)); err != nil {
+		t.Fatalf("Stop before Start: %v", err)
+	}
+	if err := w.Start(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx(t)); err == nil {
+		t.Error("second Start succeeded")
+	}
+	stop(t, w)
+	stop(t, w) // idempotent
+}
+
+func TestWorkerCompletes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "hello", &workers.EnqueueOpts{ID: "m1", Metadata: map[string]string{"k": "v"}})
+	got := make(chan workers.Message, 1)
+	e.startWorker(&workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+		got <- job.Message
+		return nil
+	}))
+	m := recv(t, got)
+	if m.ID != "m1" || string(m.Payload) != "hello" || m.Attempts != 1 || m.Metadata["k"] != "v" || m.State != subjects.StateRunning {
+		t.Fatalf("handler got %+v", m)
+	}
+	done := e.waitState("q", "m1", subjects.StateCompleted)
+	if done.Attempts != 1 {
+		t.Fatalf("completed with %d attempts, want 1", done.Attempts)
+	}
+}
+
+// TestWorkerExtendsLease runs a handler for many lease durations: the worker keeps the lease, the
+// message is never given to anyone else, and it is completed on the first attempt.
+func TestWorkerExtendsLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const lease = 300 * time.Millisecond
+	e.createQueue("q", &workers.QueueOpts{Lease: lease})
+	e.enqueue("q", "slow", &workers.EnqueueOpts{ID: "m1"})
+	extends := e.count(subjects.OpExtend, "q")
+	started := make(chan string, 1)
+	gate := make(chan struct{})
+	var ctxErr atomic.Value
+	e.startWorker(&workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+		started <- job.LeaseID
+		awaitGate(ctx, gate)
+		if err := ctx.Err(); err != nil {
+			ctxErr.Store(err)
+		}
+		return nil
+	}))
+	leaseID := recv(t, started)
+	// Ten extensions at lease/3 span more than three leases.
+	reqs := extends.wait(t, 10)
+	for _, r := range reqs {
+		x := decode[subjects.ExtendRequest](t, r.Data)
+		if x.ID != "m1" || x.LeaseID != leaseID || x.LeaseMS != lease.Milliseconds() {
+			t.Fatalf("extend request %+v, want m1 under %s for %dms", x, leaseID, lease.Milliseconds())
+		}
+	}
+	if m := e.get("q", "m1"); m.State != subjects.StateRunning || m.LeaseID != leaseID || m.Attempts != 1 {
+		t.Fatalf("while the handler runs: %+v", m)
+	}
+	close(gate)
+	m := e.waitState("q", "m1", subjects.StateCompleted)
+	if m.Attempts != 1 {
+		t.Fatalf("completed after %d attempts, want 1: the lease was lost", m.Attempts)
+	}
+	if err := ctxErr.Load(); err != nil {
+		t.Fatalf("handler context ended: %v", err)
+	}
+}
+
+// TestWorkerLeaseLost cancels a running message from outside: the next extension fails, the
+// handler's context is cancelled with ErrLeaseLost, and the worker does not complete the message.
+func TestWorkerLeaseLost(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", &workers.QueueOpts{Lease: 300 * time.Millisecond})
+	e.enqueue("q", "doomed", &workers.EnqueueOpts{ID: "m1"})
+	completes := e.count(subjects.OpComplete, "q")
+	releases := e.count(subjects.OpRelease, "q")
+	started := make(chan struct{}, 1)
+	cause := make(chan error, 1)
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return nil // a result for a lost lease is ignored
+	}))
+	recv(t, started)
+	if _, err := e.c.Cancel(ctx(t), "q", "m1", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, cause); !errors.Is(err, workers.ErrLeaseLost) {
+		t.Fatalf("context.Cause = %v, want ErrLeaseLost", err)
+	}
+	stop(t, w)
+	if n, m := completes.n(t), releases.n(t); n != 0 || m != 0 {
+		t.Fatalf("%d completes and %d releases after the lease was lost, want none", n, m)
+	}
+	if m := e.get("q", "m1"); m.State != subjects.StateCanceled {
+		t.Fatalf("state = %s, want canceled", m.State)
+	}
+}
+
+// TestWorkerReleasesWithBackoff fails every attempt: each failure releases the message invisible
+// for the backoff, the next attempt comes when it is pending again, and after max_attempts it is
+// errored. The broker runs on a fake clock, so the invisibility ends exactly when the test says.
+func TestWorkerReleasesWithBackoff(t *testing.T) {
+	t.Parallel()
+	e := setupFake(t)
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 3})
+	e.enqueue("q", "flaky", &workers.EnqueueOpts{ID: "m1"})
+	const delay = 700 * time.Millisecond
+	var mu sync.Mutex
+	var backoffs, attempts []int
+	e.startWorker(&workers.WorkerConfig{
+		Queue: "q",
+		BackoffFunc: func(attempt int) time.Duration {
+			mu.Lock()
+			defer mu.Unlock()
+			backoffs = append(backoffs, attempt)
+			return delay
+		},
+	}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts = append(attempts, job.Attempts)
+		return fmt.Errorf("attempt %d failed", job.Attempts)
+	}))
+	for attempt := 1; attempt <= 2; attempt++ {
+		var m workers.Message
+		waitFor(t, fmt.Sprintf("attempt %d released", attempt), func() bool {
+			m = e.get("q", "m1")
+			return m.State == subjects.StateInvisible && m.Attempts == attempt
+		})
+		if d := m.VisibleAt.Sub(m.UpdatedAt); d != delay {
+			t.Fatalf("attempt %d: invisible for %v, want the backoff %v", attempt, d, delay)
+		}
+		e.clk.Advance(delay - time.Millisecond)
+		if m := e.get("q", "m1"); m.State != subjects.StateInvisible {
+			t.Fatalf("attempt %d: %s before the backoff ended", attempt, m.State)
+		}
+		e.clk.Advance(time.Millisecond)
+	}
+	m := e.waitState("q", "m1", subjects.StateErrored)
+	if m.Attempts != 3 || m.AttemptsLeft != 0 {
+		t.Fatalf("errored with %+v", m)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(attempts, []int{1, 2, 3}) || !slices.Equal(backoffs, []int{1, 2, 3}) {
+		t.Fatalf("handler saw attempts %v, backoff asked for %v; want 1, 2, 3", attempts, backoffs)
+	}
+}
+
+func TestWorkerDiscard(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "bad", &workers.EnqueueOpts{ID: "discard"})
+	e.enqueue("q", "bad", &workers.EnqueueOpts{ID: "wrapped"})
+	e.enqueue("q", "bad", &workers.EnqueueOpts{ID: "self"})
+	releases := e.count(subjects.OpRelease, "q")
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+		switch job.ID {
+		case "discard":
+			return workers.Discard(nil)
+		case "wrapped":
+			return fmt.Errorf("giving up: %w", workers.Discard(errors.New("malformed")))
+		default:
+			// The handler cancels the message itself; what it returns then does not matter.
+			if err := job.Cancel(ctx); err != nil {
+				return err
+			}
+			if err := job.Cancel(ctx); err != nil {
+				return fmt.Errorf("second Cancel: %w", err)
+			}
+			return errors.New("ignored")
+		}
+	}))
+	for _, id := range []string{"discard", "wrapped", "self"} {
+		if m := e.waitState("q", id, subjects.StateCanceled); m.Attempts != 1 {
+			t.Fatalf("%s canceled after %d attempts", id, m.Attempts)
+		}
+	}
+	stop(t, w)
+	if n := releases.n(t); n != 0 {
+		t.Fatalf("%d releases, want none", n)
+	}
+	err := workers.Discard(errors.New("why"))
+	if !errors.Is(err, workers.ErrDiscard) || err.Error() != "natstone: discard message: why" {
+		t.Fatalf("Discard(why) = %v", err)
+	}
+}
+
+func TestWorkerRecoversPanic(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "boom", &workers.EnqueueOpts{ID: "m1"})
+	var logs logBuffer
+	e.startWorker(&workers.WorkerConfig{
+		Queue:       "q",
+		BackoffFunc: func(int) time.Duration { return 0 },
+		Logger:      slogTo(&logs),
+	}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+		if job.Attempts == 1 {
+			panic("handler bug")
+		}
+		return nil
+	}))
+	m := e.waitState("q", "m1", subjects.StateCompleted)
+	if m.Attempts != 2 {
+		t.Fatalf("completed after %d attempts, want 2 (the panic released the first)", m.Attempts)
+	}
+	out := logs.String()
+	for _, want := range []string{"handler panicked", "handler bug", "stack=", "worker_test.go", "message_id=m1", "attempt=1", "queue=q"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("logs lack %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestWorkerConcurrency blocks every handler: exactly Concurrency run at once, and the next message
+// stays pending until a slot is free.
+func TestWorkerConcurrency(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 3
+	e.createQueue("q", nil)
+	for i := range n + 1 {
+		e.enqueue("q", "x", &workers.EnqueueOpts{ID: fmt.Sprint("m", i), Priority: ptr(int64(i))})
+	}
+	started := make(chan string, n+1)
+	gate := make(chan struct{})
+	var running, most atomic.Int32
+	e.startWorker(&workers.WorkerConfig{Queue: "q", Concurrency: n}, workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+		r := running.Add(1)
+		defer running.Add(-1)
+		for {
+			m := most.Load()
+			if r <= m || most.CompareAndSwap(m, r) {
+				break
+			}
+		}
+		started <- job.ID
+		awaitGate(ctx, gate)
+		return nil
+	}))
+	var ids []string
+	for range n {
+		ids = append(ids, recv(t, started))
+	}
+	slices.Sort(ids)
+	if !slices.Equal(ids, []string{"m0", "m1", "m2"}) {
+		t.Fatalf("started %v, want the three most urgent", ids)
+	}
+	counts, err := e.c.Depth(ctx(t), "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts.Running != n || counts.Pending != 1 {
+		t.Fatalf("with %d handlers busy: %+v, want %d running and 1 pending", n, counts, n)
+	}
+	if got := running.Load(); got != n {
+		t.Fatalf("%d handlers running, want %d", got, n)
+	}
+	close(gate)
+	if id := recv(t, started); id != "m3" {
+		t.Fatalf("fourth message %s, want m3", id)
+	}
+	e.waitState("q", "m3", subjects.StateCompleted)
+	if got := most.Load(); got != n {
+		t.Fatalf("at most %d handlers ran at once, want %d", got, n)
+	}
+}
+
+func TestWorkerFilter(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	const each = 5
+	for i := range each {
+		for _, kind := range []string{"a", "b"} {
+			e.enqueue("q", kind, &workers.EnqueueOpts{ID: fmt.Sprint(kind, i), Metadata: map[string]string{"kind": kind}})
+		}
+	}
+	e.enqueue("q", "none", &workers.EnqueueOpts{ID: "unmatched"})
+	type seen struct{ worker, kind string }
+	got := make(chan seen, 2*each)
+	for _, kind := range []string{"a", "b"} {
+		e.startWorker(&workers.WorkerConfig{Queue: "q", Concurrency: 2, Filter: map[string]string{"kind": kind}},
+			workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+				got <- seen{kind, string(job.Payload)}
+				return nil
+			}))
+	}
+	for range 2 * each {
+		if s := recv(t, got); s.worker != s.kind {
+			t.Fatalf("worker with filter kind=%s got a message of kind %s", s.worker, s.kind)
+		}
+	}
+	waitFor(t, "every filtered message completed", func() bool {
+		counts, err := e.c.Depth(ctx(t), "q", nil)
+		return err == nil && counts.Completed == 2*each
+	})
+	if m := e.get("q", "unmatched"); m.State != subjects.StatePending {
+		t.Fatalf("a message no filter matches is %s", m.State)
+	}
+}
+
+func TestWorkerMiddlewareOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	var mu sync.Mutex
+	var trace []string
+	record := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		trace = append(trace, s)
+	}
+	mw := func(name string) workers.Middleware {
+		return func(next workers.Handler) workers.Handler {
+			return workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+				record(name + " before")
+				err := next.Handle(ctx, job)
+				record(name + " after")
+				return err
+			})
+		}
+	}
+	e.startWorker(&workers.WorkerConfig{Queue: "q", Middleware: []workers.Middleware{mw("outer"), mw("inner")}},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error {
+			record("handler")
+			return nil
+		}))
+	e.waitState("q", "m1", subjects.StateCompleted)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"outer before", "inner before", "handler", "inner after", "outer after"}; !slices.Equal(trace, want) {
+		t.Fatalf("trace = %v, want %v", trace, want)
+	}
+}
+
+// TestWorkerGracefulStop stops a worker while its handler runs: Stop waits for the handler, which
+// finishes with its context intact, and the message is completed before Stop returns. No message
+// is dequeued afterwards.
+func TestWorkerGracefulStop(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	started := make(chan struct{}, 1)
+	gate := make(chan struct{})
+	var finished atomic.Bool
+	var ctxErr atomic.Value
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+		started <- struct{}{}
+		awaitGate(ctx, gate)
+		if err := ctx.Err(); err != nil {
+			ctxErr.Store(err)
+		}
+		finished.Store(true)
+		return nil
+	}))
+	recv(t, started)
+	stopped := make(chan error, 1)
+	go func() {
+		c, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		stopped <- w.Stop(c)
+	}()
+	close(gate)
+	if err := recv(t, stopped); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if !finished.Load() {
+		t.Fatal("Stop returned before the handler finished")
+	}
+	if err := ctxErr.Load(); err != nil {
+		t.Fatalf("the handler's context was cancelled: %v", err)
+	}
+	if m := e.get("q", "m1"); m.State != subjects.StateCompleted {
+		t.Fatalf("after Stop the message is %s, want completed", m.State)
+	}
+	e.enqueue("q", "later", &workers.EnqueueOpts{ID: "m2"})
+	if m := e.get("q", "m2"); m.State != subjects.StatePending {
+		t.Fatalf("a message enqueued after Stop is %s", m.State)
+	}
+}
+
+// TestWorkerStopTimeout stops a worker whose handler outlasts Stop's context: the handler's
+// context is cancelled with ErrWorkerStopped, its message is released at once (no backoff), and
+// Stop reports the deadline.
+func TestWorkerStopTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	started := make(chan struct{}, 1)
+	cause := make(chan error, 1)
+	w, err := workers.NewWorker(e.c, &workers.WorkerConfig{Queue: "q", Logger: discard(), BackoffFunc: func(int) time.Duration { return time.Hour }},
+		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return ctx.Err()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, started)
+	c, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := w.Stop(c); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop = %v, want context.DeadlineExceeded", err)
+	}
+	if err := recv(t, cause); !errors.Is(err, workers.ErrWorkerStopped) {
+		t.Fatalf("context.Cause = %v, want ErrWorkerStopped", err)
+	}
+	m := e.get("q", "m1")
+	if m.State != subjects.StatePending || m.Attempts != 1 {
+		t.Fatalf("after Stop: %s with %d attempts, want pending (released without backoff) after 1", m.State, m.Attempts)
+	}
+}
+
+// TestWorkerStartContext cancels the context given to Start while a handler runs: the worker
+// dequeues no more, the handler goes on undisturbed and its message is completed.
+func TestWorkerStartContext(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	dequeues := e.count(subjects.OpDequeue, "q")
+	started := make(chan struct{}, 1)
+	gate := make(chan struct{})
+	var ctxErr atomic.Value
+	w, err := workers.NewWorker(e.c, &workers.WorkerConfig{Queue: "q", Logger: discard()}, workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+		started <- struct{}{}
+		awaitGate(ctx, gate)
+		if err := ctx.Err(); err != nil {
+			ctxErr.Store(err)
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := w.Start(runCtx); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, started)
+	n := dequeues.n(t) // the one slot is busy: no dequeue in flight
+	cancel()
+	close(gate)
+	e.waitState("q", "m1", subjects.StateCompleted)
+	stop(t, w)
+	if err := ctxErr.Load(); err != nil {
+		t.Fatalf("the handler's context was cancelled: %v", err)
+	}
+	if got := dequeues.n(t); got != n {
+		t.Fatalf("%d dequeues after Start's context ended, want none", got-n)
+	}
+}
+
+// TestWorkerLongPolls checks that an idle worker waits PollWait per dequeue: successive dequeues
+// are at least PollWait apart, each with a fresh request id.
+func TestWorkerLongPolls(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	dequeues := e.count(subjects.OpDequeue, "q")
+	const wait = 200 * time.Millisecond
+	e.startWorker(&workers.WorkerConfig{Queue: "q", PollWait: wait}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	dequeues.wait(t, 1)
+	began := time.Now()
+	reqs := dequeues.wait(t, 4)
+	// Three long polls ended in between. The broker's wait is exact to the millisecond; allow a few
+	// for the delivery of the requests to the test's subscription.
+	if elapsed := time.Since(began); elapsed < 3*wait-20*time.Millisecond {
+		t.Fatalf("4 dequeues within %v of the first, with a %v poll wait: busy polling", elapsed, wait)
+	}
+	ids := map[string]bool{}
+	for _, r := range reqs {
+		d := decode[subjects.DequeueRequest](t, r.Data)
+		if d.Batch != 1 || d.WaitMS != wait.Milliseconds() || d.RequestID == "" || ids[d.RequestID] {
+			t.Fatalf("dequeue request %+v: want batch 1, wait %dms and a fresh request id", d, wait.Milliseconds())
+		}
+		ids[d.RequestID] = true
+	}
+}
+
+// TestWorkerBacksOffWithoutBroker runs a worker with no broker: each dequeue fails at once with no
+// responders, and the worker backs off exponentially instead of spinning.
+func TestWorkerBacksOffWithoutBroker(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc := srv.Connect(t)
+	c, err := workers.NewClient(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	w := startWorker(t, c, &workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	waitFor(t, "4 dequeues", func() bool { return nc.Stats().OutMsgs >= 4 })
+	// Retries after 100, 200 and 400 ms, each -25 % at worst.
+	if elapsed := time.Since(began); elapsed < 525*time.Millisecond {
+		t.Fatalf("4 dequeues in %v without a broker: not backing off", elapsed)
+	}
+	stop(t, w)
+}
+
+// TestWorkerRetriesTimedOutDequeue answers the first dequeue of a worker late: the worker retries it
+// once with the same request id (so the broker could return the same leases), then polls afresh.
+func TestWorkerRetriesTimedOutDequeue(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	reqs := make(chan subjects.DequeueRequest, 16)
+	var n atomic.Int32
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		reqs <- decode[subjects.DequeueRequest](t, m.Data)
+		if n.Add(1) > 1 { // the first one is never answered
+			_ = m.Respond([]byte(`{"messages":[]}`))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	first, retry, next := recv(t, reqs), recv(t, reqs), recv(t, reqs)
+	if first.RequestID == "" || retry.RequestID != first.RequestID {
+		t.Fatalf("retry request id %q, want the timed-out dequeue's %q", retry.RequestID, first.RequestID)
+	}
+	if next.RequestID == first.RequestID {
+		t.Fatalf("the next poll reuses request id %q", next.RequestID)
+	}
+}
+
+// awaitGate blocks a handler until the test opens gate — or until the handler's context ends, so a
+// failing test fails instead of hanging in Stop.
+func awaitGate(ctx context.Context, gate <-chan struct{}) {
+	select {
+	case <-gate:
+	case <-ctx.Done():
+	}
+}
+
+func slogTo(b *logBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
