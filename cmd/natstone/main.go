@@ -31,6 +31,15 @@ type command struct {
 // commands lists the subcommands in the order "natstone help" shows them.
 var commands = []command{
 	{name: "serve", summary: "run the broker (with an embedded NATS server unless --nats-url is given)", run: runServe},
+	{name: "queue", summary: "create, list, inspect, update and delete queues: queue create|ls|info|update|rm", run: runQueue},
+	{name: "enqueue", summary: "add a message to a queue, or import JSON lines with --import", run: runEnqueue},
+	{name: "dequeue", summary: "lease the most urgent messages of a queue (exit 4 when there is none)", run: runDequeue},
+	{name: "complete", summary: "complete a leased message", run: runComplete},
+	{name: "extend", summary: "extend the lease of a message", run: runExtend},
+	{name: "release", summary: "give a leased message back to its queue, at once or after a delay", run: runRelease},
+	{name: "cancel", summary: "cancel a message (fenced by its lease when one is given)", run: runCancel},
+	{name: "get", summary: "show a message with its payload", run: runGet},
+	{name: "depth", summary: "count a queue's messages by state, optionally filtered by metadata", run: runDepth},
 }
 
 func main() {

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// clientCommand is what every client command shares: its flag set (its own flags, the connection
+// flags and --json), its help, and where it writes. A command declares its flags on fs, calls
+// parse, then run.
+type clientCommand struct {
+	name   string // "natstone dequeue"
+	args   string // what follows the name in the usage line: "QUEUE [flags]"
+	about  string // the help's description, ending in a newline
+	fs     *flag.FlagSet
+	conn   connFlags
+	json   bool
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// newClientCommand returns a command with the shared flags declared.
+func newClientCommand(name, args, about string, stdout, stderr io.Writer) *clientCommand {
+	c := &clientCommand{name: name, args: args, about: about, stdout: stdout, stderr: stderr}
+	c.fs = flag.NewFlagSet(name, flag.ContinueOnError)
+	c.fs.SetOutput(stderr)
+	c.fs.Usage = c.usage
+	c.conn.register(c.fs)
+	c.fs.BoolVar(&c.json, "json", false, "print the result as one JSON document (the protocol's reply) instead of a table")
+	return c
+}
+
+// usage prints the command's help: usage line, description, its flags, the connection flags and
+// the exit codes.
+func (c *clientCommand) usage() {
+	w := c.fs.Output()
+	fmt.Fprintf(w, "Usage: %s %s\n%s", c.name, c.args, c.about)
+	isConn := func(name string) bool { return slices.Contains(connFlagNames, name) }
+	fmt.Fprint(w, "\nFlags:\n")
+	printFlags(w, c.fs, func(name string) bool { return !isConn(name) })
+	fmt.Fprint(w, "\nConnection flags (a flag overrides the nats context):\n")
+	printFlags(w, c.fs, isConn)
+	fmt.Fprint(w, exitCodesHelp)
+}
+
+// printFlags prints the flags of fs that include accepts, in the flag package's layout but with
+// the "--" spelling the help text uses.
+func printFlags(w io.Writer, fs *flag.FlagSet, include func(name string) bool) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if !include(f.Name) {
+			return
+		}
+		arg, text := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		line += "\n    \t" + strings.ReplaceAll(text, "\n", "\n    \t")
+		def := f.DefValue
+		if d, err := time.ParseDuration(def); err == nil {
+			def = fmtDuration(d) // 24h rather than 24h0m0s
+		}
+		switch def {
+		case "", "false", "0", "0s":
+		default:
+			line += " (default " + def + ")"
+		}
+		fmt.Fprintln(w, line)
+	})
+}
+
+// parse parses args, whose flags may come before, between or after the positional arguments ("--"
+// ends the flags), and checks that there are minArgs to maxArgs positional arguments. An error has
+// been reported on stderr; parseExit gives its exit code.
+func (c *clientCommand) parse(args []string, minArgs, maxArgs int) ([]string, error) {
+	pos, err := parseInterleaved(c.fs, args)
+	if err != nil {
+		return nil, err // the flag package has reported it
+	}
+	switch {
+	case len(pos) < minArgs:
+		return nil, c.usageError("missing arguments: want %s", c.args)
+	case len(pos) > maxArgs:
+		return nil, c.usageError("unexpected argument %q", pos[maxArgs])
+	}
+	if err := c.conn.validate(); err != nil {
+		return nil, c.usageError("%v", err)
+	}
+	return pos, nil
+}
+
+// usageError reports a bad command line with the help and returns it as an error.
+func (c *clientCommand) usageError(format string, a ...any) error {
+	err := fmt.Errorf(format, a...)
+	fmt.Fprintf(c.stderr, "%s: %v\n", c.name, err)
+	c.fs.Usage()
+	return err
+}
+
+// parseExit is the exit code of an error of parse: exitOK for -h, exitUsage otherwise.
+func parseExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	return exitUsage
+}
+
+// parseInterleaved parses the flags of args wherever they are and returns the other arguments in
+// order. The flag package alone stops at the first non-flag argument, which would make
+// "enqueue q --id x" ignore --id.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil // everything after "--" is an argument
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// set returns the names of the flags given on the command line.
+func (c *clientCommand) set() map[string]bool {
+	given := map[string]bool{}
+	c.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	return given
+}
+
+// run connects, calls do and reports its error: the exit code scripts see.
+func (c *clientCommand) run(ctx context.Context, do func(ctx context.Context, conn *cliConn) error) int {
+	conn, err := c.conn.dial()
+	if err != nil {
+		return c.fail(err, nil)
+	}
+	defer conn.close()
+	if err := do(ctx, conn); err != nil {
+		return c.fail(err, conn)
+	}
+	return exitOK
+}
+
+// fail reports err on stderr and returns its exit code.
+func (c *clientCommand) fail(err error, conn *cliConn) int {
+	fmt.Fprintln(c.stderr, describeError(err, conn))
+	return exitCodeOf(err)
+}
+
+// output prints v as JSON with --json, else calls human to print it for people.
+func (c *clientCommand) output(v any, human func(w io.Writer)) error {
+	if c.json {
+		return writeJSON(c.stdout, v)
+	}
+	human(c.stdout)
+	return nil
+}
+
+// pairsFlag is a repeatable key=value flag (--meta, --filter).
+type pairsFlag map[string]string
+
+func (p *pairsFlag) String() string {
+	if p == nil || len(*p) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(*p)) {
+		parts = append(parts, k+"="+(*p)[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (p *pairsFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want key=value, not %q", s)
+	}
+	if *p == nil {
+		*p = pairsFlag{}
+	}
+	if _, dup := (*p)[k]; dup {
+		return fmt.Errorf("key %q given twice", k)
+	}
+	(*p)[k] = v
+	return nil
+}
+
+// parseDeadline reads --deadline: an RFC 3339 time, or a duration from now.
+func parseDeadline(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("--deadline %q is neither an RFC 3339 time (2026-01-02T15:04:05Z) nor a duration from now (90m)", s)
+	}
+	return now.Add(d), nil
+}

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/workers"
+)
+
+// errNothingToDequeue is a dequeue that got no message. It exits with exitEmpty, so that
+// "while natstone dequeue q; do …; done" ends when the queue has nothing more.
+var errNothingToDequeue = errors.New("natstone: nothing to dequeue")
+
+func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone enqueue", "QUEUE [PAYLOAD] [flags]\n       natstone enqueue QUEUE --import FILE.jsonl [flags]", `
+Adds a message to QUEUE (creating the queue with the defaults unless the broker runs with
+--no-auto-create) and prints its id, state and priority. The payload is PAYLOAD, else the content
+of --file, else stdin (also when PAYLOAD or --file is "-").
+
+With --import, reads JSON lines instead (- for stdin), one message per line in the protocol's
+enqueue form: {"id", "priority", "payload" | "payload_base64", "metadata", "invisible_ms",
+"lease_ms"}, all optional ("invisible_ms": 0 means the queue's default). They are sent in batches
+of up to 1000, --in-flight at a time. The first line with an id is the one written, later ones
+are its duplicates. Messages without a priority get the time the broker enqueues them, so with
+several batches in flight their order may differ from the file's (--in-flight 1 keeps it). A
+line that is not such an object, or that the broker refuses, is reported with its number and
+skipped; the others are imported. Prints how many were enqueued, how many were duplicates (an id
+that exists), and the failed lines; exits 1 if any line failed. With stderr on a terminal it
+shows the progress.
+`, stdout, stderr)
+	file := c.fs.String("file", "", "read the payload from `file` (- for stdin)")
+	id := c.fs.String("id", "", "message `id` for idempotency: an id that exists is a duplicate and writes nothing (default: the broker makes one)")
+	priority := c.fs.Int64("priority", 0, "`priority`, lower is dequeued first (default: the enqueue time in Unix ms, which makes the queue FIFO)")
+	deadline := c.fs.String("deadline", "", "the priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
+	var meta pairsFlag
+	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
+	invisible := c.fs.Duration("invisible", 0, "keep the message invisible this long before it is pending (default the queue's)")
+	lease := c.fs.Duration("lease", 0, "the message's lease when a dequeue does not ask for one (default the queue's)")
+	importFile := c.fs.String("import", "", "import JSON lines from `file` (- for stdin) instead of enqueueing one message")
+	inFlight := c.fs.Int("in-flight", importInFlight, "with --import: send `n` batches at once; 1 enqueues the messages without a priority in the file's order")
+	pos, err := c.parse(args, 1, 2)
+	if err != nil {
+		return parseExit(err)
+	}
+	given := c.set()
+	if given["import"] {
+		for _, name := range []string{"file", "id", "priority", "deadline", "meta", "invisible", "lease"} {
+			if given[name] {
+				return parseExit(c.usageError("--import takes the attributes from each line: drop --%s", name))
+			}
+		}
+		if len(pos) > 1 {
+			return parseExit(c.usageError("--import takes no PAYLOAD argument"))
+		}
+		if *inFlight < 1 || *inFlight > maxInFlight {
+			return parseExit(c.usageError("--in-flight must be 1 to %d, not %d", maxInFlight, *inFlight))
+		}
+		return runImport(ctx, c, pos[0], *importFile, *inFlight)
+	}
+	if given["in-flight"] {
+		return parseExit(c.usageError("--in-flight needs --import"))
+	}
+
+	opts := &workers.EnqueueOpts{ID: *id, Metadata: meta, Invisible: *invisible, Lease: *lease}
+	switch {
+	case given["priority"] && given["deadline"]:
+		return parseExit(c.usageError("give --priority or --deadline, not both"))
+	case given["priority"]:
+		opts.Priority = priority
+	case given["deadline"]:
+		if opts.Deadline, err = parseDeadline(*deadline, time.Now()); err != nil {
+			return parseExit(c.usageError("%v", err))
+		}
+	}
+	if *invisible < 0 || *lease < 0 {
+		return parseExit(c.usageError("--invisible and --lease cannot be negative"))
+	}
+	if len(pos) == 2 && given["file"] {
+		return parseExit(c.usageError("give PAYLOAD or --file, not both"))
+	}
+	var payload []byte
+	switch {
+	case len(pos) == 2 && pos[1] != "-":
+		payload = []byte(pos[1])
+	case *file != "" && *file != "-":
+		if payload, err = os.ReadFile(*file); err != nil {
+			return c.fail(fmt.Errorf("reading the payload: %w", err), nil)
+		}
+	default:
+		if isTerminal(os.Stdin) {
+			fmt.Fprintln(stderr, "natstone enqueue: reading the payload from stdin (end it with Ctrl-D)")
+		}
+		if payload, err = io.ReadAll(os.Stdin); err != nil {
+			return c.fail(fmt.Errorf("reading the payload from stdin: %w", err), nil)
+		}
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		r, err := conn.client.Enqueue(ctx, pos[0], payload, opts)
+		if err != nil {
+			return err
+		}
+		return c.output(r, func(w io.Writer) { printEnqueued(w, []subjects.EnqueueReply{r}) })
+	})
+}
+
+func runDequeue(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone dequeue", "QUEUE [flags]", `
+Leases up to --batch pending messages of QUEUE, most urgent (lowest priority) first, and prints
+them with their lease ids: give one to complete, extend, release or cancel. With --wait it waits
+that long for a first message if none is pending. Exits 4 when it got no message, so that
+
+    while natstone dequeue q --json > msg.json; do …; done
+
+ends when the queue is empty. --json prints the protocol's reply, {"messages": [...]}.
+`, stdout, stderr)
+	batch := c.fs.Int("batch", 1, "lease up to `n` messages (1 to 256)")
+	lease := c.fs.Duration("lease", 0, "lease duration (default each message's, else the queue's)")
+	wait := c.fs.Duration("wait", 0, "wait up to this long for a first message (at most 5m)")
+	var filter pairsFlag
+	c.fs.Var(&filter, "filter", "lease only messages with metadata `key=value`, repeatable (all must match)")
+	requestID := c.fs.String("request-id", "", "makes the dequeue retry-safe: a retry with the same `id` within 5 minutes returns the same leases")
+	pos, err := c.parse(args, 1, 1)
+	if err != nil {
+		return parseExit(err)
+	}
+	opts := &workers.DequeueOpts{Batch: *batch, Lease: *lease, Wait: *wait, Filter: filter, RequestID: *requestID}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		msgs, err := conn.client.Dequeue(ctx, pos[0], opts)
+		if err != nil {
+			return err
+		}
+		if err := c.output(wireMessages(msgs), func(w io.Writer) {
+			if len(msgs) > 0 {
+				printMessages(w, msgs, time.Now())
+			}
+		}); err != nil {
+			return err
+		}
+		if len(msgs) == 0 {
+			return fmt.Errorf("%w from %s", errNothingToDequeue, pos[0])
+		}
+		return nil
+	})
+}
+
+// runLeaseOp is complete, extend, release and cancel: an operation on one message that replies
+// with the message.
+func runLeaseOp(ctx context.Context, c *clientCommand, args []string, minArgs int,
+	op func(ctx context.Context, client *workers.Client, queue, id, leaseID string) (workers.Message, error)) int {
+	pos, err := c.parse(args, minArgs, 3)
+	if err != nil {
+		return parseExit(err)
+	}
+	leaseID := ""
+	if len(pos) == 3 {
+		leaseID = pos[2]
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		m, err := op(ctx, conn.client, pos[0], pos[1], leaseID)
+		if err != nil {
+			return err
+		}
+		return c.output(wireMessage(&m), func(w io.Writer) { printMessages(w, []workers.Message{m}, time.Now()) })
+	})
+}
+
+func runComplete(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone complete", "QUEUE ID LEASE [flags]", `
+Completes message ID, leased as LEASE (the lease id a dequeue printed). Completing it again with
+the same lease succeeds. A stale lease fails with lease_mismatch or lease_expired.
+`, stdout, stderr)
+	return runLeaseOp(ctx, c, args, 3, func(ctx context.Context, cl *workers.Client, q, id, lease string) (workers.Message, error) {
+		return cl.Complete(ctx, q, id, lease)
+	})
+}
+
+func runExtend(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone extend", "QUEUE ID LEASE [flags]", `
+Extends lease LEASE of message ID: it then ends --lease from now.
+`, stdout, stderr)
+	lease := c.fs.Duration("lease", 0, "the lease ends this long from now (default the lease the message was dequeued with)")
+	return runLeaseOp(ctx, c, args, 3, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
+		return cl.Extend(ctx, q, id, leaseID, *lease)
+	})
+}
+
+func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone release", "QUEUE ID LEASE [flags]", `
+Gives message ID, leased as LEASE, back to the queue: pending at once, or invisible for --delay.
+The attempt stays spent; a message with no attempt left is errored.
+`, stdout, stderr)
+	delay := c.fs.Duration("delay", 0, "keep the message invisible this long before it is pending again")
+	return runLeaseOp(ctx, c, args, 3, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
+		return cl.Release(ctx, q, id, leaseID, *delay)
+	})
+}
+
+func runCancel(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone cancel", "QUEUE ID [LEASE] [flags]", `
+Cancels message ID unless it is finished. With LEASE it is the lease holder's cancel, which fails
+like complete when the lease is stale; without it, it is unconditional (an operator's).
+`, stdout, stderr)
+	return runLeaseOp(ctx, c, args, 2, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
+		return cl.Cancel(ctx, q, id, leaseID)
+	})
+}
+
+func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone get", "QUEUE ID [flags]", `
+Shows message ID of QUEUE with its payload, in any state until it is garbage-collected.
+`, stdout, stderr)
+	pos, err := c.parse(args, 2, 2)
+	if err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		m, err := conn.client.Get(ctx, pos[0], pos[1])
+		if err != nil {
+			return err
+		}
+		return c.output(wireMessage(&m), func(w io.Writer) { printMessage(w, &m, time.Now()) })
+	})
+}
+
+func runDepth(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone depth", "QUEUE [flags]", `
+Counts the messages of QUEUE in each state; with --filter only those whose metadata has every
+pair. --json prints the protocol's reply, {"queue": ..., "counts": {...}}.
+`, stdout, stderr)
+	var filter pairsFlag
+	c.fs.Var(&filter, "filter", "count only messages with metadata `key=value`, repeatable (all must match)")
+	pos, err := c.parse(args, 1, 1)
+	if err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		counts, err := conn.client.Depth(ctx, pos[0], filter)
+		if err != nil {
+			return err
+		}
+		return c.output(subjects.DepthReply{Queue: pos[0], Counts: counts}, func(w io.Writer) { printDepth(w, pos[0], counts) })
+	})
+}
+
+// isTerminal reports whether f is a terminal (a character device).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// quoteLines is for messages that list line numbers: "3, 17, 2001".
+func quoteLines(lines []int, limit int) string {
+	var parts []string
+	for i, l := range lines {
+		if i == limit {
+			parts = append(parts, fmt.Sprintf("… (%d more)", len(lines)-limit))
+			break
+		}
+		parts = append(parts, fmt.Sprint(l))
+	}
+	return strings.Join(parts, ", ")
+}

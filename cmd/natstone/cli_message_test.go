@@ -1,0 +1,249 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// getMessage runs "get --json" and returns the message.
+func getMessage(t *testing.T, url, queue, id string) subjects.Message {
+	t.Helper()
+	var m subjects.Message
+	r := cli(t, url, "get", queue, id, "--json")
+	r.ok(t)
+	r.decode(t, &m)
+	return m
+}
+
+// payloadText returns a message's text payload, failing if it has none.
+func payloadText(t *testing.T, m subjects.Message) string {
+	t.Helper()
+	if m.Payload == nil {
+		t.Fatalf("message %s has no text payload: %+v", m.ID, m)
+	}
+	return *m.Payload
+}
+
+func TestCLIEnqueue(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	dir := t.TempDir()
+
+	// From the argument, with every attribute.
+	var reply subjects.EnqueueReply
+	r := cli(t, url, "enqueue", "q", "from the argument", "--json", "--id", "arg", "--priority", "-7",
+		"--meta", "kind=encode", "--meta", "project=foo", "--lease", "2m")
+	r.ok(t)
+	r.decode(t, &reply)
+	if reply.ID != "arg" || reply.State != subjects.StatePending || reply.Priority != -7 || reply.Duplicate {
+		t.Fatalf("enqueue: %+v", reply)
+	}
+	m := getMessage(t, url, "q", "arg")
+	if payloadText(t, m) != "from the argument" || m.Metadata["kind"] != "encode" || m.Metadata["project"] != "foo" {
+		t.Fatalf("get arg: %+v", m)
+	}
+
+	// The same id again is a duplicate, and the table says so.
+	rows := tableRows(cli(t, url, "enqueue", "q", "other", "--id", "arg").ok(t))
+	if len(rows) != 2 || !slices.Equal(rows[0], []string{"ID", "STATE", "PRIORITY", "VISIBLE_AT", "DUPLICATE"}) ||
+		rows[1][0] != "arg" || rows[1][2] != "-7" || rows[1][4] != "yes" {
+		t.Fatalf("enqueue of a duplicate: %q", rows)
+	}
+
+	// From a file, bytes as they are.
+	binary := []byte{0, 1, 2, 0xff, '\n'}
+	file := filepath.Join(dir, "payload.bin")
+	if err := os.WriteFile(file, binary, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cli(t, url, "enqueue", "q", "--file", file, "--id", "file").ok(t)
+	if m := getMessage(t, url, "q", "file"); string(m.PayloadBase64) != string(binary) || m.Payload != nil {
+		t.Fatalf("get file: %+v, want payload_base64 of %q", m, binary)
+	}
+
+	// From stdin: without PAYLOAD, with "-", with --file -.
+	for i, args := range [][]string{{"enqueue", "q"}, {"enqueue", "q", "-"}, {"enqueue", "q", "--file", "-"}} {
+		id := "stdin" + strconv.Itoa(i)
+		in := "line one\nline two " + id
+		runCLI(t, cliOpts{stdin: in}, append(args, "--id", id, "--server", url)...).ok(t)
+		if got := payloadText(t, getMessage(t, url, "q", id)); got != in {
+			t.Fatalf("%v: payload %q, want %q", args, got, in)
+		}
+	}
+
+	// An empty payload from an empty stdin.
+	runCLI(t, cliOpts{}, "enqueue", "q", "--id", "empty", "--server", url).ok(t)
+	if m := getMessage(t, url, "q", "empty"); m.Payload != nil && *m.Payload != "" {
+		t.Fatalf("get empty: %+v", m)
+	}
+
+	// --deadline as a time and as a duration from now; --invisible.
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	r = cli(t, url, "enqueue", "q", "d1", "--json", "--deadline", at.Format(time.RFC3339))
+	r.ok(t)
+	r.decode(t, &reply)
+	if reply.Priority != at.UnixMilli() {
+		t.Fatalf("--deadline %v: priority %d, want %d", at, reply.Priority, at.UnixMilli())
+	}
+	before := time.Now()
+	r = cli(t, url, "enqueue", "q", "d2", "--json", "--deadline", "1h", "--invisible", "1h")
+	r.ok(t)
+	r.decode(t, &reply)
+	if p := time.UnixMilli(reply.Priority); p.Before(before.Add(time.Hour)) || p.After(time.Now().Add(time.Hour)) {
+		t.Fatalf("--deadline 1h: priority %v, want an hour from now", p)
+	}
+	if reply.State != subjects.StateInvisible || reply.VisibleAt.Before(before.Add(time.Hour-time.Second)) {
+		t.Fatalf("--invisible 1h: %+v", reply)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"enqueue", "q", "p", "--file", file}, "give PAYLOAD or --file, not both"},
+		{[]string{"enqueue", "q", "--priority", "1", "--deadline", "1h"}, "give --priority or --deadline"},
+		{[]string{"enqueue", "q", "--deadline", "tomorrow"}, "neither an RFC 3339 time"},
+		{[]string{"enqueue", "q", "--meta", "novalue"}, "want key=value"},
+		{[]string{"enqueue", "q", "--meta", "k=1", "--meta", "k=2"}, `key "k" given twice`},
+		{[]string{"enqueue", "q", "--invisible", "-1s"}, "cannot be negative"},
+		{[]string{"enqueue", "q", "--import", "f", "--id", "x"}, "drop --id"},
+		{[]string{"enqueue", "q", "p", "--import", "f"}, "--import takes no PAYLOAD"},
+		{[]string{"enqueue"}, "missing arguments"},
+		{[]string{"enqueue", "q", "x", "--in-flight", "2"}, "--in-flight needs --import"},
+		{[]string{"enqueue", "q", "--import", "f", "--in-flight", "0"}, "--in-flight must be 1 to 64"},
+	} {
+		runCLI(t, cliOpts{}, append(tc.args, "--server", url)...).fails(t, exitUsage, tc.want)
+	}
+	cli(t, url, "enqueue", "q", "--file", filepath.Join(dir, "missing")).fails(t, exitError, "reading the payload")
+	cli(t, url, "enqueue", "q", "x", "--meta", "=v").fails(t, exitUsage, "want key=value")
+	cli(t, url, "enqueue", "bad.name", "x").fails(t, exitError, "natstone: invalid_queue_name: ")
+}
+
+func TestCLIMessageRoundTrip(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	cli(t, url, "queue", "create", "jobs", "--max-attempts", "2").ok(t)
+	for i, kind := range []string{"a", "b", "a"} {
+		cli(t, url, "enqueue", "jobs", "payload "+strconv.Itoa(i), "--id", "m"+strconv.Itoa(i),
+			"--priority", strconv.Itoa(i), "--meta", "kind="+kind).ok(t)
+	}
+
+	// depth, with and without a filter.
+	var depth subjects.DepthReply
+	r := cli(t, url, "depth", "jobs", "--json", "--filter", "kind=a")
+	r.ok(t)
+	r.decode(t, &depth)
+	if depth != (subjects.DepthReply{Queue: "jobs", Counts: subjects.Counts{Pending: 2}}) {
+		t.Fatalf("depth --filter kind=a: %+v", depth)
+	}
+	rows := tableRows(cli(t, url, "depth", "jobs").ok(t))
+	if want := [][]string{
+		{"QUEUE", "PENDING", "RUNNING", "INVISIBLE", "COMPLETED", "CANCELED", "ERRORED"},
+		{"jobs", "3", "0", "0", "0", "0", "0"},
+	}; !slices.EqualFunc(rows, want, slices.Equal) {
+		t.Fatalf("depth: %q, want %q", rows, want)
+	}
+
+	// dequeue: the most urgent first, with its lease.
+	var deq subjects.DequeueReply
+	r = cli(t, url, "dequeue", "jobs", "--json", "--lease", "10s")
+	r.ok(t)
+	r.decode(t, &deq)
+	if len(deq.Messages) != 1 || deq.Messages[0].ID != "m0" || payloadText(t, deq.Messages[0]) != "payload 0" ||
+		deq.Messages[0].LeaseID == "" || deq.Messages[0].State != subjects.StateRunning || deq.Messages[0].Attempts != 1 {
+		t.Fatalf("dequeue: %+v", deq)
+	}
+	m0 := deq.Messages[0]
+
+	// extend moves the expiry; a wrong lease is lease_mismatch (exit 1).
+	var m subjects.Message
+	r = cli(t, url, "extend", "jobs", "m0", m0.LeaseID, "--lease", "1h", "--json")
+	r.ok(t)
+	r.decode(t, &m)
+	if m.LeaseExpiresAt == nil || !m.LeaseExpiresAt.After(m0.LeaseExpiresAt.Add(30*time.Minute)) || m.Payload != nil {
+		t.Fatalf("extend: %+v (dequeued: %+v)", m, m0)
+	}
+	cli(t, url, "complete", "jobs", "m0", "not-the-lease").fails(t, exitError, "natstone: lease_mismatch: ")
+	rows = tableRows(cli(t, url, "complete", "jobs", "m0", m0.LeaseID).ok(t))
+	if len(rows) != 2 || rows[0][0] != "ID" || rows[1][0] != "m0" || rows[1][1] != "completed" {
+		t.Fatalf("complete: %q", rows)
+	}
+	cli(t, url, "complete", "jobs", "m0", m0.LeaseID).ok(t) // idempotent
+
+	// dequeue with a filter and a table; release with a delay makes it invisible.
+	out := cli(t, url, "dequeue", "jobs", "--filter", "kind=a").ok(t)
+	rows = tableRows(out)
+	if len(rows) != 2 || !slices.Equal(rows[0], []string{"ID", "STATE", "PRIORITY", "ATTEMPTS", "LEASE", "EXPIRES", "METADATA", "PAYLOAD"}) ||
+		rows[1][0] != "m2" || rows[1][3] != "1/2" || rows[1][6] != "kind=a" || !strings.HasSuffix(out, "payload 2\n") {
+		t.Fatalf("dequeue --filter kind=a:\n%s", out)
+	}
+	lease2 := rows[1][4]
+	r = cli(t, url, "release", "jobs", "m2", lease2, "--delay", "1h", "--json")
+	r.ok(t)
+	r.decode(t, &m)
+	if m.State != subjects.StateInvisible || m.VisibleAt.Before(time.Now().Add(50*time.Minute)) {
+		t.Fatalf("release --delay 1h: %+v", m)
+	}
+
+	// cancel: the holder's, fenced by its lease, and an operator's without one.
+	r = cli(t, url, "dequeue", "jobs", "--json", "--batch", "5", "--request-id", "r1")
+	r.ok(t)
+	r.decode(t, &deq)
+	if len(deq.Messages) != 1 || deq.Messages[0].ID != "m1" {
+		t.Fatalf("dequeue --batch 5: %+v", deq)
+	}
+	var again subjects.DequeueReply // the same request id: the same lease
+	r = cli(t, url, "dequeue", "jobs", "--json", "--request-id", "r1")
+	r.ok(t)
+	r.decode(t, &again)
+	if len(again.Messages) != 1 || again.Messages[0].LeaseID != deq.Messages[0].LeaseID {
+		t.Fatalf("dequeue retried with --request-id: %+v, first %+v", again, deq)
+	}
+	cli(t, url, "cancel", "jobs", "m1", "stale").fails(t, exitError, "natstone: lease_mismatch: ")
+	r = cli(t, url, "cancel", "jobs", "m1", deq.Messages[0].LeaseID, "--json")
+	r.ok(t)
+	r.decode(t, &m)
+	if m.State != subjects.StateCanceled {
+		t.Fatalf("cancel with lease: %+v", m)
+	}
+	r = cli(t, url, "cancel", "jobs", "m2", "--json")
+	r.ok(t)
+	r.decode(t, &m)
+	if m.State != subjects.StateCanceled || m.EndedAt == nil {
+		t.Fatalf("cancel without lease: %+v", m)
+	}
+
+	// get: every message, in its final state.
+	for id, want := range map[string]subjects.State{"m0": subjects.StateCompleted, "m1": subjects.StateCanceled, "m2": subjects.StateCanceled} {
+		if m := getMessage(t, url, "jobs", id); m.State != want {
+			t.Errorf("get %s: state %s, want %s", id, m.State, want)
+		}
+	}
+	out = cli(t, url, "get", "jobs", "m0").ok(t)
+	if field(t, out, "State") != "completed" || field(t, out, "Attempts") != "1 of 2" || !strings.HasSuffix(out, "\npayload 0\n") {
+		t.Fatalf("get m0:\n%s", out)
+	}
+
+	// Nothing left: exit 4, also after a wait, with an empty document for --json.
+	r = cli(t, url, "dequeue", "jobs", "--json")
+	r.fails(t, exitEmpty, "natstone: nothing to dequeue from jobs")
+	r.decode(t, &deq)
+	if deq.Messages == nil || len(deq.Messages) != 0 {
+		t.Fatalf("empty dequeue --json: %q", r.stdout)
+	}
+	r = cli(t, url, "dequeue", "jobs", "--wait", "100ms")
+	r.fails(t, exitEmpty, "nothing to dequeue")
+	if r.stdout != "" {
+		t.Fatalf("empty dequeue printed %q", r.stdout)
+	}
+	cli(t, url, "get", "jobs", "nope").fails(t, exitNotFound, "natstone: message_not_found: ")
+	cli(t, url, "complete", "jobs", "m0").fails(t, exitUsage, "missing arguments")
+	cli(t, url, "extend", "jobs", "m0", "l", "x").fails(t, exitUsage, `unexpected argument "x"`)
+}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/workers"
+)
+
+// queueCommands are the subcommands of "natstone queue".
+var queueCommands = []command{
+	{name: "create", summary: "create a queue (again with the same config: returns it)", run: runQueueCreate},
+	{name: "ls", summary: "list the queues with their message counts", run: runQueueList},
+	{name: "info", summary: "show a queue's config, revision and message counts", run: runQueueInfo},
+	{name: "update", summary: "change a queue's config, block or unblock it", run: runQueueUpdate},
+	{name: "rm", summary: "delete a queue with all its messages", run: runQueueDelete},
+}
+
+// runQueue is "natstone queue": it dispatches to a subcommand.
+func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, "natstone queue: missing command\n\n")
+		queueUsage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		queueUsage(stderr) // "natstone help queue" passes stdout here
+		return exitOK
+	}
+	for _, c := range queueCommands {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "natstone queue: unknown command %q\n\n", args[0])
+	queueUsage(stderr)
+	return exitUsage
+}
+
+func queueUsage(w io.Writer) {
+	fmt.Fprint(w, "Usage: natstone queue <command> [flags]\n\nCommands:\n")
+	for _, c := range queueCommands {
+		fmt.Fprintf(w, "  %-7s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun \"natstone queue <command> -h\" for the flags of a command.\n")
+	fmt.Fprint(w, exitCodesHelp)
+}
+
+func runQueueCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone queue create", "NAME [flags]", `
+Creates the queue NAME and prints it. Creating a queue that exists with the same config returns it;
+with a different config it fails with queue_exists. A flag not given takes the broker's default;
+a 0 does too, except for --retention, where 0 collects finished messages at once.
+`, stdout, stderr)
+	typ := c.fs.String("type", string(subjects.Simple), "queue `type`: simple or exclusive")
+	key := c.fs.String("key", "", "exclusivity `key`: the metadata key whose value may run once at a time (implies --type exclusive)")
+	lease := c.fs.Duration("lease", subjects.DefaultLease, "lease of a dequeue that does not ask for one")
+	invisible := c.fs.Duration("invisible", 0, "invisibility of an enqueue that does not ask for one")
+	maxAttempts := c.fs.Int("max-attempts", subjects.DefaultMaxAttempts, "how many times a message may be dequeued")
+	retention := c.fs.Duration("retention", subjects.DefaultRetention, "how long completed, canceled and errored messages are kept")
+	maxPayload := c.fs.Int("max-payload", subjects.DefaultMaxPayloadBytes, "largest payload accepted, in `bytes`")
+	maxMetadata := c.fs.Int("max-metadata", subjects.DefaultMaxMetadataPairs, "most metadata `pairs` per message")
+	pos, err := c.parse(args, 1, 1)
+	if err != nil {
+		return parseExit(err)
+	}
+	given := c.set()
+	opts := &workers.QueueOpts{Type: subjects.QueueType(*typ), ExclusivityKey: *key}
+	switch {
+	case opts.Type != subjects.Simple && opts.Type != subjects.Exclusive:
+		return parseExit(c.usageError("--type must be simple or exclusive, not %q", *typ))
+	case given["key"] && !given["type"]:
+		opts.Type = subjects.Exclusive
+	}
+	if given["lease"] {
+		opts.Lease = *lease
+	}
+	if given["invisible"] {
+		opts.Invisible = *invisible
+	}
+	if given["max-attempts"] {
+		opts.MaxAttempts = *maxAttempts
+	}
+	if given["retention"] {
+		opts.Retention = retention
+	}
+	if given["max-payload"] {
+		opts.MaxPayloadBytes = *maxPayload
+	}
+	if given["max-metadata"] {
+		opts.MaxMetadataPairs = *maxMetadata
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		info, err := conn.client.CreateQueue(ctx, pos[0], opts)
+		if err != nil {
+			return err
+		}
+		return c.output(info, func(w io.Writer) { printQueue(w, &info) })
+	})
+}
+
+func runQueueList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone queue ls", "[flags]", `
+Lists every queue, sorted by name, with its message counts. --json prints the protocol's list
+reply: {"queues": [...]}.
+`, stdout, stderr)
+	if _, err := c.parse(args, 0, 0); err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		queues, err := conn.client.Queues(ctx)
+		if err != nil {
+			return err
+		}
+		if queues == nil {
+			queues = []subjects.QueueInfo{}
+		}
+		return c.output(subjects.ListReply{Queues: queues}, func(w io.Writer) { printQueues(w, queues) })
+	})
+}
+
+func runQueueInfo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone queue info", "NAME [flags]", `
+Shows a queue's config, its revision (for "queue update --revision") and its message counts.
+`, stdout, stderr)
+	pos, err := c.parse(args, 1, 1)
+	if err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		info, err := conn.client.Queue(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		return c.output(info, func(w io.Writer) { printQueue(w, &info) })
+	})
+}
+
+func runQueueUpdate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone queue update", "NAME [flags]", `
+Changes the settings given and prints the queue; the others keep their values. The type and the
+exclusivity key cannot change. With --revision the update applies only if the config is still at
+that revision (compare-and-swap), else it fails with revision_mismatch.
+`, stdout, stderr)
+	lease := c.fs.Duration("lease", 0, "lease of a dequeue that does not ask for one")
+	invisible := c.fs.Duration("invisible", 0, "invisibility of an enqueue that does not ask for one")
+	maxAttempts := c.fs.Int("max-attempts", 0, "how many times a message may be dequeued")
+	retention := c.fs.Duration("retention", 0, "how long completed, canceled and errored messages are kept (0: collect at once)")
+	maxPayload := c.fs.Int("max-payload", 0, "largest payload accepted, in `bytes`")
+	maxMetadata := c.fs.Int("max-metadata", 0, "most metadata `pairs` per message")
+	blockEnqueue := c.fs.Bool("block-enqueue", false, "refuse enqueues (queue_blocked)")
+	unblockEnqueue := c.fs.Bool("unblock-enqueue", false, "accept enqueues again")
+	blockDequeue := c.fs.Bool("block-dequeue", false, "refuse dequeues (queue_blocked)")
+	unblockDequeue := c.fs.Bool("unblock-dequeue", false, "allow dequeues again")
+	revision := c.fs.Uint64("revision", 0, "apply only if the config is at this `revision` (see queue info)")
+	pos, err := c.parse(args, 1, 1)
+	if err != nil {
+		return parseExit(err)
+	}
+	given := c.set()
+	u := &workers.QueueUpdate{Revision: *revision}
+	durations := map[string]struct {
+		v   *time.Duration
+		dst **time.Duration
+	}{
+		"lease":     {lease, &u.Lease},
+		"invisible": {invisible, &u.Invisible},
+		"retention": {retention, &u.Retention},
+	}
+	for name, d := range durations {
+		if given[name] {
+			*d.dst = d.v
+		}
+	}
+	ints := map[string]struct {
+		v   *int
+		dst **int
+	}{
+		"max-attempts": {maxAttempts, &u.MaxAttempts},
+		"max-payload":  {maxPayload, &u.MaxPayloadBytes},
+		"max-metadata": {maxMetadata, &u.MaxMetadataPairs},
+	}
+	for name, n := range ints {
+		if given[name] {
+			*n.dst = n.v
+		}
+	}
+	if u.EnqueueBlocked, err = blockFlag(c, "enqueue", *blockEnqueue, *unblockEnqueue); err != nil {
+		return parseExit(err)
+	}
+	if u.DequeueBlocked, err = blockFlag(c, "dequeue", *blockDequeue, *unblockDequeue); err != nil {
+		return parseExit(err)
+	}
+	if u.Lease == nil && u.Invisible == nil && u.Retention == nil && u.MaxAttempts == nil &&
+		u.MaxPayloadBytes == nil && u.MaxMetadataPairs == nil && u.EnqueueBlocked == nil && u.DequeueBlocked == nil {
+		return parseExit(c.usageError("nothing to update: give at least one setting"))
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		info, err := conn.client.UpdateQueue(ctx, pos[0], u)
+		if err != nil {
+			return err
+		}
+		return c.output(info, func(w io.Writer) { printQueue(w, &info) })
+	})
+}
+
+// blockFlag merges --block-<what> and --unblock-<what> into the update's flag: nil for neither.
+func blockFlag(c *clientCommand, what string, block, unblock bool) (*bool, error) {
+	switch {
+	case block && unblock:
+		return nil, c.usageError("give --block-%s or --unblock-%s, not both", what, what)
+	case block, unblock:
+		return &block, nil
+	}
+	return nil, nil
+}
+
+func runQueueDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone queue rm", "NAME [flags]", `
+Deletes the queue with all its messages, at once and without asking, and prints how many messages
+went with it. Dequeues long-polling on it return empty.
+`, stdout, stderr)
+	pos, err := c.parse(args, 1, 1)
+	if err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		r, err := conn.client.DeleteQueue(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		return c.output(r, func(w io.Writer) {
+			fmt.Fprintf(w, "deleted queue %s with %d messages\n", r.Name, r.Messages)
+		})
+	})
+}
