@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,10 +20,33 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/embedded"
 	"github.com/natstone/natstone/test/natstest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// natstoneBin is the natstone binary, built by TestMain for the CLI examples.
+var natstoneBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "natstone-e2e")
+	if err != nil {
+		panic(err)
+	}
+	natstoneBin = filepath.Join(dir, "natstone")
+	if out, err := exec.Command("go", "build", "-o", natstoneBin, "../../cmd/natstone").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build natstone: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // natsReq is one `nats req` line of the docs.
 type natsReq struct {
@@ -140,3 +167,95 @@ func runDoc(t *testing.T, path string) {
 func TestREADMEQuickStart(t *testing.T) { t.Parallel(); runDoc(t, "../../README.md") }
 
 func TestProtocolExamples(t *testing.T) { t.Parallel(); runDoc(t, "../../docs/protocol.md") }
+
+// cliLine matches a README line that runs the natstone CLI: `natstone ARGS…  # comment`.
+var cliLine = regexp.MustCompile(`^natstone ((?:[^#'\s]+|'[^']*'|\s+)+?)\s*(?:#\s*(.*))?$`)
+var cliArg = regexp.MustCompile(`'[^']*'|[^\s']+`)
+
+// TestREADMECLI runs every natstone command of the README's quick start against a real natstone,
+// checking the exit codes and the messages its comments promise.
+func TestREADMECLI(t *testing.T) {
+	t.Parallel()
+	ns, err := embedded.Start(context.Background(), &embedded.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ns.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	f, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lastLease string
+	ran, inSh := 0, false
+	for _, line := range strings.Split(string(f), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "```sh"):
+			inSh = true
+			continue
+		case strings.HasPrefix(line, "```"):
+			inSh = false
+			continue
+		}
+		if !inSh || !strings.HasPrefix(line, "natstone ") || strings.HasPrefix(line, "natstone serve") {
+			continue
+		}
+		m := cliLine.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("cannot parse %q", line)
+		}
+		var args []string
+		for _, a := range cliArg.FindAllString(m[1], -1) {
+			a = strings.Trim(a, "'")
+			if a == "<lease-id>" {
+				a = lastLease
+			}
+			args = append(args, a)
+		}
+		args = append(args, "--server", ns.ClientURL())
+		isDequeue := args[0] == "dequeue"
+		if isDequeue {
+			args = append(args, "--json") // to read the lease id the next lines use
+		}
+		cmd := exec.Command(natstoneBin, args...)
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir(), "NATS_URL=", "NATS_CONTEXT=")
+		out, err := cmd.Output()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		ran++
+		want := 0
+		if strings.Contains(m[2], "(exit 4)") {
+			want = 4
+		}
+		if code != want {
+			t.Fatalf("%s: exit %d, want %d; output:\n%s", line, code, want, out)
+		}
+		if isDequeue && code == 0 {
+			var dq struct {
+				Messages []struct {
+					ID      string `json:"id"`
+					LeaseID string `json:"lease_id"`
+				} `json:"messages"`
+			}
+			if err := json.Unmarshal(out, &dq); err != nil || len(dq.Messages) == 0 {
+				t.Fatalf("%s: %s (%v)", line, out, err)
+			}
+			lastLease = dq.Messages[0].LeaseID
+			if word, _, _ := strings.Cut(m[2], ":"); word != "" && dq.Messages[0].ID != word {
+				t.Fatalf("%s: got %s, the README promises %s", line, dq.Messages[0].ID, word)
+			}
+		}
+	}
+	if ran < 5 {
+		t.Fatalf("ran only %d README commands", ran)
+	}
+}
