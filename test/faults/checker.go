@@ -105,18 +105,32 @@ func (c *checker) collectLeases() {
 			l.possibleEnd = op.ExpiresAt
 		}
 	}
-	for _, op := range c.run.Ops {
-		l := c.leases[op.LeaseID]
-		if l == nil || op.LeaseID == "" {
-			continue
+	byMsg := map[msgKey][]*lease{}
+	for _, l := range c.leases {
+		k := msgKey{l.queue, l.MessageID}
+		byMsg[k] = append(byMsg[k], l)
+	}
+	end := func(l *lease, op Op) {
+		if op.Outcome != Failed && op.Start.Before(l.certainEnd) {
+			l.certainEnd = op.Start // it may have ended as soon as this was sent
 		}
-		switch op.Kind {
-		case Complete, Release, Cancel:
-			if op.Outcome != Failed && op.Start.Before(l.certainEnd) {
-				l.certainEnd = op.Start // it may have ended as soon as this was sent
+		if op.Outcome == OK && op.End.Before(l.possibleEnd) && l.GrantedAt.Before(op.Start) {
+			l.possibleEnd = op.End // it had certainly ended when the reply came
+		}
+	}
+	for _, op := range c.run.Ops {
+		switch {
+		case op.Kind != Complete && op.Kind != Release && op.Kind != Cancel:
+		case op.LeaseID != "":
+			if l := c.leases[op.LeaseID]; l != nil {
+				end(l, op)
 			}
-			if op.Outcome == OK && op.End.Before(l.possibleEnd) {
-				l.possibleEnd = op.End // it had certainly ended when the reply came
+		case op.Kind == Cancel:
+			// An operator's cancel (no lease id) ends whichever lease the message had when it landed.
+			for _, l := range byMsg[msgKey{op.Queue, op.MessageID}] {
+				if l.GrantedAt.Before(op.End) {
+					end(l, op)
+				}
 			}
 		}
 	}

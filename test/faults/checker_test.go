@@ -108,6 +108,16 @@ func TestChecker(t *testing.T) {
 			}, Final: finals("x/a", "running", 1, "x/b", "pending", 0, "x/c", "running", 1)},
 		},
 		{
+			name: "an operator's cancel (no lease id) ends the running lease: the value is free",
+			run: Run{Ops: []Op{
+				enq("x", "a", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "b", 2, 0, 2, map[string]string{"p": "foo"}),
+				deq("x", "r1", 10, 12, ls("a", "L1", 1, "foo", 11, 1011)),
+				{Kind: Cancel, Queue: "x", MessageID: "a", Start: at(100), End: at(102), Outcome: OK},
+				deq("x", "r2", 200, 202, ls("b", "L2", 2, "foo", 201, 1201)),
+			}, Final: finals("x/a", "canceled", 1, "x/b", "running", 1)},
+		},
+		{
 			name: "a stale holder's complete accepted",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),

@@ -224,14 +224,21 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	enqueued := make(chan enqueuedID, 1024) // recently acknowledged enqueues, for the operator
 	for p := range cfg.producers {
 		c := connect(fmt.Sprintf("producer-%d", p))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			produce(c, stop, stats)
+			produce(c, stop, stats, enqueued)
 		}()
 	}
+	operator := connect("operator")
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		cancelSome(operator, stop, enqueued)
+	}()
 	for w := range cfg.workers {
 		c := connect(fmt.Sprintf("worker-%d", w))
 		wg.Add(1)
@@ -328,8 +335,33 @@ func (s *runStats) add(f func(*runStats)) {
 	s.mu.Unlock()
 }
 
+// enqueuedID is a message some producer enqueued.
+type enqueuedID struct{ queue, id string }
+
+// cancelSome is an operator canceling messages (without a lease id) while workers race to dequeue
+// them: a cancel acknowledged must stick, whatever the dequeues do.
+func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 42))
+	for {
+		var m enqueuedID
+		select {
+		case <-stop:
+			return
+		case m = <-ids:
+		}
+		if rng.IntN(8) != 0 {
+			continue // cancel about one message in eight
+		}
+		op := Op{Kind: Cancel, Queue: m.queue, Client: c.name, MessageID: m.id, Start: time.Now()}
+		var r subjects.Message
+		op.Outcome, op.Code = c.call(subjects.OpCancel, m.queue, subjects.LeaseRequest{ID: m.id}, &r)
+		op.End = time.Now()
+		c.h.Add(op)
+	}
+}
+
 // produce enqueues until stop, retrying an enqueue of unknown outcome with the same id.
-func produce(c *client, stop <-chan struct{}, stats *runStats) {
+func produce(c *client, stop <-chan struct{}, stats *runStats, enqueued chan<- enqueuedID) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(len(c.name))))
 	for n := 0; ; n++ {
 		select {
@@ -361,6 +393,10 @@ func produce(c *client, stop <-chan struct{}, stats *runStats) {
 			c.h.Add(op)
 			if op.Outcome == OK {
 				stats.add(func(s *runStats) { s.enqueued++ })
+				select {
+				case enqueued <- enqueuedID{queue, req.ID}:
+				default:
+				}
 			}
 			if op.Outcome != Unknown && op.Code != "no_responders" {
 				break
