@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
-	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/embedded"
+	"github.com/natstone/natstone/test/brokertest"
 	"github.com/natstone/natstone/test/natstest"
 )
 
@@ -97,22 +95,11 @@ func docRequests(t *testing.T, path string) []natsReq {
 	return out
 }
 
-// startBroker runs a broker the way `natstone serve` does, on an in-process server.
+// startBroker runs a broker on an in-process server and returns a client connection to it.
 func startBroker(t *testing.T) *nats.Conn {
 	t.Helper()
 	srv := natstest.Start(t, nil)
-	b, err := broker.New(&broker.Config{Conn: srv.Connect(t), StoreConn: srv.Connect(t), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
-	})
+	brokertest.Start(t, srv)
 	return srv.Connect(t)
 }
 

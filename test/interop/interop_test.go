@@ -8,8 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"maps"
 	"os"
 	"os/exec"
@@ -24,7 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
-	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/test/brokertest"
 	"github.com/natstone/natstone/test/natstest"
 )
 
@@ -226,22 +224,7 @@ func ensureNodeModules(t *testing.T) {
 // startBroker runs a broker on srv until the test ends.
 func startBroker(t *testing.T, srv *natstest.Server) {
 	t.Helper()
-	b, err := broker.New(&broker.Config{
-		Conn:      srv.Connect(t),
-		StoreConn: srv.Connect(t),
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
-	})
+	brokertest.Start(t, srv)
 }
 
 // runClient runs `node client.mjs queue` with NATS_URL=url and returns its summary, failing the test
