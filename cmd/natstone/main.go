@@ -40,6 +40,7 @@ var commands = []command{
 	{name: "cancel", summary: "cancel a message (fenced by its lease when one is given)", run: runCancel},
 	{name: "get", summary: "show a message with its payload", run: runGet},
 	{name: "depth", summary: "count a queue's messages by state, optionally filtered by metadata", run: runDepth},
+	{name: "bench", summary: "measure natstone against plain JetStream on this machine (docs/performance.md)", run: runBench},
 }
 
 func main() {

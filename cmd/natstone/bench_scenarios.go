@@ -1,0 +1,565 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/subjects"
+)
+
+// The scenarios drive natstone through its request/reply API, with the JSON bodies a client sends.
+// Every queue is created with --retention (default 0: completed messages are collected at once) and
+// deleted when the last scenario using it ends.
+
+// benchS3PayloadBytes is S3's payload size (PERFORMANCE.md: 2 KiB), and benchS3Batch its enqueue_batch size.
+const (
+	benchS3PayloadBytes = 2048
+	benchS3Batch        = 100
+)
+
+// benchS5PayloadBytes is the size of S5's small payloads.
+const benchS5PayloadBytes = 16
+
+// benchS7Values is how many exclusivity values S7's messages spread over.
+const benchS7Values = 10_000
+
+// pendingMessage returns message i of a plain fill: random priority, --payload bytes, no id (the
+// broker generates one) and no metadata.
+func (b *bench) pendingMessage(i int) subjects.EnqueueRequest {
+	return subjects.EnqueueRequest{Priority: benchPriority(i), Payload: b.payload}
+}
+
+// cycles runs workers that each dequeue batch messages and complete them one by one, until the
+// queue is drained, --duration has passed or --pending messages are done. Latency: the dequeue.
+func (b *bench) cycles(ctx context.Context, env *benchEnv, name, queue string, batch int) (benchResult, error) {
+	req := subjects.DequeueRequest{Batch: batch}
+	return benchClosedLoop(ctx, b.p, name, b.cfg.workers, b.cfg.duration, int64(b.cfg.pending), func(ctx context.Context, w int) (int, time.Duration, error) {
+		nc := env.conn(w)
+		t0 := time.Now()
+		var rep subjects.DequeueReply
+		if err := env.call(ctx, nc, subjects.OpDequeue, queue, req, &rep); err != nil {
+			return 0, 0, err
+		}
+		lat := time.Since(t0)
+		if len(rep.Messages) == 0 {
+			return 0, 0, errBenchDrained
+		}
+		for _, m := range rep.Messages {
+			if err := env.call(ctx, nc, subjects.OpComplete, queue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, nil); err != nil {
+				return 0, 0, err
+			}
+		}
+		return len(rep.Messages), lat, nil
+	})
+}
+
+// cycleScenario fills a queue of its own with --pending messages (gen builds them), runs cycles on it
+// and deletes it.
+func (b *bench) cycleScenario(ctx context.Context, env *benchEnv, name string, batch int, cfg subjects.CreateQueueRequest,
+	gen func(i int) subjects.EnqueueRequest) (benchResult, error) {
+	queue := benchQueueName(name)
+	if err := env.createQueue(ctx, queue, cfg); err != nil {
+		return benchResult{}, err
+	}
+	if err := env.fill(ctx, b.p, name+" fill", queue, b.cfg.pending, gen); err != nil {
+		return benchResult{}, err
+	}
+	r, err := b.cycles(ctx, env, name, queue, batch)
+	if err != nil {
+		return r, err
+	}
+	return r, env.deleteQueue(ctx, queue)
+}
+
+// benchMainQueue is the simple queue S1, S2, S4 and S6 share, so that it is filled once: before each of
+// them it is topped up to --pending pending messages with what the one before consumed.
+type benchMainQueue struct {
+	name     string
+	enqueued int // messages enqueued so far: the next message's index
+	consumed int // messages completed since the last top-up
+}
+
+// sharedQueue returns the shared queue's name, creating and filling it, or topping it up, first.
+func (b *bench) sharedQueue(ctx context.Context, env *benchEnv, scenario string) (string, error) {
+	m := b.main
+	if m == nil {
+		m = &benchMainQueue{name: benchQueueName("main")}
+		if err := env.createQueue(ctx, m.name, subjects.CreateQueueRequest{}); err != nil {
+			return "", err
+		}
+		if err := env.fill(ctx, b.p, scenario+" fill", m.name, b.cfg.pending, b.pendingMessage); err != nil {
+			return "", err
+		}
+		m.enqueued = b.cfg.pending
+		b.main = m
+		return m.name, nil
+	}
+	if m.consumed > 0 {
+		from := m.enqueued
+		if err := env.fill(ctx, b.p, scenario+" top-up", m.name, m.consumed, func(i int) subjects.EnqueueRequest {
+			return b.pendingMessage(from + i)
+		}); err != nil {
+			return "", err
+		}
+		m.enqueued += m.consumed
+		m.consumed = 0
+	}
+	return m.name, nil
+}
+
+// dropSharedQueue deletes the shared queue, if there is one.
+func (b *bench) dropSharedQueue(ctx context.Context, env *benchEnv) error {
+	if b.main == nil {
+		return nil
+	}
+	name := b.main.name
+	b.main = nil
+	return env.deleteQueue(ctx, name)
+}
+
+// sharedCycles runs cycles on the shared queue.
+func (b *bench) sharedCycles(ctx context.Context, env *benchEnv, name string, batch int, profile bool) (benchResult, error) {
+	queue, err := b.sharedQueue(ctx, env, name)
+	if err != nil {
+		return benchResult{}, err
+	}
+	if profile {
+		stop, err := benchStartProfiles(b.cfg.cpuProfile, b.cfg.blockProfile)
+		if err != nil {
+			return benchResult{}, err
+		}
+		r, err := b.cycles(ctx, env, name, queue, batch)
+		b.main.consumed += int(r.ops)
+		return r, errors.Join(err, stop())
+	}
+	r, err := b.cycles(ctx, env, name, queue, batch)
+	b.main.consumed += int(r.ops)
+	return r, err
+}
+
+// benchBlockProfileRate is the block profile's sampling: about one event per this many nanoseconds
+// spent blocked.
+const benchBlockProfileRate = 10_000
+
+// benchStartProfiles writes a CPU profile to cpuFile and a block profile (where goroutines wait:
+// channels, mutexes, selects) to blockFile, each if named, until stop is called.
+func benchStartProfiles(cpuFile, blockFile string) (stop func() error, err error) {
+	var cpu *os.File
+	if cpuFile != "" {
+		if cpu, err = os.Create(cpuFile); err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(cpu); err != nil {
+			cpu.Close()
+			return nil, err
+		}
+	}
+	if blockFile != "" {
+		runtime.SetBlockProfileRate(benchBlockProfileRate)
+	}
+	return func() error {
+		var errs []error
+		if cpu != nil {
+			pprof.StopCPUProfile()
+			errs = append(errs, cpu.Close())
+		}
+		if blockFile != "" {
+			runtime.SetBlockProfileRate(0)
+			f, err := os.Create(blockFile)
+			if err == nil {
+				err = errors.Join(pprof.Lookup("block").WriteTo(f, 0), f.Close())
+			}
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}, nil
+}
+
+// benchQueueName turns a row name into a queue name.
+func benchQueueName(row string) string {
+	out := []byte("bench-")
+	for _, c := range []byte(row) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
+			out = append(out, c)
+		default:
+			out = append(out, '_')
+		}
+	}
+	return string(out)
+}
+
+func (b *bench) cycleNotes(batch int) string {
+	return fmt.Sprintf("%d pending at start, %d workers, dequeue batch %d then complete each; latency: dequeue", b.cfg.pending, b.cfg.workers, batch)
+}
+
+// s1 is S1: dequeue batch 1 + complete, against B-WQ(1).
+func (b *bench) s1(ctx context.Context, env *benchEnv) error {
+	r, err := b.sharedCycles(ctx, env, "S1", 1, true)
+	if err != nil {
+		return err
+	}
+	row := benchRateRow("S1", "cycles/s", r, b.cycleNotes(1))
+	row.Kind = benchKindScenario
+	b.compare(row, "B-WQ(1)", 1, benchAtLeast(1.0))
+	b.add(row)
+	return nil
+}
+
+// s2 is S2: dequeue batch 10 + complete, against B-CAS/2.
+func (b *bench) s2(ctx context.Context, env *benchEnv) error {
+	r, err := b.sharedCycles(ctx, env, "S2", 10, false)
+	if err != nil {
+		return err
+	}
+	row := benchRateRow("S2", "cycles/s", r, b.cycleNotes(10))
+	row.Kind = benchKindScenario
+	b.compare(row, "B-CAS", 0.5, benchAtLeast(0.5))
+	b.add(row)
+	return nil
+}
+
+// s3 is S3: enqueue 2 KiB messages with the single API (one message per request, --workers
+// concurrent clients) and with enqueue_batch of 100, against B-PUT of the same size.
+func (b *bench) s3(ctx context.Context, env *benchEnv) error {
+	payload := benchPayload(benchS3PayloadBytes)
+	base := fmt.Sprintf("B-PUT(%dB)", benchS3PayloadBytes)
+	for _, batch := range []int{1, benchS3Batch} {
+		name := "S3-single"
+		op, body := subjects.OpEnqueue, any(subjects.EnqueueRequest{Payload: payload})
+		if batch > 1 {
+			name = "S3-batch"
+			msgs := make([]subjects.EnqueueRequest, batch)
+			for i := range msgs {
+				msgs[i].Payload = payload
+			}
+			op, body = subjects.OpEnqueueBatch, subjects.EnqueueBatchRequest{Messages: msgs}
+		}
+		queue := benchQueueName(name)
+		if err := env.createQueue(ctx, queue, subjects.CreateQueueRequest{}); err != nil {
+			return err
+		}
+		r, err := benchClosedLoop(ctx, b.p, name, b.cfg.workers, b.cfg.duration, int64(b.cfg.pending), func(ctx context.Context, w int) (int, time.Duration, error) {
+			t0 := time.Now()
+			if err := env.call(ctx, env.conn(w), op, queue, body, nil); err != nil {
+				return 0, 0, err
+			}
+			return batch, time.Since(t0), nil
+		})
+		if err != nil {
+			return err
+		}
+		if err := env.deleteQueue(ctx, queue); err != nil {
+			return err
+		}
+		row := benchRateRow(name, "msgs/s", r, fmt.Sprintf("%d-byte payloads, %d messages per request, %d concurrent clients; latency: request", benchS3PayloadBytes, batch, b.cfg.workers))
+		row.Kind = benchKindScenario
+		b.compare(row, base, 1, benchAtLeast(0.5))
+		b.add(row)
+	}
+	return nil
+}
+
+// s4 is S4: dequeue latency at half of S1's measured rate, open loop, on the shared queue topped up
+// to --pending, against bare request/reply at the same rate (B-REQ@S4, measured just before).
+func (b *bench) s4(ctx context.Context, env *benchEnv) error {
+	s1 := b.row("S1")
+	if s1 == nil || s1.Figure <= 0 {
+		return errors.New("S4: needs S1's rate")
+	}
+	rate := s1.Figure / 2
+	base, err := b.baselineREQ(ctx, env, "B-REQ@S4", rate)
+	if err != nil {
+		return err
+	}
+	b.add(base)
+	queue, err := b.sharedQueue(ctx, env, "S4")
+	if err != nil {
+		return err
+	}
+	var next atomic.Int64
+	req := subjects.DequeueRequest{Batch: 1}
+	count := min(int64(b.cfg.pending), int64(rate*b.cfg.duration.Seconds()))
+	r, err := benchOpenLoop(ctx, b.p, "S4", rate, b.cfg.duration, count, func(ctx context.Context) (time.Time, error) {
+		nc := env.conn(int(next.Add(1)))
+		var rep subjects.DequeueReply
+		if err := env.call(ctx, nc, subjects.OpDequeue, queue, req, &rep); err != nil {
+			return time.Time{}, err
+		}
+		end := time.Now()
+		if len(rep.Messages) == 0 {
+			return end, errors.New("the queue ran dry")
+		}
+		for _, m := range rep.Messages {
+			if err := env.call(ctx, nc, subjects.OpComplete, queue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, nil); err != nil {
+				return end, err
+			}
+		}
+		return end, nil
+	})
+	b.main.consumed += int(r.ops)
+	if err != nil {
+		return err
+	}
+	row := &benchRow{Name: "S4", Kind: benchKindScenario, Figure: benchMS(r.lat.P99), Unit: "ms (p99)", Ops: r.ops, Seconds: r.elapsed.Seconds(), CPU: r.cpu,
+		Notes: fmt.Sprintf("open loop at %.0f dequeues/s (half of S1), %d pending at start, each message completed; latency: dequeue, from its scheduled time", rate, b.cfg.pending)}
+	row.setLatency(r.lat)
+	b.compareValue(row, "B-REQ@S4", benchMS(base.lat().P99), benchAtMost(3))
+	b.add(row)
+	return nil
+}
+
+// benchS5Prefix and benchS5StorePrefix are the subjects and the storage of S5's own broker.
+const (
+	benchS5Prefix      = "natstone.bench-s5"
+	benchS5StorePrefix = "natstone-bench-s5"
+)
+
+// s5 is S5: heap bytes per pending message, on a server of its own (dir). Server and broker share
+// this process, so the broker's share is measured by taking it away: S5 starts a broker of its own
+// (broker.New on the embedded server, own subjects and buckets), fills it with N pending messages,
+// reads the live heap, stops the broker, closes its connections and drops it, and reads the live
+// heap again at once. The drop is what the broker held; what stays, over the heap before the fill,
+// is what the server holds for the same messages (measured seconds apart, so the server's caches
+// and per-block state are the same in both readings).
+func (b *bench) s5(ctx context.Context, dir string) (err error) {
+	env, err := startEnv(ctx, dir, b.cfg.syncAlways, b.cfg.conns, b.cfg.retention, b.log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), benchStopTimeout)
+		defer cancel()
+		err = errors.Join(err, env.stop(stopCtx), os.RemoveAll(dir))
+	}()
+	space, err := subjects.NewSpace(benchS5Prefix)
+	if err != nil {
+		return err
+	}
+	clients := *env // the same connections, talking to S5's broker
+	clients.space = space
+	n := b.cfg.s5Pending
+	queue := benchQueueName("S5")
+	payload := benchPayload(benchS5PayloadBytes)
+
+	h0 := benchLiveHeap()
+	stop, err := b.startS5Broker(ctx, env)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if stop != nil {
+			err = errors.Join(err, stop())
+		}
+	}()
+	if err := clients.createQueue(ctx, queue, subjects.CreateQueueRequest{}); err != nil {
+		return err
+	}
+	err = clients.fill(ctx, b.p, "S5 fill", queue, n, func(i int) subjects.EnqueueRequest {
+		return subjects.EnqueueRequest{Priority: benchPriority(i), Payload: payload}
+	})
+	if err != nil {
+		return err
+	}
+	h1 := benchLiveHeap()
+	err = stop()
+	stop = nil
+	if err != nil {
+		return err
+	}
+	h2 := benchLiveHeap()
+
+	total := float64(h1-h0) / float64(n)
+	brokerPer := float64(h1-h2) / float64(n)
+	server := float64(h2-h0) / float64(n)
+	b.add(&benchRow{
+		Name: "S5", Kind: benchKindScenario, Figure: brokerPer, Unit: "B/msg (broker)", Ops: int64(n),
+		Target: benchAtMost(150).String(), Met: benchAtMost(150).met(brokerPer),
+		Notes: fmt.Sprintf("%d pending, %d-byte payloads, server of its own: live heap %.0f B/msg in all, of which the broker %.0f "+
+			"(freed when it is stopped and dropped) and the server %.0f (what stays)", n, benchS5PayloadBytes, total, brokerPer, server),
+		Extra: map[string]float64{"total_bytes_per_msg": total, "server_bytes_per_msg": server, "broker_bytes_per_msg": brokerPer},
+	})
+	return nil
+}
+
+// startS5Broker starts S5's broker on env's server, with connections of its own; stop stops it and
+// closes them, after which nothing refers to it.
+func (b *bench) startS5Broker(ctx context.Context, env *benchEnv) (stop func() error, err error) {
+	var conns []*nats.Conn
+	closeAll := func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}
+	for _, name := range []string{"natstone-bench-s5", "natstone-bench-s5-store"} {
+		nc, err := env.ns.Connect(nats.Name(name))
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		conns = append(conns, nc)
+	}
+	br, err := broker.New(&broker.Config{Conn: conns[0], StoreConn: conns[1], Prefix: benchS5Prefix, StorePrefix: benchS5StorePrefix, Logger: b.log})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	if err := br.Start(ctx); err != nil {
+		closeAll()
+		return nil, err
+	}
+	return func() error {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), benchStopTimeout)
+		defer cancel()
+		err := br.Stop(stopCtx)
+		closeAll()
+		return err
+	}, nil
+}
+
+// benchLiveHeap returns the live heap after a full collection.
+func benchLiveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var benchMS runtime.MemStats
+	runtime.ReadMemStats(&benchMS)
+	return int64(benchMS.HeapAlloc)
+}
+
+// s6 is S6: restart with --pending pending messages (the shared queue, topped up); the time from
+// Start (server and broker) until the first dequeue is served, against B-LOAD.
+func (b *bench) s6(ctx context.Context, env *benchEnv) error {
+	queue, err := b.sharedQueue(ctx, env, "S6")
+	if err != nil {
+		return err
+	}
+	if err := env.stop(ctx); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	startTook, err := env.start(ctx)
+	if err != nil {
+		return err
+	}
+	var rep subjects.DequeueReply
+	if err := env.call(ctx, env.conn(0), subjects.OpDequeue, queue, subjects.DequeueRequest{}, &rep); err != nil {
+		return err
+	}
+	took := time.Since(t0)
+	if len(rep.Messages) != 1 {
+		return fmt.Errorf("S6: the first dequeue after the restart returned %d messages", len(rep.Messages))
+	}
+	m := rep.Messages[0]
+	if err := env.call(ctx, env.conn(0), subjects.OpComplete, queue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, nil); err != nil {
+		return err
+	}
+	b.main.consumed++
+	row := &benchRow{
+		Name: "S6", Kind: benchKindScenario, Figure: took.Seconds(), Unit: "s", Seconds: took.Seconds(),
+		Notes: fmt.Sprintf("%d pending; embedded.Start (server, JetStream, broker) took %.3fs, of which the broker's recovery %.3fs (its log), then the first dequeue",
+			b.cfg.pending, startTook.Seconds(), env.recovery.Took().Seconds()),
+	}
+	b.compare(row, "B-LOAD", 1, benchAtMost(1.5))
+	b.add(row)
+	return nil
+}
+
+// s7 is S7: an exclusive queue whose messages spread over s7Values exclusivity values, against S1.
+func (b *bench) s7(ctx context.Context, env *benchEnv) error {
+	cfg := subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "group"}
+	r, err := b.cycleScenario(ctx, env, "S7", 1, cfg, func(i int) subjects.EnqueueRequest {
+		m := b.pendingMessage(i)
+		m.Metadata = map[string]string{"group": "g" + strconv.Itoa(i%benchS7Values)}
+		return m
+	})
+	if err != nil {
+		return err
+	}
+	row := benchRateRow("S7", "cycles/s", r, fmt.Sprintf("exclusive queue, %d values; ", min(benchS7Values, b.cfg.pending))+b.cycleNotes(1))
+	row.Kind = benchKindScenario
+	b.compare(row, "S1", 1, benchAtLeast(0.8))
+	b.add(row)
+	return nil
+}
+
+// s8 is S8: one client alternates a dequeue filtered on 4 metadata pairs that 0.1% of the pending
+// messages carry (each pair alone: 10%, 10%, 10%, 100%) with an unfiltered dequeue of the same
+// queue, completing each message; p50 of the filtered ÷ p50 of the unfiltered.
+func (b *bench) s8(ctx context.Context, env *benchEnv) error {
+	queue := benchQueueName("S8")
+	if err := env.createQueue(ctx, queue, subjects.CreateQueueRequest{}); err != nil {
+		return err
+	}
+	digit := func(i, d int) string { return strconv.Itoa((i / d) % 10) }
+	err := env.fill(ctx, b.p, "S8 fill", queue, b.cfg.pending, func(i int) subjects.EnqueueRequest {
+		m := b.pendingMessage(i)
+		m.Metadata = map[string]string{"a": digit(i, 1), "b": digit(i, 10), "c": digit(i, 100), "d": "x"}
+		return m
+	})
+	if err != nil {
+		return err
+	}
+	filtered := subjects.DequeueRequest{Filter: map[string]string{"a": "0", "b": "0", "c": "0", "d": "x"}}
+	matches := int64(b.cfg.pending+999) / 1000
+	var fl, ul []time.Duration
+	nc := env.conn(0)
+	step := func(req subjects.DequeueRequest) (time.Duration, bool, error) {
+		t0 := time.Now()
+		var rep subjects.DequeueReply
+		if err := env.call(ctx, nc, subjects.OpDequeue, queue, req, &rep); err != nil {
+			return 0, false, err
+		}
+		lat := time.Since(t0)
+		for _, m := range rep.Messages {
+			if err := env.call(ctx, nc, subjects.OpComplete, queue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, nil); err != nil {
+				return 0, false, err
+			}
+		}
+		return lat, len(rep.Messages) > 0, nil
+	}
+	r, err := benchClosedLoop(ctx, b.p, "S8", 1, b.cfg.duration, matches, func(context.Context, int) (int, time.Duration, error) {
+		lat, ok, err := step(filtered)
+		if err != nil {
+			return 0, 0, err
+		}
+		if !ok {
+			return 0, 0, errBenchDrained
+		}
+		fl = append(fl, lat)
+		ulat, _, err := step(subjects.DequeueRequest{})
+		if err != nil {
+			return 0, 0, err
+		}
+		ul = append(ul, ulat)
+		return 1, lat, nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := env.deleteQueue(ctx, queue); err != nil {
+		return err
+	}
+	ref := &benchRow{Name: "S8-unfiltered", Kind: benchKindReference, Figure: benchMS(benchLatencyOf(ul).P50), Unit: "ms (p50)", Ops: int64(len(ul)), CPU: r.cpu,
+		Notes: "the unfiltered dequeues interleaved with S8's"}
+	ref.setLatency(benchLatencyOf(ul))
+	b.add(ref)
+	row := &benchRow{Name: "S8", Kind: benchKindScenario, Figure: benchMS(r.lat.P50), Unit: "ms (p50)", Ops: r.ops, CPU: r.cpu,
+		Notes: fmt.Sprintf("%d pending, %d match the filter; one client, sequential", b.cfg.pending, matches)}
+	row.setLatency(benchLatencyOf(fl))
+	b.add(row)
+	b.compareValue(row, "S8-unfiltered", ref.Figure, benchAtMost(2))
+	return nil
+}
+
+// ms returns d in milliseconds.
+func benchMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

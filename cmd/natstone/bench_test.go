@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// benchRows are the rows a full bench run reports, in order.
+var benchRows = []string{
+	"B-CAS", "B-WQ(1)", "B-WQ(10)", "B-PUT(2048B)", "B-REQ", "B-LOAD",
+	"S1", "S2", "S3-single", "S3-batch", "B-REQ@S4", "S4", "S5", "S6", "S7", "S8-unfiltered", "S8",
+	"B-CAS(always)", "S9-S1", "S9-S2",
+}
+
+// TestBenchTiny runs every baseline and scenario at a tiny scale and checks the report's shape:
+// every row is there with a figure, in the table and in the JSON. It asserts nothing about speed.
+func TestBenchTiny(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	jsonFile := filepath.Join(dir, "bench.json")
+	cpuFile, blockFile := filepath.Join(dir, "s1.cpu"), filepath.Join(dir, "s1.block")
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"bench", "--pending", "2000", "--s5-pending", "2000",
+		"--duration", "300ms", "--workers", "4", "--json", jsonFile, "--cpuprofile", cpuFile, "--blockprofile", blockFile}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit code %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
+	}
+	for _, f := range []string{cpuFile, blockFile} {
+		if fi, err := os.Stat(f); err != nil || fi.Size() == 0 {
+			t.Errorf("profile %s: %v", f, err)
+		}
+	}
+
+	// The table: a header, then one line per row whose first two fields are its name and figure.
+	table := map[string]float64{}
+	var order []string
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || !slices.Contains(benchRows, f[0]) {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			t.Errorf("row %s: figure %q: %v", f[0], f[1], err)
+		}
+		table[f[0]] = v
+		order = append(order, f[0])
+	}
+	if !slices.Equal(order, benchRows) {
+		t.Errorf("table rows %v, want %v\n%s", order, benchRows, &stdout)
+	}
+	for name, v := range table {
+		if v == 0 {
+			t.Errorf("table row %s: figure 0", name)
+		}
+	}
+
+	data, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep benchReport
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatalf("--json wrote invalid JSON: %v\n%s", err, data)
+	}
+	var names []string
+	for _, r := range rep.Rows {
+		names = append(names, r.Name)
+		if r.Figure == 0 {
+			t.Errorf("JSON row %s: figure 0", r.Name)
+		}
+	}
+	if !slices.Equal(names, benchRows) {
+		t.Errorf("JSON rows %v, want %v", names, benchRows)
+	}
+	if rep.Machine == nil || rep.Machine.Cores < 1 || rep.Machine.GoVersion == "" || rep.Machine.NATSServerVersion == "" {
+		t.Errorf("JSON machine info %+v", rep.Machine)
+	}
+	if rep.Flags["pending"] != "2000" || rep.Date == "" || rep.Error != "" {
+		t.Errorf("JSON flags %v, date %q, error %q", rep.Flags, rep.Date, rep.Error)
+	}
+	for _, r := range rep.Rows {
+		if r.Target != "" && r.Baseline == "" && r.Name != "S5" {
+			t.Errorf("JSON row %s has target %q but no baseline", r.Name, r.Target)
+		}
+	}
+}
+
+func TestBenchUsage(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"bench", "--scenarios", "S10"},
+		{"bench", "--baselines", "B-NOPE"},
+		{"bench", "--sync", "sometimes"},
+		{"bench", "--pending", "0"},
+		{"bench", "extra"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), args, &stdout, &stderr); code != exitUsage {
+			t.Errorf("%v: exit code %d, want %d\n%s", args, code, exitUsage, &stderr)
+		}
+	}
+}
+
+func TestPickList(t *testing.T) {
+	t.Parallel()
+	got, err := benchPickList("load, b-cas,WQ", benchBaselines, "B-")
+	if err != nil || !slices.Equal(got, []string{"B-CAS", "B-WQ", "B-LOAD"}) {
+		t.Errorf("pickList = %v, %v", got, err)
+	}
+	if got, err := benchPickList("none", benchBaselines, "B-"); err != nil || got != nil {
+		t.Errorf("pickList(none) = %v, %v", got, err)
+	}
+}
