@@ -49,9 +49,9 @@ func (d *deadlines) remove(e *entry) {
 // due returns up to max entries whose deadline is at or before now (in heap order, not sorted),
 // without removing them.
 func (d *deadlines) due(now int64, max int) []*entry {
-	var out []*entry
+	out := make([]*entry, 0, min(max, len(d.items)))
 	// Walk the heap as a tree, pruning subtrees whose root is not due.
-	stack := []int{0}
+	stack := make([]int, 1, 64)
 	for len(stack) > 0 && len(out) < max {
 		i := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]

@@ -289,6 +289,9 @@ func (q *queue) stamp(r *kv.Record, now int64) {
 	}
 }
 
+// collectParallel bounds the storage requests one garbage collection has in flight.
+const collectParallel = 32
+
 // collect garbage-collects terminal entries: their records and payloads are deleted.
 // Called and returns with q.mu held.
 func (q *queue) collect(es []*entry) {
@@ -299,13 +302,23 @@ func (q *queue) collect(es []*entry) {
 		e.busy = make(chan struct{})
 	}
 	q.mu.Unlock()
+	// The purges and deletes are JetStream API requests, not publishes: issue them from a small
+	// pool so that collecting a backlog costs round trips in parallel, not in sequence.
 	ctx := context.Background()
 	errs := make([]error, len(es))
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, collectParallel)
 	for i, e := range es {
-		if errs[i] = q.b.store.PurgeMessage(ctx, q.name, e.rec.ID); errs[i] == nil {
-			errs[i] = q.b.store.DeleteBody(ctx, e.rec.BodySeq)
-		}
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			if errs[i] = q.b.store.PurgeMessage(ctx, q.name, e.rec.ID); errs[i] == nil {
+				errs[i] = q.b.store.DeleteBody(ctx, e.rec.BodySeq)
+			}
+		}()
 	}
+	wg.Wait()
 	q.mu.Lock()
 	for i, e := range es {
 		if errs[i] != nil {
