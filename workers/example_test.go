@@ -13,31 +13,24 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/embedded"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/workers"
 )
 
-// Example_embedded runs natstone inside a Go program: an in-process NATS server with JetStream, a
-// broker on it, and a client.
+// Example_embedded runs natstone inside a Go program (package embedded: a NATS server with
+// JetStream and a broker) and talks to it through a client.
 func Example_embedded() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "natstone-example")
 	defer os.RemoveAll(dir)
-	ns, _ := server.NewServer(&server.Options{JetStream: true, StoreDir: dir, DontListen: true, NoLog: true, NoSigs: true})
-	ns.Start()
-	defer ns.WaitForShutdown()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		panic("nats-server not ready")
-	}
-	nc, _ := nats.Connect("", nats.InProcessServer(ns))
-	defer nc.Close()
-
-	b, _ := broker.New(&broker.Config{Conn: nc, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := b.Start(ctx); err != nil {
+	ns, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true})
+	if err != nil {
 		panic(err)
 	}
-	defer b.Stop(ctx)
+	defer ns.Stop(ctx)
+	nc, _ := ns.Connect()
+	defer nc.Close()
 
 	c, _ := workers.NewClient(nc, nil)
 	r, err := c.Enqueue(ctx, "emails", []byte("hello"), &workers.EnqueueOpts{ID: "welcome-42"})
