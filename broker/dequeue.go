@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/natstone/natstone/broker/index"
@@ -164,7 +165,7 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 	}
 	if rec != nil {
 		// A retry must get back every lease this dequeue may have taken, the unknown ones too.
-		rec.leases = append(held, maybe...)
+		rec.leases = slices.Concat(held, maybe)
 		if len(rec.leases) == 0 && q.requests[r.RequestID] == rec {
 			delete(q.requests, r.RequestID) // nothing leased: a retry may lease
 		}
