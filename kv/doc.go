@@ -4,7 +4,7 @@
 // Layout (with the default prefix "natstone"):
 //
 //	KV   natstone-queues    <queue>                 → QueueRecord (JSON)
-//	KV   natstone-messages  <queue>.<b64url(id)>    → Record (JSON): the whole message but its payload
+//	KV   natstone-messages  <queue>.<b64url(id)>    → Record (binary, see codec.go): the whole message but its payload
 //	KV   natstone-locks     <queue>.<b64url(value)> → Lock (JSON): who holds an exclusivity value
 //	Stream natstone-bodies  natstone.body.<queue>   → the payload; its sequence is in Record.BodySeq
 //

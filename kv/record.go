@@ -2,7 +2,6 @@ package kv
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -41,28 +40,6 @@ type Lock struct {
 type QueueRecord struct {
 	Config    subjects.QueueConfig `json:"config"`
 	CreatedAt int64                `json:"created_at"` // Unix ms
-}
-
-// EncodeRecord encodes r for storage.
-func EncodeRecord(r *Record) ([]byte, error) { return json.Marshal(r) }
-
-// DecodeRecord decodes a stored record. It rejects records that fail basic invariants, so that a
-// corrupted or foreign value never reaches the broker's indexes.
-func DecodeRecord(data []byte) (Record, error) {
-	var r Record
-	if err := json.Unmarshal(data, &r); err != nil {
-		return Record{}, fmt.Errorf("kv: decode record: %w", err)
-	}
-	if r.ID == "" {
-		return Record{}, fmt.Errorf("kv: decode record: empty id")
-	}
-	switch r.State {
-	case subjects.StateInvisible, subjects.StatePending, subjects.StateRunning,
-		subjects.StateCompleted, subjects.StateCanceled, subjects.StateErrored:
-	default:
-		return Record{}, fmt.Errorf("kv: decode record %q: unknown state %q", r.ID, r.State)
-	}
-	return r, nil
 }
 
 // encodeToken maps an arbitrary string (message id, exclusivity value) to a KV key token:

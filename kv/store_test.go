@@ -2,7 +2,9 @@ package kv_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -139,6 +141,8 @@ func TestKeysAreValidTokens(t *testing.T) {
 func FuzzDecodeRecord(f *testing.F) {
 	good, _ := kv.EncodeRecord(&kv.Record{ID: "a", State: subjects.StateRunning, Priority: -1, Metadata: map[string]string{"k": "v"}, LeaseID: "L"})
 	f.Add(good)
+	legacy, _ := json.Marshal(kv.Record{ID: "a", State: subjects.StatePending, Metadata: map[string]string{"k": "v"}})
+	f.Add(legacy)
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"id":"x","state":"bogus"}`))
 	f.Add([]byte(`null`))
@@ -154,8 +158,15 @@ func FuzzDecodeRecord(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := kv.DecodeRecord(again); err != nil {
+		back, err := kv.DecodeRecord(again)
+		if err != nil {
 			t.Fatalf("re-encoded record does not decode: %v", err)
+		}
+		if len(r.Metadata) == 0 {
+			r.Metadata = nil // an empty map and none encode alike
+		}
+		if !reflect.DeepEqual(back, r) {
+			t.Fatalf("decode(encode(r)) != r:\n%+v\n%+v", back, r)
 		}
 	})
 }
