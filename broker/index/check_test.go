@@ -64,6 +64,27 @@ func (x *Index[T]) check() error {
 	for _, e := range all {
 		in[e] = true
 	}
+	for key, fs := range x.filters {
+		got, err := checkSet(&x.cfg, &fs.set)
+		if err != nil {
+			return fmt.Errorf("filter %s: %w", key, err)
+		}
+		want := 0
+		for _, e := range all {
+			if e.IndexItem().matches(fs.f) {
+				want++
+				if g, ok := fs.set.get(e); !ok || g != e {
+					return fmt.Errorf("filter %s set lacks a matching element", key)
+				}
+			}
+		}
+		if len(got) != want {
+			return fmt.Errorf("filter %s set has %d elements, %d match", key, len(got), want)
+		}
+	}
+	if len(x.filters) > maxFilters {
+		return fmt.Errorf("%d filter sets, at most %d", len(x.filters), maxFilters)
+	}
 	wantPairs := 0
 	for _, e := range all {
 		for _, p := range e.IndexItem().Meta {

@@ -1,5 +1,11 @@
 package index
 
+import (
+	"slices"
+	"strconv"
+	"strings"
+)
+
 // smallest returns the smallest of the sets of f's pairs, or nil if some
 // pair of f is carried by no pending message (then nothing can match). f must
 // not be empty.
@@ -35,6 +41,9 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 	s := x.smallest(f)
 	if s == nil {
 		return nil
+	}
+	if len(f) > 1 {
+		s = x.filterSetOf(f, s)
 	}
 	if x.exclusive {
 		x.nextEpoch()
@@ -74,4 +83,63 @@ func (x *Index[T]) nextEpoch() {
 		}
 		x.epoch = 1
 	}
+}
+
+// maxFilters bounds how many multi-pair filters keep a set of their own; the least recently used
+// one goes when another is needed.
+const maxFilters = 64
+
+// filterSet is the set of pending messages matching every pair of a filter of several pairs.
+type filterSet[T Elem] struct {
+	f    Filter
+	set  orderedSet[T]
+	used uint64
+}
+
+// filterSetOf returns the set of pending messages matching f (of two pairs or more), building it
+// from smallest — the smallest of its pairs' sets — the first time f is asked for, and keeping it
+// up to date on every Add and removal after that.
+//
+// Walking smallest on every pop would skip the same non-matching messages again and again: with
+// matches spread thinly through it, each pop walks past everything before the next match, and that
+// prefix grows as matches are taken. A set per filter in use costs a check per filter on each Add
+// and removal instead, bounded by maxFilters.
+func (x *Index[T]) filterSetOf(f Filter, smallest *orderedSet[T]) *orderedSet[T] {
+	key := filterKey(f)
+	x.clock++
+	if fs := x.filters[key]; fs != nil {
+		fs.used = x.clock
+		return &fs.set
+	}
+	if x.filters == nil {
+		x.filters = make(map[string]*filterSet[T])
+	}
+	if len(x.filters) >= maxFilters {
+		var oldest string
+		for k, fs := range x.filters {
+			if oldest == "" || fs.used < x.filters[oldest].used {
+				oldest = k
+			}
+		}
+		delete(x.filters, oldest)
+	}
+	fs := &filterSet[T]{f: append(Filter(nil), f...), used: x.clock}
+	smallest.ascend(func(e T) bool {
+		if e.IndexItem().matches(f) {
+			fs.set.insert(&x.cfg, e)
+		}
+		return true
+	})
+	x.filters[key] = fs
+	return &fs.set
+}
+
+// filterKey identifies a filter whatever the order of its pairs.
+func filterKey(f Filter) string {
+	parts := make([]string, len(f))
+	for i, p := range f {
+		parts[i] = strconv.Itoa(len(p.Key)) + ":" + p.Key + "=" + strconv.Itoa(len(p.Value)) + ":" + p.Value
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
 }

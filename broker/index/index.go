@@ -29,6 +29,11 @@ type Index[T Elem] struct {
 	// small; see nextEpoch for the wrap-around.
 	epoch uint32
 
+	// filters holds, for filters of several pairs that Pop or Peek was asked for, the pending
+	// messages matching all of them (see filterSetOf). clock orders their use for eviction.
+	filters map[string]*filterSet[T]
+	clock   uint64
+
 	// ascending counts Ascend calls in progress. While it is non-zero the
 	// sets are being iterated, so Add, Remove and Pop refuse to run rather
 	// than corrupt the iteration.
@@ -74,6 +79,11 @@ func (x *Index[T]) Add(e T) bool {
 		}
 		s.insert(&x.cfg, e)
 	}
+	for _, fs := range x.filters {
+		if it.matches(fs.f) {
+			fs.set.insert(&x.cfg, e)
+		}
+	}
 	if x.exclusive {
 		x.addToGroup(e, it)
 	}
@@ -97,6 +107,11 @@ func (x *Index[T]) unlink(e T, it *Item) {
 	for _, p := range it.Meta {
 		if s := x.pairs[p]; s != nil && s.delete(&x.cfg, e) && s.len() == 0 {
 			delete(x.pairs, p)
+		}
+	}
+	for _, fs := range x.filters {
+		if it.matches(fs.f) {
+			fs.set.delete(&x.cfg, e)
 		}
 	}
 	if x.exclusive {
