@@ -37,7 +37,7 @@ type reqStamp struct {
 }
 
 // validateDequeue checks a dequeue request and fills in its defaults.
-func validateDequeue(cfg *subjects.QueueConfig, r *subjects.DequeueRequest) (index.Filter, error) {
+func validateDequeue(r *subjects.DequeueRequest) (index.Filter, error) {
 	if r.Batch == 0 {
 		r.Batch = 1
 	}
@@ -75,13 +75,12 @@ func toFilter(md map[string]string) index.Filter {
 // dequeue leases up to r.Batch earliest-deadline pending messages matching the filter, waiting up to
 // r.WaitMS for a first one, and returns them with their payloads.
 func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subjects.Message, error) {
-	q.mu.Lock()
-	if err := q.usable(); err != nil {
-		q.mu.Unlock()
+	filter, err := validateDequeue(&r)
+	if err != nil {
 		return nil, err
 	}
-	filter, err := validateDequeue(&q.cfg, &r)
-	if err != nil {
+	q.mu.Lock()
+	if err := q.usable(); err != nil {
 		q.mu.Unlock()
 		return nil, err
 	}

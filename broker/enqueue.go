@@ -19,8 +19,9 @@ type enqueued struct {
 }
 
 // validateEnqueue checks every message of a request against the queue's config and builds its
-// record. Nothing is written unless every message is valid.
-func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, now int64, newID func() string) ([]*enqueued, error) {
+// record; a message without a client id gets its id later, under the queue's lock. Nothing is
+// written unless every message is valid.
+func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, now int64) ([]*enqueued, error) {
 	out := make([]*enqueued, len(reqs))
 	seen := make(map[string]int, len(reqs))
 	for i := range reqs {
@@ -65,8 +66,6 @@ func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, 
 				m.dupOf = j
 			}
 			seen[id] = i
-		} else {
-			id = newID()
 		}
 		prio := now
 		if r.Priority != nil {
@@ -115,13 +114,18 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	}
 	cfg := q.cfg
 	now := q.now()
-	ms, err := validateEnqueue(&cfg, reqs, now, q.ids.Next)
+	q.mu.Unlock()
+	// Validation is pure and, for a batch of a thousand, not free: not under the queue's lock.
+	ms, err := validateEnqueue(&cfg, reqs, now)
 	if err != nil {
-		q.mu.Unlock()
 		return nil, err
 	}
+	q.mu.Lock()
 	for _, m := range ms {
-		if m.dupOf < 0 && q.entries[m.rec.ID] != nil {
+		switch {
+		case m.rec.ID == "":
+			m.rec.ID = q.ids.Next()
+		case m.dupOf < 0 && q.entries[m.rec.ID] != nil:
 			m.dup = true
 		}
 	}

@@ -44,7 +44,9 @@ func (q *queue) commit(cs []*change) {
 		c.prev = c.e.rec.State
 		c.expect = c.e.rev
 		c.e.busy = make(chan struct{})
-		q.pending.Remove(c.e)
+		if c.prev == subjects.StatePending {
+			q.pending.Remove(c.e) // a popped entry is gone already; others were never there
+		}
 		kept = append(kept, c)
 	}
 	cs = kept
