@@ -166,13 +166,8 @@ func (b *bench) newCAS(ctx context.Context, env *benchEnv, name string, n int) (
 }
 
 func (s *benchCAS) connect(env *benchEnv) error {
-	nc, err := env.ns.Connect(nats.Name("natstone-bench-cas"))
+	nc, js, err := env.pipelined("natstone-bench-cas")
 	if err != nil {
-		return err
-	}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*benchPipelineWindow))
-	if err != nil {
-		nc.Close()
 		return err
 	}
 	s.nc, s.js = nc, js
@@ -303,15 +298,11 @@ func (b *bench) baselineWQ(ctx context.Context, env *benchEnv, batch int) (*benc
 // baselinePUT is B-PUT: async KV puts of size-byte values to distinct keys, the enqueue ceiling.
 func (b *bench) baselinePUT(ctx context.Context, env *benchEnv, size int) (*benchRow, error) {
 	name := fmt.Sprintf("B-PUT(%dB)", size)
-	nc, err := env.ns.Connect(nats.Name("natstone-bench-put"))
+	nc, js, err := env.pipelined("natstone-bench-put")
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*benchPipelineWindow))
-	if err != nil {
-		return nil, err
-	}
 	if _, err := benchOpenBucket(ctx, js, benchPUTBucket); err != nil {
 		return nil, err
 	}
@@ -386,15 +377,11 @@ func benchSampleRecord(id string, seq uint64, payloadSize int, now int64) *kv.Re
 // ordered consumer (a KV watcher, as recovery reads the messages bucket).
 func (b *bench) baselineLOAD(ctx context.Context, env *benchEnv) (*benchRow, error) {
 	const name = "B-LOAD"
-	nc, err := env.ns.Connect(nats.Name("natstone-bench-load"))
+	nc, js, err := env.pipelined("natstone-bench-load")
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*benchPipelineWindow))
-	if err != nil {
-		return nil, err
-	}
 	bucket, err := benchOpenBucket(ctx, js, benchLOADBucket)
 	if err != nil {
 		return nil, err

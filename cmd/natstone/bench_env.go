@@ -104,6 +104,21 @@ func (e *benchEnv) restart(ctx context.Context, syncAlways bool) (time.Duration,
 	return e.start(ctx)
 }
 
+// pipelined opens a connection of its own named name, with a JetStream context that allows as many
+// asynchronous publishes in flight as the baselines pipeline. The caller closes the connection.
+func (e *benchEnv) pipelined(name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := e.ns.Connect(nats.Name(name))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*benchPipelineWindow))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
 // conn returns the pool's connection for worker w.
 func (e *benchEnv) conn(w int) *nats.Conn { return e.pool[w%len(e.pool)] }
 
