@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/natstone/natstone/test/natbin"
 )
 
 // deadline bounds every wait in these tests.
@@ -25,21 +26,14 @@ const deadline = 30 * time.Second
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "natstone-bin-")
+	path, remove, err := natbin.Build(".", false)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bin = filepath.Join(dir, "natstone")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building natstone:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
+	bin = path
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	if code == 0 {
 		// The in-process tests run serve with its embedded server: nothing may outlive them.
 		if err := goleak.Find(); err != nil {

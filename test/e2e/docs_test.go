@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/natstone/natstone/embedded"
 	"github.com/natstone/natstone/test/brokertest"
+	"github.com/natstone/natstone/test/natbin"
 	"github.com/natstone/natstone/test/natstest"
 )
 
@@ -26,17 +26,14 @@ import (
 var natstoneBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "natstone-e2e")
+	path, remove, err := natbin.Build("../../cmd/natstone", false)
 	if err != nil {
-		panic(err)
-	}
-	natstoneBin = filepath.Join(dir, "natstone")
-	if out, err := exec.Command("go", "build", "-o", natstoneBin, "../../cmd/natstone").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build natstone: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	natstoneBin = path
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, err)

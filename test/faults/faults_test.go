@@ -3,11 +3,11 @@ package faults
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 
+	"github.com/natstone/natstone/test/natbin"
 	"github.com/natstone/natstone/test/natstest"
 )
 
@@ -25,20 +25,14 @@ func kills(t *testing.T, def int) int {
 }
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "natstone-faults")
+	path, remove, err := natbin.Build("../../cmd/natstone", true)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "natstone")
-	build := exec.Command("go", "build", "-race", "-o", binary, "../../cmd/natstone")
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build natstone:", err)
-		os.Exit(1)
-	}
+	binary = path
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
