@@ -36,8 +36,8 @@ type lock struct {
 	holder string // message id; "" if free
 }
 
-// queue is one queue's engine. Its mutex serialises every decision on the queue; KV writes are
-// issued under it but awaited outside it, so a queue's writes are pipelined.
+// queue is one queue's engine. Its mutex serialises every decision on the queue; the KV writes
+// decided under it are published and awaited outside it, so a queue's writes are pipelined.
 type queue struct {
 	name string
 	b    *Broker
