@@ -50,17 +50,30 @@ type Config struct {
 	Logger *slog.Logger
 	// WriteTimeout bounds a storage write's acknowledgement. Default DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// DisableEvents turns the events stream off: no transition is published and history answers
+	// unavailable.
+	DisableEvents bool
+	// EventsMaxAge is how long the events stream (<StorePrefix>-events) keeps an event. Default
+	// DefaultEventsMaxAge.
+	EventsMaxAge time.Duration
+	// Observer, if set, is told of every request, record write and transition (for metrics).
+	Observer Observer
 }
+
+// DefaultEventsMaxAge is how long events are kept unless Config.EventsMaxAge says otherwise.
+const DefaultEventsMaxAge = 72 * time.Hour
 
 // Broker serves natstone's request/reply API over NATS, keeping per-queue EDF indexes in memory
 // and every message in JetStream. Create it with New, then Start it.
 type Broker struct {
-	cfg   Config
-	space subjects.Space
-	clock clock.Clock
-	log   *slog.Logger
-	store *kv.Store
-	svc   *service
+	cfg      Config
+	space    subjects.Space
+	clock    clock.Clock
+	log      *slog.Logger
+	store    *kv.Store
+	svc      *service
+	events   *publisher
+	observer Observer
 
 	ctx    context.Context // cancelled by Stop: ends long polls
 	cancel context.CancelFunc
@@ -89,6 +102,13 @@ func New(cfg *Config) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natstone: broker Config.Prefix: %w", err)
 	}
+	c.EventsMaxAge = cmp.Or(c.EventsMaxAge, DefaultEventsMaxAge)
+	if c.EventsMaxAge < 0 {
+		return nil, fmt.Errorf("natstone: broker Config.EventsMaxAge %v is negative", c.EventsMaxAge)
+	}
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
+	}
 	if c.Clock == nil {
 		c.Clock = clock.Real()
 	}
@@ -96,11 +116,12 @@ func New(cfg *Config) (*Broker, error) {
 		c.Logger = slog.Default()
 	}
 	return &Broker{
-		cfg:    c,
-		space:  space,
-		clock:  c.Clock,
-		log:    c.Logger,
-		queues: make(map[string]*queue),
+		cfg:      c,
+		space:    space,
+		clock:    c.Clock,
+		log:      c.Logger,
+		observer: c.Observer,
+		queues:   make(map[string]*queue),
 	}, nil
 }
 
@@ -123,6 +144,20 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var events *kv.Events
+	if !b.cfg.DisableEvents {
+		events, err = kv.OpenEvents(ctx, &kv.EventsConfig{
+			JS:            js,
+			Prefix:        b.cfg.StorePrefix,
+			Replicas:      b.cfg.Replicas,
+			MemoryStorage: b.cfg.MemoryStorage,
+			MaxAge:        b.cfg.EventsMaxAge,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	b.events = newPublisher(b, events)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	start := time.Now()
 	n, err := b.recover(ctx)
@@ -203,10 +238,14 @@ func (b *Broker) Stop(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		return err
 	case <-ctx.Done():
-		return errors.Join(err, fmt.Errorf("natstone: stop: %w", ctx.Err()))
+		return errors.Join(err, fmt.Errorf("natstone: stop: %w", ctx.Err()), b.events.close(ctx))
 	}
+	// Every transition has happened: publish the events still buffered.
+	if cerr := b.events.close(ctx); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("natstone: stop: events not all published: %w", cerr))
+	}
+	return err
 }
 
 // track registers a unit of work (a request or a timer callback) unless the broker is stopping.

@@ -58,6 +58,9 @@ func validateDequeue(r *subjects.DequeueRequest) (index.Filter, error) {
 	if err := subjects.ValidateRequestID(r.RequestID); err != nil {
 		return nil, err
 	}
+	if err := subjects.ValidateWorker(r.Worker); err != nil {
+		return nil, err
+	}
 	return toFilter(r.Filter), nil
 }
 
@@ -146,7 +149,7 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 		next.RequestID = r.RequestID
 		next.Released = false
 		q.stamp(&next, now)
-		cs[i] = &change{e: e, next: next}
+		cs[i] = &change{e: e, next: next, worker: r.Worker}
 		seqs[i] = e.rec.BodySeq
 	}
 	bodies := q.readBodies(ctx, seqs) // in parallel with the lease writes: payloads are immutable

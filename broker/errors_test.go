@@ -1332,6 +1332,9 @@ func (e *env) snap(refs ...msgRef) snapshot {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if err := e.b.FlushEvents(ctx); err != nil { // the events of the setup, published asynchronously
+		e.t.Fatal(err)
+	}
 	l := js.ListStreams(ctx)
 	for si := range l.Info() {
 		s.streams[si.Config.Name] = fmt.Sprintf("msgs=%d last=%d deleted=%d", si.State.Msgs, si.State.LastSeq, si.State.NumDeleted)

@@ -44,7 +44,13 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 			failed, out = b.errorReply(msg, err)
 		}
 		// Counted before the reply leaves, so a client that got its reply sees it in the stats.
-		ep.record(time.Since(received), failed)
+		took := time.Since(received)
+		ep.record(took, failed)
+		var code subjects.Code
+		if failed != nil {
+			code = failed.Code
+		}
+		b.observer.Request(ep.op, code, took)
 		b.respond(msg, out)
 	}()
 }
@@ -97,6 +103,13 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			return subjects.EnqueueBatchReply{Messages: replies}, nil
 		}
 		return replies[0], nil
+	case subjects.OpHistory:
+		// The events outlive their messages, and their queue: no queue is looked up.
+		var r subjects.HistoryRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return b.history(ctx, name, r)
 	}
 
 	q, err := b.lookup(ctx, name, false)
@@ -172,6 +185,18 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		}
 		counts, err := q.depth(r.Filter)
 		return subjects.DepthReply{Queue: name, Counts: counts}, err
+	case subjects.OpStats:
+		var r subjects.StatsRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return q.stats(r)
+	case subjects.OpBrowse:
+		var r subjects.BrowseRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return q.browse(r)
 	}
 	return nil, subjects.Errorf(subjects.CodeBadRequest, "unknown operation %q", op)
 }

@@ -65,6 +65,10 @@ type queue struct {
 	doubtArmed bool
 	ids        *nuid.NUID // message and lease ids; the package's global one is behind a lock
 	reqOrder   []reqStamp // request ids by time, for expiry
+
+	totals  subjects.Totals // transitions since the broker started
+	rates   rateWindow      // transitions over the last minute
+	waiting waitingAges     // pending entries by the second they became pending
 }
 
 const numStates = 6
@@ -99,7 +103,9 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 		locks:     make(map[string]*lock),
 		requests:  make(map[string]*dequeueRecord),
 		ids:       nuid.New(),
+		waiting:   waitingAges{bySec: make(map[int64]int)},
 	}
+	q.rates.start = b.clock.Now().UnixMilli()
 	q.invisible.key = func(e *entry) int64 { return e.rec.VisibleAt }
 	q.leases.key = func(e *entry) int64 { return e.rec.LeaseExpires }
 	q.gc.key = func(e *entry) int64 { return e.rec.EndedAt + q.cfg.RetentionMS }
@@ -139,6 +145,7 @@ func (q *queue) place(e *entry) {
 	switch e.rec.State {
 	case subjects.StatePending:
 		q.pending.Add(e)
+		q.waiting.add(e.rec.UpdatedAt)
 	case subjects.StateInvisible:
 		q.invisible.add(e)
 	case subjects.StateRunning:
@@ -158,6 +165,7 @@ func (q *queue) unplace(e *entry) {
 	switch e.rec.State {
 	case subjects.StatePending:
 		q.pending.Remove(e)
+		q.waiting.remove(e.rec.UpdatedAt)
 	case subjects.StateInvisible:
 		q.invisible.remove(e)
 	case subjects.StateRunning:
@@ -330,6 +338,7 @@ func (q *queue) collect(es []*entry) {
 		} else {
 			q.unplace(e)
 			delete(q.entries, e.rec.ID)
+			q.transitioned(subjects.EventCollected, "", e.rec.State, &e.rec, "", q.now())
 		}
 		close(e.busy)
 		e.busy = nil

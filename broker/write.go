@@ -18,6 +18,7 @@ type change struct {
 	rev    uint64         // the stored revision, when err is nil
 	err    error          // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
 	truth  *kv.Record     // on a conflict: what storage holds instead (nil: the key is gone)
+	worker string         // a lease's: the dequeue's worker, for its event
 }
 
 // rewrites bounds how often a write whose outcome is unknown is issued again (each waits up to the
@@ -55,11 +56,13 @@ func (q *queue) commit(cs []*change) {
 	}
 	q.mu.Unlock()
 	writes := make([]kv.Write, len(cs))
+	issued := time.Now()
 	for i, c := range cs {
 		writes[i] = q.b.store.WriteMessage(q.name, &c.next, c.expect)
 	}
 	for i, c := range cs {
 		c.rev, c.err = writes[i].Wait(context.Background())
+		q.b.observer.Write(time.Since(issued), c.err)
 		if c.err != nil {
 			q.resolve(c)
 		}
@@ -78,6 +81,8 @@ func (q *queue) finish(cs []*change) {
 		switch {
 		case c.err == nil:
 			q.apply(e, c.next, c.rev)
+			kind, reason := eventKind(c.expect == 0, c.prev, &c.next)
+			q.transitioned(kind, reason, c.prev, &c.next, c.worker, c.next.UpdatedAt)
 		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:
 			q.log().Warn("message changed in storage; reloaded", "message_id", e.rec.ID)
 			q.apply(e, *c.truth, c.rev)

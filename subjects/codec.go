@@ -164,3 +164,11 @@ func printable(s string) bool {
 	}
 	return true
 }
+
+// ValidateWorker checks a dequeue's worker name (empty means none).
+func ValidateWorker(w string) error {
+	if len(w) > MaxWorkerLen || !printable(w) {
+		return Errorf(CodeBadRequest, "worker must be at most %d bytes of printable UTF-8", MaxWorkerLen)
+	}
+	return nil
+}

@@ -14,12 +14,17 @@ const (
 	MaxEnqueueBatch     = 1000      // messages in one enqueue_batch
 	MaxDequeueBatch     = 256       // messages one dequeue may lease
 	MaxAttemptsLimit    = 1000      // the highest max_attempts a queue may set
+	MaxWorkerLen        = 128       // bytes of a dequeue's worker name
+	MaxBrowseLimit      = 1000      // messages one browse returns
+	MaxExpiringLimit    = 1000      // expiring leases one stats reply lists
+	MaxHistoryLimit     = 10000     // events one history reply returns
 
-	MinLease     = 100 * time.Millisecond
-	MaxLease     = 24 * time.Hour
-	MaxWait      = 5 * time.Minute      // longest long-poll of a dequeue
-	MaxInvisible = 366 * 24 * time.Hour // longest invisibility window or release delay
-	MaxRetention = 90 * 24 * time.Hour  // longest retention of terminal messages
+	MinLease          = 100 * time.Millisecond
+	MaxLease          = 24 * time.Hour
+	MaxWait           = 5 * time.Minute      // longest long-poll of a dequeue
+	MaxInvisible      = 366 * 24 * time.Hour // longest invisibility window or release delay
+	MaxRetention      = 90 * 24 * time.Hour  // longest retention of terminal messages
+	MaxExpiringWithin = 24 * time.Hour       // longest look-ahead of stats' expiring leases
 )
 
 // Defaults for a queue created without them (and for auto-created queues).
@@ -29,4 +34,8 @@ const (
 	DefaultRetention        = 24 * time.Hour
 	DefaultMaxPayloadBytes  = 32 << 10
 	DefaultMaxMetadataPairs = 8
+	DefaultBrowseLimit      = 50
+	DefaultExpiringWithin   = 30 * time.Second
+	DefaultExpiringLimit    = 20
+	DefaultHistoryLimit     = 1000
 )

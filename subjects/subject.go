@@ -31,6 +31,9 @@ const (
 	OpCancel       Op = "cancel"        // any non-terminal state → canceled
 	OpGet          Op = "get"           // one message by id
 	OpDepth        Op = "depth"         // counts by state, optionally filtered
+	OpStats        Op = "stats"         // the current view: counts, oldest pending, rates, expiring leases
+	OpBrowse       Op = "browse"        // messages of one state in their order, without payloads
+	OpHistory      Op = "history"       // one message's transitions from the events stream
 )
 
 // Ops lists every operation, in the order the docs present them.
@@ -38,6 +41,7 @@ var Ops = []Op{
 	OpCreate, OpInfo, OpUpdate, OpDelete, OpList,
 	OpEnqueue, OpEnqueueBatch, OpEnqueueRaw, OpDequeue,
 	OpComplete, OpExtend, OpRelease, OpCancel, OpGet, OpDepth,
+	OpStats, OpBrowse, OpHistory,
 }
 
 func (op Op) valid() bool {

@@ -12,6 +12,7 @@ func TestOpsList(t *testing.T) {
 		"create", "info", "update", "delete", "list",
 		"enqueue", "enqueue_batch", "enqueue_raw", "dequeue",
 		"complete", "extend", "release", "cancel", "get", "depth",
+		"stats", "browse", "history",
 	}
 	if len(subjects.Ops) != len(want) {
 		t.Fatalf("len(Ops) = %d, want %d", len(subjects.Ops), len(want))
@@ -116,6 +117,9 @@ func TestSubjectEveryOp(t *testing.T) {
 		{subjects.OpCancel, "natstone.v1.cancel.encode", "natstone.v1.cancel.*"},
 		{subjects.OpGet, "natstone.v1.get.encode", "natstone.v1.get.*"},
 		{subjects.OpDepth, "natstone.v1.depth.encode", "natstone.v1.depth.*"},
+		{subjects.OpStats, "natstone.v1.stats.encode", "natstone.v1.stats.*"},
+		{subjects.OpBrowse, "natstone.v1.browse.encode", "natstone.v1.browse.*"},
+		{subjects.OpHistory, "natstone.v1.history.encode", "natstone.v1.history.*"},
 	}
 	if len(tests) != len(subjects.Ops) {
 		t.Fatalf("table covers %d ops, Ops has %d", len(tests), len(subjects.Ops))

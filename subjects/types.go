@@ -148,6 +148,7 @@ type DequeueRequest struct {
 	WaitMS    int64             `json:"wait_ms,omitempty"`    // long-poll up to this long for a first message
 	Filter    map[string]string `json:"filter,omitempty"`     // every pair must be in the metadata
 	RequestID string            `json:"request_id,omitempty"` // a retry with the same id returns the same leases
+	Worker    string            `json:"worker,omitempty"`     // who asks, for the leased events (≤ 128 printable bytes)
 }
 
 // DequeueReply is the reply of dequeue: the leased messages in EDF order (possibly none).

@@ -190,6 +190,8 @@ type DequeueOpts struct {
 	// leases the first one took that are still held, and never leases more. Use a fresh id per
 	// dequeue, and the same one to retry it after a timeout.
 	RequestID string
+	// Worker names who dequeues (at most subjects.MaxWorkerLen bytes); the leased events carry it.
+	Worker string
 }
 
 // Dequeue leases up to opts.Batch pending messages of queue in earliest-deadline-first order, waiting
@@ -210,6 +212,7 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 		WaitMS:    ms(o.Wait),
 		Filter:    o.Filter,
 		RequestID: o.RequestID,
+		Worker:    o.Worker,
 	}
 	body, err := json.Marshal(req)
 	if err != nil {

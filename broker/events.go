@@ -1,0 +1,299 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// maxBufferedEvents bounds the events waiting to be published. Beyond it new events are dropped
+// (and counted) rather than holding up the queues: the events stream is a record, not the truth.
+const maxBufferedEvents = 1 << 16
+
+// eventPublishTries is how often an event the stream refused is published before it is dropped.
+const eventPublishTries = 3
+
+// pendingEvent is a transition waiting to be published: what the queue knew when it happened. It is
+// turned into JSON by the publisher, off the queue's lock.
+type pendingEvent struct {
+	queue  string
+	kind   subjects.EventKind
+	reason string
+	prev   subjects.State
+	rec    kv.Record // the record after the transition (for collected: the last one)
+	worker string
+	at     int64 // Unix ms
+}
+
+// publisher publishes the transitions of every queue to the events stream, in batches, from one
+// goroutine: a queue only appends to its buffer under a short lock. Stop publishes what is buffered
+// before the broker stops.
+type publisher struct {
+	store *kv.Events // nil when events are disabled
+	b     *Broker
+
+	mu       sync.Mutex
+	buf      []pendingEvent
+	emitted  uint64        // events ever appended or dropped
+	handled  uint64        // events published or dropped, in order
+	progress chan struct{} // closed and replaced whenever handled grows
+	wake     chan struct{}
+	closing  bool
+	done     chan struct{}
+
+	published atomic.Uint64
+	dropped   atomic.Uint64
+	lastWarn  atomic.Int64 // Unix ms of the last "events dropped" log
+}
+
+func newPublisher(b *Broker, store *kv.Events) *publisher {
+	p := &publisher{
+		store:    store,
+		b:        b,
+		progress: make(chan struct{}),
+		wake:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	if store == nil {
+		close(p.done)
+		return p
+	}
+	go p.run()
+	return p
+}
+
+func (p *publisher) enabled() bool { return p != nil && p.store != nil }
+
+// emit buffers one event. It never blocks: past maxBufferedEvents the event is dropped.
+func (p *publisher) emit(e pendingEvent) {
+	if !p.enabled() {
+		return
+	}
+	p.mu.Lock()
+	p.emitted++
+	if p.closing || len(p.buf) >= maxBufferedEvents {
+		p.handled++
+		p.mu.Unlock()
+		p.drop(1, "buffer full")
+		return
+	}
+	p.buf = append(p.buf, e)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *publisher) drop(n int, why string) {
+	p.dropped.Add(uint64(n))
+	now := time.Now().UnixMilli()
+	if last := p.lastWarn.Load(); now-last >= 10_000 && p.lastWarn.CompareAndSwap(last, now) {
+		p.b.log.Warn("events dropped", "count", n, "why", why, "dropped_total", p.dropped.Load())
+	}
+}
+
+// run publishes the buffer in batches until closed and drained.
+func (p *publisher) run() {
+	defer close(p.done)
+	for {
+		p.mu.Lock()
+		batch := p.buf
+		p.buf = nil
+		closing := p.closing
+		p.mu.Unlock()
+		if len(batch) == 0 {
+			if closing {
+				return
+			}
+			<-p.wake
+			continue
+		}
+		p.publish(batch)
+		p.mu.Lock()
+		p.handled += uint64(len(batch))
+		close(p.progress)
+		p.progress = make(chan struct{})
+		p.mu.Unlock()
+	}
+}
+
+// publish stores a batch: every event is published at once and the acknowledgements awaited
+// together; refused ones are published again, up to eventPublishTries times.
+func (p *publisher) publish(batch []pendingEvent) {
+	subjs := make([]string, len(batch))
+	datas := make([][]byte, len(batch))
+	for i := range batch {
+		e := &batch[i]
+		data, err := json.Marshal(eventOf(e))
+		if err != nil { // cannot happen for these types
+			p.b.log.Error("event not encoded", "error", err)
+			continue
+		}
+		subjs[i] = p.store.Subject(e.queue, string(e.kind), e.rec.ID)
+		datas[i] = data
+	}
+	todo := make([]int, 0, len(batch))
+	for i := range batch {
+		if datas[i] != nil {
+			todo = append(todo, i)
+		}
+	}
+	p.drop(len(batch)-len(todo), "not encoded")
+	ctx := context.Background()
+	for try := 0; try < eventPublishTries && len(todo) > 0; try++ {
+		writes := make([]kv.Write, len(todo))
+		for j, i := range todo {
+			writes[j] = p.store.Publish(subjs[i], datas[i])
+		}
+		failed := todo[:0]
+		var lastErr error
+		for j, i := range todo {
+			if _, err := writes[j].Wait(ctx); err != nil {
+				failed = append(failed, i)
+				lastErr = err
+				continue
+			}
+			p.published.Add(1)
+		}
+		todo = failed
+		if len(todo) > 0 && try+1 == eventPublishTries {
+			p.drop(len(todo), "stream refused: "+lastErr.Error())
+		}
+	}
+}
+
+// sync waits until every event emitted before it was called is published or dropped.
+func (p *publisher) sync(ctx context.Context) error {
+	if !p.enabled() {
+		return nil
+	}
+	p.mu.Lock()
+	target := p.emitted
+	for p.handled < target {
+		ch := p.progress
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-p.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// close publishes what is buffered and stops the publisher; events emitted later are dropped.
+func (p *publisher) close(ctx context.Context) error {
+	if !p.enabled() {
+		return nil
+	}
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *publisher) snapshot() EventsSnapshot {
+	if !p.enabled() {
+		return EventsSnapshot{}
+	}
+	p.mu.Lock()
+	n := len(p.buf)
+	p.mu.Unlock()
+	return EventsSnapshot{Enabled: true, Published: p.published.Load(), Dropped: p.dropped.Load(), Buffered: n}
+}
+
+// eventOf builds the wire form of an event.
+func eventOf(e *pendingEvent) subjects.Event {
+	r := &e.rec
+	ev := subjects.Event{
+		Queue:       e.queue,
+		ID:          r.ID,
+		Kind:        e.kind,
+		State:       r.State,
+		PrevState:   e.prev,
+		Reason:      e.reason,
+		Version:     r.Version,
+		Attempts:    r.Attempts,
+		MaxAttempts: r.MaxAttempts,
+		Priority:    r.Priority,
+		LeaseID:     r.LeaseID,
+		At:          time.UnixMilli(e.at).UTC(),
+	}
+	switch e.kind {
+	case subjects.EventEnqueued:
+		ev.Metadata = r.Metadata
+		ev.PayloadSize = r.PayloadSize
+	case subjects.EventLeased:
+		ev.RequestID = r.RequestID
+		ev.Worker = e.worker
+	case subjects.EventCollected:
+		ev.State = ""
+		ev.PrevState = r.State
+		ev.Version = r.Version + 1
+		ev.LeaseID = ""
+	}
+	if r.State == subjects.StateRunning && e.kind != subjects.EventCollected {
+		t := time.UnixMilli(r.LeaseExpires).UTC()
+		ev.LeaseExpiresAt = &t
+	}
+	if r.State == subjects.StateInvisible {
+		t := time.UnixMilli(r.VisibleAt).UTC()
+		ev.VisibleAt = &t
+	}
+	return ev
+}
+
+// eventKind names the transition of a stored write from prev (the state before; "" for a create)
+// to next, with the reason of an errored one.
+func eventKind(created bool, prev subjects.State, next *kv.Record) (subjects.EventKind, string) {
+	if created {
+		return subjects.EventEnqueued, ""
+	}
+	switch next.State {
+	case subjects.StateCompleted:
+		return subjects.EventCompleted, ""
+	case subjects.StateCanceled:
+		return subjects.EventCanceled, ""
+	case subjects.StateErrored:
+		if next.Released {
+			return subjects.EventErrored, subjects.ReasonReleased
+		}
+		return subjects.EventErrored, subjects.ReasonLeaseExpired
+	case subjects.StateRunning:
+		if prev == subjects.StateRunning {
+			return subjects.EventExtended, ""
+		}
+		return subjects.EventLeased, ""
+	case subjects.StateInvisible:
+		return subjects.EventReleased, "" // only a release with a delay makes a message invisible again
+	case subjects.StatePending:
+		switch {
+		case prev == subjects.StateInvisible:
+			return subjects.EventPending, ""
+		case next.Released:
+			return subjects.EventReleased, ""
+		default:
+			return subjects.EventExpired, ""
+		}
+	}
+	return "", ""
+}

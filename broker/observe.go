@@ -1,0 +1,86 @@
+package broker
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// Observer is told what the broker does, for metrics. Its methods are called from many goroutines,
+// some with a queue's lock held: they must be quick and must not call back into the broker.
+type Observer interface {
+	// Request is one request answered after d; code is "" on success, else the error reply's code.
+	Request(op subjects.Op, code subjects.Code, d time.Duration)
+	// Write is one message record write, from its publish to its acknowledgement (err nil) or
+	// failure.
+	Write(d time.Duration, err error)
+	// Transition is one stored transition of a message of queue; reason is set for errored events.
+	Transition(queue string, kind subjects.EventKind, reason string)
+}
+
+// Snapshot is the broker's state at one moment, for metrics and dashboards.
+type Snapshot struct {
+	Queues []QueueSnapshot
+	Events EventsSnapshot
+}
+
+// QueueSnapshot is one queue's state.
+type QueueSnapshot struct {
+	Name            string
+	Config          subjects.QueueConfig
+	Counts          subjects.Counts
+	OldestPendingMS int64           // how long the longest-waiting pending message has waited
+	Totals          subjects.Totals // transitions since the broker started
+}
+
+// EventsSnapshot is the events publisher's state.
+type EventsSnapshot struct {
+	Enabled   bool
+	Published uint64 // events stored in the events stream
+	Dropped   uint64 // events given up on (buffer full, or the stream refused them)
+	Buffered  int    // events waiting to be published
+}
+
+// Snapshot returns every queue's counts, config, oldest pending age and totals, and the events
+// publisher's state. It takes each queue's lock briefly, one at a time.
+func (b *Broker) Snapshot() Snapshot {
+	b.mu.Lock()
+	qs := make([]*queue, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	b.mu.Unlock()
+	var s Snapshot
+	for _, q := range qs {
+		q.mu.Lock()
+		if q.closed == nil {
+			s.Queues = append(s.Queues, QueueSnapshot{
+				Name:            q.name,
+				Config:          q.cfg,
+				Counts:          q.countsLocked(),
+				OldestPendingMS: q.oldestPendingMS(q.now()),
+				Totals:          q.totals,
+			})
+		}
+		q.mu.Unlock()
+	}
+	slices.SortFunc(s.Queues, func(a, b QueueSnapshot) int { return strings.Compare(a.Name, b.Name) })
+	s.Events = b.events.snapshot()
+	return s
+}
+
+// nopObserver is the Observer of a broker configured without one.
+type nopObserver struct{}
+
+func (nopObserver) Request(subjects.Op, subjects.Code, time.Duration) {}
+func (nopObserver) Write(time.Duration, error)                        {}
+func (nopObserver) Transition(string, subjects.EventKind, string)     {}
+
+// FlushEvents waits until the events of every transition so far are in the events stream (or were
+// dropped). It returns at once when events are disabled.
+func (b *Broker) FlushEvents(ctx context.Context) error {
+	return b.events.sync(ctx)
+}

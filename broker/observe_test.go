@@ -1,0 +1,368 @@
+package broker_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/subjects"
+)
+
+// step is one expected event of a message's history.
+type step struct {
+	kind   subjects.EventKind
+	state  subjects.State
+	reason string
+}
+
+func (e *env) history(queue, id string) subjects.HistoryReply {
+	e.t.Helper()
+	return must[subjects.HistoryReply](e, subjects.OpHistory, queue, subjects.HistoryRequest{ID: id})
+}
+
+// checkHistory compares a history with the steps: kinds, states and reasons in order, versions
+// one after another from 1.
+func checkHistory(t *testing.T, h subjects.HistoryReply, want []step) {
+	t.Helper()
+	var got []string
+	for _, ev := range h.Events {
+		got = append(got, fmt.Sprintf("%s→%s%s", ev.Kind, ev.State, ev.Reason))
+	}
+	var exp []string
+	for _, s := range want {
+		exp = append(exp, fmt.Sprintf("%s→%s%s", s.kind, s.state, s.reason))
+	}
+	if !slices.Equal(got, exp) {
+		t.Fatalf("history of %s:\n got %v\nwant %v", h.ID, got, exp)
+	}
+	for i, ev := range h.Events {
+		if ev.Version != uint64(i+1) {
+			t.Errorf("event %d (%s) has version %d, want %d", i, ev.Kind, ev.Version, i+1)
+		}
+		if ev.ID != h.ID || ev.Queue != h.Queue {
+			t.Errorf("event %d is of %s/%s, want %s/%s", i, ev.Queue, ev.ID, h.Queue, h.ID)
+		}
+	}
+}
+
+// TestEventsEveryTransition drives messages through every transition of the state diagram and
+// checks each one's history: every kind, in order, with consecutive versions.
+func TestEventsEveryTransition(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{MaxAttempts: 2, LeaseMS: 1000, RetentionMS: ptr[int64](5000)})
+
+	// a: invisible → pending → leased → extended → released → leased → completed → collected.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a", Payload: "x", InvisibleMS: ptr[int64](500), Metadata: map[string]string{"k": "v"}})
+	e.advance(500 * time.Millisecond)
+	m := e.dequeueWith("q", subjects.DequeueRequest{Worker: "w1", RequestID: "r1"})
+	must[subjects.Message](e, subjects.OpExtend, "q", subjects.ExtendRequest{ID: "a", LeaseID: m.LeaseID, LeaseMS: 2000})
+	must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "a", LeaseID: m.LeaseID})
+	m = e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "a", LeaseID: m.LeaseID})
+
+	// b: pending → leased → expired → leased → errored (lease ran out, no attempt left).
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b", Payload: "x"})
+	e.enqueue("other", subjects.EnqueueRequest{ID: "b", Payload: "x"}) // same id, another queue
+	e.dequeueOne("q")
+	e.advance(time.Second)
+	e.dequeueOne("q")
+	e.advance(time.Second)
+
+	// c: pending → canceled by an operator.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "c", Payload: "x"})
+	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "c"})
+
+	// d: leased → released for later (invisible) → pending → leased → released with no attempt left.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "d", Payload: "x"})
+	m = e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "d", LeaseID: m.LeaseID, DelayMS: 300})
+	e.advance(300 * time.Millisecond)
+	m = e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "d", LeaseID: m.LeaseID})
+
+	e.advance(5 * time.Second) // a, b, c and d are collected
+
+	ha := e.history("q", "a")
+	checkHistory(t, ha, []step{
+		{subjects.EventEnqueued, subjects.StateInvisible, ""},
+		{subjects.EventPending, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventExtended, subjects.StateRunning, ""},
+		{subjects.EventReleased, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventCompleted, subjects.StateCompleted, ""},
+		{subjects.EventCollected, "", ""},
+	})
+	if !ha.Collected || ha.Failures != 1 {
+		t.Errorf("history of a: collected=%v failures=%d, want true and 1", ha.Collected, ha.Failures)
+	}
+	if ev := ha.Events[0]; ev.Metadata["k"] != "v" || ev.PayloadSize != 1 || ev.VisibleAt == nil {
+		t.Errorf("enqueued event %+v lacks metadata, payload size or visible_at", ev)
+	}
+	if ev := ha.Events[2]; ev.Worker != "w1" || ev.RequestID != "r1" || ev.LeaseID == "" || ev.LeaseExpiresAt == nil || ev.Attempts != 1 {
+		t.Errorf("leased event %+v: want worker w1, request r1, a lease and attempt 1", ev)
+	}
+	// Time in each state comes from the fake clock: 500 ms invisible, 5 s completed until collected.
+	if ha.StateMS[subjects.StateInvisible] != 500 || ha.StateMS[subjects.StateCompleted] != 5000 {
+		t.Errorf("time in states %v: want invisible 500 ms and completed 5000 ms", ha.StateMS)
+	}
+
+	checkHistory(t, e.history("q", "b"), []step{
+		{subjects.EventEnqueued, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventExpired, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventErrored, subjects.StateErrored, subjects.ReasonLeaseExpired},
+		{subjects.EventCollected, "", ""},
+	})
+	checkHistory(t, e.history("q", "c"), []step{
+		{subjects.EventEnqueued, subjects.StatePending, ""},
+		{subjects.EventCanceled, subjects.StateCanceled, ""},
+		{subjects.EventCollected, "", ""},
+	})
+	checkHistory(t, e.history("q", "d"), []step{
+		{subjects.EventEnqueued, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventReleased, subjects.StateInvisible, ""},
+		{subjects.EventPending, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventErrored, subjects.StateErrored, subjects.ReasonReleased},
+		{subjects.EventCollected, "", ""},
+	})
+	// Same id, other queue: its own history.
+	checkHistory(t, e.history("other", "b"), []step{{subjects.EventEnqueued, subjects.StatePending, ""}})
+
+	// The subjects carry queue, kind and the id token.
+	subs := e.eventSubjects()
+	want := "natstone.events.q.errored." + base64.RawURLEncoding.EncodeToString([]byte("d"))
+	if !slices.Contains(subs, want) {
+		t.Errorf("no event on %s among %d subjects", want, len(subs))
+	}
+	if n := 8 + 6 + 3 + 7 + 1; len(subs) != n {
+		t.Errorf("events stream holds %d events, want %d", len(subs), n)
+	}
+}
+
+func (e *env) dequeueWith(queue string, r subjects.DequeueRequest) subjects.Message {
+	e.t.Helper()
+	ms := e.dequeue(queue, r)
+	if len(ms) != 1 {
+		e.t.Fatalf("dequeue %s: got %d messages, want 1", queue, len(ms))
+	}
+	return ms[0]
+}
+
+// eventSubjects returns the subject of every event in the stream, in order.
+func (e *env) eventSubjects() []string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.b.FlushEvents(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "natstone-events")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			e.t.Fatalf("event %d: %v", seq, err)
+		}
+		out = append(out, m.Subject)
+	}
+	return out
+}
+
+// TestEventsSurviveCleanStop checks that a clean stop publishes every buffered event: the history
+// read by the next broker has them all.
+func TestEventsSurviveCleanStop(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	for i := range 200 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprint(i), Payload: "x"})
+	}
+	ms := e.dequeue("q", subjects.DequeueRequest{Batch: 200})
+	for _, m := range ms {
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	}
+	e.restartBroker() // no FlushEvents: Stop must publish what is buffered
+	for i := range 200 {
+		h := e.history("q", fmt.Sprint(i))
+		if len(h.Events) != 3 || h.Events[2].Kind != subjects.EventCompleted {
+			t.Fatalf("message %d after restart: %d events, want enqueued, leased, completed", i, len(h.Events))
+		}
+	}
+}
+
+// TestHistoryErrors covers history's bad requests and a broker without events.
+func TestHistoryErrors(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	fails(e, subjects.CodeMessageNotFound, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "nope"})
+	fails(e, subjects.CodeInvalidID, subjects.OpHistory, "q", subjects.HistoryRequest{})
+	fails(e, subjects.CodeOutOfRange, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "x", Limit: subjects.MaxHistoryLimit + 1})
+	fails(e, subjects.CodeBadRequest, subjects.OpHistory, "q", `{"id":"x","bogus":1}`)
+
+	// A limit below the number of events truncates, oldest first.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "x"})
+	m := e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: m.LeaseID})
+	h := must[subjects.HistoryReply](e, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "m", Limit: 2})
+	if len(h.Events) != 2 || !h.Truncated || h.Events[1].Kind != subjects.EventLeased {
+		t.Fatalf("limit 2: %d events, truncated %v; want enqueued and leased, truncated", len(h.Events), h.Truncated)
+	}
+
+	off := setup(t, func(c *broker.Config) { c.DisableEvents = true })
+	off.create("q", subjects.CreateQueueRequest{})
+	off.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "x"})
+	fails(off, subjects.CodeUnavailable, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "m"})
+	for _, s := range off.eventStreams() {
+		t.Errorf("events disabled, but stream %s exists", s)
+	}
+}
+
+func (e *env) eventStreams() []string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	names := js.StreamNames(ctx)
+	for n := range names.Name() {
+		if strings.HasSuffix(n, "-events") {
+			out = append(out, n)
+		}
+	}
+	if err := names.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// TestStats checks the current view: counts (whole and filtered), the oldest pending age, rates,
+// totals and the leases about to expire, on a fake clock.
+func TestStats(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{LeaseMS: 10_000})
+	for i := range 6 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprint(i), Payload: "x", Priority: ptr(int64(i)), Metadata: map[string]string{"odd": fmt.Sprint(i % 2)}})
+		e.advance(time.Second)
+	}
+	// Now 6 s after the first enqueue. Lease 0 and 1 (10 s and 20 s), complete 2.
+	e.dequeueOne("q")
+	e.dequeueWith("q", subjects.DequeueRequest{LeaseMS: 20_000})
+	m := e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+
+	s := must[subjects.StatsReply](e, subjects.OpStats, "q", subjects.StatsRequest{ExpiringWithinMS: 15_000})
+	if want := (subjects.Counts{Pending: 3, Running: 2, Completed: 1}); s.Counts != want {
+		t.Errorf("counts %+v, want %+v", s.Counts, want)
+	}
+	if s.OldestPendingMS != 3000 { // message 3 was enqueued at t0+3s
+		t.Errorf("oldest pending %d ms, want 3000", s.OldestPendingMS)
+	}
+	if want := (subjects.Totals{Enqueued: 6, Dequeued: 3, Completed: 1}); s.Totals != want {
+		t.Errorf("totals %+v, want %+v", s.Totals, want)
+	}
+	// 6 enqueues, 3 dequeues, 1 completion in the 6 s since the queue was created.
+	if s.Rates.Enqueued != 1 || s.Rates.Dequeued != 0.5 || s.Rates.Completed != 1.0/6 {
+		t.Errorf("rates %+v, want 1, 0.5 and 1/6 per second", s.Rates)
+	}
+	if len(s.Expiring) != 1 || s.Expiring[0].ID != "0" || s.Expiring[0].ExpiresInMS != 10_000 {
+		t.Errorf("expiring within 15 s: %+v, want message 0 in 10 s", s.Expiring)
+	}
+	s = must[subjects.StatsReply](e, subjects.OpStats, "q", subjects.StatsRequest{Filter: map[string]string{"odd": "1"}})
+	if want := (subjects.Counts{Pending: 2, Running: 1}); s.Counts != want || s.OldestPendingMS != 3000 {
+		t.Errorf("odd: counts %+v oldest %d, want %+v and 3000", s.Counts, s.OldestPendingMS, want)
+	}
+	e.advance(10 * time.Second) // lease 0 expires: pending again since now
+	s = must[subjects.StatsReply](e, subjects.OpStats, "q", nil)
+	if s.Totals.Expired != 1 || s.Counts.Pending != 4 || s.OldestPendingMS != 13_000 {
+		t.Errorf("after expiry: totals %+v counts %+v oldest %d; want 1 expired, 4 pending, oldest 13 s", s.Totals, s.Counts, s.OldestPendingMS)
+	}
+	e.advance(2 * time.Minute)
+	if s = must[subjects.StatsReply](e, subjects.OpStats, "q", nil); s.Rates != (subjects.Rates{}) {
+		t.Errorf("rates two minutes later %+v, want zero", s.Rates)
+	}
+
+	fails(e, subjects.CodeOutOfRange, subjects.OpStats, "q", subjects.StatsRequest{ExpiringLimit: subjects.MaxExpiringLimit + 1})
+	fails(e, subjects.CodeOutOfRange, subjects.OpStats, "q", subjects.StatsRequest{ExpiringWithinMS: -1})
+	fails(e, subjects.CodeInvalidMetadata, subjects.OpStats, "q", subjects.StatsRequest{Filter: map[string]string{"": "x"}})
+	fails(e, subjects.CodeQueueNotFound, subjects.OpStats, "nope", nil)
+}
+
+// TestBrowse lists each state in its order, with filters and limits, and writes nothing.
+func TestBrowse(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	for i := range 5 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprint(i), Payload: "x", Priority: ptr(int64(10 - i)), Metadata: map[string]string{"odd": fmt.Sprint(i % 2)}})
+	}
+	e.enqueue("q", subjects.EnqueueRequest{ID: "late", Payload: "x", InvisibleMS: ptr[int64](60_000)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "later", Payload: "x", InvisibleMS: ptr[int64](30_000)})
+	m := e.dequeueOne("q") // "4": the earliest deadline
+	browse := func(r subjects.BrowseRequest) (ids []string, more bool) {
+		rep := must[subjects.BrowseReply](e, subjects.OpBrowse, "q", r)
+		for _, m := range rep.Messages {
+			if m.Payload != nil || m.PayloadBase64 != nil {
+				t.Errorf("browse returned the payload of %s", m.ID)
+			}
+			ids = append(ids, m.ID)
+		}
+		return ids, rep.More
+	}
+	before := e.snap()
+	for _, tc := range []struct {
+		r    subjects.BrowseRequest
+		want []string
+		more bool
+	}{
+		{subjects.BrowseRequest{State: subjects.StatePending}, []string{"3", "2", "1", "0"}, false},
+		{subjects.BrowseRequest{State: subjects.StatePending, Limit: 2}, []string{"3", "2"}, true},
+		{subjects.BrowseRequest{State: subjects.StatePending, Filter: map[string]string{"odd": "0"}}, []string{"2", "0"}, false},
+		{subjects.BrowseRequest{State: subjects.StateInvisible}, []string{"later", "late"}, false},
+		{subjects.BrowseRequest{State: subjects.StateRunning}, []string{m.ID}, false},
+		{subjects.BrowseRequest{State: subjects.StateCompleted}, nil, false},
+	} {
+		got, more := browse(tc.r)
+		if !slices.Equal(got, tc.want) || more != tc.more {
+			t.Errorf("browse %+v: %v more=%v, want %v more=%v", tc.r, got, more, tc.want, tc.more)
+		}
+	}
+	e.unchanged(before)
+	fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", subjects.BrowseRequest{State: "sleeping"})
+	fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", nil)
+	fails(e, subjects.CodeOutOfRange, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, Limit: subjects.MaxBrowseLimit + 1})
+	fails(e, subjects.CodeQueueNotFound, subjects.OpBrowse, "nope", subjects.BrowseRequest{State: subjects.StatePending})
+}
+
+// TestDequeueWorkerValidated: a worker name that is too long or not printable is refused.
+func TestDequeueWorkerValidated(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "x"})
+	before := e.snap()
+	fails(e, subjects.CodeBadRequest, subjects.OpDequeue, "q", subjects.DequeueRequest{Worker: strings.Repeat("w", subjects.MaxWorkerLen+1)})
+	fails(e, subjects.CodeBadRequest, subjects.OpDequeue, "q", subjects.DequeueRequest{Worker: "a\x00b"})
+	e.unchanged(before)
+}

@@ -1,0 +1,347 @@
+package broker
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// transitioned counts one stored transition and hands it to the observer and the events stream.
+// Called with q.mu held.
+func (q *queue) transitioned(kind subjects.EventKind, reason string, prev subjects.State, r *kv.Record, worker string, at int64) {
+	t := &q.totals
+	switch kind {
+	case subjects.EventEnqueued:
+		t.Enqueued++
+		q.rates.add(at, rateEnqueued)
+	case subjects.EventLeased:
+		t.Dequeued++
+		q.rates.add(at, rateDequeued)
+	case subjects.EventCompleted:
+		t.Completed++
+		q.rates.add(at, rateCompleted)
+	case subjects.EventCanceled:
+		t.Canceled++
+	case subjects.EventReleased:
+		t.Released++
+	case subjects.EventExpired:
+		t.Expired++
+	case subjects.EventErrored:
+		t.Errored++
+		q.rates.add(at, rateErrored)
+		if reason == subjects.ReasonLeaseExpired {
+			t.Expired++
+		}
+	case subjects.EventCollected:
+		t.Collected++
+	}
+	q.b.observer.Transition(q.name, kind, reason)
+	q.b.events.emit(pendingEvent{queue: q.name, kind: kind, reason: reason, prev: prev, rec: *r, worker: worker, at: at})
+}
+
+// The transitions rateWindow counts.
+const (
+	rateEnqueued = iota
+	rateDequeued
+	rateCompleted
+	rateErrored
+	numRates
+)
+
+// rateSeconds is the span of a rateWindow.
+const rateSeconds = 60
+
+// rateWindow counts transitions in one-second buckets over the last minute.
+type rateWindow struct {
+	start   int64 // Unix ms the window started counting (the queue's load)
+	last    int64 // the Unix second of the newest bucket
+	buckets [rateSeconds][numRates]uint32
+}
+
+// add counts one transition of kind at (Unix ms).
+func (w *rateWindow) add(at int64, kind int) {
+	sec := at / 1000
+	w.advance(sec)
+	if sec <= w.last-rateSeconds {
+		return // older than the window (a clock step back)
+	}
+	w.buckets[sec%rateSeconds][kind]++
+}
+
+// advance moves the newest bucket to sec, clearing the buckets it passes.
+func (w *rateWindow) advance(sec int64) {
+	if sec <= w.last {
+		return
+	}
+	if sec-w.last >= rateSeconds {
+		w.buckets = [rateSeconds][numRates]uint32{}
+	} else {
+		for s := w.last + 1; s <= sec; s++ {
+			w.buckets[s%rateSeconds] = [numRates]uint32{}
+		}
+	}
+	w.last = sec
+}
+
+// rates returns transitions per second over the last minute, or over the time since counting
+// started if that is shorter.
+func (w *rateWindow) rates(now int64) subjects.Rates {
+	w.advance(now / 1000)
+	var sum [numRates]uint64
+	for i := range w.buckets {
+		for k := range numRates {
+			sum[k] += uint64(w.buckets[i][k])
+		}
+	}
+	span := float64(min(max(now-w.start, 1000), rateSeconds*1000)) / 1000
+	per := func(k int) float64 { return float64(sum[k]) / span }
+	return subjects.Rates{Enqueued: per(rateEnqueued), Dequeued: per(rateDequeued), Completed: per(rateCompleted), Errored: per(rateErrored)}
+}
+
+// waitingAges counts pending entries by the Unix second they became pending (their record's
+// UpdatedAt), so the oldest pending age costs a look at the smallest key, not a walk of the queue.
+type waitingAges struct {
+	bySec  map[int64]int
+	oldest int64 // the smallest key of bySec when valid
+	valid  bool
+}
+
+func (w *waitingAges) add(at int64) {
+	sec := at / 1000
+	w.bySec[sec]++
+	if w.valid && sec < w.oldest {
+		w.oldest = sec
+	}
+}
+
+func (w *waitingAges) remove(at int64) {
+	sec := at / 1000
+	if n := w.bySec[sec]; n > 1 {
+		w.bySec[sec] = n - 1
+		return
+	}
+	delete(w.bySec, sec)
+	if sec == w.oldest {
+		w.valid = false
+	}
+}
+
+// since returns the Unix ms the oldest pending entry became pending, rounded down to its second;
+// ok is false when nothing is pending.
+func (w *waitingAges) since() (at int64, ok bool) {
+	if len(w.bySec) == 0 {
+		return 0, false
+	}
+	if !w.valid {
+		first := true
+		for sec := range w.bySec {
+			if first || sec < w.oldest {
+				w.oldest, first = sec, false
+			}
+		}
+		w.valid = true
+	}
+	return w.oldest * 1000, true
+}
+
+// oldestPendingMS is how long the longest-waiting pending message has been pending (at second
+// resolution), 0 when none is. Called with q.mu held.
+func (q *queue) oldestPendingMS(now int64) int64 {
+	at, ok := q.waiting.since()
+	if !ok {
+		return 0
+	}
+	return max(now-at, 0)
+}
+
+// stats answers the stats operation: the queue's current view.
+func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
+	if err := subjects.ValidateMetadata(r.Filter, subjects.MaxMetadataPairs); err != nil {
+		return subjects.StatsReply{}, err
+	}
+	within := cmp.Or(r.ExpiringWithinMS, subjects.DefaultExpiringWithin.Milliseconds())
+	if err := checkRange("expiring_within_ms", within, 1, subjects.MaxExpiringWithin); err != nil {
+		return subjects.StatsReply{}, err
+	}
+	limit := cmp.Or(r.ExpiringLimit, subjects.DefaultExpiringLimit)
+	if limit < 1 || limit > subjects.MaxExpiringLimit {
+		return subjects.StatsReply{}, subjects.Errorf(subjects.CodeOutOfRange, "expiring_limit must be 1 to %d, got %d", subjects.MaxExpiringLimit, limit)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return subjects.StatsReply{}, err
+	}
+	now := q.now()
+	reply := subjects.StatsReply{
+		Queue:    q.name,
+		At:       time.UnixMilli(now).UTC(),
+		Config:   q.cfg,
+		Rates:    q.rates.rates(now),
+		Totals:   q.totals,
+		Expiring: []subjects.ExpiringLease{},
+	}
+	if len(r.Filter) == 0 {
+		reply.Counts = q.countsLocked()
+		reply.OldestPendingMS = q.oldestPendingMS(now)
+	} else {
+		var oldest int64
+		for _, e := range q.entries {
+			if e.rev == 0 || !matches(e.rec.Metadata, r.Filter) {
+				continue
+			}
+			addCount(&reply.Counts, e.rec.State, 1)
+			if e.rec.State == subjects.StatePending && (oldest == 0 || e.rec.UpdatedAt < oldest) {
+				oldest = e.rec.UpdatedAt
+			}
+		}
+		if oldest != 0 {
+			reply.OldestPendingMS = max(now-oldest, 0)
+		}
+	}
+	due := q.leases.due(now+within, limit+len(q.leases.items)) // every lease due within the window
+	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.rec.LeaseExpires, b.rec.LeaseExpires) })
+	for _, e := range due[:min(len(due), limit)] {
+		reply.Expiring = append(reply.Expiring, subjects.ExpiringLease{
+			ID:             e.rec.ID,
+			LeaseID:        e.rec.LeaseID,
+			LeaseExpiresAt: time.UnixMilli(e.rec.LeaseExpires).UTC(),
+			ExpiresInMS:    e.rec.LeaseExpires - now,
+			Attempts:       e.rec.Attempts,
+			MaxAttempts:    e.rec.MaxAttempts,
+		})
+	}
+	return reply, nil
+}
+
+// browse answers the browse operation: up to r.Limit messages of one state, in that state's order.
+func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
+	if stateIndex(r.State) < 0 {
+		return subjects.BrowseReply{}, subjects.Errorf(subjects.CodeBadRequest, "state must be one of invisible, pending, running, completed, canceled, errored; got %q", r.State)
+	}
+	if err := subjects.ValidateMetadata(r.Filter, subjects.MaxMetadataPairs); err != nil {
+		return subjects.BrowseReply{}, err
+	}
+	limit := cmp.Or(r.Limit, subjects.DefaultBrowseLimit)
+	if limit < 1 || limit > subjects.MaxBrowseLimit {
+		return subjects.BrowseReply{}, subjects.Errorf(subjects.CodeOutOfRange, "limit must be 1 to %d, got %d", subjects.MaxBrowseLimit, limit)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return subjects.BrowseReply{}, err
+	}
+	reply := subjects.BrowseReply{Queue: q.name, State: r.State, Messages: []subjects.Message{}}
+	var found []*entry
+	if r.State == subjects.StatePending {
+		// The index holds the pending messages in EDF order; the filter is the dequeue's.
+		q.pending.Ascend(toFilter(r.Filter), func(e *entry) bool {
+			found = append(found, e)
+			return len(found) <= limit
+		})
+	} else {
+		d := q.heapOf(r.State)
+		for _, e := range d.items {
+			if e.rec.State == r.State && matches(e.rec.Metadata, r.Filter) {
+				found = append(found, e)
+			}
+		}
+		slices.SortFunc(found, func(a, b *entry) int {
+			return cmp.Or(cmp.Compare(d.key(a), d.key(b)), cmp.Compare(a.Seq, b.Seq))
+		})
+	}
+	if len(found) > limit {
+		found, reply.More = found[:limit], true
+	}
+	for _, e := range found {
+		reply.Messages = append(reply.Messages, q.view(e))
+	}
+	return reply, nil
+}
+
+// heapOf returns the deadline heap that holds the entries of state s (not pending).
+func (q *queue) heapOf(s subjects.State) *deadlines {
+	switch s {
+	case subjects.StateInvisible:
+		return &q.invisible
+	case subjects.StateRunning:
+		return &q.leases
+	default:
+		return &q.gc
+	}
+}
+
+// history answers the history operation from the events stream.
+func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRequest) (subjects.HistoryReply, error) {
+	if err := subjects.ValidateID(r.ID); err != nil {
+		return subjects.HistoryReply{}, err
+	}
+	limit := cmp.Or(r.Limit, subjects.DefaultHistoryLimit)
+	if limit < 1 || limit > subjects.MaxHistoryLimit {
+		return subjects.HistoryReply{}, subjects.Errorf(subjects.CodeOutOfRange, "limit must be 1 to %d, got %d", subjects.MaxHistoryLimit, limit)
+	}
+	if !b.events.enabled() {
+		return subjects.HistoryReply{}, subjects.Errorf(subjects.CodeUnavailable, "this broker runs without the events stream")
+	}
+	// Read what this broker has done so far: every transition before this request is in the stream.
+	if err := b.events.sync(ctx); err != nil {
+		return subjects.HistoryReply{}, unavailable("publish pending events", err)
+	}
+	raw, more, err := b.events.store.Read(ctx, queue, r.ID, limit)
+	if errors.Is(err, kv.ErrNotFound) {
+		return subjects.HistoryReply{}, subjects.Errorf(subjects.CodeMessageNotFound, "no events of message %q in queue %s", r.ID, queue)
+	}
+	if err != nil {
+		return subjects.HistoryReply{}, unavailable("read events", err)
+	}
+	events := make([]subjects.Event, 0, len(raw))
+	for _, data := range raw {
+		var e subjects.Event
+		if err := json.Unmarshal(data, &e); err != nil {
+			b.log.Warn("undecodable event skipped", "queue", queue, "message_id", r.ID, "error", err)
+			continue
+		}
+		events = append(events, e)
+	}
+	return buildHistory(queue, r.ID, events, more, b.clock.Now()), nil
+}
+
+// buildHistory orders events by version (an event published twice counts once) and works out the
+// time spent in each state.
+func buildHistory(queue, id string, events []subjects.Event, more bool, now time.Time) subjects.HistoryReply {
+	slices.SortStableFunc(events, func(a, b subjects.Event) int { return cmp.Compare(a.Version, b.Version) })
+	events = slices.CompactFunc(events, func(a, b subjects.Event) bool { return a.Version == b.Version && a.Kind == b.Kind })
+	reply := subjects.HistoryReply{
+		Queue:     queue,
+		ID:        id,
+		Events:    make([]subjects.HistoryEvent, len(events)),
+		StateMS:   map[subjects.State]int64{},
+		Truncated: more,
+	}
+	for i, e := range events {
+		h := subjects.HistoryEvent{Event: e}
+		switch {
+		case e.Kind == subjects.EventCollected:
+			reply.Collected = true
+		case i+1 < len(events):
+			h.StateMS = max(events[i+1].At.Sub(e.At).Milliseconds(), 0)
+		case !more:
+			h.StateMS, h.Current = max(now.Sub(e.At).Milliseconds(), 0), true
+		}
+		if e.State != "" {
+			reply.StateMS[e.State] += h.StateMS
+		}
+		switch e.Kind {
+		case subjects.EventExpired, subjects.EventReleased, subjects.EventErrored:
+			reply.Failures++
+		}
+		reply.Events[i] = h
+	}
+	return reply
+}

@@ -1,0 +1,113 @@
+package kv
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// EventsConfig configures the events stream.
+type EventsConfig struct {
+	// JS is the JetStream context to use. Required.
+	JS jetstream.JetStream
+	// Prefix names the stream <prefix>-events on subjects <prefix>.events.>. Default DefaultPrefix.
+	Prefix string
+	// Replicas of the stream. Default 1.
+	Replicas int
+	// MemoryStorage keeps the events in memory (tests and benchmarks only).
+	MemoryStorage bool
+	// MaxAge is how long an event is kept. Required.
+	MaxAge time.Duration
+}
+
+// Events is the stream of message transitions: one message per event, on subject
+// <prefix>.events.<queue>.<kind>.<id token>, where the token is the message id in unpadded base64url
+// (as in the messages bucket's keys). It is safe for concurrent use.
+type Events struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	subj   string // "<prefix>.events."
+}
+
+// OpenEvents creates (or updates) the events stream.
+func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
+	if cfg == nil || cfg.JS == nil {
+		return nil, errors.New("kv: EventsConfig.JS is required")
+	}
+	if cfg.MaxAge <= 0 {
+		return nil, fmt.Errorf("kv: EventsConfig.MaxAge %v must be positive", cfg.MaxAge)
+	}
+	prefix := cmp.Or(cfg.Prefix, DefaultPrefix)
+	storage := jetstream.FileStorage
+	if cfg.MemoryStorage {
+		storage = jetstream.MemoryStorage
+	}
+	st, err := cfg.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        prefix + "-events",
+		Description: "natstone message transitions",
+		Subjects:    []string{prefix + ".events.>"},
+		Storage:     storage,
+		Replicas:    cmp.Or(cfg.Replicas, 1),
+		MaxAge:      cfg.MaxAge,
+		AllowDirect: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kv: open stream %s-events: %w", prefix, err)
+	}
+	return &Events{js: cfg.JS, stream: st, subj: prefix + ".events."}, nil
+}
+
+// Subject returns the subject of an event of kind on message id of queue.
+func (ev *Events) Subject(queue, kind, id string) string {
+	return ev.subj + queue + "." + kind + "." + encodeToken(id)
+}
+
+// Publish stores one event. It returns at once; Wait on the result.
+func (ev *Events) Publish(subject string, data []byte) Write {
+	f, err := ev.js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data})
+	return Write{f: f, err: err}
+}
+
+// Read returns the stored events of message id of queue in stream order, at most limit of them;
+// more reports that there were more. It returns ErrNotFound when there are none.
+func (ev *Events) Read(ctx context.Context, queue, id string, limit int) (events [][]byte, more bool, err error) {
+	c, err := ev.stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject:     ev.subj + queue + ".*." + encodeToken(id),
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		InactiveThreshold: time.Minute, // in case the delete below does not happen
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("kv: read events: %w", err)
+	}
+	defer func() {
+		// A fresh context: the read's may have ended; a consumer left behind expires on its own.
+		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = ev.stream.DeleteConsumer(dctx, c.CachedInfo().Name)
+	}()
+	pending := int(c.CachedInfo().NumPending)
+	if pending == 0 {
+		return nil, false, ErrNotFound
+	}
+	want := min(pending, limit)
+	for len(events) < want {
+		batch, err := c.Fetch(want-len(events), jetstream.FetchContext(ctx))
+		if err != nil {
+			return nil, false, fmt.Errorf("kv: read events: %w", err)
+		}
+		for m := range batch.Messages() {
+			events = append(events, m.Data())
+		}
+		if err := batch.Error(); err != nil {
+			return nil, false, fmt.Errorf("kv: read events: %w", err)
+		}
+	}
+	return events, pending > limit, nil
+}
