@@ -1,10 +1,12 @@
 package workers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -46,6 +48,9 @@ type WorkerConfig struct {
 	// ExtendEveryFunc returns how often a running handler's lease is extended, given the lease
 	// duration; a result outside (0, lease) is replaced by the default, lease/3.
 	ExtendEveryFunc func(lease time.Duration) time.Duration
+	// Name identifies the worker in the leased events of its messages (history shows it); at most
+	// subjects.MaxWorkerLen bytes. Default "<hostname>:<pid>".
+	Name string
 	// Middleware wraps the handler, outer first.
 	Middleware []Middleware
 	// Logger receives the worker's logs. Default slog.Default().
@@ -114,6 +119,11 @@ func (cfg *WorkerConfig) withDefaults() WorkerConfig {
 	if w.Logger == nil {
 		w.Logger = slog.Default()
 	}
+	if w.Name == "" {
+		host, _ := os.Hostname()
+		w.Name = fmt.Sprintf("%s:%d", cmp.Or(host, "worker"), os.Getpid())
+		w.Name = w.Name[:min(len(w.Name), subjects.MaxWorkerLen)]
+	}
 	return w
 }
 
@@ -123,6 +133,9 @@ func (cfg *WorkerConfig) validate() error {
 	}
 	if cfg.Concurrency < 0 {
 		return fmt.Errorf("natstone: WorkerConfig.Concurrency %d is negative", cfg.Concurrency)
+	}
+	if err := subjects.ValidateWorker(cfg.Name); err != nil {
+		return fmt.Errorf("natstone: WorkerConfig.Name: %w", err)
 	}
 	if err := subjects.ValidateMetadata(cfg.Filter, subjects.MaxMetadataPairs); err != nil {
 		return fmt.Errorf("natstone: WorkerConfig.Filter: %w", err)
@@ -251,6 +264,7 @@ func (w *Worker) poll(ctx context.Context) ([]Message, error) {
 		Wait:      w.cfg.PollWait,
 		Filter:    w.cfg.Filter,
 		RequestID: nuid.Next(),
+		Worker:    w.cfg.Name,
 	}
 	msgs, err := w.client.Dequeue(ctx, w.cfg.Queue, opts)
 	if errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {

@@ -42,6 +42,7 @@ func TestNewWorkerValidates(t *testing.T) {
 		{"sub-ms poll wait", &workers.WorkerConfig{Queue: "q", PollWait: time.Microsecond}, "WorkerConfig.PollWait"},
 		{"long poll wait", &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait + time.Millisecond}, "WorkerConfig.PollWait"},
 		{"nil middleware", &workers.WorkerConfig{Queue: "q", Middleware: []workers.Middleware{nil}}, "WorkerConfig.Middleware[0]"},
+		{"long name", &workers.WorkerConfig{Queue: "q", Name: strings.Repeat("n", subjects.MaxWorkerLen+1)}, "WorkerConfig.Name"},
 	}
 	for _, tc := range tests {
 		if _, err := workers.NewWorker(c, tc.cfg, h); err == nil || !strings.Contains(err.Error(), tc.field) {
