@@ -38,7 +38,7 @@ const (
 
 // benchScenarios and benchBaselines list what bench can run, in the order it runs them.
 var (
-	benchScenarios = []string{"S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9"}
+	benchScenarios = []string{"S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "EV", "S9"}
 	benchBaselines = []string{"B-CAS", "B-WQ", "B-PUT", "B-REQ", "B-LOAD"}
 )
 
@@ -269,7 +269,7 @@ func (b *bench) runMain(ctx context.Context, dir string, scenarios []string) (er
 		}
 	}
 	run := map[string]func(context.Context, *benchEnv) error{
-		"S1": b.s1, "S2": b.s2, "S3": b.s3, "S4": b.s4, "S6": b.s6, "S7": b.s7, "S8": b.s8,
+		"S1": b.s1, "S2": b.s2, "S3": b.s3, "S4": b.s4, "S6": b.s6, "S7": b.s7, "S8": b.s8, "EV": b.ev,
 	}
 	for _, name := range scenarios {
 		if err := run[name](ctx, env); err != nil {

@@ -32,6 +32,7 @@ type benchEnv struct {
 	syncAlways bool
 	conns      int
 	retention  time.Duration // of every queue created
+	noEvents   bool          // the broker runs without the events stream
 	space      subjects.Space
 	log        *slog.Logger
 
@@ -62,7 +63,7 @@ func (e *benchEnv) start(ctx context.Context) (time.Duration, error) {
 		DataDir:    e.dir,
 		NoListen:   true,
 		SyncAlways: e.syncAlways,
-		Broker:     &broker.Config{Logger: slog.New(e.recovery)},
+		Broker:     &broker.Config{Logger: slog.New(e.recovery), DisableEvents: e.noEvents},
 		Logger:     e.log,
 	})
 	if err != nil {

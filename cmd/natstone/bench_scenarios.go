@@ -563,3 +563,56 @@ func (b *bench) s8(ctx context.Context, env *benchEnv) error {
 
 // ms returns d in milliseconds.
 func benchMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// benchEVShare is the share of --pending that each EV run fills and drains: EV runs three times.
+const benchEVShare = 4
+
+// ev is EV: S1's cycle with the events stream on, off and on again (the broker restarted in
+// between, on the same server and store), each on a fresh queue of --pending/4 messages. The
+// figure is the mean of the two runs with events ÷ the run without: what publishing every
+// transition costs the dequeue path.
+func (b *bench) ev(ctx context.Context, env *benchEnv) error {
+	n := max(b.cfg.pending/benchEVShare, 1)
+	run := func(name string, noEvents bool) (benchResult, error) {
+		if env.noEvents != noEvents {
+			env.noEvents = noEvents
+			if _, err := env.restart(ctx, env.syncAlways); err != nil {
+				return benchResult{}, err
+			}
+		}
+		queue := benchQueueName(name)
+		if err := env.createQueue(ctx, queue, subjects.CreateQueueRequest{}); err != nil {
+			return benchResult{}, err
+		}
+		if err := env.fill(ctx, b.p, name+" fill", queue, n, b.pendingMessage); err != nil {
+			return benchResult{}, err
+		}
+		r, err := b.cycles(ctx, env, name, queue, 1)
+		if err != nil {
+			return r, err
+		}
+		return r, env.deleteQueue(ctx, queue)
+	}
+	on1, err := run("EV-on", false)
+	if err != nil {
+		return err
+	}
+	off, err := run("EV-off", true)
+	if err != nil {
+		return err
+	}
+	on2, err := run("EV-on2", false)
+	if err != nil {
+		return err
+	}
+	notes := fmt.Sprintf("%d pending at start, %d workers, dequeue batch 1 then complete each", n, b.cfg.workers)
+	offRow := benchRateRow("EV-off", "cycles/s", off, "events stream off; "+notes)
+	offRow.Kind = benchKindReference
+	b.add(offRow)
+	on := benchResult{ops: on1.ops + on2.ops, elapsed: on1.elapsed + on2.elapsed, cpu: (on1.cpu + on2.cpu) / 2}
+	row := benchRateRow("EV", "cycles/s", on, fmt.Sprintf("events stream on (two runs, before and after EV-off: %.0f and %.0f cycles/s); %s", on1.rate(), on2.rate(), notes))
+	row.Kind = benchKindScenario
+	b.compare(row, "EV-off", 1, benchTarget{})
+	b.add(row)
+	return nil
+}
