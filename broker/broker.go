@@ -146,8 +146,14 @@ func (b *Broker) Start(ctx context.Context) error {
 	}
 	var events *kv.Events
 	if !b.cfg.DisableEvents {
+		// A JetStream context of its own: its publishes in flight must never stall the records'.
+		ejs, err := jetstream.New(cmp.Or(b.cfg.StoreConn, b.cfg.Conn),
+			jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout), jetstream.WithPublishAsyncMaxPending(2*maxEventBatch))
+		if err != nil {
+			return fmt.Errorf("natstone: jetstream: %w", err)
+		}
 		events, err = kv.OpenEvents(ctx, &kv.EventsConfig{
-			JS:            js,
+			JS:            ejs,
 			Prefix:        b.cfg.StorePrefix,
 			Replicas:      b.cfg.Replicas,
 			MemoryStorage: b.cfg.MemoryStorage,

@@ -15,6 +15,9 @@ import (
 // (and counted) rather than holding up the queues: the events stream is a record, not the truth.
 const maxBufferedEvents = 1 << 16
 
+// maxEventBatch bounds the events published together (all in flight at once).
+const maxEventBatch = 4096
+
 // eventPublishTries is how often an event the stream refused is published before it is dropped.
 const eventPublishTries = 3
 
@@ -103,8 +106,11 @@ func (p *publisher) run() {
 	defer close(p.done)
 	for {
 		p.mu.Lock()
-		batch := p.buf
-		p.buf = nil
+		batch := p.buf[:min(len(p.buf), maxEventBatch)]
+		p.buf = p.buf[len(batch):]
+		if len(p.buf) == 0 {
+			p.buf = nil // let the next appends start a fresh array, not keep extending this one
+		}
 		closing := p.closing
 		p.mu.Unlock()
 		if len(batch) == 0 {
