@@ -1,0 +1,126 @@
+package metrics
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/subjects"
+)
+
+// The metrics read from a broker.Snapshot at each scrape.
+var (
+	queueMessagesDesc = prometheus.NewDesc("natstone_queue_messages",
+		"Messages of a queue in each state.", []string{"queue", "state"}, nil)
+	queueOldestPendingDesc = prometheus.NewDesc("natstone_queue_oldest_pending_seconds",
+		"How long the longest-waiting pending message of a queue has waited (0 if none is pending).",
+		[]string{"queue"}, nil)
+	queueBlockedDesc = prometheus.NewDesc("natstone_queue_blocked",
+		"1 if a queue refuses enqueues (direction enqueue) or dequeues (direction dequeue), else 0.",
+		[]string{"queue", "direction"}, nil)
+	eventsPublishedDesc = prometheus.NewDesc("natstone_events_published_total",
+		"Events stored in the events stream since the broker started.", nil, nil)
+	eventsDroppedDesc = prometheus.NewDesc("natstone_events_dropped_total",
+		"Events given up on since the broker started (buffer full, or the stream refused them).", nil, nil)
+	eventsBufferedDesc = prometheus.NewDesc("natstone_events_buffered",
+		"Events waiting to be published.", nil, nil)
+	eventsEnabledDesc = prometheus.NewDesc("natstone_events_enabled",
+		"1 if the broker publishes events, else 0.", nil, nil)
+)
+
+// snapshotCollector turns the snapshot of the watched broker into metrics, calling it once per
+// scrape. With nothing watched it collects nothing.
+type snapshotCollector struct {
+	snapshot atomic.Pointer[func() broker.Snapshot]
+}
+
+// Watch makes every scrape call snapshot once — usually a broker's Snapshot method — and expose
+// the natstone_queue_* and natstone_events_* metrics from it. A later call replaces the function;
+// nil stops exposing them. snapshot is called from the scraping goroutine.
+func (m *Metrics) Watch(snapshot func() broker.Snapshot) {
+	if snapshot == nil {
+		m.snapshot.snapshot.Store(nil)
+		return
+	}
+	m.snapshot.snapshot.Store(&snapshot)
+}
+
+// Describe implements prometheus.Collector.
+func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		queueMessagesDesc, queueOldestPendingDesc, queueBlockedDesc,
+		eventsPublishedDesc, eventsDroppedDesc, eventsBufferedDesc, eventsEnabledDesc,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
+	fn := c.snapshot.Load()
+	if fn == nil {
+		return
+	}
+	s := (*fn)()
+	for i := range s.Queues {
+		collectQueue(ch, &s.Queues[i])
+	}
+	collectEvents(ch, s.Events)
+}
+
+// collectQueue sends one queue's gauges: every state, even when 0, and both directions.
+func collectQueue(ch chan<- prometheus.Metric, q *broker.QueueSnapshot) {
+	for _, st := range subjects.States {
+		ch <- constMetric(queueMessagesDesc, prometheus.GaugeValue, float64(count(q.Counts, st)), q.Name, string(st))
+	}
+	ch <- constMetric(queueOldestPendingDesc, prometheus.GaugeValue, float64(q.OldestPendingMS)/1000, q.Name)
+	ch <- constMetric(queueBlockedDesc, prometheus.GaugeValue, flag(q.Config.EnqueueBlocked), q.Name, "enqueue")
+	ch <- constMetric(queueBlockedDesc, prometheus.GaugeValue, flag(q.Config.DequeueBlocked), q.Name, "dequeue")
+}
+
+// collectEvents sends the events publisher's metrics.
+func collectEvents(ch chan<- prometheus.Metric, e broker.EventsSnapshot) {
+	ch <- constMetric(eventsPublishedDesc, prometheus.CounterValue, float64(e.Published))
+	ch <- constMetric(eventsDroppedDesc, prometheus.CounterValue, float64(e.Dropped))
+	ch <- constMetric(eventsBufferedDesc, prometheus.GaugeValue, float64(e.Buffered))
+	ch <- constMetric(eventsEnabledDesc, prometheus.GaugeValue, flag(e.Enabled))
+}
+
+// constMetric is prometheus.MustNewConstMetric without the panic: an invalid metric (a label value
+// that is not UTF-8) fails the scrape's gathering with its error instead.
+func constMetric(desc *prometheus.Desc, typ prometheus.ValueType, v float64, labels ...string) prometheus.Metric {
+	m, err := prometheus.NewConstMetric(desc, typ, v, labels...)
+	if err != nil {
+		return prometheus.NewInvalidMetric(desc, err)
+	}
+	return m
+}
+
+// count returns the number of messages in state st.
+func count(c subjects.Counts, st subjects.State) int {
+	switch st {
+	case subjects.StateInvisible:
+		return c.Invisible
+	case subjects.StatePending:
+		return c.Pending
+	case subjects.StateRunning:
+		return c.Running
+	case subjects.StateCompleted:
+		return c.Completed
+	case subjects.StateCanceled:
+		return c.Canceled
+	case subjects.StateErrored:
+		return c.Errored
+	default:
+		return 0
+	}
+}
+
+// flag is 1 for true and 0 for false.
+func flag(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
