@@ -463,13 +463,17 @@ func (b *bench) add(row *benchRow) { b.rows = append(b.rows, row) }
 
 // sortRows puts the rows in the table's order: the baselines, then the scenarios from S1 to S9,
 // each after the baseline or reference row measured for it alone (B-REQ@S4, S8-unfiltered,
-// B-CAS(always)). The scenarios do not run in that order (S5 and S9 have servers of their own).
+// B-CAS(always)), with EV (and its EV-off) before S9. The scenarios do not run in that order (S5 and S9 have servers of their own).
 func (b *bench) sortRows() {
 	rank := func(r *benchRow) int {
 		name := r.Name
 		switch name {
 		case "B-REQ@S4":
 			return 40
+		case "EV-off":
+			return 85
+		case "EV":
+			return 86
 		case "B-CAS(always)":
 			return 90
 		}

@@ -125,11 +125,15 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "lease only messages with metadata `key=value`, repeatable (all must match)")
 	requestID := c.fs.String("request-id", "", "makes the dequeue retry-safe: a retry with the same `id` within 5 minutes returns the same leases")
+	worker := c.fs.String("worker", "", "who dequeues: the `name` the leased events carry (natstone history shows it)")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
 		return parseExit(err)
 	}
-	opts := &workers.DequeueOpts{Batch: *batch, Lease: *lease, Wait: *wait, Filter: filter, RequestID: *requestID}
+	if err := subjects.ValidateWorker(*worker); err != nil {
+		return parseExit(c.usageError("--worker must be at most %d bytes of printable UTF-8", subjects.MaxWorkerLen))
+	}
+	opts := &workers.DequeueOpts{Batch: *batch, Lease: *lease, Wait: *wait, Filter: filter, RequestID: *requestID, Worker: *worker}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
 		msgs, err := conn.client.Dequeue(ctx, pos[0], opts)
 		if err != nil {

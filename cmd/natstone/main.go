@@ -40,6 +40,9 @@ var commands = []command{
 	{name: "cancel", summary: "cancel a message (fenced by its lease when one is given)", run: runCancel},
 	{name: "get", summary: "show a message with its payload", run: runGet},
 	{name: "depth", summary: "count a queue's messages by state, optionally filtered by metadata", run: runDepth},
+	{name: "stats", summary: "show a queue now: counts, oldest pending, rates, totals, expiring leases", run: runStats},
+	{name: "messages", summary: "list a queue's messages of one state in their order, without payloads", run: runMessages},
+	{name: "history", summary: "show a message's transitions and time in each state, also once collected", run: runHistory},
 	{name: "bench", summary: "measure natstone against plain JetStream on this machine (docs/performance.md)", run: runBench},
 }
 
