@@ -1,0 +1,367 @@
+package web
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/workers"
+)
+
+// statsConcurrency bounds the stats requests one GET /api/queues has in flight.
+const statsConcurrency = 8
+
+// api adapts a handler that returns its reply, or an error to answer with. Request bodies are
+// limited to maxBodyBytes.
+func (s *Server) api(h func(*http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+		v, err := h(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+// queueSummary is one queue of GET /api/queues.
+type queueSummary struct {
+	Name            string             `json:"name"`
+	Type            subjects.QueueType `json:"type"`
+	ExclusivityKey  string             `json:"exclusivity_key,omitempty"`
+	EnqueueBlocked  bool               `json:"enqueue_blocked"`
+	DequeueBlocked  bool               `json:"dequeue_blocked"`
+	Counts          subjects.Counts    `json:"counts"`
+	OldestPendingMS int64              `json:"oldest_pending_ms"`
+	Rates           subjects.Rates     `json:"rates"`
+}
+
+// queuesReply is the reply of GET /api/queues.
+type queuesReply struct {
+	Queues []queueSummary `json:"queues"`
+}
+
+// listQueues answers GET /api/queues: the list, then the stats of every queue, a few at a time.
+func (s *Server) listQueues(r *http.Request) (any, error) {
+	if _, err := query(r.URL, nil); err != nil {
+		return nil, err
+	}
+	ctx := r.Context()
+	infos, err := s.client.Queues(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stats := make([]*subjects.StatsReply, len(infos))
+	errs := make([]error, len(infos))
+	sem := make(chan struct{}, statsConcurrency)
+	var wg sync.WaitGroup
+	for i := range infos {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			st, err := s.client.Stats(ctx, infos[i].Name, &workers.StatsOpts{ExpiringLimit: 1})
+			switch {
+			case errors.Is(err, workers.ErrQueueNotFound):
+				// Deleted since the list: leave it out.
+			case err != nil:
+				errs[i] = err
+			default:
+				stats[i] = &st
+			}
+		})
+	}
+	wg.Wait()
+	reply := queuesReply{Queues: make([]queueSummary, 0, len(infos))}
+	for i, st := range stats {
+		if errs[i] != nil {
+			return nil, errs[i]
+		}
+		if st == nil {
+			continue
+		}
+		reply.Queues = append(reply.Queues, queueSummary{
+			Name:            infos[i].Name,
+			Type:            st.Config.Type,
+			ExclusivityKey:  st.Config.ExclusivityKey,
+			EnqueueBlocked:  st.Config.EnqueueBlocked,
+			DequeueBlocked:  st.Config.DequeueBlocked,
+			Counts:          st.Counts,
+			OldestPendingMS: st.OldestPendingMS,
+			Rates:           st.Rates,
+		})
+	}
+	return reply, nil
+}
+
+// queueReply is the reply of GET /api/queues/{name}.
+type queueReply struct {
+	Name            string                   `json:"name"`
+	Revision        uint64                   `json:"revision"`
+	CreatedAt       time.Time                `json:"created_at"`
+	Config          subjects.QueueConfig     `json:"config"`
+	Filter          map[string]string        `json:"filter,omitempty"`
+	At              time.Time                `json:"at"`
+	Counts          subjects.Counts          `json:"counts"`
+	OldestPendingMS int64                    `json:"oldest_pending_ms"`
+	Rates           subjects.Rates           `json:"rates"`
+	Totals          subjects.Totals          `json:"totals"`
+	Expiring        []subjects.ExpiringLease `json:"expiring"`
+}
+
+// getQueue answers GET /api/queues/{name}: info (for the revision and creation time) and stats.
+func (s *Server) getQueue(r *http.Request) (any, error) {
+	q, err := query(r.URL, []string{"filter"}, "filter")
+	if err != nil {
+		return nil, err
+	}
+	filter, err := parseFilter(q["filter"])
+	if err != nil {
+		return nil, err
+	}
+	ctx, name := r.Context(), r.PathValue("name")
+	info, err := s.client.Queue(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.client.Stats(ctx, name, &workers.StatsOpts{Filter: filter})
+	if err != nil {
+		return nil, err
+	}
+	if st.Expiring == nil {
+		st.Expiring = []subjects.ExpiringLease{}
+	}
+	return queueReply{
+		Name:            info.Name,
+		Revision:        info.Revision,
+		CreatedAt:       info.CreatedAt,
+		Config:          info.Config,
+		Filter:          filter,
+		At:              st.At,
+		Counts:          st.Counts,
+		OldestPendingMS: st.OldestPendingMS,
+		Rates:           st.Rates,
+		Totals:          st.Totals,
+		Expiring:        st.Expiring,
+	}, nil
+}
+
+// message is a message as the API shows it, without its payload.
+type message struct {
+	ID             string            `json:"id"`
+	Queue          string            `json:"queue"`
+	State          subjects.State    `json:"state"`
+	Priority       int64             `json:"priority"`
+	Metadata       map[string]string `json:"metadata,omitempty"`
+	Version        uint64            `json:"version"`
+	Attempts       int               `json:"attempts"`
+	AttemptsLeft   int               `json:"attempts_left"`
+	LeaseID        string            `json:"lease_id,omitempty"`
+	LeaseExpiresAt *time.Time        `json:"lease_expires_at,omitempty"`
+	EnqueuedAt     time.Time         `json:"enqueued_at"`
+	VisibleAt      time.Time         `json:"visible_at"`
+	UpdatedAt      time.Time         `json:"updated_at"`
+	EndedAt        *time.Time        `json:"ended_at,omitempty"`
+}
+
+// newMessage converts a client's message.
+func newMessage(m *workers.Message) message {
+	return message{
+		ID:             m.ID,
+		Queue:          m.Queue,
+		State:          m.State,
+		Priority:       m.Priority,
+		Metadata:       m.Metadata,
+		Version:        m.Version,
+		Attempts:       m.Attempts,
+		AttemptsLeft:   m.AttemptsLeft,
+		LeaseID:        m.LeaseID,
+		LeaseExpiresAt: optionalTime(m.LeaseExpiresAt),
+		EnqueuedAt:     m.EnqueuedAt,
+		VisibleAt:      m.VisibleAt,
+		UpdatedAt:      m.UpdatedAt,
+		EndedAt:        optionalTime(m.EndedAt),
+	}
+}
+
+// optionalTime returns nil for the zero time, so that JSON leaves it out.
+func optionalTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// messagesReply is the reply of GET /api/queues/{name}/messages.
+type messagesReply struct {
+	Queue    string            `json:"queue"`
+	State    subjects.State    `json:"state"`
+	Filter   map[string]string `json:"filter,omitempty"`
+	Limit    int               `json:"limit"`
+	Messages []message         `json:"messages"`
+	More     bool              `json:"more"`
+}
+
+// listMessages answers GET /api/queues/{name}/messages with a browse.
+func (s *Server) listMessages(r *http.Request) (any, error) {
+	q, err := query(r.URL, []string{"state", "filter", "limit"}, "filter")
+	if err != nil {
+		return nil, err
+	}
+	state, err := parseState(q.Get("state"))
+	if err != nil {
+		return nil, err
+	}
+	filter, err := parseFilter(q["filter"])
+	if err != nil {
+		return nil, err
+	}
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return nil, err
+	}
+	name := r.PathValue("name")
+	msgs, more, err := s.client.Browse(r.Context(), name, state, &workers.BrowseOpts{Filter: filter, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	reply := messagesReply{Queue: name, State: state, Filter: filter, Limit: limit, Messages: make([]message, len(msgs)), More: more}
+	for i := range msgs {
+		reply.Messages[i] = newMessage(&msgs[i])
+	}
+	return reply, nil
+}
+
+// messageDetail is a message with its payload, when small enough to show.
+type messageDetail struct {
+	message
+	PayloadSize    int     `json:"payload_size"`
+	Payload        *string `json:"payload,omitempty"`        // valid UTF-8 of at most MaxPayloadPreview bytes
+	PayloadBase64  []byte  `json:"payload_base64,omitempty"` // other bytes of at most MaxPayloadPreview bytes
+	PayloadOmitted bool    `json:"payload_omitted,omitempty"`
+}
+
+// newMessageDetail converts a client's message, keeping its payload if it is small.
+func newMessageDetail(m *workers.Message) *messageDetail {
+	d := &messageDetail{message: newMessage(m), PayloadSize: len(m.Payload)}
+	switch {
+	case len(m.Payload) > MaxPayloadPreview:
+		d.PayloadOmitted = true
+	case utf8.Valid(m.Payload):
+		p := string(m.Payload)
+		d.Payload = &p
+	default:
+		d.PayloadBase64 = m.Payload
+	}
+	return d
+}
+
+// messageReply is the reply of GET /api/queues/{name}/messages/{id}.
+type messageReply struct {
+	Message      *messageDetail         `json:"message"` // nil once garbage-collected
+	History      *subjects.HistoryReply `json:"history"`
+	HistoryError *subjects.Error        `json:"history_error,omitempty"`
+}
+
+// getMessage answers GET /api/queues/{name}/messages/{id}: get, then history. A message that was
+// garbage-collected is still answered from its history.
+func (s *Server) getMessage(r *http.Request) (any, error) {
+	if _, err := query(r.URL, nil); err != nil {
+		return nil, err
+	}
+	ctx, name, id := r.Context(), r.PathValue("name"), r.PathValue("id")
+	var reply messageReply
+	m, getErr := s.client.Get(ctx, name, id)
+	switch {
+	case getErr == nil:
+		reply.Message = newMessageDetail(&m)
+	case errors.Is(getErr, workers.ErrMessageNotFound):
+		// Collected, perhaps: its history may remain.
+	default:
+		return nil, getErr
+	}
+	h, err := s.client.History(ctx, name, id, 0)
+	switch {
+	case err == nil:
+		reply.History = &h
+	case reply.Message == nil:
+		// Neither the message nor a readable history of it: it is not found, whatever kept the
+		// history from being read.
+		return nil, getErr
+	default:
+		_, code, msg := classify(err)
+		reply.HistoryError = &subjects.Error{Code: code, Message: msg}
+	}
+	return reply, nil
+}
+
+// blockedRequest is the body of POST /api/queues/{name}/blocked.
+type blockedRequest struct {
+	EnqueueBlocked *bool `json:"enqueue_blocked"`
+	DequeueBlocked *bool `json:"dequeue_blocked"`
+}
+
+// setBlocked answers POST /api/queues/{name}/blocked with an update of the queue's pause flags.
+func (s *Server) setBlocked(r *http.Request) (any, error) {
+	if _, err := query(r.URL, nil); err != nil {
+		return nil, err
+	}
+	req, err := decodeBlocked(r)
+	if err != nil {
+		return nil, err
+	}
+	name := r.PathValue("name")
+	info, err := s.client.UpdateQueue(r.Context(), name, &workers.QueueUpdate{
+		EnqueueBlocked: req.EnqueueBlocked,
+		DequeueBlocked: req.DequeueBlocked,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("web: queue flags set", "queue", name,
+		"enqueue_blocked", info.Config.EnqueueBlocked, "dequeue_blocked", info.Config.DequeueBlocked,
+		"remote_addr", r.RemoteAddr)
+	return info, nil
+}
+
+// decodeBlocked reads the body of a POST /api/queues/{name}/blocked strictly: JSON content type,
+// known fields only, one object, at least one flag.
+func decodeBlocked(r *http.Request) (blockedRequest, error) {
+	var req blockedRequest
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return req, &inputError{status: http.StatusUnsupportedMediaType, code: subjects.CodeBadRequest,
+			msg: "Content-Type must be application/json"}
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&req)
+	if err == nil {
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			err = errors.New("data after the JSON object")
+			var tooLarge *http.MaxBytesError
+			if errors.As(terr, &tooLarge) {
+				err = terr
+			}
+		}
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return req, &inputError{status: http.StatusRequestEntityTooLarge, code: subjects.CodeBadRequest,
+			msg: "body over " + strconv.FormatInt(tooLarge.Limit, 10) + " bytes"}
+	case errors.Is(err, io.EOF):
+		return req, badRequest(`empty body: want {"enqueue_blocked": bool, "dequeue_blocked": bool}`)
+	case err != nil:
+		return req, badRequest("body: %v", err)
+	case req.EnqueueBlocked == nil && req.DequeueBlocked == nil:
+		return req, badRequest("body: give enqueue_blocked, dequeue_blocked or both")
+	}
+	return req, nil
+}

@@ -1,0 +1,325 @@
+package web_test
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/workers"
+)
+
+// defaultChromium is where Debian's chromium package installs the browser.
+const defaultChromium = "/usr/bin/chromium"
+
+// browserTimeout bounds each step of the browser test.
+const browserTimeout = 15 * time.Second
+
+// TestDashboard drives the dashboard in a real headless Chromium against a queue in a known state:
+// the queues table, the queue page (counts, pending messages, a filter, expiring leases, the
+// dequeue-blocked switch, a state tab) and a message page (fields, payload, history timeline). With
+// NATSTONE_SCREENSHOT_DIR set it saves a full-page PNG of each page there.
+func TestDashboard(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	b := startBrowser(t)
+	shots := os.Getenv("NATSTONE_SCREENSHOT_DIR")
+
+	// A queue in a known state: order-1 was released once then completed, order-2 is running,
+	// order-3 and order-4 are pending, order-5 was canceled by an operator.
+	base := time.Now().Add(time.Hour).Truncate(time.Minute).UnixMilli()
+	e.createQueue("orders", &workers.QueueOpts{Lease: 20 * time.Second, MaxAttempts: 3})
+	for i, md := range []map[string]string{
+		{"kind": "a", "region": "eu"}, {"kind": "b", "region": "us"}, {"kind": "a", "region": "us"},
+		{"kind": "b", "region": "eu"}, {"kind": "a", "region": "eu"},
+	} {
+		e.enqueue("orders", fmt.Sprintf("order-%d", i+1), base+int64(i)*60_000, fmt.Sprintf(`{"order": %d, "sku": "A-10%d"}`, i+1, i), md)
+	}
+	first := e.dequeue("orders", 2, "worker-a") // order-1 and order-2
+	if _, err := e.c.Release(ctx(t), "orders", first[0].ID, first[0].LeaseID, 0); err != nil {
+		t.Fatal(err)
+	}
+	again := e.dequeue("orders", 1, "worker-b")[0] // order-1 again
+	if _, err := e.c.Complete(ctx(t), "orders", again.ID, again.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Cancel(ctx(t), "orders", "order-5", ""); err != nil {
+		t.Fatal(err)
+	}
+	running := first[1]
+	// Two more queues, so that the table has rows to tell apart.
+	e.createQueue("reports", &workers.QueueOpts{Type: subjects.Exclusive, ExclusivityKey: "tenant", EnqueueBlocked: true})
+	e.enqueue("mail", "mail-1", base, "hi", map[string]string{"to": "ann"})
+
+	// The queues page: every count of every queue as the broker states it.
+	b.do(chromedp.Navigate(e.http.URL + "/#/"))
+	b.waitLoaded(`[data-view="queues"]`)
+	for _, q := range []string{"orders", "reports", "mail"} {
+		got := evaluate[map[string]int](b, fmt.Sprintf(
+			`Object.fromEntries([...document.querySelectorAll('td[data-queue=%q][data-state]')].map(td => [td.dataset.state, Number(td.textContent)]))`, q))
+		if want := countsMap(e.stats(q, nil).Counts); !maps.Equal(got, want) {
+			t.Errorf("queues page, %s: counts %v, stats say %v", q, got, want)
+		}
+	}
+	if want := countsMap(subjects.Counts{Pending: 2, Running: 1, Completed: 1, Canceled: 1}); !maps.Equal(evaluate[map[string]int](b,
+		`Object.fromEntries([...document.querySelectorAll('td[data-queue="orders"][data-state]')].map(td => [td.dataset.state, Number(td.textContent)]))`), want) {
+		t.Errorf("queues page: orders does not show %v", want)
+	}
+	if badges := evaluate[[]string](b, `[...document.querySelectorAll('tr[data-queue="reports"] [data-blocked]')].map(b => b.dataset.blocked)`); !slices.Equal(badges, []string{"enqueue"}) {
+		t.Errorf("queues page: reports has blocked badges %v, want [enqueue]", badges)
+	}
+	// The page refreshes itself: a new message shows up without a reload.
+	e.enqueue("mail", "mail-2", base+1, "hello", map[string]string{"to": "bob"})
+	b.poll(`document.querySelector('td[data-queue="mail"][data-state="pending"]').textContent === "2"`)
+	b.noError()
+	b.screenshot(shots, "dashboard-queues.png")
+
+	// The queue page, reached by its link: counts, the pending messages in EDF order, the lease
+	// about to expire.
+	b.do(chromedp.Click(chromedp.CSS(`tr[data-queue="orders"] a`)))
+	b.waitLoaded(`[data-view="queue"][data-queue="orders"][data-state="pending"][data-filter=""]`)
+	st := e.stats("orders", nil)
+	if got := evaluate[map[string]int](b, `Object.fromEntries([...document.querySelectorAll('#counts [data-count]')].map(e => [e.dataset.count, Number(e.textContent)]))`); !maps.Equal(got, countsMap(st.Counts)) {
+		t.Errorf("queue page: counts %v, stats say %+v", got, st.Counts)
+	}
+	if got, want := b.rows("#messages"), e.browse("orders", subjects.StatePending, nil); !slices.Equal(got, want) || len(want) != 2 {
+		t.Errorf("queue page: pending %v, browse says %v", got, want)
+	}
+	if got := b.rows("#expiring"); !slices.Equal(got, []string{running.ID}) {
+		t.Errorf("queue page: expiring leases of %v, want %s's", got, running.ID)
+	}
+
+	// The dequeue-blocked switch changes the queue.
+	b.do(chromedp.Click(chromedp.CSS(`#toggle-dequeue-blocked`)))
+	waitFor(t, "dequeue_blocked to be set", func() bool {
+		info, err := e.c.Queue(ctx(t), "orders")
+		return err == nil && info.Config.DequeueBlocked && !info.Config.EnqueueBlocked
+	})
+	b.poll(`document.querySelector('#badges [data-blocked="dequeue"]') !== null && document.querySelector('#toggle-dequeue-blocked').checked`)
+	if _, err := e.c.Dequeue(ctx(t), "orders", nil); !errors.Is(err, workers.ErrQueueBlocked) {
+		t.Errorf("dequeue after the switch: %v, want ErrQueueBlocked", err)
+	}
+	b.noError()
+	b.screenshot(shots, "dashboard-queue.png")
+
+	// A filter narrows the list to the matching messages.
+	b.do(chromedp.SendKeys(chromedp.CSS(`#filter`), "kind=a"))
+	b.do(chromedp.Click(chromedp.CSS(`#filter-form button[type="submit"]`)))
+	b.waitLoaded(`[data-view="queue"][data-filter="kind=a"]`)
+	filter := map[string]string{"kind": "a"}
+	if got, want := b.rows("#messages"), e.browse("orders", subjects.StatePending, filter); !slices.Equal(got, want) || len(want) != 1 {
+		t.Errorf("filter kind=a: pending %v, browse says %v", got, want)
+	}
+	if got, want := evaluate[int](b, `Number(document.querySelector('#counts [data-count="pending"]').textContent)`), e.stats("orders", filter).Counts.Pending; got != want {
+		t.Errorf("filter kind=a: pending count %d, stats say %d", got, want)
+	}
+
+	// The completed tab keeps the filter; its message links to the message page.
+	b.do(chromedp.Click(chromedp.CSS(`a[data-tab="completed"]`)))
+	b.waitLoaded(`[data-view="queue"][data-state="completed"][data-filter="kind=a"]`)
+	if got, want := b.rows("#messages"), e.browse("orders", subjects.StateCompleted, filter); !slices.Equal(got, want) || !slices.Equal(want, []string{"order-1"}) {
+		t.Errorf("completed tab: %v, browse says %v", got, want)
+	}
+	b.do(chromedp.Click(chromedp.CSS(`#messages tr[data-message-id="order-1"] a`)))
+	b.waitLoaded(`[data-view="message"][data-message-id="order-1"]`)
+
+	// The message page: fields, payload and the history timeline in order.
+	h := e.history("orders", "order-1")
+	type event struct {
+		Kind    string `json:"kind"`
+		Version uint64 `json:"version"`
+	}
+	got := evaluate[[]event](b, `[...document.querySelectorAll('#timeline tr')].map(r => ({kind: r.dataset.eventKind, version: Number(r.dataset.eventVersion)}))`)
+	want := make([]event, len(h.Events))
+	for i, ev := range h.Events {
+		want[i] = event{string(ev.Kind), ev.Version}
+	}
+	if !slices.Equal(got, want) || kinds(h.Events) != "enqueued leased released leased completed" {
+		t.Errorf("message page: timeline %v, history says %v", got, want)
+	}
+	if got := evaluate[int](b, `Number(document.querySelector('#failures').dataset.failures)`); got != h.Failures || got != 1 {
+		t.Errorf("message page: %d failures, history says %d", got, h.Failures)
+	}
+	if got := evaluate[string](b, `document.querySelector('#fields [data-field="state"]').textContent`); got != "completed" {
+		t.Errorf("message page: state %q", got)
+	}
+	if got := evaluate[string](b, `document.querySelector('#payload pre').textContent`); got != `{"order": 1, "sku": "A-100"}` {
+		t.Errorf("message page: payload %q", got)
+	}
+	if got := evaluate[int](b, `document.querySelectorAll('#lifebar .seg').length`); got < 1 {
+		t.Errorf("message page: the life bar has %d segments", got)
+	}
+	b.noError()
+	b.screenshot(shots, "dashboard-message.png")
+
+	// The refresh can be paused.
+	b.do(chromedp.Click(chromedp.ID(`refresh-toggle`)))
+	if got := evaluate[string](b, `document.getElementById('refresh-toggle').getAttribute('aria-pressed') + ' ' + document.getElementById('refresh-toggle').textContent`); got != "true Resume" {
+		t.Errorf("after a click on pause: the button says %q", got)
+	}
+	b.checkConsole()
+}
+
+// tab is a headless Chromium tab driven by a test.
+type tab struct {
+	t   *testing.T
+	ctx context.Context
+
+	mu       sync.Mutex
+	problems []string // console errors and uncaught exceptions
+}
+
+// startBrowser starts Debian's chromium (or $NATSTONE_CHROMIUM) headless, with a fresh profile in
+// t.TempDir() and without the background traffic it would send to Google, and opens a tab. The
+// browser is stopped, and waited for, at the test's cleanup.
+func startBrowser(t *testing.T) *tab {
+	t.Helper()
+	path := cmp.Or(os.Getenv("NATSTONE_CHROMIUM"), defaultChromium)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the dashboard test needs Chromium: %v. Install it with `sudo apt-get install chromium` "+
+			"(Debian, Ubuntu), or set NATSTONE_CHROMIUM to the path of a Chromium or Chrome binary", err)
+	}
+	profile := t.TempDir() // removed after the browser is stopped: cleanups run last-in first-out
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(profile),
+		chromedp.WindowSize(1280, 900),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	tabCtx, cancelTab := chromedp.NewContext(allocCtx)
+	b := &tab{t: t, ctx: tabCtx}
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		cancelTab()
+		cancelAlloc() // waits for the browser to exit
+		<-done
+	})
+	// The first action starts the browser, bound to the context it is given: one without a deadline.
+	if err := chromedp.Do(tabCtx); err != nil {
+		close(done)
+		t.Fatalf("start %s: %v", path, err)
+	}
+	messages := chromedp.Console(tabCtx)
+	go func() {
+		defer close(done)
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
+				b.mu.Lock()
+				b.problems = append(b.problems, fmt.Sprintf("%s %s:%d: %s", m.Type, m.URL, m.Line+1, m.Text))
+				b.mu.Unlock()
+			}
+		}
+	}()
+	return b
+}
+
+// do runs browser actions, each within browserTimeout.
+func (b *tab) do(steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, browserTimeout)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		b.t.Fatalf("browser: %v", err)
+	}
+}
+
+// evaluate returns the value of a JavaScript expression in the page.
+func evaluate[T any](b *tab, expr string) T {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, browserTimeout)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		b.t.Fatalf("browser: evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// waitLoaded waits until the view matching sel shows data.
+func (b *tab) waitLoaded(sel string) {
+	b.t.Helper()
+	b.do(chromedp.WaitReady(chromedp.CSS(sel + `[data-loaded]`)))
+}
+
+// poll waits until a JavaScript expression is true in the page.
+func (b *tab) poll(expr string) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, browserTimeout)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(browserTimeout))); err != nil {
+		b.t.Fatalf("browser: waiting for %s: %v", expr, err)
+	}
+}
+
+// rows returns the message ids of a table's rows, in order.
+func (b *tab) rows(table string) []string {
+	b.t.Helper()
+	q, _ := json.Marshal(table + ` tbody tr[data-message-id]`)
+	return evaluate[[]string](b, fmt.Sprintf(`[...document.querySelectorAll(%s)].map(r => r.dataset.messageId)`, q))
+}
+
+// noError checks that the page shows no error.
+func (b *tab) noError() {
+	b.t.Helper()
+	if msg := evaluate[string](b, `document.getElementById('error').hidden ? '' : document.getElementById('error').textContent`); msg != "" {
+		b.t.Errorf("the page shows an error: %s", msg)
+	}
+}
+
+// screenshot saves a full-page PNG of the page as dir/name, if dir is set.
+func (b *tab) screenshot(dir, name string) {
+	b.t.Helper()
+	if dir == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, browserTimeout)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Fatalf("browser: screenshot: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// checkConsole fails the test if the page logged an error or threw.
+func (b *tab) checkConsole() {
+	b.t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.problems) > 0 {
+		b.t.Errorf("the browser console reported:\n%s", strings.Join(b.problems, "\n"))
+	}
+}
+
+// countsMap returns counts keyed by state name, as the page's data attributes name them.
+func countsMap(c subjects.Counts) map[string]int {
+	return map[string]int{
+		"invisible": c.Invisible, "pending": c.Pending, "running": c.Running,
+		"completed": c.Completed, "canceled": c.Canceled, "errored": c.Errored,
+	}
+}

@@ -1,0 +1,75 @@
+// Package web is the HTTP listener of `natstone serve --http HOST:PORT`: a JSON API over the broker's
+// queues and messages, and a dashboard that uses it. Everything it shows comes from the broker over
+// NATS through a [workers.Client]; it keeps no state of its own.
+//
+// # JSON API
+//
+// Replies are JSON objects with snake_case fields, timestamps in RFC 3339 (UTC) and durations in
+// milliseconds (…_ms), as on the wire (docs/protocol.md). Every reply carries
+// Cache-Control: no-store.
+//
+//	GET  /api/queues
+//	     Every queue, sorted by name: {"queues": [{"name", "type", "exclusivity_key",
+//	     "enqueue_blocked", "dequeue_blocked", "counts": {<state>: n, …}, "oldest_pending_ms",
+//	     "rates": {"enqueued", "dequeued", "completed", "errored"}}, …]}. Rates are transitions per
+//	     second over the last minute; oldest_pending_ms is how long the longest-waiting pending
+//	     message has waited (0 if none).
+//
+//	GET  /api/queues/{name}[?filter=k=v…]
+//	     One queue: {"name", "revision", "created_at", "config": {…}, "at", "counts",
+//	     "oldest_pending_ms", "rates", "totals": {…}, "expiring": [{"id", "lease_id",
+//	     "lease_expires_at", "expires_in_ms", "attempts", "max_attempts"}, …]}. With filters, counts
+//	     and oldest_pending_ms cover only the matching messages (and "filter" echoes them); rates,
+//	     totals and expiring leases (those ending within 30 s) are the queue's.
+//
+//	GET  /api/queues/{name}/messages?state=pending&filter=k=v&filter=k2=v2&limit=50
+//	     Up to limit (1 to 1000, default 50) messages of one state (default pending) in that state's
+//	     order — pending earliest deadline first, invisible by when they become pending, running by
+//	     lease expiry, completed/canceled/errored by when they ended — optionally only those whose
+//	     metadata has every filter pair: {"queue", "state", "filter", "limit", "messages": [<message>,
+//	     …], "more"}. A message: {"id", "queue", "state", "priority", "metadata", "version",
+//	     "attempts", "attempts_left", "lease_id", "lease_expires_at", "enqueued_at", "visible_at",
+//	     "updated_at", "ended_at"}, without its payload. "more" is true when more messages matched.
+//
+//	GET  /api/queues/{name}/messages/{id}
+//	     One message and its history: {"message": <message> + {"payload_size", "payload" (UTF-8)
+//	     or "payload_base64" (other bytes), "payload_omitted"}, "history": {"events": [{"kind",
+//	     "state", "prev_state", "reason", "version", "attempts", "max_attempts", "lease_id",
+//	     "lease_expires_at", "worker", "request_id", "at", "state_ms", "current"}, …], "state_ms":
+//	     {<state>: ms}, "failures", "collected", "truncated"}, "history_error": {"code", "message"}}.
+//	     The payload is included only up to 4 KiB (MaxPayloadPreview); a larger one is left out with
+//	     payload_omitted set. "message" is null once the message was garbage-collected: its history
+//	     outlives it for the events stream's max age. When the history cannot be read (the broker
+//	     runs without events) "history" is null and "history_error" says why. 404
+//	     message_not_found when the message does not exist and no history of it can be read.
+//
+//	POST /api/queues/{name}/blocked
+//	     Body {"enqueue_blocked": bool, "dequeue_blocked": bool}, each optional but at least one
+//	     given, sent with Content-Type: application/json (a cross-site form cannot send that without
+//	     a CORS preflight, which this server never grants) and at most 1 KiB. Sets the queue's pause
+//	     flags; the reply is the queue's info as the broker's update returns it: {"name", "config",
+//	     "revision", "created_at", "counts"}.
+//
+// # Errors
+//
+// A failed request is answered with {"error": {"code": "…", "message": "…"}}. An error reply of the
+// broker keeps its code and the HTTP status of [subjects.Code.Status] (queue_not_found and
+// message_not_found → 404, invalid_queue_name → 400, …). When the broker cannot be reached (no
+// responders, timeout) the reply is 503 with code unavailable. Bad input is refused before anything
+// is sent to the broker: 400 bad_request for an unknown query parameter, a filter that is not
+// key=value, an unknown state, a malformed body or a body without any flag; 400 invalid_metadata for
+// a filter outside the protocol's limits; 400 out_of_range for a limit outside 1 to 1000; 415
+// bad_request for a POST that is not application/json; 413 bad_request for a body over 1 KiB.
+// Unknown paths and methods get the standard library's plain-text 404 and 405.
+//
+// # Dashboard
+//
+// GET / serves a single-page dashboard (index.html, app.js, style.css and favicon.svg, embedded in
+// the binary; no build step, nothing loaded from elsewhere, Content-Security-Policy default-src
+// 'self'). Its hash routes: #/ the queues; #/queues/<name>[?state=…&filter=k=v,k2=v2] a queue with its counts, rates,
+// leases about to expire, blocked switches and its messages by state; #/queues/<name>/messages/<id>
+// a message with its payload preview and history timeline. It refreshes every 2 seconds unless
+// paused.
+//
+// When set, Config.Metrics and Config.Health are served at GET /metrics and GET /healthz.
+package web

@@ -1,0 +1,115 @@
+package web
+
+import (
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+
+	"github.com/natstone/natstone/workers"
+)
+
+// MaxPayloadPreview is the largest payload the message route includes; a larger one is reported by
+// its size only, so that a page never pulls half a megabyte per refresh.
+const MaxPayloadPreview = 4 << 10
+
+// maxBodyBytes bounds the body of a POST.
+const maxBodyBytes = 1 << 10
+
+// contentSecurityPolicy allows the dashboard to load its own files and call its own API, and nothing
+// else: no inline script or style, no other origin, no framing.
+const contentSecurityPolicy = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+//go:embed static
+var static embed.FS
+
+// Config configures a Server.
+type Config struct {
+	// Client asks the broker. Required.
+	Client *workers.Client
+	// Metrics, if set, is served at GET /metrics.
+	Metrics http.Handler
+	// Health, if set, is served at GET /healthz.
+	Health http.Handler
+	// Logger receives the changes of blocked flags (level info) and the requests the broker did not
+	// answer (level warn). Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the HTTP side of natstone: the JSON API and the dashboard. It is safe for concurrent
+// use and holds no state besides its config.
+type Server struct {
+	client  *workers.Client
+	log     *slog.Logger
+	handler http.Handler
+}
+
+// New returns a Server for cfg. It fails if cfg.Client is nil.
+func New(cfg Config) (*Server, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("natstone: web Config.Client is required")
+	}
+	s := &Server{client: cfg.Client, log: cfg.Logger}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	files, err := fs.Sub(static, "static")
+	if err != nil {
+		return nil, fmt.Errorf("natstone: web: embedded files: %w", err)
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/queues", s.api(s.listQueues))
+	mux.HandleFunc("GET /api/queues/{name}", s.api(s.getQueue))
+	mux.HandleFunc("GET /api/queues/{name}/messages", s.api(s.listMessages))
+	mux.HandleFunc("GET /api/queues/{name}/messages/{id}", s.api(s.getMessage))
+	mux.HandleFunc("POST /api/queues/{name}/blocked", s.api(s.setBlocked))
+	if cfg.Metrics != nil {
+		mux.Handle("GET /metrics", cfg.Metrics)
+	}
+	if cfg.Health != nil {
+		mux.Handle("GET /healthz", cfg.Health)
+	}
+	// The dashboard's files one by one rather than "GET /", so that an unknown path is a 404 and a
+	// GET of a POST route a 405.
+	dash := dashboard(http.FileServerFS(files))
+	mux.Handle("GET /{$}", dash)
+	entries, err := fs.ReadDir(files, ".")
+	if err != nil {
+		return nil, fmt.Errorf("natstone: web: embedded files: %w", err)
+	}
+	for _, f := range entries {
+		if f.Name() != "index.html" { // served at "/": the file server redirects /index.html there
+			mux.Handle("GET /"+f.Name(), dash)
+		}
+	}
+	s.handler = secure(mux)
+	return s, nil
+}
+
+// Handler returns the handler of every route: the API under /api/, the dashboard at /, and
+// /metrics and /healthz when configured.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// secure sets the headers that keep every response to its own origin.
+func secure(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", contentSecurityPolicy)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("X-Frame-Options", "DENY")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// dashboard serves the embedded files. They have no modification time, so the browser is told to
+// revalidate rather than keep a dashboard older than the binary.
+func dashboard(files http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-cache")
+		files.ServeHTTP(w, r)
+	})
+}
