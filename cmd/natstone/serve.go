@@ -19,6 +19,7 @@ import (
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/embedded"
 	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/metrics"
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -54,6 +55,9 @@ type serveConfig struct {
 	storePrefix       string
 	replicas          int
 	disableAutoCreate bool
+	noEvents          bool
+	eventsMaxAge      time.Duration
+	httpAddr          string // empty: no HTTP listener
 	logLevel          slog.Level
 	logFormat         string
 }
@@ -108,6 +112,9 @@ Flags:
 	fs.StringVar(&cfg.storePrefix, "store-prefix", kv.DefaultPrefix, "`prefix` of the KV buckets and the bodies stream")
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas of every bucket and stream (above 1 needs a clustered --nats-url)")
 	fs.BoolVar(&cfg.disableAutoCreate, "no-auto-create", false, "fail an enqueue to an unknown queue instead of creating it")
+	fs.BoolVar(&cfg.noEvents, "no-events", false, "publish no transition events (history then answers unavailable)")
+	fs.DurationVar(&cfg.eventsMaxAge, "events-max-age", broker.DefaultEventsMaxAge, "how long the events stream keeps an event")
+	fs.StringVar(&cfg.httpAddr, "http", "", "`host:port` of an HTTP listener for the dashboard, /metrics and /healthz (off unless given)")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	if err := fs.Parse(args); err != nil {
@@ -158,6 +165,14 @@ Flags:
 	if _, err := subjects.NewSpace(cfg.prefix); err != nil {
 		return usageErr("--prefix: %v", err)
 	}
+	if cfg.eventsMaxAge <= 0 {
+		return usageErr("--events-max-age must be positive, not %v", cfg.eventsMaxAge)
+	}
+	if cfg.httpAddr != "" {
+		if _, _, err := net.SplitHostPort(cfg.httpAddr); err != nil {
+			return usageErr("--http %q: %v", cfg.httpAddr, err)
+		}
+	}
 	if cfg.replicas < 1 {
 		return usageErr("--replicas must be at least 1, not %d", cfg.replicas)
 	}
@@ -199,10 +214,17 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		StorePrefix:       cfg.storePrefix,
 		Replicas:          cfg.replicas,
 		DisableAutoCreate: cfg.disableAutoCreate,
+		DisableEvents:     cfg.noEvents,
+		EventsMaxAge:      cfg.eventsMaxAge,
 		Logger:            log,
 	}
+	var m *metrics.Metrics
+	if cfg.httpAddr != "" {
+		m = metrics.New()
+		bcfg.Observer = m
+	}
 	if cfg.natsURL == "" {
-		return serveEmbedded(ctx, cfg, bcfg, log)
+		return serveEmbedded(ctx, cfg, bcfg, m, log)
 	}
 
 	// Two connections: requests and replies on one, storage traffic on the other. The server reads
@@ -231,13 +253,22 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		nc.Close()
 		return interrupted(ctx, log, err)
 	}
-	log.Info("natstone ready", "prefix", cfg.prefix, "store_prefix", cfg.storePrefix, "nats_url", redactURL(cfg.natsURL))
+	httpAttrs, stopHTTP, err := startHTTP(cfg, b, m, func() (*nats.Conn, error) {
+		return nats.Connect(cfg.natsURL, nats.Name(connName+"-http"), nats.MaxReconnects(-1))
+	}, log)
+	if err != nil {
+		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		return errors.Join(err, b.Stop(stopCtx), drain(stopCtx, nc, closed), drain(stopCtx, storeNC, storeClosed))
+	}
+	log.Info("natstone ready", append([]any{"prefix", cfg.prefix, "store_prefix", cfg.storePrefix, "nats_url", redactURL(cfg.natsURL)}, httpAttrs...)...)
 
 	<-ctx.Done()
 	log.Info("shutting down", "reason", context.Cause(ctx))
 	stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
-	err = b.Stop(stopCtx)
+	err = stopHTTP(stopCtx)
+	err = errors.Join(err, b.Stop(stopCtx))
 	err = errors.Join(err, drain(stopCtx, nc, closed), drain(stopCtx, storeNC, storeClosed))
 	if err != nil {
 		return fmt.Errorf("shutting down: %w", err)
@@ -247,7 +278,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 }
 
 // serveEmbedded runs natstone on its own nats-server.
-func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, log *slog.Logger) error {
+func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, m *metrics.Metrics, log *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
 	n, err := embedded.Start(startCtx, &embedded.Config{
@@ -260,18 +291,26 @@ func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, l
 	if err != nil {
 		return interrupted(ctx, log, err)
 	}
+	httpAttrs, stopHTTP, err := startHTTP(cfg, n.Broker(), m, func() (*nats.Conn, error) {
+		return n.Connect(nats.Name(connName + "-http"))
+	}, log)
+	if err != nil {
+		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		return errors.Join(err, n.Stop(stopCtx))
+	}
 	syncMode := "default"
 	if cfg.syncAlways {
 		syncMode = "always"
 	}
-	log.Info("natstone ready", "prefix", cfg.prefix, "store_prefix", cfg.storePrefix,
-		"listen", n.Addr().String(), "data", cfg.dataDir, "sync", syncMode)
+	log.Info("natstone ready", append([]any{"prefix", cfg.prefix, "store_prefix", cfg.storePrefix,
+		"listen", n.Addr().String(), "data", cfg.dataDir, "sync", syncMode}, httpAttrs...)...)
 
 	<-ctx.Done()
 	log.Info("shutting down", "reason", context.Cause(ctx))
 	stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
-	if err := n.Stop(stopCtx); err != nil {
+	if err := errors.Join(stopHTTP(stopCtx), n.Stop(stopCtx)); err != nil {
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	log.Info("stopped")

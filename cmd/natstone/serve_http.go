@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/metrics"
+	"github.com/natstone/natstone/web"
+	"github.com/natstone/natstone/workers"
+)
+
+// httpReadHeaderTimeout bounds how long a client may take to send its request's headers.
+const httpReadHeaderTimeout = 10 * time.Second
+
+// startHTTP starts the HTTP listener of --http, if given: the dashboard and its JSON API, /metrics
+// (m, which the broker was configured to report to) and /healthz. The dashboard talks to the broker
+// over NATS like any client, on a connection of its own that dial opens. The returned stop shuts
+// the listener down and closes that connection. attrs are the listener's address for the ready log
+// line (none without --http).
+func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func() (*nats.Conn, error), log *slog.Logger) (attrs []any, stop func(context.Context) error, err error) {
+	if cfg.httpAddr == "" {
+		return nil, func(context.Context) error { return nil }, nil
+	}
+	nc, err := dial()
+	if err != nil {
+		return nil, nil, fmt.Errorf("--http: connecting to NATS: %w", err)
+	}
+	client, err := workers.NewClient(nc, &workers.Config{Prefix: cfg.prefix})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	m.Watch(b.Snapshot)
+	srv, err := web.New(web.Config{
+		Client:  client,
+		Metrics: m.Handler(),
+		Health: metrics.Health(metrics.HealthConfig{
+			Conn:        nc,
+			StorePrefix: cfg.storePrefix,
+			Events:      !cfg.noEvents,
+		}),
+		Logger: log,
+	})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.httpAddr)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("--http: %w", err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: httpReadHeaderTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	addr := ln.Addr().String()
+	log.Info("http listening", "addr", addr, "dashboard", "http://"+addr+"/")
+	return []any{"http", addr}, func(ctx context.Context) error {
+		err := hs.Shutdown(ctx)
+		if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+			err = errors.Join(err, serr)
+		}
+		nc.Close()
+		return err
+	}, nil
+}

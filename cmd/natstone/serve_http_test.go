@@ -1,0 +1,112 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// httpGet fetches url and returns its status and body.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url) //nolint:noctx // a test against a loopback server
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// TestServeHTTP runs serve with --http and checks that the listener serves the dashboard, the JSON
+// API, /metrics fed by the broker and /healthz, and that --no-events turns history off.
+func TestServeHTTP(t *testing.T) {
+	t.Parallel()
+	ready, cancel, code := inProcess(t, "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-format", "json")
+	var line struct {
+		Listen string `json:"listen"`
+		HTTP   string `json:"http"`
+	}
+	if err := json.Unmarshal([]byte(ready), &line); err != nil || line.HTTP == "" || strings.HasSuffix(line.HTTP, ":0") {
+		t.Fatalf("ready line %s (%v): want the HTTP listener's address", ready, err)
+	}
+	roundTrip(t, "nats://"+line.Listen)
+	base := "http://" + line.HTTP
+
+	if status, body := httpGet(t, base+"/"); status != http.StatusOK || !strings.Contains(body, "<html") {
+		t.Errorf("GET /: %d, want the dashboard page", status)
+	}
+	status, body := httpGet(t, base+"/api/queues")
+	if status != http.StatusOK || !strings.Contains(body, `"jobs"`) {
+		t.Errorf("GET /api/queues: %d %s, want queue jobs", status, body)
+	}
+	status, body = httpGet(t, base+"/metrics")
+	for _, want := range []string{
+		`natstone_requests_total{code="ok",op="dequeue"} 1`,
+		`natstone_queue_messages{queue="jobs",state="running"} 1`,
+		`natstone_transitions_total{kind="leased",queue="jobs"} 1`,
+	} {
+		if status != http.StatusOK || !strings.Contains(body, want) {
+			t.Errorf("GET /metrics: %d, no line %q", status, want)
+		}
+	}
+	if status, body := httpGet(t, base+"/healthz"); status != http.StatusOK || !strings.Contains(body, `"status":"ok"`) {
+		t.Errorf("GET /healthz: %d %s, want ok", status, body)
+	}
+	var h subjects.HistoryReply
+	request(t, dial(t, "nats://"+line.Listen), "natstone.v1.history.jobs", `{"id":"`+firstID(t, base)+`"}`, &h)
+	if len(h.Events) != 2 {
+		t.Errorf("history: %d events, want enqueued and leased", len(h.Events))
+	}
+	cancel()
+	if c := exitCode(t, code); c != exitOK {
+		t.Fatalf("exit code after cancel = %d, want 0", c)
+	}
+}
+
+// firstID returns the id of the running message of queue jobs, read through the JSON API.
+func firstID(t *testing.T, base string) string {
+	t.Helper()
+	status, body := httpGet(t, base+"/api/queues/jobs/messages?state=running")
+	var r struct {
+		Messages []struct {
+			ID string `json:"id"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal([]byte(body), &r); status != http.StatusOK || err != nil || len(r.Messages) != 1 {
+		t.Fatalf("GET running messages: %d %s (%v), want one", status, body, err)
+	}
+	return r.Messages[0].ID
+}
+
+// TestServeNoEvents: with --no-events there is no events stream and history is unavailable.
+func TestServeNoEvents(t *testing.T) {
+	t.Parallel()
+	ready, cancel, code := inProcess(t, "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--no-events", "--log-format", "json")
+	var line struct {
+		Listen string `json:"listen"`
+	}
+	if err := json.Unmarshal([]byte(ready), &line); err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, "nats://"+line.Listen)
+	msg, err := dial(t, "nats://"+line.Listen).Request("natstone.v1.history.jobs", []byte(`{"id":"x"}`), deadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e subjects.ErrorReply
+	if err := json.Unmarshal(msg.Data, &e); err != nil || e.Error == nil || e.Error.Code != subjects.CodeUnavailable {
+		t.Errorf("history with --no-events: %s, want unavailable", msg.Data)
+	}
+	cancel()
+	if c := exitCode(t, code); c != exitOK {
+		t.Fatalf("exit code after cancel = %d, want 0", c)
+	}
+}
