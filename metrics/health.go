@@ -148,7 +148,7 @@ func checkConn(nc *nats.Conn) HealthCheck {
 	case !nc.IsConnected():
 		return HealthCheck{Name: "nats", Detail: "connection " + nc.Status().String()}
 	default:
-		return HealthCheck{Name: "nats", OK: true, Detail: "connected to " + nc.ConnectedUrlRedacted()}
+		return HealthCheck{Name: "nats", OK: true, Detail: "connected to server " + nc.ConnectedServerName()}
 	}
 }
 

@@ -201,9 +201,9 @@ func TestREADMECLI(t *testing.T) {
 			args = append(args, a)
 		}
 		args = append(args, "--server", ns.ClientURL())
-		isDequeue := args[0] == "dequeue"
-		if isDequeue {
-			args = append(args, "--json") // to read the lease id the next lines use
+		isDequeue, isHistory := args[0] == "dequeue", args[0] == "history"
+		if isDequeue || isHistory {
+			args = append(args, "--json") // to read the lease id the next lines use, or the events
 		}
 		cmd := exec.Command(natstoneBin, args...)
 		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir(), "NATS_URL=", "NATS_CONTEXT=")
@@ -236,6 +236,24 @@ func TestREADMECLI(t *testing.T) {
 			lastLease = dq.Messages[0].LeaseID
 			if word, _, _ := strings.Cut(m[2], ":"); word != "" && dq.Messages[0].ID != word {
 				t.Fatalf("%s: got %s, the README promises %s", line, dq.Messages[0].ID, word)
+			}
+		}
+		if isHistory {
+			// The comment lists the event kinds, in order, before its colon.
+			var h struct {
+				Events []struct {
+					Kind string `json:"kind"`
+				} `json:"events"`
+			}
+			if err := json.Unmarshal(out, &h); err != nil {
+				t.Fatalf("%s: %s (%v)", line, out, err)
+			}
+			var kinds []string
+			for _, e := range h.Events {
+				kinds = append(kinds, e.Kind)
+			}
+			if promised, _, _ := strings.Cut(m[2], ":"); strings.Join(kinds, ", ") != promised {
+				t.Fatalf("%s: events %v, the README promises %s", line, kinds, promised)
 			}
 		}
 	}
