@@ -73,7 +73,7 @@ func TestWorkerNameInHistory(t *testing.T) {
 	e.createQueue("q", nil)
 	done := make(chan string, 2)
 	h := workers.HandlerFunc(func(_ context.Context, j *workers.Job) error {
-		done <- j.Message.ID
+		done <- j.ID
 		return nil
 	})
 	e.startWorker(&workers.WorkerConfig{Queue: "q", Name: "billing-1"}, h)
