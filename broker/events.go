@@ -94,6 +94,9 @@ func (p *publisher) emit(e pendingEvent) {
 }
 
 func (p *publisher) drop(n int, why string) {
+	if n == 0 {
+		return
+	}
 	p.dropped.Add(uint64(n))
 	now := time.Now().UnixMilli()
 	if last := p.lastWarn.Load(); now-last >= 10_000 && p.lastWarn.CompareAndSwap(last, now) {
@@ -129,8 +132,8 @@ func (p *publisher) run() {
 	}
 }
 
-// publish stores a batch: every event is published at once and the acknowledgements awaited
-// together; refused ones are published again, up to eventPublishTries times.
+// publish stores a batch with one acknowledgement (kv.Events.PublishBatch); a batch whose
+// acknowledgement does not come is published again, up to eventPublishTries times.
 func (p *publisher) publish(batch []pendingEvent) {
 	subjs := make([]string, len(batch))
 	datas := make([][]byte, len(batch))
@@ -144,34 +147,28 @@ func (p *publisher) publish(batch []pendingEvent) {
 		subjs[i] = p.store.Subject(e.queue, string(e.kind), e.rec.ID)
 		datas[i] = data
 	}
-	todo := make([]int, 0, len(batch))
+	var subjs2 []string
+	var datas2 [][]byte
 	for i := range batch {
 		if datas[i] != nil {
-			todo = append(todo, i)
+			subjs2 = append(subjs2, subjs[i])
+			datas2 = append(datas2, datas[i])
 		}
 	}
-	p.drop(len(batch)-len(todo), "not encoded")
+	p.drop(len(batch)-len(datas2), "not encoded")
+	if len(datas2) == 0 {
+		return
+	}
 	ctx := context.Background()
-	for try := 0; try < eventPublishTries && len(todo) > 0; try++ {
-		writes := make([]kv.Write, len(todo))
-		for j, i := range todo {
-			writes[j] = p.store.Publish(subjs[i], datas[i])
-		}
-		failed := todo[:0]
-		var lastErr error
-		for j, i := range todo {
-			if _, err := writes[j].Wait(ctx); err != nil {
-				failed = append(failed, i)
-				lastErr = err
-				continue
-			}
-			p.published.Add(1)
-		}
-		todo = failed
-		if len(todo) > 0 && try+1 == eventPublishTries {
-			p.drop(len(todo), "stream refused: "+lastErr.Error())
+	var err error
+	for try := 0; try < eventPublishTries; try++ {
+		if _, err = p.store.PublishBatch(subjs2, datas2).Wait(ctx); err == nil {
+			p.published.Add(uint64(len(datas2)))
+			return
 		}
 	}
+	// Republishing the whole batch may store some events twice; history drops the duplicates.
+	p.drop(len(datas2), "stream refused: "+err.Error())
 }
 
 // sync waits until every event emitted before it was called is published or dropped.
