@@ -153,23 +153,8 @@ func (s *Server) getQueue(r *http.Request) (any, error) {
 	}, nil
 }
 
-// message is a message as the API shows it, without its payload.
-type message struct {
-	ID             string            `json:"id"`
-	Queue          string            `json:"queue"`
-	State          subjects.State    `json:"state"`
-	Priority       int64             `json:"priority"`
-	Metadata       map[string]string `json:"metadata,omitempty"`
-	Version        uint64            `json:"version"`
-	Attempts       int               `json:"attempts"`
-	AttemptsLeft   int               `json:"attempts_left"`
-	LeaseID        string            `json:"lease_id,omitempty"`
-	LeaseExpiresAt *time.Time        `json:"lease_expires_at,omitempty"`
-	EnqueuedAt     time.Time         `json:"enqueued_at"`
-	VisibleAt      time.Time         `json:"visible_at"`
-	UpdatedAt      time.Time         `json:"updated_at"`
-	EndedAt        *time.Time        `json:"ended_at,omitempty"`
-}
+// message is a message as the API shows it: the wire form, here without its payload.
+type message = subjects.Message
 
 // newMessage converts a client's message.
 func newMessage(m *workers.Message) message {
