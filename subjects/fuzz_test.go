@@ -135,6 +135,9 @@ var requestTypes = []func() any{
 	func() any { return new(subjects.ReleaseRequest) },
 	func() any { return new(subjects.GetRequest) },
 	func() any { return new(subjects.DepthRequest) },
+	func() any { return new(subjects.StatsRequest) },
+	func() any { return new(subjects.BrowseRequest) },
+	func() any { return new(subjects.HistoryRequest) },
 }
 
 func FuzzDecode(f *testing.F) {
@@ -153,7 +156,10 @@ func FuzzDecode(f *testing.F) {
 		`{"metadata":{}}`,
 		`{"messages":[{"payload":"a"},{"payload_base64":"AQID","metadata":{}}]}`,
 		`{"messages":[]}`,
-		`{"batch":256,"wait_ms":5000,"filter":{"a":"b"},"request_id":"r"}`,
+		`{"batch":256,"wait_ms":5000,"filter":{"a":"b"},"request_id":"r","worker":"w"}`,
+		`{"filter":{"a":"b"},"expiring_within_ms":30000,"expiring_limit":20}`,
+		`{"state":"pending","filter":{"a":"b"},"limit":50}`,
+		`{"id":"m1","limit":1000}`,
 		`{"filter":{"\u00e9":"\ud800"}}`,
 		`{"id":"\xff\xfe"}`,
 		`{"ID":"case"}`,
