@@ -18,7 +18,8 @@ const maxBufferedEvents = 1 << 16
 // maxEventBatch bounds the events published together (all in flight at once).
 const maxEventBatch = 4096
 
-// eventPublishTries is how often an event the stream refused is published before it is dropped.
+// eventPublishTries is how often a batch whose acknowledgement did not come is published before
+// its events are dropped.
 const eventPublishTries = 3
 
 // pendingEvent is a transition waiting to be published: what the queue knew when it happened. It is
@@ -135,8 +136,8 @@ func (p *publisher) run() {
 // publish stores a batch with one acknowledgement (kv.Events.PublishBatch); a batch whose
 // acknowledgement does not come is published again, up to eventPublishTries times.
 func (p *publisher) publish(batch []pendingEvent) {
-	subjs := make([]string, len(batch))
-	datas := make([][]byte, len(batch))
+	subjs := make([]string, 0, len(batch))
+	datas := make([][]byte, 0, len(batch))
 	for i := range batch {
 		e := &batch[i]
 		data, err := json.Marshal(eventOf(e))
@@ -144,31 +145,23 @@ func (p *publisher) publish(batch []pendingEvent) {
 			p.b.log.Error("event not encoded", "error", err)
 			continue
 		}
-		subjs[i] = p.store.Subject(e.queue, string(e.kind), e.rec.ID)
-		datas[i] = data
+		subjs = append(subjs, p.store.Subject(e.queue, string(e.kind), e.rec.ID))
+		datas = append(datas, data)
 	}
-	var subjs2 []string
-	var datas2 [][]byte
-	for i := range batch {
-		if datas[i] != nil {
-			subjs2 = append(subjs2, subjs[i])
-			datas2 = append(datas2, datas[i])
-		}
-	}
-	p.drop(len(batch)-len(datas2), "not encoded")
-	if len(datas2) == 0 {
+	p.drop(len(batch)-len(datas), "not encoded")
+	if len(datas) == 0 {
 		return
 	}
 	ctx := context.Background()
 	var err error
 	for try := 0; try < eventPublishTries; try++ {
-		if _, err = p.store.PublishBatch(subjs2, datas2).Wait(ctx); err == nil {
-			p.published.Add(uint64(len(datas2)))
+		if _, err = p.store.PublishBatch(subjs, datas).Wait(ctx); err == nil {
+			p.published.Add(uint64(len(datas)))
 			return
 		}
 	}
 	// Republishing the whole batch may store some events twice; history drops the duplicates.
-	p.drop(len(datas2), "stream refused: "+err.Error())
+	p.drop(len(datas), "stream refused: "+err.Error())
 }
 
 // sync waits until every event emitted before it was called is published or dropped.

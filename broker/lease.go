@@ -201,14 +201,24 @@ func (q *queue) depth(filter map[string]string) (subjects.Counts, error) {
 	if len(filter) == 0 {
 		return q.countsLocked(), nil
 	}
-	var c subjects.Counts
+	c, _ := q.countMatching(filter)
+	return c, nil
+}
+
+// countMatching walks the queue for the stored messages whose metadata matches filter: their counts
+// by state, and when the longest-waiting pending one among them became pending (0: none).
+// Called with q.mu held.
+func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, oldestPending int64) {
 	for _, e := range q.entries {
 		if e.rev == 0 || !matches(e.rec.Metadata, filter) {
 			continue
 		}
 		addCount(&c, e.rec.State, 1)
+		if e.rec.State == subjects.StatePending && (oldestPending == 0 || e.rec.UpdatedAt < oldestPending) {
+			oldestPending = e.rec.UpdatedAt
+		}
 	}
-	return c, nil
+	return c, oldestPending
 }
 
 func matches(md, filter map[string]string) bool {

@@ -192,20 +192,12 @@ func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
 		reply.OldestPendingMS = q.oldestPendingMS(now)
 	} else {
 		var oldest int64
-		for _, e := range q.entries {
-			if e.rev == 0 || !matches(e.rec.Metadata, r.Filter) {
-				continue
-			}
-			addCount(&reply.Counts, e.rec.State, 1)
-			if e.rec.State == subjects.StatePending && (oldest == 0 || e.rec.UpdatedAt < oldest) {
-				oldest = e.rec.UpdatedAt
-			}
-		}
+		reply.Counts, oldest = q.countMatching(r.Filter)
 		if oldest != 0 {
 			reply.OldestPendingMS = max(now-oldest, 0)
 		}
 	}
-	due := q.leases.due(now+within, limit+len(q.leases.items)) // every lease due within the window
+	due := q.leases.due(now+within, len(q.leases.items)) // every lease ending within the window, in heap order
 	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.rec.LeaseExpires, b.rec.LeaseExpires) })
 	for _, e := range due[:min(len(due), limit)] {
 		reply.Expiring = append(reply.Expiring, subjects.ExpiringLease{
