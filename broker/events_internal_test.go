@@ -1,0 +1,53 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// TestPublisherCloseDrains emits many events and closes the publisher at once: close must publish
+// every buffered event before it returns (Broker.Stop relies on it), not just stop the goroutine.
+func TestPublisherCloseDrains(t *testing.T) {
+	b, _ := internalBroker(t)
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "drain", MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(b, store)
+	const n = 3 * maxEventBatch // several batches: most are still buffered when close is called
+	for i := range n {
+		p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: fmt.Sprint(i), Version: 1}})
+	}
+	if err := p.close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "drain-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != n || p.published.Load() != n || p.dropped.Load() != 0 {
+		t.Fatalf("after close: %d events stored, %d published, %d dropped; want %d, %d, 0",
+			info.State.Msgs, p.published.Load(), p.dropped.Load(), n, n)
+	}
+	p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: "late"}})
+	if p.dropped.Load() != 1 {
+		t.Errorf("an event emitted after close: %d dropped, want 1", p.dropped.Load())
+	}
+}
