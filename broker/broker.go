@@ -163,7 +163,7 @@ func (b *Broker) Start(ctx context.Context) error {
 			return err
 		}
 	}
-	b.events = newPublisher(b, events)
+	b.events = newPublisher(b, events, eventLinger)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	start := time.Now()
 	n, err := b.recover(ctx)

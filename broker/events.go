@@ -18,6 +18,12 @@ const maxBufferedEvents = 1 << 16
 // maxEventBatch bounds the events published together (all in flight at once).
 const maxEventBatch = 4096
 
+// eventLinger is how long the publisher lets a batch gather before it publishes it, unless the
+// batch fills up first or someone waits for the events (history, FlushEvents, Stop). Under a steady
+// load, fewer and larger batches cost the server much less: one acknowledgement, and one wakeup, per
+// batch rather than per handful of events.
+const eventLinger = 20 * time.Millisecond
+
 // eventPublishTries is how often a batch whose acknowledgement did not come is published before
 // its events are dropped.
 const eventPublishTries = 3
@@ -41,12 +47,16 @@ type publisher struct {
 	store *kv.Events // nil when events are disabled
 	b     *Broker
 
+	linger time.Duration // eventLinger, or what a test sets
+
 	mu       sync.Mutex
 	buf      []pendingEvent
 	emitted  uint64        // events ever appended or dropped
 	handled  uint64        // events published or dropped, in order
+	hurry    uint64        // publish without lingering until handled reaches it (someone waits)
 	progress chan struct{} // closed and replaced whenever handled grows
-	wake     chan struct{}
+	wake     chan struct{} // the buffer is no longer empty
+	flush    chan struct{} // stop lingering: the batch is full, or someone waits
 	closing  bool
 	done     chan struct{}
 
@@ -55,12 +65,15 @@ type publisher struct {
 	lastWarn  atomic.Int64 // Unix ms of the last "events dropped" log
 }
 
-func newPublisher(b *Broker, store *kv.Events) *publisher {
+// newPublisher starts a publisher that lets batches gather for up to linger (eventLinger).
+func newPublisher(b *Broker, store *kv.Events, linger time.Duration) *publisher {
 	p := &publisher{
 		store:    store,
 		b:        b,
+		linger:   linger,
 		progress: make(chan struct{}),
 		wake:     make(chan struct{}, 1),
+		flush:    make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
 	if store == nil {
@@ -87,9 +100,20 @@ func (p *publisher) emit(e pendingEvent) {
 		return
 	}
 	p.buf = append(p.buf, e)
+	n := len(p.buf)
 	p.mu.Unlock()
+	if n == 1 {
+		signal(p.wake)
+	}
+	if n == maxEventBatch {
+		signal(p.flush)
+	}
+}
+
+// signal wakes whoever waits on ch (buffered, of capacity 1) without blocking.
+func signal(ch chan struct{}) {
 	select {
-	case p.wake <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -105,25 +129,38 @@ func (p *publisher) drop(n int, why string) {
 	}
 }
 
-// run publishes the buffer in batches until closed and drained.
+// run publishes the buffer in batches until closed and drained. A batch is published when it is
+// full, when someone waits for it, or after lingering p.linger, whichever comes first.
 func (p *publisher) run() {
 	defer close(p.done)
+	linger := time.NewTimer(p.linger)
+	linger.Stop()
 	for {
+		p.mu.Lock()
+		n, closing, hurry := len(p.buf), p.closing, p.handled < p.hurry
+		p.mu.Unlock()
+		if n == 0 {
+			if closing {
+				return // everything is published
+			}
+			<-p.wake
+			continue
+		}
+		if n < maxEventBatch && !closing && !hurry {
+			linger.Reset(p.linger)
+			select {
+			case <-linger.C:
+			case <-p.flush:
+				linger.Stop()
+			}
+		}
 		p.mu.Lock()
 		batch := p.buf[:min(len(p.buf), maxEventBatch)]
 		p.buf = p.buf[len(batch):]
 		if len(p.buf) == 0 {
 			p.buf = nil // let the next appends start a fresh array, not keep extending this one
 		}
-		closing := p.closing
 		p.mu.Unlock()
-		if len(batch) == 0 {
-			if closing {
-				return
-			}
-			<-p.wake
-			continue
-		}
 		p.publish(batch)
 		p.mu.Lock()
 		p.handled += uint64(len(batch))
@@ -171,6 +208,10 @@ func (p *publisher) sync(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	target := p.emitted
+	if p.handled < target {
+		p.hurry = max(p.hurry, target)
+		signal(p.flush)
+	}
 	for p.handled < target {
 		ch := p.progress
 		p.mu.Unlock()
@@ -195,10 +236,8 @@ func (p *publisher) close(ctx context.Context) error {
 	p.mu.Lock()
 	p.closing = true
 	p.mu.Unlock()
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
+	signal(p.wake)
+	signal(p.flush)
 	select {
 	case <-p.done:
 		return nil

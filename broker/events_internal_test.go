@@ -26,7 +26,7 @@ func TestPublisherCloseDrains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newPublisher(b, store)
+	p := newPublisher(b, store, eventLinger)
 	const n = 3 * maxEventBatch // several batches: most are still buffered when close is called
 	for i := range n {
 		p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: fmt.Sprint(i), Version: 1}})
@@ -49,5 +49,43 @@ func TestPublisherCloseDrains(t *testing.T) {
 	p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: "late"}})
 	if p.dropped.Load() != 1 {
 		t.Errorf("an event emitted after close: %d dropped, want 1", p.dropped.Load())
+	}
+}
+
+// TestPublisherSyncDoesNotLinger lengthens the publisher's linger to an hour: a sync (what history
+// and FlushEvents do) must still return at once, because it asks the publisher to stop lingering
+// until every event emitted before it is published: a few events (the publisher lingers on them),
+// then more than a batch (a full batch and a partial one).
+func TestPublisherSyncDoesNotLinger(t *testing.T) {
+	b, _ := internalBroker(t)
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "linger", MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(b, store, time.Hour)
+	var want uint64
+	for round, n := range []int{10, maxEventBatch + 10, 10} {
+		for i := range n {
+			p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: fmt.Sprint(round, "-", i), Version: 1}})
+		}
+		want += uint64(n)
+		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+		err := p.sync(sctx)
+		scancel()
+		if err != nil {
+			t.Fatalf("round %d: sync: %v (it waited for the linger)", round, err)
+		}
+		if got := p.published.Load(); got != want {
+			t.Fatalf("round %d: %d published after sync, want %d", round, got, want)
+		}
+	}
+	if err := p.close(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
