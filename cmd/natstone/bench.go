@@ -463,7 +463,7 @@ func (b *bench) add(row *benchRow) { b.rows = append(b.rows, row) }
 
 // sortRows puts the rows in the table's order: the baselines, then the scenarios from S1 to S9,
 // each after the baseline or reference row measured for it alone (B-REQ@S4, S8-unfiltered,
-// B-CAS(always)), with EV (and its EV-off) before S9. The scenarios do not run in that order (S5 and S9 have servers of their own).
+// B-CAS(always)), with EV (and its EV-off, EV-off@half and EV@half) before S9. The scenarios do not run in that order (S5 and S9 have servers of their own).
 func (b *bench) sortRows() {
 	rank := func(r *benchRow) int {
 		name := r.Name
@@ -474,6 +474,10 @@ func (b *bench) sortRows() {
 			return 85
 		case "EV":
 			return 86
+		case "EV-off@half":
+			return 87
+		case "EV@half":
+			return 88
 		case "B-CAS(always)":
 			return 90
 		}

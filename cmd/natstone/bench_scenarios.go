@@ -287,10 +287,27 @@ func (b *bench) s4(ctx context.Context, env *benchEnv) error {
 	if err != nil {
 		return err
 	}
+	count := min(int64(b.cfg.pending), int64(rate*b.cfg.duration.Seconds()))
+	r, err := b.openCycles(ctx, env, "S4", queue, rate, count)
+	b.main.consumed += int(r.ops)
+	if err != nil {
+		return err
+	}
+	row := &benchRow{Name: "S4", Kind: benchKindScenario, Figure: benchMS(r.lat.P99), Unit: "ms (p99)", Ops: r.ops, Seconds: r.elapsed.Seconds(), CPU: r.cpu,
+		Notes: fmt.Sprintf("open loop at %.0f dequeues/s (half of S1), %d pending at start, each message completed; latency: dequeue, from its scheduled time", rate, b.cfg.pending)}
+	row.setLatency(r.lat)
+	b.compareValue(row, "B-REQ@S4", benchMS(base.lat().P99), benchAtMost(3))
+	b.add(row)
+	return nil
+}
+
+// openCycles runs an open loop at rate: each scheduled request dequeues one message of queue and
+// then completes it, until count are done or --duration has passed. Latency: the dequeue, from its
+// scheduled time, so that a stall shows.
+func (b *bench) openCycles(ctx context.Context, env *benchEnv, name, queue string, rate float64, count int64) (benchResult, error) {
 	var next atomic.Int64
 	req := subjects.DequeueRequest{Batch: 1}
-	count := min(int64(b.cfg.pending), int64(rate*b.cfg.duration.Seconds()))
-	r, err := benchOpenLoop(ctx, b.p, "S4", rate, b.cfg.duration, count, func(ctx context.Context) (time.Time, error) {
+	return benchOpenLoop(ctx, b.p, name, rate, b.cfg.duration, count, func(ctx context.Context) (time.Time, error) {
 		nc := env.conn(int(next.Add(1)))
 		var rep subjects.DequeueReply
 		if err := env.call(ctx, nc, subjects.OpDequeue, queue, req, &rep); err != nil {
@@ -307,16 +324,6 @@ func (b *bench) s4(ctx context.Context, env *benchEnv) error {
 		}
 		return end, nil
 	})
-	b.main.consumed += int(r.ops)
-	if err != nil {
-		return err
-	}
-	row := &benchRow{Name: "S4", Kind: benchKindScenario, Figure: benchMS(r.lat.P99), Unit: "ms (p99)", Ops: r.ops, Seconds: r.elapsed.Seconds(), CPU: r.cpu,
-		Notes: fmt.Sprintf("open loop at %.0f dequeues/s (half of S1), %d pending at start, each message completed; latency: dequeue, from its scheduled time", rate, b.cfg.pending)}
-	row.setLatency(r.lat)
-	b.compareValue(row, "B-REQ@S4", benchMS(base.lat().P99), benchAtMost(3))
-	b.add(row)
-	return nil
 }
 
 // benchS5Prefix and benchS5StorePrefix are the subjects and the storage of S5's own broker.
@@ -564,16 +571,18 @@ func (b *bench) s8(ctx context.Context, env *benchEnv) error {
 // ms returns d in milliseconds.
 func benchMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// benchEVShare is the share of --pending that each EV run fills and drains: EV runs three times.
+// benchEVShare is the share of --pending that each closed EV run fills and drains: three run.
 const benchEVShare = 4
 
-// ev is EV: S1's cycle with the events stream on, off and on again (the broker restarted in
-// between, on the same server and store), each on a fresh queue of --pending/4 messages. The
-// figure is the mean of the two runs with events ÷ the run without: what publishing every
-// transition costs the dequeue path.
+// ev is EV: what publishing every transition costs the dequeue path, with the events stream on and
+// off (the broker restarted in between, on the same server and store), each run on a fresh queue.
+//   - Throughput: S1's closed loop on --pending/4 messages with events on, off, and on again; the
+//     mean rate of the two runs with events ÷ the run without (EV ÷ EV-off).
+//   - Latency: S4's open loop at half of EV-off's rate, with events off and then on; the dequeue p99
+//     with events ÷ without (EV@half ÷ EV-off@half). Below saturation this is what a request feels.
 func (b *bench) ev(ctx context.Context, env *benchEnv) error {
 	n := max(b.cfg.pending/benchEVShare, 1)
-	run := func(name string, noEvents bool) (benchResult, error) {
+	run := func(name string, noEvents bool, rate float64) (benchResult, error) {
 		if env.noEvents != noEvents {
 			env.noEvents = noEvents
 			if _, err := env.restart(ctx, env.syncAlways); err != nil {
@@ -584,24 +593,43 @@ func (b *bench) ev(ctx context.Context, env *benchEnv) error {
 		if err := env.createQueue(ctx, queue, subjects.CreateQueueRequest{}); err != nil {
 			return benchResult{}, err
 		}
-		if err := env.fill(ctx, b.p, name+" fill", queue, n, b.pendingMessage); err != nil {
+		fill := n
+		if rate > 0 {
+			fill = max(int(rate*b.cfg.duration.Seconds()), 1)
+		}
+		if err := env.fill(ctx, b.p, name+" fill", queue, fill, b.pendingMessage); err != nil {
 			return benchResult{}, err
 		}
-		r, err := b.cycles(ctx, env, name, queue, 1)
+		var r benchResult
+		var err error
+		if rate > 0 {
+			r, err = b.openCycles(ctx, env, name, queue, rate, int64(fill))
+		} else {
+			r, err = b.cycles(ctx, env, name, queue, 1)
+		}
 		if err != nil {
 			return r, err
 		}
 		return r, env.deleteQueue(ctx, queue)
 	}
-	on1, err := run("EV-on", false)
+	on1, err := run("EV-on", false, 0)
 	if err != nil {
 		return err
 	}
-	off, err := run("EV-off", true)
+	off, err := run("EV-off", true, 0)
 	if err != nil {
 		return err
 	}
-	on2, err := run("EV-on2", false)
+	rate := off.rate() / 2
+	offHalf, err := run("EV-off@half", true, rate)
+	if err != nil {
+		return err
+	}
+	onHalf, err := run("EV@half", false, rate)
+	if err != nil {
+		return err
+	}
+	on2, err := run("EV-on2", false, 0)
 	if err != nil {
 		return err
 	}
@@ -614,5 +642,15 @@ func (b *bench) ev(ctx context.Context, env *benchEnv) error {
 	row.Kind = benchKindScenario
 	b.compare(row, "EV-off", 1, benchTarget{})
 	b.add(row)
+	halfNotes := fmt.Sprintf("open loop at %.0f dequeues/s (half of EV-off), each message completed; latency: dequeue, from its scheduled time", rate)
+	offHalfRow := &benchRow{Name: "EV-off@half", Kind: benchKindReference, Figure: benchMS(offHalf.lat.P99), Unit: "ms (p99)",
+		Ops: offHalf.ops, Seconds: offHalf.elapsed.Seconds(), CPU: offHalf.cpu, Notes: "events stream off; " + halfNotes}
+	offHalfRow.setLatency(offHalf.lat)
+	b.add(offHalfRow)
+	onHalfRow := &benchRow{Name: "EV@half", Kind: benchKindScenario, Figure: benchMS(onHalf.lat.P99), Unit: "ms (p99)",
+		Ops: onHalf.ops, Seconds: onHalf.elapsed.Seconds(), CPU: onHalf.cpu, Notes: "events stream on; " + halfNotes}
+	onHalfRow.setLatency(onHalf.lat)
+	b.compareValue(onHalfRow, "EV-off@half", offHalfRow.Figure, benchTarget{})
+	b.add(onHalfRow)
 	return nil
 }
