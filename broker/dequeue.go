@@ -141,7 +141,7 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 	cs := make([]*change, len(es))
 	seqs := make([]uint64, len(es))
 	for i, e := range es {
-		next := e.rec
+		next := e.record()
 		next.State = subjects.StateRunning
 		next.Attempts++
 		next.LeaseID = q.ids.Next()
@@ -150,7 +150,7 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 		next.Released = false
 		q.stamp(&next, now)
 		cs[i] = &change{e: e, next: next, worker: r.Worker}
-		seqs[i] = e.rec.BodySeq
+		seqs[i] = e.Seq
 	}
 	bodies := q.readBodies(ctx, seqs) // in parallel with the lease writes: payloads are immutable
 	q.commit(cs)
@@ -195,8 +195,8 @@ func (q *queue) leaseMS(requested int64, e *entry) int64 {
 	switch {
 	case requested > 0:
 		return requested
-	case e.rec.LeaseMS > 0:
-		return e.rec.LeaseMS
+	case e.rec.leaseMS() > 0:
+		return e.rec.leaseMS()
 	default:
 		return q.cfg.LeaseMS
 	}
@@ -270,7 +270,7 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 		if err := q.waitIdle(ctx, l.e); err != nil {
 			return nil, unavailable("wait for the leases of the first dequeue with this request_id", err)
 		}
-		if q.entries[l.e.rec.ID] == l.e && l.e.rec.State == subjects.StateRunning && l.e.rec.LeaseID == l.leaseID {
+		if q.entries[l.e.rec.ID] == l.e && l.e.rec.State() == subjects.StateRunning && l.e.rec.leaseID() == l.leaseID {
 			held = append(held, l)
 		}
 	}
@@ -302,7 +302,7 @@ func (q *queue) withPayloads(ctx context.Context, held []leaseRef) ([]subjects.M
 	seqs := make([]uint64, len(held))
 	for i, h := range held {
 		views[i] = q.view(h.e)
-		seqs[i] = h.e.rec.BodySeq
+		seqs[i] = h.e.Seq
 	}
 	q.mu.Unlock()
 	for i, ch := range q.readBodies(ctx, seqs) {
@@ -336,7 +336,7 @@ func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult
 
 // view describes e for a reply (without payload).
 func (q *queue) view(e *entry) subjects.Message {
-	r := &e.rec
+	r := e.record()
 	m := subjects.Message{
 		ID:           r.ID,
 		Queue:        q.name,

@@ -171,7 +171,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q was garbage-collected during this enqueue; retry", m.rec.ID)
 		}
 		e := q.newEntry(m.rec, 0)
-		e.rec = kv.Record{ID: m.rec.ID, BodySeq: m.rec.BodySeq} // not placed until stored
+		e.rec = stored{ID: m.rec.ID} // not placed until stored
 		q.entries[m.rec.ID] = e
 		m.e = e
 		cs = append(cs, &change{e: e, next: m.rec})
@@ -204,8 +204,8 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		}
 		replies[i] = subjects.EnqueueReply{
 			ID:        e.rec.ID,
-			State:     e.rec.State,
-			Priority:  e.rec.Priority,
+			State:     e.rec.State(),
+			Priority:  e.Priority,
 			Version:   e.rec.Version,
 			Duplicate: m.dup,
 			VisibleAt: time.UnixMilli(e.rec.VisibleAt).UTC(),

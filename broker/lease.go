@@ -35,7 +35,7 @@ func (q *queue) fence(e *entry, leaseID string, op subjects.Op) (idempotent bool
 	if leaseID == "" {
 		return false, subjects.Errorf(subjects.CodeBadRequest, "%s needs the lease_id the dequeue returned", op)
 	}
-	r := &e.rec
+	r := e.record()
 	if r.LeaseID != leaseID {
 		return false, subjects.Errorf(subjects.CodeLeaseMismatch, "message %q: lease %q is not its current lease", r.ID, leaseID)
 	}
@@ -67,7 +67,7 @@ func (q *queue) fence(e *entry, leaseID string, op subjects.Op) (idempotent bool
 // Called with q.mu held.
 func (q *queue) transition(e *entry, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
 	now := q.now()
-	r := e.rec
+	r := e.record()
 	edit(&r, now)
 	q.stamp(&r, now)
 	c := &change{e: e, next: r}
@@ -155,11 +155,11 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 	if err != nil {
 		return subjects.Message{}, err
 	}
-	switch e.rec.State {
+	switch e.rec.State() {
 	case subjects.StateCanceled:
 		return q.view(e), nil
 	case subjects.StateCompleted, subjects.StateErrored:
-		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.rec.ID, e.rec.State)
+		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.rec.ID, e.rec.State())
 	}
 	if req.LeaseID != "" {
 		if _, err := q.fence(e, req.LeaseID, subjects.OpCancel); err != nil {
@@ -178,7 +178,7 @@ func (q *queue) get(ctx context.Context, id string) (subjects.Message, error) {
 		return subjects.Message{}, err
 	}
 	m := q.view(e)
-	seq := e.rec.BodySeq
+	seq := e.Seq
 	q.mu.Unlock()
 	b := <-q.readBodies(ctx, []uint64{seq})[0]
 	if b.err != nil {
@@ -210,11 +210,11 @@ func (q *queue) depth(filter map[string]string) (subjects.Counts, error) {
 // Called with q.mu held.
 func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, oldestPending int64) {
 	for _, e := range q.entries {
-		if e.rev == 0 || !matches(e.rec.Metadata, filter) {
+		if e.rev == 0 || !matches(e.rec.metadata(), filter) {
 			continue
 		}
-		addCount(&c, e.rec.State, 1)
-		if e.rec.State == subjects.StatePending && (oldestPending == 0 || e.rec.UpdatedAt < oldestPending) {
+		addCount(&c, e.rec.State(), 1)
+		if e.rec.State() == subjects.StatePending && (oldestPending == 0 || e.rec.UpdatedAt < oldestPending) {
 			oldestPending = e.rec.UpdatedAt
 		}
 	}

@@ -14,22 +14,6 @@ import (
 	"github.com/natstone/natstone/subjects"
 )
 
-// entry is the broker's in-memory record of one message: its index item, its stored record and the
-// record's KV revision. Payloads are never held here.
-type entry struct {
-	index.Item           // Priority, Seq (the body sequence), Meta, Value: immutable
-	rec        kv.Record // the record as last stored (or, for a new entry, about to be)
-	rev        uint64    // the record's KV revision; 0 until first stored
-	heapIdx    int       // position in the deadline heap of its state; -1 if in none
-	// busy is non-nil while a write on this entry is in flight and closed when it ends. Operations
-	// that find it non-nil wait for it and look again, so each entry has at most one write in flight
-	// and every write's expected revision is the one before it.
-	busy chan struct{}
-}
-
-// IndexItem implements index.Elem.
-func (e *entry) IndexItem() *index.Item { return &e.Item }
-
 // lock is the in-memory mirror of an exclusivity lock key.
 type lock struct {
 	rev    uint64
@@ -107,8 +91,8 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 	}
 	q.rates.start = b.clock.Now().UnixMilli()
 	q.invisible.key = func(e *entry) int64 { return e.rec.VisibleAt }
-	q.leases.key = func(e *entry) int64 { return e.rec.LeaseExpires }
-	q.gc.key = func(e *entry) int64 { return e.rec.EndedAt + q.cfg.RetentionMS }
+	q.leases.key = func(e *entry) int64 { return e.rec.leaseExpires() }
+	q.gc.key = func(e *entry) int64 { return e.rec.endedAt() + q.cfg.RetentionMS }
 	return q
 }
 
@@ -118,31 +102,14 @@ func (q *queue) now() int64 { return q.b.clock.Now().UnixMilli() }
 
 func (q *queue) log() *slog.Logger { return q.b.log.With("queue", q.name) }
 
-// newEntry builds the entry of a record (not yet placed anywhere).
-func (q *queue) newEntry(r kv.Record, rev uint64) *entry {
-	e := &entry{rec: r, rev: rev, heapIdx: -1}
-	e.Priority = r.Priority
-	e.Seq = r.BodySeq
-	if len(r.Metadata) > 0 {
-		e.Meta = make([]index.Pair, 0, len(r.Metadata))
-		for k, v := range r.Metadata {
-			e.Meta = append(e.Meta, index.Pair{Key: k, Value: v})
-		}
-	}
-	if q.exclusive() {
-		e.Value = r.Metadata[q.cfg.ExclusivityKey]
-	}
-	return e
-}
-
 // place puts e into the structures of its state: the pending index or one deadline heap.
 func (q *queue) place(e *entry) {
-	i := stateIndex(e.rec.State)
+	i := stateIndex(e.rec.State())
 	if i < 0 {
 		return
 	}
 	q.counts[i]++
-	switch e.rec.State {
+	switch e.rec.State() {
 	case subjects.StatePending:
 		q.pending.Add(e)
 		q.waiting.add(e.rec.UpdatedAt)
@@ -157,12 +124,12 @@ func (q *queue) place(e *entry) {
 
 // unplace takes e out of the structures of its state. Safe on an entry already popped from the index.
 func (q *queue) unplace(e *entry) {
-	i := stateIndex(e.rec.State)
+	i := stateIndex(e.rec.State())
 	if i < 0 {
 		return
 	}
 	q.counts[i]--
-	switch e.rec.State {
+	switch e.rec.State() {
 	case subjects.StatePending:
 		q.pending.Remove(e)
 		q.waiting.remove(e.rec.UpdatedAt)
@@ -178,7 +145,8 @@ func (q *queue) unplace(e *entry) {
 // apply makes r (stored at rev) e's record and moves e to its new state's structures.
 func (q *queue) apply(e *entry, r kv.Record, rev uint64) {
 	q.unplace(e)
-	e.rec, e.rev = r, rev
+	e.rec.set(&r)
+	e.rev = rev
 	q.place(e)
 }
 
@@ -266,7 +234,7 @@ func (q *queue) fire(d *deadlines) {
 	}
 	cs := make([]*change, 0, len(due))
 	for _, e := range due {
-		next := e.rec
+		next := e.record()
 		if d == &q.invisible {
 			next.State = subjects.StatePending
 		} else {
@@ -322,7 +290,7 @@ func (q *queue) collect(es []*entry) {
 		go func() {
 			defer func() { <-slots; wg.Done() }()
 			if errs[i] = q.b.store.PurgeMessage(ctx, q.name, e.rec.ID); errs[i] == nil {
-				errs[i] = q.b.store.DeleteBody(ctx, e.rec.BodySeq)
+				errs[i] = q.b.store.DeleteBody(ctx, e.Seq)
 			}
 		}()
 	}
@@ -333,12 +301,15 @@ func (q *queue) collect(es []*entry) {
 			q.log().Warn("garbage collection failed; will retry", "message_id", e.rec.ID, "error", errs[i])
 			// Push its deadline out so a storage outage does not spin the timer.
 			q.unplace(e)
-			e.rec.EndedAt = q.now() - q.cfg.RetentionMS + int64(time.Second/time.Millisecond)
+			r := e.record()
+			r.EndedAt = q.now() - q.cfg.RetentionMS + int64(time.Second/time.Millisecond)
+			e.rec.set(&r)
 			q.place(e)
 		} else {
 			q.unplace(e)
 			delete(q.entries, e.rec.ID)
-			q.transitioned(subjects.EventCollected, "", e.rec.State, &e.rec, "", q.now())
+			r := e.record()
+			q.transitioned(subjects.EventCollected, "", r.State, &r, "", q.now())
 		}
 		close(e.busy)
 		e.busy = nil

@@ -198,15 +198,15 @@ func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
 		}
 	}
 	due := q.leases.due(now+within, len(q.leases.items)) // every lease ending within the window, in heap order
-	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.rec.LeaseExpires, b.rec.LeaseExpires) })
+	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.rec.leaseExpires(), b.rec.leaseExpires()) })
 	for _, e := range due[:min(len(due), limit)] {
 		reply.Expiring = append(reply.Expiring, subjects.ExpiringLease{
 			ID:             e.rec.ID,
-			LeaseID:        e.rec.LeaseID,
-			LeaseExpiresAt: time.UnixMilli(e.rec.LeaseExpires).UTC(),
-			ExpiresInMS:    e.rec.LeaseExpires - now,
-			Attempts:       e.rec.Attempts,
-			MaxAttempts:    e.rec.MaxAttempts,
+			LeaseID:        e.rec.leaseID(),
+			LeaseExpiresAt: time.UnixMilli(e.rec.leaseExpires()).UTC(),
+			ExpiresInMS:    e.rec.leaseExpires() - now,
+			Attempts:       int(e.rec.Attempts),
+			MaxAttempts:    int(e.rec.MaxAttempts),
 		})
 	}
 	return reply, nil
@@ -240,7 +240,7 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	} else {
 		d := q.heapOf(r.State)
 		for _, e := range d.items {
-			if e.rec.State == r.State && matches(e.rec.Metadata, r.Filter) {
+			if e.rec.State() == r.State && matches(e.rec.metadata(), r.Filter) {
 				found = append(found, e)
 			}
 		}

@@ -42,7 +42,7 @@ func (q *queue) commit(cs []*change) {
 			c.err = subjects.Errorf(subjects.CodeInternal, "message %q has a write in flight", c.e.rec.ID)
 			continue
 		}
-		c.prev = c.e.rec.State
+		c.prev = c.e.rec.State()
 		c.expect = c.e.rev
 		c.e.busy = make(chan struct{})
 		if c.prev == subjects.StatePending {
@@ -97,7 +97,7 @@ func (q *queue) finish(cs []*change) {
 			q.doubtful = append(q.doubtful, c)
 			continue
 		}
-		if q.exclusive() && e.rec.State != subjects.StateRunning &&
+		if q.exclusive() && e.rec.State() != subjects.StateRunning &&
 			(c.prev == subjects.StateRunning || c.next.State == subjects.StateRunning) {
 			free = append(free, e) // it left running, or its lease did not happen after its lock was taken
 		}
@@ -259,7 +259,7 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		q.log().Warn("exclusivity lock not taken", "value", c.e.Value, "message_id", c.next.ID, "error", w.err)
 		c.err = w.err
 		dropped[c] = true
-		q.apply(c.e, c.e.rec, c.e.rev) // back to pending
+		q.apply(c.e, c.e.record(), c.e.rev) // back to pending
 		close(c.e.busy)
 		c.e.busy = nil
 		switch {
