@@ -56,12 +56,21 @@ type Config struct {
 	// EventsMaxAge is how long the events stream (<StorePrefix>-events) keeps an event. Default
 	// DefaultEventsMaxAge.
 	EventsMaxAge time.Duration
+	// EventsMaxBytes bounds the events stream's size: past it the oldest events are dropped, even
+	// if younger than EventsMaxAge. It bounds the disk the stream takes and, because every message id
+	// is a subject of its own, the server's memory and restart time too. Default
+	// DefaultEventsMaxBytes; -1 for no bound.
+	EventsMaxBytes int64
 	// Observer, if set, is told of every request, record write and transition (for metrics).
 	Observer Observer
 }
 
 // DefaultEventsMaxAge is how long events are kept unless Config.EventsMaxAge says otherwise.
 const DefaultEventsMaxAge = 72 * time.Hour
+
+// DefaultEventsMaxBytes is the events stream's size bound unless Config.EventsMaxBytes says
+// otherwise: 1 GiB, a few million events.
+const DefaultEventsMaxBytes = 1 << 30
 
 // Broker serves natstone's request/reply API over NATS, keeping per-queue EDF indexes in memory
 // and every message in JetStream. Create it with New, then Start it.
@@ -105,6 +114,10 @@ func New(cfg *Config) (*Broker, error) {
 	c.EventsMaxAge = cmp.Or(c.EventsMaxAge, DefaultEventsMaxAge)
 	if c.EventsMaxAge < 0 {
 		return nil, fmt.Errorf("natstone: broker Config.EventsMaxAge %v is negative", c.EventsMaxAge)
+	}
+	c.EventsMaxBytes = cmp.Or(c.EventsMaxBytes, DefaultEventsMaxBytes)
+	if c.EventsMaxBytes < -1 {
+		return nil, fmt.Errorf("natstone: broker Config.EventsMaxBytes %d is negative (-1 means no bound)", c.EventsMaxBytes)
 	}
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
@@ -158,6 +171,7 @@ func (b *Broker) Start(ctx context.Context) error {
 			Replicas:      b.cfg.Replicas,
 			MemoryStorage: b.cfg.MemoryStorage,
 			MaxAge:        b.cfg.EventsMaxAge,
+			MaxBytes:      b.cfg.EventsMaxBytes,
 		})
 		if err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // step is one expected event of a message's history.
@@ -211,6 +212,45 @@ func TestEventsSurviveCleanStop(t *testing.T) {
 	}
 }
 
+// TestEventsMaxBytes: the events stream is bounded in size as well as age; past the bound the
+// oldest events go and the newest stay (history of the last message is whole, of the first empty).
+func TestEventsMaxBytes(t *testing.T) {
+	const maxBytes = 32 << 10
+	e := setup(t, func(c *broker.Config) { c.EventsMaxBytes = maxBytes })
+	e.create("q", subjects.CreateQueueRequest{})
+	const n = 500 // an enqueued event is about 300 bytes stored: several times the bound
+	for i := range n {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprint(i), Payload: "x"})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.b.FlushEvents(ctx); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "natstone-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxBytes != maxBytes || info.Config.Discard != jetstream.DiscardOld {
+		t.Errorf("stream max_bytes %d, discard %v; want %d, old", info.Config.MaxBytes, info.Config.Discard, maxBytes)
+	}
+	if info.State.Bytes > maxBytes || info.State.Msgs == 0 || info.State.Msgs >= n {
+		t.Fatalf("stream holds %d events in %d bytes; want some but not all %d, within %d bytes", info.State.Msgs, info.State.Bytes, n, maxBytes)
+	}
+	if h := e.history("q", fmt.Sprint(n-1)); len(h.Events) != 1 || h.Events[0].Kind != subjects.EventEnqueued {
+		t.Errorf("history of the last message: %+v, want its enqueued event", h.Events)
+	}
+	fails(e, subjects.CodeMessageNotFound, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "0"}) // its events are gone
+}
+
 // TestHistoryErrors covers history's bad requests and a broker without events.
 func TestHistoryErrors(t *testing.T) {
 	e := setup(t)
@@ -365,4 +405,18 @@ func TestDequeueWorkerValidated(t *testing.T) {
 	fails(e, subjects.CodeBadRequest, subjects.OpDequeue, "q", subjects.DequeueRequest{Worker: strings.Repeat("w", subjects.MaxWorkerLen+1)})
 	fails(e, subjects.CodeBadRequest, subjects.OpDequeue, "q", subjects.DequeueRequest{Worker: "a\x00b"})
 	e.unchanged(before)
+}
+
+// TestEventsConfigErrors: New refuses an events bound it cannot honour.
+func TestEventsConfigErrors(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	for name, c := range map[string]broker.Config{
+		"EventsMaxAge":   {EventsMaxAge: -time.Second},
+		"EventsMaxBytes": {EventsMaxBytes: -2},
+	} {
+		c.Conn = srv.Connect(t)
+		if _, err := broker.New(&c); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: New: %v, want an error naming it", name, err)
+		}
+	}
 }

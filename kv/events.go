@@ -23,6 +23,8 @@ type EventsConfig struct {
 	MemoryStorage bool
 	// MaxAge is how long an event is kept. Required.
 	MaxAge time.Duration
+	// MaxBytes bounds the stream: past it the oldest events are dropped. 0 or -1: no bound.
+	MaxBytes int64
 }
 
 // Events is the stream of message transitions: one message per event, on subject
@@ -54,6 +56,8 @@ func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 		Storage:     storage,
 		Replicas:    cmp.Or(cfg.Replicas, 1),
 		MaxAge:      cfg.MaxAge,
+		MaxBytes:    cmp.Or(cfg.MaxBytes, -1),
+		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
 	})
 	if err != nil {

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -473,12 +475,29 @@ func (b *bench) s6(ctx context.Context, env *benchEnv) error {
 	b.main.consumed++
 	row := &benchRow{
 		Name: "S6", Kind: benchKindScenario, Figure: took.Seconds(), Unit: "s", Seconds: took.Seconds(),
-		Notes: fmt.Sprintf("%d pending; embedded.Start (server, JetStream, broker) took %.3fs, of which the broker's recovery %.3fs (its log), then the first dequeue",
-			b.cfg.pending, startTook.Seconds(), env.recovery.Took().Seconds()),
+		Notes: fmt.Sprintf("%d pending; embedded.Start (server, JetStream, broker) took %.3fs, of which the broker's recovery %.3fs (its log), then the first dequeue; %s",
+			b.cfg.pending, startTook.Seconds(), env.recovery.Took().Seconds(), env.eventsRetained(ctx)),
 	}
 	b.compare(row, "B-LOAD", 1, benchAtMost(1.5))
 	b.add(row)
 	return nil
+}
+
+// eventsRetained describes what the events stream holds, which the server indexes when it starts.
+func (e *benchEnv) eventsRetained(ctx context.Context) string {
+	js, err := jetstream.New(e.conn(0))
+	if err != nil {
+		return "events stream: " + err.Error()
+	}
+	st, err := js.Stream(ctx, kv.DefaultPrefix+"-events")
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return "no events stream"
+	}
+	if err != nil {
+		return "events stream: " + err.Error()
+	}
+	info := st.CachedInfo()
+	return fmt.Sprintf("the events stream held %d events on %d subjects (%d MB)", info.State.Msgs, info.State.NumSubjects, info.State.Bytes>>20)
 }
 
 // s7 is S7: an exclusive queue whose messages spread over s7Values exclusivity values, against S1.

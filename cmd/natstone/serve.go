@@ -57,6 +57,7 @@ type serveConfig struct {
 	disableAutoCreate bool
 	noEvents          bool
 	eventsMaxAge      time.Duration
+	eventsMaxBytes    int64
 	httpAddr          string // empty: no HTTP listener
 	logLevel          slog.Level
 	logFormat         string
@@ -114,6 +115,7 @@ Flags:
 	fs.BoolVar(&cfg.disableAutoCreate, "no-auto-create", false, "fail an enqueue to an unknown queue instead of creating it")
 	fs.BoolVar(&cfg.noEvents, "no-events", false, "publish no transition events (history then answers unavailable)")
 	fs.DurationVar(&cfg.eventsMaxAge, "events-max-age", broker.DefaultEventsMaxAge, "how long the events stream keeps an event")
+	fs.Int64Var(&cfg.eventsMaxBytes, "events-max-bytes", broker.DefaultEventsMaxBytes, "`bytes` the events stream may take before its oldest events go, younger than --events-max-age or not (-1: no bound)")
 	fs.StringVar(&cfg.httpAddr, "http", "", "`host:port` of an HTTP listener for the dashboard, /metrics and /healthz (off unless given)")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
@@ -168,6 +170,9 @@ Flags:
 	if cfg.eventsMaxAge <= 0 {
 		return usageErr("--events-max-age must be positive, not %v", cfg.eventsMaxAge)
 	}
+	if cfg.eventsMaxBytes <= 0 && cfg.eventsMaxBytes != -1 {
+		return usageErr("--events-max-bytes must be positive or -1 (no bound), not %d", cfg.eventsMaxBytes)
+	}
 	if cfg.httpAddr != "" {
 		if _, _, err := net.SplitHostPort(cfg.httpAddr); err != nil {
 			return usageErr("--http %q: %v", cfg.httpAddr, err)
@@ -216,6 +221,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		DisableAutoCreate: cfg.disableAutoCreate,
 		DisableEvents:     cfg.noEvents,
 		EventsMaxAge:      cfg.eventsMaxAge,
+		EventsMaxBytes:    cfg.eventsMaxBytes,
 		Logger:            log,
 	}
 	var m *metrics.Metrics

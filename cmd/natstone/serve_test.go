@@ -156,6 +156,9 @@ func TestUsageErrors(t *testing.T) {
 		{"replicas embedded", []string{"serve", "--replicas", "3"}, "needs a clustered NATS server"},
 		{"bad log level", []string{"serve", "--log-level", "loud"}, "--log-level must be"},
 		{"bad log format", []string{"serve", "--log-format", "xml"}, "--log-format must be"},
+		{"zero events max age", []string{"serve", "--events-max-age", "0s"}, "--events-max-age must be positive"},
+		{"zero events max bytes", []string{"serve", "--events-max-bytes", "0"}, "--events-max-bytes must be positive or -1"},
+		{"negative events max bytes", []string{"serve", "--events-max-bytes", "-2"}, "--events-max-bytes must be positive or -1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
