@@ -3,9 +3,10 @@
 GO       ?= go
 FUZZTIME ?= 10s
 ARGS     ?=
+BENCH_JSON ?= bench-results/$(shell date -u +%Y-%m-%dT%H%M%SZ).json
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test vet fmt-check lint tools fuzz bench tidy-check faults faults-long
+.PHONY: help build run test vet fmt-check lint tools fuzz bench bench-micro tidy-check faults faults-long
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -56,7 +57,11 @@ fuzz: ## run every Fuzz* target for FUZZTIME each (default 10s)
 		done; \
 	done
 
-bench: ## run every benchmark with allocations
+bench: build ## natstone bench: baselines and S1–S9 in one run, table on stdout, JSON in $(BENCH_JSON) (flags: ARGS='--pending 1000000')
+	@mkdir -p $(dir $(BENCH_JSON))
+	bin/natstone bench --json $(BENCH_JSON) $(ARGS)
+
+bench-micro: ## run the Go micro-benchmarks (index, codecs) with allocations
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 tidy-check: ## fail if go mod tidy would change go.mod or go.sum
