@@ -15,6 +15,9 @@ type deadlines struct {
 	items   []*entry
 	timer   clock.Timer
 	armedAt int64 // deadline the timer is armed for; 0 if not armed
+	// notBefore holds the timer back until then (Unix ms), whatever is due: set after a firing that
+	// caught up, so that what comes due meanwhile is handled in one batch (garbage collection).
+	notBefore int64
 }
 
 func (d *deadlines) Len() int           { return len(d.items) }
@@ -73,7 +76,7 @@ func (d *deadlines) arm(clk clock.Clock, fire func()) {
 		d.armedAt = 0
 		return
 	}
-	at := d.key(d.items[0])
+	at := max(d.key(d.items[0]), d.notBefore)
 	if at == d.armedAt || d.armedAt == parked {
 		return
 	}

@@ -142,6 +142,44 @@ func TestStateDiagram(t *testing.T) {
 	})
 }
 
+// TestCollectionsBatched: a queue's garbage collections are at least a second apart. The first
+// message due is collected when its retention ends; one that comes due less than a second later
+// waits for the next collection, a second after the first, and so does everything due by then.
+func TestCollectionsBatched(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](1000)})
+	complete := func(id string) {
+		e.enqueue("q", subjects.EnqueueRequest{ID: id})
+		m := e.dequeueOne("q")
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	}
+	exists := func(id string) bool {
+		_, err := call[subjects.Message](e, subjects.OpGet, "q", subjects.GetRequest{ID: id})
+		return err == nil
+	}
+	complete("a") // ends at t0, due at t0+1s
+	e.advance(100 * time.Millisecond)
+	complete("b") // due at t0+1.1s
+	e.advance(900 * time.Millisecond)
+	if exists("a") || !exists("b") {
+		t.Fatalf("at a's deadline: a exists %v, b exists %v; want a collected, b not yet", exists("a"), exists("b"))
+	}
+	e.advance(100 * time.Millisecond)
+	complete("c") // due at t0+2.1s
+	if !exists("b") {
+		t.Fatal("b was collected at its own deadline, less than a second after the last collection")
+	}
+	e.advance(900 * time.Millisecond) // t0+2s: the next collection
+	if exists("b") || !exists("c") {
+		t.Fatalf("a second after the first collection: b exists %v, c exists %v; want b collected, c not yet", exists("b"), exists("c"))
+	}
+	e.advance(time.Second)
+	if exists("c") {
+		t.Fatal("c still there a second after the second collection")
+	}
+}
+
 func TestEDFOrderWithTies(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
