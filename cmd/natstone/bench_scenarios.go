@@ -43,7 +43,45 @@ func (b *bench) pendingMessage(i int) subjects.EnqueueRequest {
 
 // cycles runs workers that each dequeue batch messages and complete them one by one, until the
 // queue is drained, --duration has passed or --pending messages are done. Latency: the dequeue.
+// With --retention 0 the phase lasts until the messages it completed are also collected.
 func (b *bench) cycles(ctx context.Context, env *benchEnv, name, queue string, batch int) (benchResult, error) {
+	r, err := b.cycleLoop(ctx, env, name, queue, batch)
+	if err != nil || b.cfg.retention != 0 {
+		return r, err
+	}
+	took, err := b.awaitCollected(ctx, env, queue)
+	r.elapsed += took
+	return r, err
+}
+
+// awaitCollected waits until queue holds no terminal message — with --retention 0, until the broker
+// has collected everything completed — and returns how long that took. The broker collects in
+// batches (at least a second apart once it has caught up), so a phase that stopped at its last
+// complete would leave some of its work undone and out of its time.
+func (b *bench) awaitCollected(ctx context.Context, env *benchEnv, queue string) (time.Duration, error) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var rep subjects.DepthReply
+		if err := env.call(ctx, env.conn(0), subjects.OpDepth, queue, subjects.DepthRequest{}, &rep); err != nil {
+			return time.Since(start), err
+		}
+		if c := rep.Counts; c.Completed+c.Canceled+c.Errored == 0 {
+			return time.Since(start), nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return time.Since(start), fmt.Errorf("completed messages of %s not collected: %w", queue, ctx.Err())
+		}
+	}
+}
+
+// cycleLoop is cycles' closed loop.
+func (b *bench) cycleLoop(ctx context.Context, env *benchEnv, name, queue string, batch int) (benchResult, error) {
 	req := subjects.DequeueRequest{Batch: batch}
 	return benchClosedLoop(ctx, b.p, name, b.cfg.workers, b.cfg.duration, int64(b.cfg.pending), func(ctx context.Context, w int) (int, time.Duration, error) {
 		nc := env.conn(w)
