@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"maps"
 	"math"
 
 	"github.com/natstone/natstone/broker/index"
@@ -153,8 +154,26 @@ func (e *entry) record() kv.Record {
 // newEntry builds the entry of a record (not yet placed anywhere).
 func (q *queue) newEntry(r kv.Record, rev uint64) *entry {
 	e := &entry{rev: rev, heapIdx: -1}
+	q.setItem(e, &r)
+	e.rec.set(&r)
+	return e
+}
+
+// setRecord makes r e's record. The broker's own writes never change what the index item holds
+// (priority, payload sequence, metadata), but a record read back from storage after a conflict —
+// another writer's — may, and then the item follows it. e must be out of every index and heap.
+func (q *queue) setRecord(e *entry, r *kv.Record) {
+	if r.Priority != e.Priority || r.BodySeq != e.Seq || !maps.Equal(r.Metadata, e.rec.metadata()) {
+		q.setItem(e, r)
+	}
+	e.rec.set(r)
+}
+
+// setItem sets e's index item from r.
+func (q *queue) setItem(e *entry, r *kv.Record) {
 	e.Priority = r.Priority
 	e.Seq = r.BodySeq
+	e.Meta, e.Value = nil, ""
 	if len(r.Metadata) > 0 {
 		e.Meta = make([]index.Pair, 0, len(r.Metadata))
 		for k, v := range r.Metadata {
@@ -164,6 +183,4 @@ func (q *queue) newEntry(r kv.Record, rev uint64) *entry {
 	if q.exclusive() {
 		e.Value = r.Metadata[q.cfg.ExclusivityKey]
 	}
-	e.rec.set(&r)
-	return e
 }

@@ -39,11 +39,17 @@ func TestEntryRecordRoundTrip(t *testing.T) {
 		if r.Metadata != nil && e.Value != "foo" {
 			t.Errorf("%s: exclusivity value %q, want foo", name, e.Value)
 		}
-		// set on an entry that held another record forgets the old optional fields.
-		e2 := q.newEntry(ended, 1)
-		e2.rec.set(&r)
-		if got := e2.record(); !reflect.DeepEqual(got, withItem(r, ended)) {
-			t.Errorf("%s: set over another record:\n got %+v\nwant %+v", name, got, withItem(r, ended))
+		// A record set over another one — as after a conflict, another writer's — replaces all of it:
+		// the old optional fields go, and the index item follows its priority, payload and metadata.
+		other := ended
+		other.Priority, other.BodySeq, other.Metadata = 99, 12, map[string]string{"project": "bar"}
+		e2 := q.newEntry(other, 1)
+		q.setRecord(e2, &r)
+		if got := e2.record(); !reflect.DeepEqual(got, r) {
+			t.Errorf("%s: set over another record:\n got %+v\nwant %+v", name, got, r)
+		}
+		if wantValue := r.Metadata["project"]; e2.Value != wantValue || len(e2.Meta) != len(r.Metadata) {
+			t.Errorf("%s: after set over another record: value %q, %d pairs; want %q, %d", name, e2.Value, len(e2.Meta), wantValue, len(r.Metadata))
 		}
 	}
 	// A count beyond int32 (never written by natstone) saturates instead of wrapping.
@@ -56,10 +62,4 @@ func TestEntryRecordRoundTrip(t *testing.T) {
 	if unstored.State() != "" {
 		t.Errorf("a record not stored yet has state %q, want none", unstored.State())
 	}
-}
-
-// withItem returns r with the immutable fields the entry keeps in its index item (from orig).
-func withItem(r, orig kv.Record) kv.Record {
-	r.Priority, r.BodySeq = orig.Priority, orig.BodySeq
-	return r
 }

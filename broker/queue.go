@@ -145,7 +145,7 @@ func (q *queue) unplace(e *entry) {
 // apply makes r (stored at rev) e's record and moves e to its new state's structures.
 func (q *queue) apply(e *entry, r kv.Record, rev uint64) {
 	q.unplace(e)
-	e.rec.set(&r)
+	q.setRecord(e, &r)
 	e.rev = rev
 	q.place(e)
 }

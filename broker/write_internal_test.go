@@ -129,3 +129,47 @@ func TestResolveLearnsAWriteThatLanded(t *testing.T) {
 		t.Fatalf("conflict: err %v truth %+v", c.err, c.truth)
 	}
 }
+
+// TestConflictTakesOtherWritersRecord: another writer stored message x (its own payload and
+// priority) after this broker looked and before its create landed. The create conflicts, and the
+// broker must take the stored record whole — priority, payload and metadata included — rather than
+// keep what it meant to write: the reply, the dequeue and the next write all follow storage.
+func TestConflictTakesOtherWritersRecord(t *testing.T) {
+	b, clk := internalBroker(t)
+	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := b.store.WriteBody("q", []byte("theirs")).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := clk.Now().UnixMilli()
+	theirs := kv.Record{ID: "x", State: subjects.StatePending, Priority: 5, BodySeq: seq, PayloadSize: 6,
+		Metadata: map[string]string{"who": "them"}, Version: 1, MaxAttempts: 5, EnqueuedAt: now, VisibleAt: now, UpdatedAt: now}
+	if _, err := b.store.WriteMessage("q", &theirs, 0).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	replies, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "x", Payload: "ours", Metadata: map[string]string{"who": "us"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := replies[0]; r.Priority != 5 || r.Version != 1 {
+		t.Errorf("enqueue reply %+v: want the stored record's priority 5, version 1", r)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{Filter: map[string]string{"who": "them"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0].Payload == nil || *ms[0].Payload != "theirs" || ms[0].Priority != 5 || ms[0].Metadata["who"] != "them" {
+		t.Fatalf("dequeue by the stored metadata: %+v, want x with the stored payload, priority and metadata", ms)
+	}
+	stored, _, err := b.store.GetMessage(ctx, "q", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.BodySeq != seq || stored.Priority != 5 || stored.Metadata["who"] != "them" || stored.State != subjects.StateRunning {
+		t.Errorf("stored after the lease: %+v; want the other writer's payload, priority and metadata, running", stored)
+	}
+}
