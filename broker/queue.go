@@ -236,7 +236,7 @@ func (q *queue) fire(d *deadlines) {
 		return
 	}
 	if d == &q.gc {
-		if len(due) < maxFire {
+		if len(due) > 0 && len(due) < maxFire && !skipped {
 			d.notBefore = now + gcGapMS // caught up: let the next ones gather
 		} else {
 			d.notBefore = 0
