@@ -61,7 +61,8 @@ func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 		AllowDirect: true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("kv: open stream %s-events: %w", prefix, err)
+		// A size bound is reserved against the account's and the server's storage limits.
+		return nil, fmt.Errorf("kv: open stream %s-events (max_bytes %d, max_age %v): %w", prefix, cfg.MaxBytes, cfg.MaxAge, err)
 	}
 	return &Events{js: cfg.JS, stream: st, subj: prefix + ".events."}, nil
 }
