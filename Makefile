@@ -57,7 +57,7 @@ fuzz: ## run every Fuzz* target for FUZZTIME each (default 10s)
 		done; \
 	done
 
-bench: build ## natstone bench: baselines and S1–S9 in one run, table on stdout, JSON in $(BENCH_JSON) (flags: ARGS='--pending 1000000')
+bench: build ## natstone bench: baselines and S1–S9 in one run, table on stdout, JSON in bench-results/ (flags: ARGS='--pending 1000000')
 	@mkdir -p $(dir $(BENCH_JSON))
 	bin/natstone bench --json $(BENCH_JSON) $(ARGS)
 
