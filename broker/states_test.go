@@ -142,9 +142,9 @@ func TestStateDiagram(t *testing.T) {
 	})
 }
 
-// TestCollectionsBatched: a queue's garbage collections are at least a second apart. The first
-// message due is collected when its retention ends; one that comes due less than a second later
-// waits for the next collection, a second after the first, and so does everything due by then.
+// TestCollectionsBatched: a queue's garbage collections are at least 100 ms apart. The first
+// message due is collected when its retention ends; one that comes due less than 100 ms later waits
+// for the next collection, 100 ms after the first, and so does everything due by then.
 func TestCollectionsBatched(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -159,24 +159,24 @@ func TestCollectionsBatched(t *testing.T) {
 		return err == nil
 	}
 	complete("a") // ends at t0, due at t0+1s
-	e.advance(100 * time.Millisecond)
-	complete("b") // due at t0+1.1s
-	e.advance(900 * time.Millisecond)
+	e.advance(40 * time.Millisecond)
+	complete("b") // due at t0+1.04s
+	e.advance(960 * time.Millisecond)
 	if exists("a") || !exists("b") {
 		t.Fatalf("at a's deadline: a exists %v, b exists %v; want a collected, b not yet", exists("a"), exists("b"))
 	}
-	e.advance(100 * time.Millisecond)
-	complete("c") // due at t0+2.1s
+	e.advance(40 * time.Millisecond)
+	complete("c") // due at t0+2.04s
 	if !exists("b") {
-		t.Fatal("b was collected at its own deadline, less than a second after the last collection")
+		t.Fatal("b was collected at its own deadline, less than 100 ms after the last collection")
 	}
-	e.advance(900 * time.Millisecond) // t0+2s: the next collection
+	e.advance(60 * time.Millisecond) // t0+1.1s: the next collection
 	if exists("b") || !exists("c") {
-		t.Fatalf("a second after the first collection: b exists %v, c exists %v; want b collected, c not yet", exists("b"), exists("c"))
+		t.Fatalf("100 ms after the first collection: b exists %v, c exists %v; want b collected, c not yet", exists("b"), exists("c"))
 	}
-	e.advance(time.Second)
+	e.advance(940 * time.Millisecond) // t0+2.04s: c's deadline, long after the last collection
 	if exists("c") {
-		t.Fatal("c still there a second after the second collection")
+		t.Fatal("c still there at its deadline, with no collection in the 100 ms before")
 	}
 }
 
