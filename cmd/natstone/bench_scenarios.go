@@ -50,36 +50,42 @@ func (b *bench) cycles(ctx context.Context, env *benchEnv, name, queue string, b
 		return r, err
 	}
 	meter := benchStartCPU()
-	took, err := b.awaitCollected(ctx, env, queue)
+	took, left, err := b.awaitCollected(ctx, env, queue)
 	if total := r.elapsed + took; total > 0 { // the CPU figure covers the same time as the rate
 		r.cpu = (r.cpu*r.elapsed.Seconds() + meter.ratio()*took.Seconds()) / total.Seconds()
 	}
 	r.elapsed += took
+	r.uncollected, r.collectWait = left, took
 	return r, err
 }
 
 // awaitCollected waits until queue holds no terminal message — with --retention 0, until the broker
-// has collected everything completed — and returns how long that took. The broker collects in
-// batches (at least a second apart once it has caught up), so a phase that stopped at its last
-// complete would leave some of its work undone and out of its time.
-func (b *bench) awaitCollected(ctx context.Context, env *benchEnv, queue string) (time.Duration, error) {
+// has collected everything completed — and returns how long that took and how many terminal
+// messages there were when it started. The broker collects in batches (at least 100 ms apart
+// once it has caught up), so a phase that stopped at its last complete would leave some of its work
+// undone and out of its time.
+func (b *bench) awaitCollected(ctx context.Context, env *benchEnv, queue string) (took time.Duration, left int, err error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for {
+	for first := true; ; first = false {
 		var rep subjects.DepthReply
 		if err := env.call(ctx, env.conn(0), subjects.OpDepth, queue, subjects.DepthRequest{}, &rep); err != nil {
-			return time.Since(start), err
+			return time.Since(start), left, err
 		}
-		if c := rep.Counts; c.Completed+c.Canceled+c.Errored == 0 {
-			return time.Since(start), nil
+		n := rep.Counts.Completed + rep.Counts.Canceled + rep.Counts.Errored
+		if first {
+			left = n
+		}
+		if n == 0 {
+			return time.Since(start), left, nil
 		}
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return time.Since(start), fmt.Errorf("completed messages of %s not collected: %w", queue, ctx.Err())
+			return time.Since(start), left, fmt.Errorf("completed messages of %s not collected: %w", queue, ctx.Err())
 		}
 	}
 }

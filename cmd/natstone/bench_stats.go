@@ -65,6 +65,9 @@ type benchResult struct {
 	elapsed time.Duration // from the start to the end of the last operation
 	lat     benchLatency
 	cpu     float64 // CPU seconds per wall second
+
+	uncollected int           // terminal messages left when the loop ended (retention 0), collected before the phase ended
+	collectWait time.Duration // how long that took, included in elapsed
 }
 
 // rate returns ops per second.
