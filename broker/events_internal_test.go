@@ -12,21 +12,28 @@ import (
 	"github.com/natstone/natstone/subjects"
 )
 
-// TestPublisherCloseDrains emits many events and closes the publisher at once: close must publish
-// every buffered event before it returns (Broker.Stop relies on it), not just stop the goroutine.
-func TestPublisherCloseDrains(t *testing.T) {
+// testPublisher starts a publisher of its own, lingering linger, on an events stream named
+// <prefix>-events next to a test broker's. ctx ends with the test (or after 30 s).
+func testPublisher(t *testing.T, prefix string, linger time.Duration) (context.Context, jetstream.JetStream, *publisher) {
+	t.Helper()
 	b, _ := internalBroker(t)
 	js, err := jetstream.New(b.cfg.Conn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	store, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "drain", MaxAge: time.Hour})
+	t.Cleanup(cancel)
+	store, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: prefix, MaxAge: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newPublisher(b, store, eventLinger)
+	return ctx, js, newPublisher(b, store, linger)
+}
+
+// TestPublisherCloseDrains emits many events and closes the publisher at once: close must publish
+// every buffered event before it returns (Broker.Stop relies on it), not just stop the goroutine.
+func TestPublisherCloseDrains(t *testing.T) {
+	ctx, js, p := testPublisher(t, "drain", eventLinger)
 	const n = 3 * maxEventBatch // several batches: most are still buffered when close is called
 	for i := range n {
 		p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: fmt.Sprint(i), Version: 1}})
@@ -57,18 +64,7 @@ func TestPublisherCloseDrains(t *testing.T) {
 // until every event emitted before it is published: a few events (the publisher lingers on them),
 // then more than a batch (a full batch and a partial one).
 func TestPublisherSyncDoesNotLinger(t *testing.T) {
-	b, _ := internalBroker(t)
-	js, err := jetstream.New(b.cfg.Conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	store, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "linger", MaxAge: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newPublisher(b, store, time.Hour)
+	ctx, _, p := testPublisher(t, "linger", time.Hour)
 	var want uint64
 	for round, n := range []int{10, maxEventBatch + 10, 10} {
 		for i := range n {
