@@ -13,7 +13,7 @@ import (
 // record's KV revision. Payloads are never held here. It is kept small because the broker holds one
 // per message (see docs/design.md, "Memory").
 type entry struct {
-	index.Item        // Priority, Seq (the body sequence), Meta, Value: immutable
+	index.Item        // Priority, Seq (the body sequence), Meta, Value: changed only while unplaced
 	rec        stored // the record as last stored (or, for a new entry, about to be)
 	heapIdx    int    // position in the deadline heap of its state; -1 if in none
 	rev        uint64 // the record's KV revision; 0 until first stored
