@@ -211,8 +211,8 @@ func decodeEnqueue(op subjects.Op, req *nats.Msg) ([]subjects.EnqueueRequest, er
 		}
 		return []subjects.EnqueueRequest{r}, nil
 	case subjects.OpEnqueueBatch:
-		var r subjects.EnqueueBatchRequest
-		if err := subjects.Decode(req.Data, &r); err != nil {
+		r, err := subjects.DecodeEnqueueBatch(req.Data)
+		if err != nil {
 			return nil, err
 		}
 		if len(r.Messages) == 0 || len(r.Messages) > subjects.MaxEnqueueBatch {
@@ -220,8 +220,8 @@ func decodeEnqueue(op subjects.Op, req *nats.Msg) ([]subjects.EnqueueRequest, er
 		}
 		return r.Messages, nil
 	default:
-		var r subjects.EnqueueRequest
-		if err := subjects.Decode(req.Data, &r); err != nil {
+		r, err := subjects.DecodeEnqueue(req.Data)
+		if err != nil {
 			return nil, err
 		}
 		return []subjects.EnqueueRequest{r}, nil

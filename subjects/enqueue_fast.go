@@ -1,0 +1,188 @@
+package subjects
+
+import "strconv"
+
+// DecodeEnqueue decodes an enqueue body, as Decode would.
+//
+// Most enqueue bodies are one flat object of plain ASCII strings and integers, and the payload is
+// most of their bytes. encoding/json reads each body twice, byte by byte (once to find its end,
+// once to decode it), which made decoding a sixth of all CPU when enqueueing 2 KiB payloads. Such a
+// body is decoded here in one pass that finds each string's end with a byte search. Anything else
+// — other keys or another case of them, escapes, non-ASCII text, control characters, nulls,
+// fractions or exponents, duplicate keys, trailing data — goes to Decode, so the result (and every
+// error) is Decode's; FuzzDecodeEnqueue checks that both agree.
+func DecodeEnqueue(data []byte) (EnqueueRequest, error) {
+	var r EnqueueRequest
+	if p, ok := fastEnqueue(data, 0, &r); ok && skip(data, p) == len(data) {
+		return r, nil
+	}
+	r = EnqueueRequest{}
+	err := Decode(data, &r)
+	return r, err
+}
+
+// DecodeEnqueueBatch decodes an enqueue_batch body, as Decode would; see DecodeEnqueue.
+func DecodeEnqueueBatch(data []byte) (EnqueueBatchRequest, error) {
+	var r EnqueueBatchRequest
+	if fastEnqueueBatch(data, &r) {
+		return r, nil
+	}
+	r = EnqueueBatchRequest{}
+	err := Decode(data, &r)
+	return r, err
+}
+
+// fastEnqueueBatch decodes {"messages":[<fastEnqueue object>, …]} with nothing after it. An empty
+// array goes to Decode, which gives an empty slice rather than nil.
+func fastEnqueueBatch(data []byte, r *EnqueueBatchRequest) bool {
+	p := skip(data, 0)
+	p, ok := expect(data, p, '{')
+	if !ok {
+		return false
+	}
+	key, p, ok := plainString(data, skip(data, p))
+	if !ok || key != "messages" {
+		return false
+	}
+	if p, ok = expect(data, skip(data, p), ':'); !ok {
+		return false
+	}
+	if p, ok = expect(data, skip(data, p), '['); !ok {
+		return false
+	}
+	for {
+		var m EnqueueRequest
+		if p, ok = fastEnqueue(data, p, &m); !ok {
+			return false
+		}
+		r.Messages = append(r.Messages, m)
+		p = skip(data, p)
+		if p < len(data) && data[p] == ',' {
+			p++
+			continue
+		}
+		break
+	}
+	if p, ok = expect(data, p, ']'); !ok {
+		return false
+	}
+	if p, ok = expect(data, skip(data, p), '}'); !ok {
+		return false
+	}
+	return skip(data, p) == len(data)
+}
+
+// fastEnqueue decodes one flat enqueue object starting at data[p] (after optional white space):
+// keys id, payload (plain strings) and priority, invisible_ms, lease_ms (integers), each at most
+// once. It returns the position after the object and false for anything else.
+func fastEnqueue(data []byte, p int, r *EnqueueRequest) (int, bool) {
+	p, ok := expect(data, skip(data, p), '{')
+	if !ok {
+		return 0, false
+	}
+	var seen [5]bool
+	p = skip(data, p)
+	if p < len(data) && data[p] == '}' {
+		return p + 1, true
+	}
+	for {
+		var key string
+		if key, p, ok = plainString(data, p); !ok {
+			return 0, false
+		}
+		if p, ok = expect(data, skip(data, p), ':'); !ok {
+			return 0, false
+		}
+		p = skip(data, p)
+		var s string
+		var n int64
+		switch key {
+		case "id", "payload":
+			s, p, ok = plainString(data, p)
+		case "priority", "invisible_ms", "lease_ms":
+			n, p, ok = plainInt(data, p)
+		default:
+			return 0, false
+		}
+		if !ok {
+			return 0, false
+		}
+		var i int
+		switch key {
+		case "id":
+			i, r.ID = 0, s
+		case "payload":
+			i, r.Payload = 1, s
+		case "priority":
+			i, r.Priority = 2, &n
+		case "invisible_ms":
+			i, r.InvisibleMS = 3, &n
+		case "lease_ms":
+			i, r.LeaseMS = 4, &n
+		}
+		if seen[i] {
+			return 0, false // encoding/json keeps the last one; leave duplicates to it
+		}
+		seen[i] = true
+		p = skip(data, p)
+		if p < len(data) && data[p] == ',' {
+			p = skip(data, p+1)
+			continue
+		}
+		return expect(data, p, '}')
+	}
+}
+
+// plainString reads a JSON string at data[p] made only of printable ASCII without escapes.
+func plainString(data []byte, p int) (string, int, bool) {
+	if p >= len(data) || data[p] != '"' {
+		return "", 0, false
+	}
+	for i := p + 1; i < len(data); i++ {
+		switch c := data[i]; {
+		case c == '"':
+			return string(data[p+1 : i]), i + 1, true
+		case c == '\\' || c < 0x20 || c >= 0x7f:
+			return "", 0, false
+		}
+	}
+	return "", 0, false
+}
+
+// plainInt reads a JSON integer at data[p]: an optional minus, then 0 or a digit 1–9 and more
+// digits, 18 digits at most (so it fits an int64), with no fraction or exponent after it.
+func plainInt(data []byte, p int) (int64, int, bool) {
+	start := p
+	if p < len(data) && data[p] == '-' {
+		p++
+	}
+	digits := p
+	for p < len(data) && data[p] >= '0' && data[p] <= '9' {
+		p++
+	}
+	switch n := p - digits; {
+	case n == 0 || n > 18, n > 1 && data[digits] == '0':
+		return 0, 0, false
+	}
+	if p < len(data) && (data[p] == '.' || data[p] == 'e' || data[p] == 'E') {
+		return 0, 0, false
+	}
+	v, err := strconv.ParseInt(string(data[start:p]), 10, 64)
+	return v, p, err == nil
+}
+
+// expect consumes the byte c at data[p].
+func expect(data []byte, p int, c byte) (int, bool) {
+	if p < len(data) && data[p] == c {
+		return p + 1, true
+	}
+	return 0, false
+}
+
+// skip returns the position of the first byte at or after p that is not JSON white space.
+func skip(data []byte, p int) int {
+	for p < len(data) && (data[p] == ' ' || data[p] == '\t' || data[p] == '\n' || data[p] == '\r') {
+		p++
+	}
+	return p
+}
