@@ -195,8 +195,8 @@ func (q *queue) leaseMS(requested int64, e *entry) int64 {
 	switch {
 	case requested > 0:
 		return requested
-	case e.rec.leaseMS() > 0:
-		return e.rec.leaseMS()
+	case e.rec.extra().LeaseMS > 0:
+		return e.rec.extra().LeaseMS
 	default:
 		return q.cfg.LeaseMS
 	}
@@ -270,7 +270,7 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 		if err := q.waitIdle(ctx, l.e); err != nil {
 			return nil, unavailable("wait for the leases of the first dequeue with this request_id", err)
 		}
-		if q.entries[l.e.rec.ID] == l.e && l.e.rec.State() == subjects.StateRunning && l.e.rec.leaseID() == l.leaseID {
+		if q.entries[l.e.rec.ID] == l.e && l.e.rec.State() == subjects.StateRunning && l.e.rec.extra().LeaseID == l.leaseID {
 			held = append(held, l)
 		}
 	}

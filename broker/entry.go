@@ -85,46 +85,16 @@ func (s *stored) set(r *kv.Record) {
 // record from storage say otherwise.
 func clamp32(n int) int32 { return int32(max(min(n, math.MaxInt32), math.MinInt32)) }
 
-func (s *stored) metadata() map[string]string {
-	if s.more == nil {
-		return nil
-	}
-	return s.more.Metadata
-}
+// noMore is what more reads as while it is nil. Read only.
+var noMore storedMore
 
-func (s *stored) leaseMS() int64 {
+// extra returns the fields kept out of line, all zero when there are none. Read only: set replaces
+// them as a whole.
+func (s *stored) extra() *storedMore {
 	if s.more == nil {
-		return 0
+		return &noMore
 	}
-	return s.more.LeaseMS
-}
-
-func (s *stored) leaseID() string {
-	if s.more == nil {
-		return ""
-	}
-	return s.more.LeaseID
-}
-
-func (s *stored) leaseExpires() int64 {
-	if s.more == nil {
-		return 0
-	}
-	return s.more.LeaseExpires
-}
-
-func (s *stored) requestID() string {
-	if s.more == nil {
-		return ""
-	}
-	return s.more.RequestID
-}
-
-func (s *stored) endedAt() int64 {
-	if s.more == nil {
-		return 0
-	}
-	return s.more.EndedAt
+	return s.more
 }
 
 // record returns e's record in full, as stored.
@@ -163,7 +133,7 @@ func (q *queue) newEntry(r kv.Record, rev uint64) *entry {
 // (priority, payload sequence, metadata), but a record read back from storage after a conflict —
 // another writer's — may, and then the item follows it. e must be out of every index and heap.
 func (q *queue) setRecord(e *entry, r *kv.Record) {
-	if r.Priority != e.Priority || r.BodySeq != e.Seq || !maps.Equal(r.Metadata, e.rec.metadata()) {
+	if r.Priority != e.Priority || r.BodySeq != e.Seq || !maps.Equal(r.Metadata, e.rec.extra().Metadata) {
 		q.setItem(e, r)
 	}
 	e.rec.set(r)

@@ -210,7 +210,7 @@ func (q *queue) depth(filter map[string]string) (subjects.Counts, error) {
 // Called with q.mu held.
 func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, oldestPending int64) {
 	for _, e := range q.entries {
-		if e.rev == 0 || !matches(e.rec.metadata(), filter) {
+		if e.rev == 0 || !matches(e.rec.extra().Metadata, filter) {
 			continue
 		}
 		addCount(&c, e.rec.State(), 1)

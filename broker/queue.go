@@ -91,8 +91,8 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 	}
 	q.rates.start = b.clock.Now().UnixMilli()
 	q.invisible.key = func(e *entry) int64 { return e.rec.VisibleAt }
-	q.leases.key = func(e *entry) int64 { return e.rec.leaseExpires() }
-	q.gc.key = func(e *entry) int64 { return e.rec.endedAt() + q.cfg.RetentionMS }
+	q.leases.key = func(e *entry) int64 { return e.rec.extra().LeaseExpires }
+	q.gc.key = func(e *entry) int64 { return e.rec.extra().EndedAt + q.cfg.RetentionMS }
 	return q
 }
 

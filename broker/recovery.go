@@ -96,7 +96,7 @@ func (q *queue) reconcile(ctx context.Context, stored map[string]kv.Lock) error 
 		if l.MessageID == "" {
 			continue
 		}
-		if e := running[value]; e != nil && e.rec.ID == l.MessageID && e.rec.leaseID() == l.LeaseID {
+		if e := running[value]; e != nil && e.rec.ID == l.MessageID && e.rec.extra().LeaseID == l.LeaseID {
 			continue
 		}
 		if running[value] != nil {
@@ -115,7 +115,7 @@ func (q *queue) reconcile(ctx context.Context, stored map[string]kv.Lock) error 
 		if lk.holder == e.rec.ID {
 			continue
 		}
-		rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{MessageID: e.rec.ID, LeaseID: e.rec.leaseID()}, lk.rev).Wait(ctx)
+		rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{MessageID: e.rec.ID, LeaseID: e.rec.extra().LeaseID}, lk.rev).Wait(ctx)
 		if err != nil {
 			return fmt.Errorf("natstone: recover queue %s: take lock %q: %w", q.name, value, err)
 		}
@@ -129,16 +129,16 @@ func (q *queue) reconcile(ctx context.Context, stored map[string]kv.Lock) error 
 func (q *queue) rebuildRequests() {
 	now := q.now()
 	for _, e := range q.entries {
-		if e.rec.State() != subjects.StateRunning || e.rec.requestID() == "" {
+		if e.rec.State() != subjects.StateRunning || e.rec.extra().RequestID == "" {
 			continue
 		}
-		r := q.requests[e.rec.requestID()]
+		r := q.requests[e.rec.extra().RequestID]
 		if r == nil {
 			r = &dequeueRecord{done: make(chan struct{})}
 			close(r.done)
-			q.requests[e.rec.requestID()] = r
-			q.reqOrder = append(q.reqOrder, reqStamp{id: e.rec.requestID(), rec: r, at: now})
+			q.requests[e.rec.extra().RequestID] = r
+			q.reqOrder = append(q.reqOrder, reqStamp{id: e.rec.extra().RequestID, rec: r, at: now})
 		}
-		r.leases = append(r.leases, leaseRef{e: e, leaseID: e.rec.leaseID()})
+		r.leases = append(r.leases, leaseRef{e: e, leaseID: e.rec.extra().LeaseID})
 	}
 }

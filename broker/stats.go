@@ -198,13 +198,13 @@ func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
 		}
 	}
 	due := q.leases.due(now+within, len(q.leases.items)) // every lease ending within the window, in heap order
-	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.rec.leaseExpires(), b.rec.leaseExpires()) })
+	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.rec.extra().LeaseExpires, b.rec.extra().LeaseExpires) })
 	for _, e := range due[:min(len(due), limit)] {
 		reply.Expiring = append(reply.Expiring, subjects.ExpiringLease{
 			ID:             e.rec.ID,
-			LeaseID:        e.rec.leaseID(),
-			LeaseExpiresAt: time.UnixMilli(e.rec.leaseExpires()).UTC(),
-			ExpiresInMS:    e.rec.leaseExpires() - now,
+			LeaseID:        e.rec.extra().LeaseID,
+			LeaseExpiresAt: time.UnixMilli(e.rec.extra().LeaseExpires).UTC(),
+			ExpiresInMS:    e.rec.extra().LeaseExpires - now,
 			Attempts:       int(e.rec.Attempts),
 			MaxAttempts:    int(e.rec.MaxAttempts),
 		})
@@ -240,7 +240,7 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	} else {
 		d := q.heapOf(r.State)
 		for _, e := range d.items {
-			if e.rec.State() == r.State && matches(e.rec.metadata(), r.Filter) {
+			if e.rec.State() == r.State && matches(e.rec.extra().Metadata, r.Filter) {
 				found = append(found, e)
 			}
 		}
