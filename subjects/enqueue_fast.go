@@ -94,34 +94,28 @@ func fastEnqueue(data []byte, p int, r *EnqueueRequest) (int, bool) {
 			return 0, false
 		}
 		p = skip(data, p)
-		var s string
-		var n int64
-		switch key {
-		case "id", "payload":
-			s, p, ok = plainString(data, p)
-		case "priority", "invisible_ms", "lease_ms":
-			n, p, ok = plainInt(data, p)
-		default:
-			return 0, false
-		}
-		if !ok {
-			return 0, false
-		}
 		var i int
 		switch key {
 		case "id":
-			i, r.ID = 0, s
+			i = 0
+			r.ID, p, ok = plainString(data, p)
 		case "payload":
-			i, r.Payload = 1, s
+			i = 1
+			r.Payload, p, ok = plainString(data, p)
 		case "priority":
-			i, r.Priority = 2, &n
+			i = 2
+			r.Priority, p, ok = plainInt(data, p)
 		case "invisible_ms":
-			i, r.InvisibleMS = 3, &n
+			i = 3
+			r.InvisibleMS, p, ok = plainInt(data, p)
 		case "lease_ms":
-			i, r.LeaseMS = 4, &n
+			i = 4
+			r.LeaseMS, p, ok = plainInt(data, p)
+		default:
+			return 0, false
 		}
-		if seen[i] {
-			return 0, false // encoding/json keeps the last one; leave duplicates to it
+		if !ok || seen[i] { // encoding/json keeps the last of duplicate keys; leave them to it
+			return 0, false
 		}
 		seen[i] = true
 		p = skip(data, p)
@@ -151,7 +145,7 @@ func plainString(data []byte, p int) (string, int, bool) {
 
 // plainInt reads a JSON integer at data[p]: an optional minus, then 0 or a digit 1–9 and more
 // digits, 18 digits at most (so it fits an int64), with no fraction or exponent after it.
-func plainInt(data []byte, p int) (int64, int, bool) {
+func plainInt(data []byte, p int) (*int64, int, bool) {
 	start := p
 	if p < len(data) && data[p] == '-' {
 		p++
@@ -162,13 +156,13 @@ func plainInt(data []byte, p int) (int64, int, bool) {
 	}
 	switch n := p - digits; {
 	case n == 0 || n > 18, n > 1 && data[digits] == '0':
-		return 0, 0, false
+		return nil, 0, false
 	}
 	if p < len(data) && (data[p] == '.' || data[p] == 'e' || data[p] == 'E') {
-		return 0, 0, false
+		return nil, 0, false
 	}
 	v, err := strconv.ParseInt(string(data[start:p]), 10, 64)
-	return v, p, err == nil
+	return &v, p, err == nil
 }
 
 // expect consumes the byte c at data[p].
