@@ -309,17 +309,23 @@ func (b *bench) baselinePUT(ctx context.Context, env *benchEnv, size int) (*benc
 	defer func() { _ = js.DeleteKeyValue(context.WithoutCancel(ctx), benchPUTBucket) }()
 	value := []byte(benchPayload(size))
 	n := b.cfg.pending
-	r, err := benchPipeline(ctx, b.p, name, int64(n), benchPipelineWindow, b.cfg.duration, func(i int64) (benchWaitFunc, error) {
-		f, err := js.PublishMsgAsync(&nats.Msg{Subject: "$KV." + benchPUTBucket + "." + benchKey(int(i)), Data: value})
-		if err != nil {
-			return nil, err
-		}
-		return benchFutureWait(f), nil
-	}, nil)
+	r, err := benchPipeline(ctx, b.p, name, int64(n), benchPipelineWindow, b.cfg.duration, benchPut(js, benchPUTBucket, value), nil)
 	if err != nil {
 		return nil, err
 	}
 	return benchRateRow(name, "puts/s", r, fmt.Sprintf("up to %d distinct keys, %d in flight", n, benchPipelineWindow)), nil
+}
+
+// benchPut returns a pipeline operation that puts value, without a revision check, to key i of
+// bucket.
+func benchPut(js jetstream.JetStream, bucket string, value []byte) func(i int64) (benchWaitFunc, error) {
+	return func(i int64) (benchWaitFunc, error) {
+		f, err := js.PublishMsgAsync(&nats.Msg{Subject: "$KV." + bucket + "." + benchKey(int(i)), Data: value})
+		if err != nil {
+			return nil, err
+		}
+		return benchFutureWait(f), nil
+	}
 }
 
 // echo answers requests on echoSubj with a payload-sized reply, on a connection of its own (as the
@@ -393,13 +399,7 @@ func (b *bench) baselineLOAD(ctx context.Context, env *benchEnv) (*benchRow, err
 	if err != nil {
 		return nil, err
 	}
-	_, err = benchPipeline(ctx, b.p, name+" fill", int64(n), benchPipelineWindow, time.Hour, func(i int64) (benchWaitFunc, error) {
-		f, err := js.PublishMsgAsync(&nats.Msg{Subject: "$KV." + benchLOADBucket + "." + benchKey(int(i)), Data: value})
-		if err != nil {
-			return nil, err
-		}
-		return benchFutureWait(f), nil
-	}, nil)
+	_, err = benchPipeline(ctx, b.p, name+" fill", int64(n), benchPipelineWindow, time.Hour, benchPut(js, benchLOADBucket, value), nil)
 	if err != nil {
 		return nil, err
 	}
