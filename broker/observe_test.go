@@ -194,8 +194,9 @@ func (e *env) eventSubjects() []string {
 	return out
 }
 
-// TestEventsSurviveCleanStop checks that a clean stop publishes every buffered event: the history
-// read by the next broker has them all.
+// TestEventsSurviveCleanStop checks that a clean stop loses no event: a stopped broker publishes
+// every buffered event (the next broker's history has them all), and a stopped server writes out
+// every event it acknowledged (the events stream persists asynchronously: see kv.OpenEvents).
 func TestEventsSurviveCleanStop(t *testing.T) {
 	e := setup(t)
 	e.create("q", subjects.CreateQueueRequest{})
@@ -203,15 +204,32 @@ func TestEventsSurviveCleanStop(t *testing.T) {
 		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprint(i), Payload: "x"})
 	}
 	ms := e.dequeue("q", subjects.DequeueRequest{Batch: 200})
-	for _, m := range ms {
+	for _, m := range ms[:100] {
 		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
 	}
 	e.restartBroker() // no FlushEvents: Stop must publish what is buffered
+	for _, m := range ms[100:] {
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	}
+	e.restartAll() // the broker, then the server: it must write out what it acknowledged
 	for i := range 200 {
 		h := e.history("q", fmt.Sprint(i))
 		if len(h.Events) != 3 || h.Events[2].Kind != subjects.EventCompleted {
-			t.Fatalf("message %d after restart: %d events, want enqueued, leased, completed", i, len(h.Events))
+			t.Fatalf("message %d after restarts: %d events, want enqueued, leased, completed", i, len(h.Events))
 		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "natstone-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode := st.CachedInfo().Config.PersistMode; mode != jetstream.AsyncPersistMode {
+		t.Errorf("events stream persist mode %v, want async", mode)
 	}
 }
 
