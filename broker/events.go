@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +47,7 @@ type publisher struct {
 	b     *Broker
 
 	linger time.Duration // eventLinger, or what a test sets
+	enc    []byte        // the run goroutine's encoding buffer
 
 	mu       sync.Mutex
 	buf      []pendingEvent
@@ -171,23 +171,32 @@ func (p *publisher) run() {
 }
 
 // publish stores a batch with one acknowledgement (kv.Events.PublishBatch); a batch whose
-// acknowledgement does not come is published again, up to eventPublishTries times.
+// acknowledgement does not come is published again, up to eventPublishTries times. The events are
+// encoded into one buffer, reused from batch to batch.
 func (p *publisher) publish(batch []pendingEvent) {
 	subjs := make([]string, 0, len(batch))
-	datas := make([][]byte, 0, len(batch))
+	ends := make([]int, 0, len(batch))
+	buf := p.enc[:0]
 	for i := range batch {
 		e := &batch[i]
-		data, err := json.Marshal(eventOf(e))
-		if err != nil { // cannot happen for these types
+		ev := eventOf(e)
+		var err error
+		if buf, err = subjects.AppendEvent(buf, &ev); err != nil { // cannot happen for these types
 			p.b.log.Error("event not encoded", "error", err)
+			buf = buf[:lastOr(ends, 0)]
 			continue
 		}
 		subjs = append(subjs, p.store.Subject(e.queue, string(e.kind), e.rec.ID))
-		datas = append(datas, data)
+		ends = append(ends, len(buf))
 	}
-	p.drop(len(batch)-len(datas), "not encoded")
-	if len(datas) == 0 {
+	p.enc = buf
+	p.drop(len(batch)-len(ends), "not encoded")
+	if len(ends) == 0 {
 		return
+	}
+	datas := make([][]byte, len(ends))
+	for i, end := range ends {
+		datas[i] = buf[lastOr(ends[:i], 0):end:end]
 	}
 	ctx := context.Background()
 	var err error
@@ -199,6 +208,14 @@ func (p *publisher) publish(batch []pendingEvent) {
 	}
 	// Republishing the whole batch may store some events twice; history drops the duplicates.
 	p.drop(len(datas), "stream refused: "+err.Error())
+}
+
+// lastOr returns the last element of s, or or if s is empty.
+func lastOr(s []int, or int) int {
+	if len(s) == 0 {
+		return or
+	}
+	return s[len(s)-1]
 }
 
 // sync waits until every event emitted before it was called is published or dropped.
