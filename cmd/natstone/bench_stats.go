@@ -70,6 +70,14 @@ type benchResult struct {
 	collectWait time.Duration // how long that took, included in elapsed
 }
 
+// cpuPerOp returns the process CPU time one operation took on average.
+func (r benchResult) cpuPerOp() time.Duration {
+	if r.ops <= 0 {
+		return 0
+	}
+	return time.Duration(r.cpu * float64(r.elapsed) / float64(r.ops))
+}
+
 // rate returns ops per second.
 func (r benchResult) rate() float64 {
 	if r.elapsed <= 0 {
