@@ -3,6 +3,7 @@ package kv
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"time"
@@ -79,7 +80,13 @@ func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 
 // Subject returns the subject of an event of kind on message id of queue.
 func (ev *Events) Subject(queue, kind, id string) string {
-	return ev.subj + queue + "." + kind + "." + encodeToken(id)
+	var stack [256]byte // one allocation per subject, the string: the publisher makes one per event
+	b := append(stack[:0], ev.subj...)
+	b = append(b, queue...)
+	b = append(b, '.')
+	b = append(b, kind...)
+	b = append(b, '.')
+	return string(base64.RawURLEncoding.AppendEncode(b, []byte(id)))
 }
 
 // Publish stores one event. It returns at once; Wait on the result.
