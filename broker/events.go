@@ -51,12 +51,13 @@ type publisher struct {
 
 	mu       sync.Mutex
 	buf      []pendingEvent
-	emitted  uint64        // events ever appended or dropped
-	handled  uint64        // events published or dropped, in order
-	hurry    uint64        // publish without lingering until handled reaches it (someone waits)
-	progress chan struct{} // closed and replaced whenever handled grows
-	wake     chan struct{} // the buffer is no longer empty
-	flush    chan struct{} // stop lingering: the batch is full, or someone waits
+	spare    []pendingEvent // an empty array for buf to take when the run goroutine takes all of it
+	emitted  uint64         // events ever appended or dropped
+	handled  uint64         // events published or dropped, in order
+	hurry    uint64         // publish without lingering until handled reaches it (someone waits)
+	progress chan struct{}  // closed and replaced whenever handled grows
+	wake     chan struct{}  // the buffer is no longer empty
+	flush    chan struct{}  // stop lingering: the batch is full, or someone waits
 	closing  bool
 	done     chan struct{}
 
@@ -157,12 +158,19 @@ func (p *publisher) run() {
 		p.mu.Lock()
 		batch := p.buf[:min(len(p.buf), maxEventBatch)]
 		p.buf = p.buf[len(batch):]
-		if len(p.buf) == 0 {
-			p.buf = nil // let the next appends start a fresh array, not keep extending this one
+		whole := len(p.buf) == 0
+		if whole {
+			// Let the next appends start at the front of the spare array, not keep extending this
+			// one; this one is the spare once published.
+			p.buf, p.spare = p.spare, nil
 		}
 		p.mu.Unlock()
 		p.publish(batch)
+		clear(batch) // let go of the events' strings
 		p.mu.Lock()
+		if whole {
+			p.spare = batch[:0]
+		}
 		p.handled += uint64(len(batch))
 		close(p.progress)
 		p.progress = make(chan struct{})
