@@ -94,7 +94,7 @@ func DecodeRecord(data []byte) (Record, error) {
 	var err error
 	switch {
 	case len(data) > 0 && data[0] == '{':
-		err = json.Unmarshal(data, &r)
+		r, err = decodeJSON(data)
 	case len(data) > 0 && data[0] == recordV1:
 		r, err = decodeV1(data[1:])
 	default:
@@ -113,6 +113,14 @@ func DecodeRecord(data []byte) (Record, error) {
 		return Record{}, fmt.Errorf("kv: decode record %q: negative count", r.ID)
 	}
 	return r, nil
+}
+
+// decodeJSON decodes a record of the JSON form. It is a function of its own so that DecodeRecord's
+// Record, whose address json.Unmarshal would take, stays off the heap.
+func decodeJSON(data []byte) (Record, error) {
+	var r Record
+	err := json.Unmarshal(data, &r)
+	return r, err
 }
 
 // decoder reads the fields of a version 1 record; the first error sticks.

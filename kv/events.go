@@ -66,6 +66,7 @@ func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 		Storage:     storage,
 		Replicas:    replicas,
 		PersistMode: persist,
+		Duplicates:  dedupeWindow, // no event carries a message id: see dedupeWindow
 		MaxAge:      cfg.MaxAge,
 		MaxBytes:    cmp.Or(cfg.MaxBytes, -1),
 		Discard:     jetstream.DiscardOld,

@@ -2,8 +2,6 @@ package kv
 
 import (
 	"encoding/base64"
-	"fmt"
-	"strings"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -51,15 +49,18 @@ func decodeToken(tok string) (string, error) {
 	return string(b), err
 }
 
-// splitKey splits "<queue>.<token>" and decodes the token.
-func splitKey(key string) (queue, name string, err error) {
-	queue, tok, ok := strings.Cut(key, ".")
-	if !ok {
-		return "", "", fmt.Errorf("kv: malformed key %q", key)
+// validToken reports whether decodeToken would accept tok, without decoding it: unpadded base64url
+// has no length of the form 4k+1 and only the 64 characters of its alphabet.
+func validToken(tok string) bool {
+	if len(tok)%4 == 1 {
+		return false
 	}
-	name, err = decodeToken(tok)
-	if err != nil {
-		return "", "", fmt.Errorf("kv: malformed key %q: %w", key, err)
+	for i := 0; i < len(tok); i++ {
+		switch c := tok[i]; {
+		case 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '_':
+		default:
+			return false
+		}
 	}
-	return queue, name, nil
+	return true
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,6 +24,13 @@ var (
 	// ErrNotFound: no such key or body.
 	ErrNotFound = errors.New("kv: not found")
 )
+
+// dedupeWindow is the duplicate window of the buckets and the bodies stream: the least the server
+// accepts. natstone deduplicates nothing by message id (records are written by compare-and-swap,
+// payloads carry no id), but a server that starts reads back every message its streams stored
+// within their windows to rebuild them: with JetStream's default of two minutes, after a busy
+// minute, a million records and as many payloads, a second of CPU before anything is served.
+const dedupeWindow = 100 * time.Millisecond
 
 // Config configures a Store.
 type Config struct {
@@ -96,6 +104,7 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 		Storage:     storage,
 		Replicas:    replicas,
 		AllowDirect: true,
+		Duplicates:  dedupeWindow,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", prefix, err)
@@ -105,6 +114,13 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 		st, err := cfg.JS.Stream(ctx, "KV_"+b.Bucket())
 		if err != nil {
 			return nil, fmt.Errorf("kv: open bucket %s: %w", b.Bucket(), err)
+		}
+		// A KeyValueConfig has no duplicate window: CreateOrUpdateKeyValue sets two minutes.
+		if c := st.CachedInfo().Config; c.Duplicates != dedupeWindow {
+			c.Duplicates = dedupeWindow
+			if st, err = cfg.JS.UpdateStream(ctx, c); err != nil {
+				return nil, fmt.Errorf("kv: open bucket %s: %w", b.Bucket(), err)
+			}
 		}
 		s.streams[b] = st
 	}
@@ -189,9 +205,15 @@ func (s *Store) PurgeMessage(ctx context.Context, queue, id string) error {
 // are not seen. A value that does not decode is passed as bad (with the zero Record) so the caller
 // can report it and go on.
 func (s *Store) LoadMessages(ctx context.Context, queue string, fn func(queue string, r Record, rev uint64, bad error) error) error {
-	return s.load(ctx, s.messages, queue, func(q, name string, value []byte, rev uint64) error {
+	return s.load(ctx, s.messages, queue, func(q, tok string, value []byte, rev uint64) error {
+		// The key's token is only checked here, not decoded: the record carries the id, and decoding
+		// a million keys (two allocations each) is a measurable share of a restart.
+		if !validToken(tok) {
+			return nil // not a key natstone wrote; nothing to load
+		}
 		r, err := DecodeRecord(value)
 		if err != nil {
+			name, _ := decodeToken(tok)
 			return fn(q, Record{}, rev, fmt.Errorf("message %q: %w", name, err))
 		}
 		return fn(q, r, rev, nil)
@@ -228,7 +250,11 @@ func (s *Store) GetLock(ctx context.Context, queue, value string) (Lock, uint64,
 
 // LoadLocks calls fn for every lock of queue ("" for every queue).
 func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, value string, l Lock, rev uint64) error) error {
-	return s.load(ctx, s.locks, queue, func(q, value string, data []byte, rev uint64) error {
+	return s.load(ctx, s.locks, queue, func(q, tok string, data []byte, rev uint64) error {
+		value, err := decodeToken(tok)
+		if err != nil {
+			return nil // not a key natstone wrote; nothing to load
+		}
 		var l Lock
 		if err := json.Unmarshal(data, &l); err != nil {
 			return fmt.Errorf("kv: decode lock %s/%q: %w", q, value, err)
@@ -238,8 +264,9 @@ func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, valu
 }
 
 // load reads the last value of every key of bucket (under queue, or all) through a KV watcher,
-// which delivers the current values and then a nil marker.
-func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue string, fn func(queue, name string, value []byte, rev uint64) error) error {
+// which delivers the current values and then a nil marker. fn gets each key split into its queue
+// and its token, still encoded (decodeToken); keys without a token are skipped.
+func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue string, fn func(queue, tok string, value []byte, rev uint64) error) error {
 	var w jetstream.KeyWatcher
 	var err error
 	if queue == "" {
@@ -260,11 +287,11 @@ func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue strin
 			if e == nil {
 				return nil
 			}
-			q, name, err := splitKey(e.Key())
-			if err != nil {
+			q, tok, ok := strings.Cut(e.Key(), ".")
+			if !ok {
 				continue // not a key natstone wrote; nothing to load
 			}
-			if err := fn(q, name, e.Value(), e.Revision()); err != nil {
+			if err := fn(q, tok, e.Value(), e.Revision()); err != nil {
 				return err
 			}
 		case <-ctx.Done():

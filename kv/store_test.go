@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,4 +180,128 @@ func stateIndex(s subjects.State) int {
 		}
 	}
 	return -1
+}
+
+// TestLoadMessagesSkipsMarkersAndForeignKeys: a load passes on the last value of every message key,
+// reports values that do not decode, and skips delete and purge markers and keys natstone did not
+// write. Values written after the load has read them are not seen again.
+func TestLoadMessagesSkipsMarkersAndForeignKeys(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx := context.Background()
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := js.KeyValue(ctx, "natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(q, id string, version uint64) {
+		t.Helper()
+		r := kv.Record{ID: id, State: subjects.StatePending, Version: version}
+		_, rev, err := s.GetMessage(ctx, q, id)
+		if errors.Is(err, kv.ErrNotFound) {
+			rev = 0
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.WriteMessage(q, &r, rev).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 50 {
+		write("q1", "m"+strconv.Itoa(i), 1)
+		write("q2", "n"+strconv.Itoa(i), 1)
+	}
+	write("q1", "m7", 2) // the last value counts
+	if err := bucket.Delete(ctx, kv.MessageKey("q1", "m1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := bucket.Purge(ctx, kv.MessageKey("q1", "m2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PurgeMessage(ctx, "q1", "m3"); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"nodot", "q1.not=base64", "q1.a.b"} {
+		if _, err := bucket.Put(ctx, key, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := bucket.Put(ctx, kv.MessageKey("q2", "bad"), []byte("not a record")); err != nil {
+		t.Fatal(err)
+	}
+	load := func(queue string) (map[string]uint64, []string) {
+		t.Helper()
+		got, bad := map[string]uint64{}, []string(nil)
+		err := s.LoadMessages(ctx, queue, func(q string, r kv.Record, rev uint64, err error) error {
+			if err != nil {
+				bad = append(bad, q+": "+err.Error())
+				return nil
+			}
+			if _, dup := got[q+"/"+r.ID]; dup || rev == 0 {
+				t.Errorf("%s/%s loaded twice or without a revision", q, r.ID)
+			}
+			got[q+"/"+r.ID] = r.Version
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got, bad
+	}
+	got, bad := load("")
+	if len(got) != 97 || got["q1/m7"] != 2 || got["q1/m0"] != 1 || got["q2/n49"] != 1 {
+		t.Fatalf("loaded %d records: %v", len(got), got)
+	}
+	for _, id := range []string{"q1/m1", "q1/m2", "q1/m3"} {
+		if _, ok := got[id]; ok {
+			t.Errorf("%s was deleted but loaded", id)
+		}
+	}
+	if len(bad) != 1 || !strings.HasPrefix(bad[0], `q2: message "bad": `) {
+		t.Fatalf("bad records: %q", bad)
+	}
+	if got, bad := load("q1"); len(got) != 47 || len(bad) != 0 {
+		t.Fatalf("queue q1: loaded %d records (%v), bad %q", len(got), got, bad)
+	}
+	// A load's callback error ends it.
+	stop := errors.New("stop")
+	n := 0
+	if err := s.LoadMessages(ctx, "", func(string, kv.Record, uint64, error) error {
+		n++
+		return stop
+	}); !errors.Is(err, stop) || n != 1 {
+		t.Fatalf("load ended with %v after %d calls", err, n)
+	}
+	// An empty selection ends at once.
+	if err := s.LoadMessages(ctx, "none", func(string, kv.Record, uint64, error) error {
+		t.Error("called for an empty queue")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStreamsHaveTheShortestDuplicateWindow: natstone deduplicates nothing by message id, and a
+// starting server reads back every message of a stream's duplicate window, so Open keeps the
+// windows at the least the server accepts, opened again or not.
+func TestStreamsHaveTheShortestDuplicateWindow(t *testing.T) {
+	t.Parallel()
+	_, srv := open(t)
+	ctx := context.Background()
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"KV_natstone-queues", "KV_natstone-messages", "KV_natstone-locks", "natstone-bodies"} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := st.CachedInfo().Config.Duplicates; d != 100*time.Millisecond {
+			t.Errorf("%s: duplicate window %v", name, d)
+		}
+	}
 }
