@@ -1,0 +1,82 @@
+package broker_test
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// TestRestartRebuildsLargeQueuesInOrder: a restart indexes many messages at once (sorted, not one
+// by one); afterwards every queue serves them in EDF order, filters and exclusivity still apply,
+// and running messages keep their leases.
+func TestRestartRebuildsLargeQueuesInOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("s", subjects.CreateQueueRequest{LeaseMS: 600_000})
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 600_000})
+	type msg struct {
+		id   string
+		prio int64
+		at   int // enqueue order: the tie-breaker of equal priorities
+	}
+	var want []msg
+	const n = 5_000 // more than sortKeys sorts by comparison
+	for from := 0; from < n; from += subjects.MaxEnqueueBatch {
+		var batch, xbatch subjects.EnqueueBatchRequest
+		for i := from; i < min(from+subjects.MaxEnqueueBatch, n); i++ {
+			prio := int64((i*7919)%1013) - 500 // negatives, and about five messages per priority
+			m := subjects.EnqueueRequest{ID: fmt.Sprintf("m%04d", i), Priority: &prio}
+			if i%10 == 0 {
+				m.Metadata = map[string]string{"tenth": "yes"}
+			}
+			batch.Messages = append(batch.Messages, m)
+			want = append(want, msg{m.ID, prio, i})
+			if i%50 == 0 {
+				xbatch.Messages = append(xbatch.Messages, subjects.EnqueueRequest{ID: m.ID, Priority: &prio,
+					Metadata: map[string]string{"p": fmt.Sprint(i % 3)}})
+			}
+		}
+		must[subjects.EnqueueBatchReply](e, subjects.OpEnqueueBatch, "s", batch)
+		must[subjects.EnqueueBatchReply](e, subjects.OpEnqueueBatch, "x", xbatch)
+	}
+	slices.SortFunc(want, func(a, b msg) int { return cmp.Or(cmp.Compare(a.prio, b.prio), cmp.Compare(a.at, b.at)) })
+	held := e.dequeueOne("s")
+	if held.ID != want[0].id {
+		t.Fatalf("first dequeue %s, want %s", held.ID, want[0].id)
+	}
+	xheld := e.dequeueOne("x")
+
+	e.restartAll()
+
+	if got := e.get("s", held.ID); got.State != subjects.StateRunning || got.LeaseID != held.LeaseID {
+		t.Fatalf("running message after restart: %+v", got)
+	}
+	if got := e.depth("s", map[string]string{"tenth": "yes"}).Pending; got != n/10-1 {
+		t.Fatalf("%d pending match the filter, want %d", got, n/10-1)
+	}
+	// The exclusivity value of x's running message stays held: its other messages wait.
+	for _, m := range e.dequeue("x", subjects.DequeueRequest{Batch: 10}) {
+		if m.Metadata["p"] == xheld.Metadata["p"] {
+			t.Fatalf("dequeued %s of held value %s", m.ID, xheld.Metadata["p"])
+		}
+	}
+	var got []string
+	for len(got) < n-1 {
+		ms := e.dequeue("s", subjects.DequeueRequest{Batch: subjects.MaxDequeueBatch})
+		if len(ms) == 0 {
+			break
+		}
+		got = append(got, ids(ms)...)
+	}
+	for i, id := range got {
+		if id != want[i+1].id {
+			t.Fatalf("dequeue %d after restart: %s, want %s (priority %d)", i, id, want[i+1].id, want[i+1].prio)
+		}
+	}
+	if len(got) != n-1 {
+		t.Fatalf("dequeued %d after restart, want %d", len(got), n-1)
+	}
+}
