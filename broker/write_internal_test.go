@@ -14,7 +14,7 @@ import (
 	"github.com/natstone/natstone/test/natstest"
 )
 
-func internalBroker(t *testing.T) (*Broker, *clock.Fake) {
+func internalBroker(t testing.TB) (*Broker, *clock.Fake) {
 	t.Helper()
 	srv := natstest.Start(t, nil)
 	clk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
