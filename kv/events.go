@@ -40,9 +40,10 @@ type Events struct {
 // OpenEvents creates (or updates) the events stream. On file storage with one replica the stream
 // persists asynchronously (JetStream's async persist mode): the server writes events out in the
 // background rather than with one write call per event, which was a fifth of all the CPU that
-// publishing events took. A hard kill of the server may then lose the events of its last moments, as a crash of the
-// broker loses those it had not yet published; a clean shutdown loses none. The transitions
-// themselves are in the messages bucket, which keeps the server's default.
+// publishing events took. A hard kill of the server may then lose the events of its last moments,
+// as a crash of the broker loses those it had not yet published; a clean shutdown loses none. The
+// transitions themselves are in the messages bucket, which keeps the server's default. JetStream
+// cannot change a stream's persist mode, so an existing stream keeps the one it was created with.
 func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 	if cfg == nil || cfg.JS == nil {
 		return nil, errors.New("kv: EventsConfig.JS is required")
@@ -59,8 +60,15 @@ func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 	if replicas > 1 {
 		persist = jetstream.DefaultPersistMode // a replicated stream flushes in the background anyway
 	}
+	name := prefix + "-events"
+	switch st, err := cfg.JS.Stream(ctx, name); {
+	case err == nil:
+		persist = st.CachedInfo().Config.PersistMode
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("kv: open stream %s: %w", name, err)
+	}
 	st, err := cfg.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        prefix + "-events",
+		Name:        name,
 		Description: "natstone message transitions",
 		Subjects:    []string{prefix + ".events.>"},
 		Storage:     storage,

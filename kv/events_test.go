@@ -1,0 +1,43 @@
+package kv_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/test/natstest"
+)
+
+// TestOpenEventsPersistMode: a new events stream persists asynchronously; one an earlier version
+// created keeps its mode, which JetStream cannot change (updating it would fail every start).
+func TestOpenEventsPersistMode(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "old-events", Subjects: []string{"old.events.>"},
+		MaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for prefix, want := range map[string]jetstream.PersistModeType{"new": jetstream.AsyncPersistMode, "old": jetstream.DefaultPersistMode} {
+		for range 2 { // creating, then opening what exists
+			if _, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: prefix, MaxAge: time.Hour}); err != nil {
+				t.Fatalf("%s: %v", prefix, err)
+			}
+			st, err := js.Stream(ctx, prefix+"-events")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := st.CachedInfo().Config; c.PersistMode != want || c.Duplicates != 100*time.Millisecond {
+				t.Errorf("%s: persist mode %v, duplicate window %v; want %v, 100ms", prefix, c.PersistMode, c.Duplicates, want)
+			}
+		}
+	}
+}
