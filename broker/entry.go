@@ -13,7 +13,7 @@ import (
 // record's KV revision. Payloads are never held here. It is kept small because the broker holds one
 // per message (see docs/design.md, "Memory").
 type entry struct {
-	index.Item        // Priority, Seq (the body sequence), Meta, Value: changed only while unplaced
+	index.Item        // Priority, Seq (the body sequence), Meta(), Value(): changed only while unplaced
 	rec        stored // the record as last stored (or, for a new entry, about to be)
 	heapIdx    int    // position in the deadline heap of its state; -1 if in none
 	rev        uint64 // the record's KV revision; 0 until first stored
@@ -143,14 +143,16 @@ func (q *queue) setRecord(e *entry, r *kv.Record) {
 func (q *queue) setItem(e *entry, r *kv.Record) {
 	e.Priority = r.Priority
 	e.Seq = r.BodySeq
-	e.Meta, e.Value = nil, ""
+	var meta []index.Pair
 	if len(r.Metadata) > 0 {
-		e.Meta = make([]index.Pair, 0, len(r.Metadata))
+		meta = make([]index.Pair, 0, len(r.Metadata))
 		for k, v := range r.Metadata {
-			e.Meta = append(e.Meta, index.Pair{Key: k, Value: v})
+			meta = append(meta, index.Pair{Key: k, Value: v})
 		}
 	}
+	var value string
 	if q.exclusive() {
-		e.Value = r.Metadata[q.cfg.ExclusivityKey]
+		value = r.Metadata[q.cfg.ExclusivityKey]
 	}
+	e.SetAttrs(meta, value)
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"reflect"
 	"testing"
+	"unsafe"
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -36,8 +37,8 @@ func TestEntryRecordRoundTrip(t *testing.T) {
 		if wantMore := r.LeaseID != "" || r.Metadata != nil || r.EndedAt != 0; (e.rec.more != nil) != wantMore {
 			t.Errorf("%s: out-of-line fields allocated: %v, want %v", name, e.rec.more != nil, wantMore)
 		}
-		if r.Metadata != nil && e.Value != "foo" {
-			t.Errorf("%s: exclusivity value %q, want foo", name, e.Value)
+		if r.Metadata != nil && e.Value() != "foo" {
+			t.Errorf("%s: exclusivity value %q, want foo", name, e.Value())
 		}
 		// A record set over another one — as after a conflict, another writer's — replaces all of it:
 		// the old optional fields go, and the index item follows its priority, payload and metadata.
@@ -48,8 +49,8 @@ func TestEntryRecordRoundTrip(t *testing.T) {
 		if got := e2.record(); !reflect.DeepEqual(got, r) {
 			t.Errorf("%s: set over another record:\n got %+v\nwant %+v", name, got, r)
 		}
-		if wantValue := r.Metadata["project"]; e2.Value != wantValue || len(e2.Meta) != len(r.Metadata) {
-			t.Errorf("%s: after set over another record: value %q, %d pairs; want %q, %d", name, e2.Value, len(e2.Meta), wantValue, len(r.Metadata))
+		if wantValue := r.Metadata["project"]; e2.Value() != wantValue || len(e2.Meta()) != len(r.Metadata) {
+			t.Errorf("%s: after set over another record: value %q, %d pairs; want %q, %d", name, e2.Value(), len(e2.Meta()), wantValue, len(r.Metadata))
 		}
 	}
 	// A count beyond int32 (never written by natstone) saturates instead of wrapping.
@@ -61,5 +62,17 @@ func TestEntryRecordRoundTrip(t *testing.T) {
 	var unstored stored
 	if unstored.State() != "" {
 		t.Errorf("a record not stored yet has state %q, want none", unstored.State())
+	}
+}
+
+// TestEntrySize: the broker holds one entry per message, so its size is most of the broker's memory
+// per pending message. The allocator rounds it up to a size class; past 128 bytes the next class is
+// 144 or 160, so growing it beyond 128 costs at least 16 bytes a message. The index item keeps
+// metadata and the exclusivity value behind one pointer, and the stored record its rarely set
+// fields, for this reason.
+func TestEntrySize(t *testing.T) {
+	if got := unsafe.Sizeof(entry{}); got > 128 {
+		t.Errorf("sizeof(entry) = %d bytes, want at most 128 (the 128-byte size class); "+
+			"keep rarely set fields out of line", got)
 	}
 }

@@ -220,11 +220,11 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 	}
 	running := make(map[string]*entry)
 	for _, e := range runningEntries {
-		if other := running[e.Value]; other != nil {
-			q.log().Error("two running messages share an exclusivity value", "value", e.Value, "message_id", e.rec.ID, "other_message_id", other.rec.ID)
+		if other := running[e.Value()]; other != nil {
+			q.log().Error("two running messages share an exclusivity value", "value", e.Value(), "message_id", e.rec.ID, "other_message_id", other.rec.ID)
 		}
-		running[e.Value] = e
-		q.pending.Hold(e.Value)
+		running[e.Value()] = e
+		q.pending.Hold(e.Value())
 	}
 	for value, l := range stored {
 		if l.MessageID == "" {

@@ -231,12 +231,12 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		if c.next.State != subjects.StateRunning || c.prev == subjects.StateRunning {
 			continue
 		}
-		l := q.lockOf(c.e.Value)
-		w := &lockWrite{value: c.e.Value, want: kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID}, expect: l.rev}
+		l := q.lockOf(c.e.Value())
+		w := &lockWrite{value: c.e.Value(), want: kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID}, expect: l.rev}
 		if l.holder != "" && l.holder != c.next.ID {
 			// The index should never offer a held value; refuse rather than overwrite the holder's
 			// lock with our own current revision.
-			q.log().Error("exclusivity value offered while held", "value", c.e.Value, "message_id", c.next.ID, "holder", l.holder)
+			q.log().Error("exclusivity value offered while held", "value", c.e.Value(), "message_id", c.next.ID, "holder", l.holder)
 			w.expect = l.rev + 1 // certain to conflict
 		}
 		ws = append(ws, w)
@@ -251,12 +251,12 @@ func (q *queue) takeLocks(cs []*change) []*change {
 	q.mu.Lock()
 	dropped := map[*change]bool{}
 	for i, c := range takes {
-		w, l := ws[i], q.lockOf(c.e.Value)
+		w, l := ws[i], q.lockOf(c.e.Value())
 		if w.err == nil {
 			l.rev, l.holder = w.rev, c.next.ID
 			continue
 		}
-		q.log().Warn("exclusivity lock not taken", "value", c.e.Value, "message_id", c.next.ID, "error", w.err)
+		q.log().Warn("exclusivity lock not taken", "value", c.e.Value(), "message_id", c.next.ID, "error", w.err)
 		c.err = w.err
 		dropped[c] = true
 		q.apply(c.e, c.e.record(), c.e.rev) // back to pending
@@ -271,7 +271,7 @@ func (q *queue) takeLocks(cs []*change) []*change {
 			continue // unknown: keep the value held; a restart reconciles it
 		}
 		if l.holder == "" {
-			q.pending.Release(c.e.Value)
+			q.pending.Release(c.e.Value())
 		}
 	}
 	kept := make([]*change, 0, len(cs)-len(dropped))
@@ -288,15 +288,15 @@ func (q *queue) takeLocks(cs []*change) []*change {
 func (q *queue) freeLocks(es []*entry) {
 	var ws []*lockWrite
 	for _, e := range es {
-		l := q.lockOf(e.Value)
+		l := q.lockOf(e.Value())
 		if l.holder != e.rec.ID {
 			// Not ours (never taken, or already freed): the value is free unless another holds it.
 			if l.holder == "" {
-				q.pending.Release(e.Value)
+				q.pending.Release(e.Value())
 			}
 			continue
 		}
-		ws = append(ws, &lockWrite{value: e.Value, expect: l.rev})
+		ws = append(ws, &lockWrite{value: e.Value(), expect: l.rev})
 	}
 	if len(ws) == 0 {
 		return

@@ -42,11 +42,11 @@ func BenchmarkPopAdd(b *testing.B) {
 // BenchmarkExclusivePopAdd pops from a 1M-message exclusive index spread over
 // 10k values, releases the value and adds the message back.
 func BenchmarkExclusivePopAdd(b *testing.B) {
-	x, seq, rng := benchIndex(true, benchN, func(i int, r *rec) { r.Value = fmt.Sprint("v", i%10_000) })
+	x, seq, rng := benchIndex(true, benchN, func(i int, r *rec) { r.SetAttrs(nil, fmt.Sprint("v", i%10_000)) })
 	b.ReportAllocs()
 	for b.Loop() {
 		r := x.Pop(nil, 1)[0]
-		x.Release(r.Value)
+		x.Release(r.Value())
 		r.Priority += rng.Int64N(1 << 30)
 		r.Seq, seq = seq, seq+1
 		x.Add(r)
@@ -61,8 +61,7 @@ func BenchmarkFilteredPopAdd(b *testing.B) {
 		if i%1000 == 0 {
 			tenant = "rare"
 		}
-		r.Meta = []Pair{{"region", "eu"}, {"tenant", tenant}}
-		r.Value = fmt.Sprint("v", i%10_000)
+		r.SetAttrs([]Pair{{"region", "eu"}, {"tenant", tenant}}, fmt.Sprint("v", i%10_000))
 	}
 	for _, bc := range []struct {
 		name      string
@@ -78,7 +77,7 @@ func BenchmarkFilteredPopAdd(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				r := x.Pop(bc.filter, 1)[0]
-				x.Release(r.Value)
+				x.Release(r.Value())
 				r.Priority += rng.Int64N(1 << 30)
 				r.Seq, seq = seq, seq+1
 				x.Add(r)
@@ -100,10 +99,10 @@ func BenchmarkMemory(b *testing.B) {
 		{"simple/random", false, false, nil},
 		{"simple/ascending", false, true, nil},
 		{"simple/2pairs", false, false, func(i int, r *rec) {
-			r.Meta = []Pair{{"region", "eu"}, {"tenant", fmt.Sprint("t", i%100)}}
+			r.SetAttrs([]Pair{{"region", "eu"}, {"tenant", fmt.Sprint("t", i%100)}}, "")
 		}},
-		{"exclusive/10kvalues", true, false, func(i int, r *rec) { r.Value = fmt.Sprint("v", i%10_000) }},
-		{"exclusive/1Mvalues", true, false, func(i int, r *rec) { r.Value = fmt.Sprint("v", i) }},
+		{"exclusive/10kvalues", true, false, func(i int, r *rec) { r.SetAttrs(nil, fmt.Sprint("v", i%10_000)) }},
+		{"exclusive/1Mvalues", true, false, func(i int, r *rec) { r.SetAttrs(nil, fmt.Sprint("v", i)) }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {

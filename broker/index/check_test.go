@@ -87,7 +87,7 @@ func (x *Index[T]) check() error {
 	}
 	wantPairs := 0
 	for _, e := range all {
-		for _, p := range e.IndexItem().Meta {
+		for _, p := range e.IndexItem().Meta() {
 			wantPairs++
 			s := x.pairs[p]
 			if s == nil {
@@ -141,7 +141,7 @@ func (x *Index[T]) check() error {
 			return fmt.Errorf("group %q: empty and free but kept", v)
 		}
 		for _, e := range es {
-			if !in[e] || e.IndexItem().Value != v {
+			if !in[e] || e.IndexItem().Value() != v {
 				return fmt.Errorf("group %q: stray element", v)
 			}
 		}

@@ -12,10 +12,10 @@ type group[T Elem] struct {
 // addToGroup adds e to its value's set and, if e becomes the best message of
 // a free value, replaces the value's entry in free.
 func (x *Index[T]) addToGroup(e T, it *Item) {
-	g := x.groups[it.Value]
+	g := x.groups[it.Value()]
 	if g == nil {
 		g = new(group[T])
-		x.groups[it.Value] = g
+		x.groups[it.Value()] = g
 	}
 	head, had := g.set.min()
 	g.set.insert(&x.cfg, e)
@@ -32,7 +32,7 @@ func (x *Index[T]) addToGroup(e T, it *Item) {
 // message into free if e was a free value's entry there, and forgets a value
 // left with no messages and no hold.
 func (x *Index[T]) removeFromGroup(e T, it *Item) {
-	g := x.groups[it.Value]
+	g := x.groups[it.Value()]
 	if g == nil {
 		return
 	}
@@ -50,7 +50,7 @@ func (x *Index[T]) removeFromGroup(e T, it *Item) {
 		}
 	}
 	if g.set.len() == 0 {
-		delete(x.groups, it.Value)
+		delete(x.groups, it.Value())
 	}
 }
 

@@ -55,7 +55,7 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 			return true
 		}
 		if x.exclusive {
-			g := x.groups[it.Value]
+			g := x.groups[it.Value()]
 			if g != nil {
 				if g.held || g.mark == x.epoch {
 					return true

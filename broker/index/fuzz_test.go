@@ -58,7 +58,7 @@ func (m *model) sorted() []*rec {
 
 func modelMatches(r *rec, f Filter) bool {
 	for _, p := range f {
-		if !slices.Contains(r.Meta, p) {
+		if !slices.Contains(r.Meta(), p) {
 			return false
 		}
 	}
@@ -76,10 +76,10 @@ func (m *model) peek(f Filter, n int) []*rec {
 			continue
 		}
 		if m.exclusive {
-			if m.held[r.Value] || picked[r.Value] {
+			if m.held[r.Value()] || picked[r.Value()] {
 				continue
 			}
-			picked[r.Value] = true
+			picked[r.Value()] = true
 		}
 		out = append(out, r)
 	}
@@ -91,7 +91,7 @@ func (m *model) pop(f Filter, n int) []*rec {
 	for _, r := range out {
 		m.remove(r)
 		if m.exclusive {
-			m.held[r.Value] = true
+			m.held[r.Value()] = true
 		}
 	}
 	return out
@@ -198,8 +198,7 @@ func runOps(t *testing.T, data []byte) {
 			} else {
 				e.Priority, e.Seq = int64(r.next()%4)-1, uint64(len(created))
 			}
-			e.Meta = r.meta()
-			e.Value = fuzzValues[r.next()%3]
+			e.SetAttrs(r.meta(), fuzzValues[r.next()%3])
 			created = append(created, e)
 			if got, want := x.Add(e), m.add(e); got != want {
 				t.Fatalf("op %d: Add(%s) = %v, want %v", op, e.name, got, want)

@@ -71,7 +71,7 @@ func (x *Index[T]) Add(e T) bool {
 	if !x.all.insert(&x.cfg, e) {
 		return false
 	}
-	for _, p := range it.Meta {
+	for _, p := range it.Meta() {
 		s := x.pairs[p]
 		if s == nil {
 			s = new(orderedSet[T])
@@ -104,7 +104,7 @@ func (x *Index[T]) Remove(e T) bool {
 
 // unlink removes e, already deleted from all, from the pair and value sets.
 func (x *Index[T]) unlink(e T, it *Item) {
-	for _, p := range it.Meta {
+	for _, p := range it.Meta() {
 		if s := x.pairs[p]; s != nil && s.delete(&x.cfg, e) && s.len() == 0 {
 			delete(x.pairs, p)
 		}
@@ -147,7 +147,7 @@ func (x *Index[T]) Pop(f Filter, n int) []T {
 			// Holding first takes the value out of free, so removing its
 			// head below need not promote the next message only to
 			// withdraw it again.
-			x.Hold(it.Value)
+			x.Hold(it.Value())
 		}
 		x.all.delete(&x.cfg, e)
 		x.unlink(e, it)

@@ -10,11 +10,13 @@ import (
 // mk builds a record; meta is "k=v" strings.
 func mk(name string, prio int64, seq uint64, value string, meta ...string) *rec {
 	r := &rec{name: name}
-	r.Priority, r.Seq, r.Value = prio, seq, value
+	r.Priority, r.Seq = prio, seq
+	var pairs []Pair
 	for _, m := range meta {
 		k, v, _ := strings.Cut(m, "=")
-		r.Meta = append(r.Meta, Pair{k, v})
+		pairs = append(pairs, Pair{k, v})
 	}
+	r.SetAttrs(pairs, value)
 	return r
 }
 
@@ -75,7 +77,7 @@ func TestEDFOrder(t *testing.T) {
 					// Distinct values so exclusivity does not interfere.
 					for i, r := range tt.recs {
 						x.Remove(r)
-						r.Value = string(rune('A' + i))
+						r.SetAttrs(r.Meta(), string(rune('A'+i)))
 						x.Add(r)
 					}
 				}
@@ -94,7 +96,7 @@ func TestEDFOrder(t *testing.T) {
 						t.Fatalf("Pop(nil, 1) = %v with Len %d", names(p), x.Len())
 					}
 					popped = append(popped, p[0].name)
-					x.Release(p[0].Value)
+					x.Release(p[0].Value())
 					mustCheck(t, x)
 				}
 				if !slices.Equal(popped, tt.want) {
@@ -308,8 +310,8 @@ func TestExclusive(t *testing.T) {
 					}
 					if s.op == "pop" {
 						for _, r := range got {
-							if !x.Held(r.Value) {
-								t.Fatalf("step %d: value %q of popped %s not held", i, r.Value, r.name)
+							if !x.Held(r.Value()) {
+								t.Fatalf("step %d: value %q of popped %s not held", i, r.Value(), r.name)
 							}
 						}
 					}
@@ -425,7 +427,7 @@ func TestPeekEqualsPop(t *testing.T) {
 						break
 					}
 					for _, r := range popped {
-						x.Release(r.Value)
+						x.Release(r.Value())
 					}
 				}
 			}
@@ -503,7 +505,7 @@ func TestLarge(t *testing.T) {
 				t.Fatalf("exclusive=%v: nothing popped with Len %d", exclusive, x.Len())
 			}
 			for _, r := range got {
-				x.Release(r.Value)
+				x.Release(r.Value())
 			}
 		}
 		mustCheck(t, x)
@@ -524,5 +526,35 @@ func TestEpochWrap(t *testing.T) {
 	}
 	if x.epoch != 1 {
 		t.Fatalf("epoch = %d after wrap, want 1", x.epoch)
+	}
+}
+
+// TestItemAttrs: Meta and Value read back what SetAttrs set, and an Item with
+// neither keeps nothing out of line.
+func TestItemAttrs(t *testing.T) {
+	var it Item
+	if it.Meta() != nil || it.Value() != "" {
+		t.Fatalf("zero Item: Meta %v, Value %q; want none", it.Meta(), it.Value())
+	}
+	meta := []Pair{{"k", "v"}}
+	for _, tc := range []struct {
+		meta    []Pair
+		value   string
+		noAttrs bool
+		comment string
+	}{
+		{meta, "x", false, "both"},
+		{meta, "", false, "meta only"},
+		{nil, "x", false, "value only"},
+		{nil, "", true, "neither"},
+		{[]Pair{}, "", true, "empty meta"},
+	} {
+		it.SetAttrs(tc.meta, tc.value)
+		if !slices.Equal(it.Meta(), tc.meta) || it.Value() != tc.value {
+			t.Errorf("%s: Meta %v, Value %q; want %v, %q", tc.comment, it.Meta(), it.Value(), tc.meta, tc.value)
+		}
+		if (it.attrs == nil) != tc.noAttrs {
+			t.Errorf("%s: attrs allocated: %v, want %v", tc.comment, it.attrs != nil, !tc.noAttrs)
+		}
 	}
 }

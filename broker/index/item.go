@@ -12,7 +12,11 @@ type Filter []Pair
 //
 // While an element is in an [Index] its Item must not change: every set the
 // element is in is ordered by (Priority, Seq) and the per-pair and per-value
-// sets are found through Meta and Value, so a change would strand it.
+// sets are found through [Item.Meta] and [Item.Value], so a change would
+// strand it.
+//
+// Meta and Value sit behind one pointer, nil while both are empty, because
+// most messages have neither and an Item is held for every pending message.
 type Item struct {
 	// Priority orders messages; lower is more urgent (an earlier deadline).
 	Priority int64
@@ -20,11 +24,43 @@ type Item struct {
 	// priorities. It must be unique within an Index, because (Priority, Seq)
 	// is the key of every set the index keeps.
 	Seq uint64
-	// Meta is the message's metadata. Keys are unique; order is irrelevant.
-	Meta []Pair
-	// Value is the exclusivity value; "" in a simple queue. In an exclusive
-	// index "" is an ordinary value like any other.
-	Value string
+	// attrs holds Meta and Value; nil when Meta is empty and Value is "".
+	attrs *itemAttrs
+}
+
+// itemAttrs is the out-of-line part of an Item.
+type itemAttrs struct {
+	meta  []Pair
+	value string
+}
+
+// Meta is the message's metadata. Keys are unique; order is irrelevant. The
+// slice is the one given to [Item.SetAttrs] and must not be modified.
+func (it *Item) Meta() []Pair {
+	if it.attrs == nil {
+		return nil
+	}
+	return it.attrs.meta
+}
+
+// Value is the exclusivity value; "" in a simple queue. In an exclusive
+// index "" is an ordinary value like any other.
+func (it *Item) Value() string {
+	if it.attrs == nil {
+		return ""
+	}
+	return it.attrs.value
+}
+
+// SetAttrs sets the Item's [Item.Meta] and [Item.Value]. The Item keeps meta,
+// which must not be modified afterwards. Like every change to an Item it must
+// not be made while the element is in an [Index].
+func (it *Item) SetAttrs(meta []Pair, value string) {
+	if len(meta) == 0 && value == "" {
+		it.attrs = nil
+		return
+	}
+	it.attrs = &itemAttrs{meta: meta, value: value}
 }
 
 // Elem is what the index stores: a pointer-like type giving access to its
@@ -58,7 +94,7 @@ func item[T Elem](e T) *Item {
 
 // has reports whether it carries the pair p.
 func (it *Item) has(p Pair) bool {
-	for _, m := range it.Meta {
+	for _, m := range it.Meta() {
 		if m == p {
 			return true
 		}
