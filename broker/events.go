@@ -168,8 +168,8 @@ func (p *publisher) run() {
 		p.publish(batch)
 		clear(batch) // let go of the events' strings
 		p.mu.Lock()
-		if whole {
-			p.spare = batch[:0]
+		if whole && cap(batch) <= 2*maxEventBatch {
+			p.spare = batch[:0] // not an array a burst grew: that one goes
 		}
 		p.handled += uint64(len(batch))
 		close(p.progress)

@@ -28,6 +28,13 @@ type EventsConfig struct {
 	MaxBytes int64
 }
 
+// ErrEventsNotReplicable is OpenEvents' error for replicas asked of an events stream that was
+// created with one replica, and so persists asynchronously: JetStream can neither replicate such a
+// stream nor change its persist mode. The stream has to be deleted (its events with it) to be
+// created again with replicas.
+var ErrEventsNotReplicable = errors.New("the events stream was created with one replica and persists asynchronously, " +
+	"which JetStream cannot replicate or change: delete it (its events are lost) to create it with replicas, or keep one replica")
+
 // Events is the stream of message transitions: one message per event, on subject
 // <prefix>.events.<queue>.<kind>.<id token>, where the token is the message id in unpadded base64url
 // (as in the messages bucket's keys). It is safe for concurrent use.
@@ -64,6 +71,9 @@ func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 	switch st, err := cfg.JS.Stream(ctx, name); {
 	case err == nil:
 		persist = st.CachedInfo().Config.PersistMode
+		if persist == jetstream.AsyncPersistMode && replicas > 1 {
+			return nil, fmt.Errorf("kv: open stream %s with %d replicas: %w", name, replicas, ErrEventsNotReplicable)
+		}
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
 		return nil, fmt.Errorf("kv: open stream %s: %w", name, err)
 	}

@@ -2,6 +2,8 @@ package kv_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +28,13 @@ func TestOpenEventsPersistMode(t *testing.T) {
 		MaxAge: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
+	mem := &kv.EventsConfig{JS: js, Prefix: "mem", MaxAge: time.Hour, MemoryStorage: true}
+	if _, err := kv.OpenEvents(ctx, mem); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := js.Stream(ctx, "mem-events"); err != nil || st.CachedInfo().Config.PersistMode != jetstream.DefaultPersistMode {
+		t.Errorf("memory stream: %v, want the default persist mode (async is for files only)", err)
+	}
 	for prefix, want := range map[string]jetstream.PersistModeType{"new": jetstream.AsyncPersistMode, "old": jetstream.DefaultPersistMode} {
 		for range 2 { // creating, then opening what exists
 			if _, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: prefix, MaxAge: time.Hour}); err != nil {
@@ -39,5 +48,10 @@ func TestOpenEventsPersistMode(t *testing.T) {
 				t.Errorf("%s: persist mode %v, duplicate window %v; want %v, 100ms", prefix, c.PersistMode, c.Duplicates, want)
 			}
 		}
+	}
+	// Replicas for a stream made with one: JetStream cannot have it; say what to do.
+	_, err = kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "new", MaxAge: time.Hour, Replicas: 3})
+	if !errors.Is(err, kv.ErrEventsNotReplicable) || !strings.Contains(err.Error(), "new-events") {
+		t.Errorf("3 replicas of an asynchronous stream: %v, want ErrEventsNotReplicable naming the stream", err)
 	}
 }

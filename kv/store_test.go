@@ -33,7 +33,7 @@ func open(t *testing.T) (*kv.Store, *natstest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Opening again is a no-op.
+	// Opening again succeeds and keeps what is stored.
 	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
 		t.Fatalf("second Open: %v", err)
 	}
