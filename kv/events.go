@@ -77,7 +77,7 @@ func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
 		return nil, fmt.Errorf("kv: open stream %s: %w", name, err)
 	}
-	st, err := cfg.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	st, err := ensureStream(ctx, cfg.JS, jetstream.StreamConfig{
 		Name:        name,
 		Description: "natstone message transitions",
 		Subjects:    []string{prefix + ".events.>"},

@@ -49,6 +49,23 @@ func TestOpenEventsPersistMode(t *testing.T) {
 			}
 		}
 	}
+	// Opening it again as it is updates nothing; a changed bound does update it.
+	nc := srv.Connect(t)
+	updates, err := nc.SubscribeSync("$JS.API.STREAM.UPDATE.new-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, maxAge := range []time.Duration{time.Hour, 2 * time.Hour} {
+		if _, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "new", MaxAge: maxAge}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil { // the requests reached the server before their replies: now their copies reached nc
+		t.Fatal(err)
+	}
+	if n, _, err := updates.Pending(); err != nil || n != 1 {
+		t.Errorf("stream updates of opening as it is, then with a new max age: %d (%v), want 1", n, err)
+	}
 	// Replicas for a stream made with one: JetStream cannot have it; say what to do.
 	_, err = kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "new", MaxAge: time.Hour, Replicas: 3})
 	if !errors.Is(err, kv.ErrEventsNotReplicable) || !strings.Contains(err.Error(), "new-events") {

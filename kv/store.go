@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -75,8 +76,24 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	}
 	s := &Store{js: cfg.JS, prefix: prefix}
 	bucket := func(name, desc string) (jetstream.KeyValue, error) {
+		full := prefix + "-" + name
+		// A bucket already as configured is used as it is: CreateOrUpdateKeyValue would set the
+		// duplicate window to two minutes, and the loop below back, two config updates each start.
+		switch st, err := cfg.JS.Stream(ctx, "KV_"+full); {
+		case err == nil:
+			if c := st.CachedInfo().Config; c.Description == desc && c.MaxMsgsPerSubject == 1 && c.Storage == storage &&
+				c.Replicas == replicas && c.Duplicates == dedupeWindow {
+				kv, err := cfg.JS.KeyValue(ctx, full)
+				if err != nil {
+					return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
+				}
+				return kv, nil
+			}
+		case !errors.Is(err, jetstream.ErrStreamNotFound):
+			return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
+		}
 		kv, err := cfg.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      prefix + "-" + name,
+			Bucket:      full,
 			Description: desc,
 			History:     1,
 			Storage:     storage,
@@ -97,7 +114,7 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	if s.locks, err = bucket("locks", "natstone exclusivity locks"); err != nil {
 		return nil, err
 	}
-	s.bodies, err = cfg.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	s.bodies, err = ensureStream(ctx, cfg.JS, jetstream.StreamConfig{
 		Name:        prefix + "-bodies",
 		Description: "natstone message payloads",
 		Subjects:    []string{prefix + ".body.>"},
@@ -128,6 +145,25 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	s.lockSubj = "$KV." + prefix + "-locks."
 	s.bodySubj = prefix + ".body."
 	return s, nil
+}
+
+// ensureStream creates or updates the stream want describes, unless it exists with every setting
+// natstone chooses as want has it: a broker's start then updates nothing (each update of a
+// replicated stream is a proposal to the cluster).
+func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, want.Name)
+	switch {
+	case err == nil:
+		if have := st.CachedInfo().Config; have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
+			have.Storage == want.Storage && have.Replicas == want.Replicas && have.AllowDirect == want.AllowDirect &&
+			have.Duplicates == want.Duplicates && have.MaxAge == want.MaxAge && have.MaxBytes == cmp.Or(want.MaxBytes, -1) &&
+			have.Discard == want.Discard && have.PersistMode == want.PersistMode {
+			return st, nil
+		}
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, err
+	}
+	return js.CreateOrUpdateStream(ctx, want)
 }
 
 // Write is a write in flight. Wait returns the new revision (the write's stream sequence).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -303,5 +304,60 @@ func TestStreamsHaveTheShortestDuplicateWindow(t *testing.T) {
 		if d := st.CachedInfo().Config.Duplicates; d != 100*time.Millisecond {
 			t.Errorf("%s: duplicate window %v", name, d)
 		}
+	}
+}
+
+// TestOpenAgainUpdatesNothing: a broker's start opens buckets and streams already as configured; that
+// must not update their streams (each update of a replicated stream is a proposal to the cluster),
+// while a bucket that differs is still updated.
+func TestOpenAgainUpdatesNothing(t *testing.T) {
+	t.Parallel()
+	_, srv := open(t) // opened twice already
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates, err := nc.SubscribeSync("$JS.API.STREAM.UPDATE.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
+		t.Fatal(err)
+	}
+	// A bucket changed behind natstone's back is set right, which takes updates.
+	st, err := js.Stream(ctx, "KV_natstone-locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := st.CachedInfo().Config
+	c.Description = "changed"
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var subjects []string
+	for {
+		m, err := updates.NextMsg(0)
+		if err != nil {
+			break
+		}
+		subjects = append(subjects, m.Subject)
+	}
+	// Our own UpdateStream, then CreateOrUpdateKeyValue's and the duplicate window's for the locks
+	// bucket; nothing for the first Open, nor for the other buckets and the bodies stream.
+	want := []string{"$JS.API.STREAM.UPDATE.KV_natstone-locks", "$JS.API.STREAM.UPDATE.KV_natstone-locks", "$JS.API.STREAM.UPDATE.KV_natstone-locks"}
+	if !slices.Equal(subjects, want) {
+		t.Errorf("stream updates: %q, want %q", subjects, want)
+	}
+	if st, err = js.Stream(ctx, "KV_natstone-locks"); err != nil || st.CachedInfo().Config.Description == "changed" {
+		t.Errorf("locks bucket after Open: %v, description %q", err, st.CachedInfo().Config.Description)
 	}
 }
