@@ -18,10 +18,7 @@ import (
 func TestOpenEventsPersistMode(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	js, err := jetstream.New(srv.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jsOn(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "old-events", Subjects: []string{"old.events.>"},

@@ -21,13 +21,20 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func open(t *testing.T) (*kv.Store, *natstest.Server) {
+// jsOn returns a JetStream context on a new connection to srv.
+func jsOn(t *testing.T, srv *natstest.Server) jetstream.JetStream {
 	t.Helper()
-	srv := natstest.Start(t, nil)
 	js, err := jetstream.New(srv.Connect(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js
+}
+
+func open(t *testing.T) (*kv.Store, *natstest.Server) {
+	t.Helper()
+	srv := natstest.Start(t, nil)
+	js := jsOn(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := kv.Open(ctx, &kv.Config{JS: js})
@@ -190,10 +197,7 @@ func TestLoadMessagesSkipsMarkersAndForeignKeys(t *testing.T) {
 	t.Parallel()
 	s, srv := open(t)
 	ctx := context.Background()
-	js, err := jetstream.New(srv.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jsOn(t, srv)
 	bucket, err := js.KeyValue(ctx, "natstone-messages")
 	if err != nil {
 		t.Fatal(err)
@@ -292,10 +296,7 @@ func TestStreamsHaveTheShortestDuplicateWindow(t *testing.T) {
 	t.Parallel()
 	_, srv := open(t)
 	ctx := context.Background()
-	js, err := jetstream.New(srv.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jsOn(t, srv)
 	for _, name := range []string{"KV_natstone-queues", "KV_natstone-messages", "KV_natstone-locks", "natstone-bodies"} {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
