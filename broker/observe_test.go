@@ -163,11 +163,10 @@ func (e *env) dequeueWith(queue string, r subjects.DequeueRequest) subjects.Mess
 	return ms[0]
 }
 
-// eventSubjects returns the subject of every event in the stream, in order.
-func (e *env) eventSubjects() []string {
+// eventsStream publishes the broker's buffered events and returns the events stream with its
+// info as it then is.
+func (e *env) eventsStream(ctx context.Context) (jetstream.Stream, *jetstream.StreamInfo) {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := e.b.FlushEvents(ctx); err != nil {
 		e.t.Fatal(err)
 	}
@@ -183,6 +182,15 @@ func (e *env) eventSubjects() []string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	return st, info
+}
+
+// eventSubjects returns the subject of every event in the stream, in order.
+func (e *env) eventSubjects() []string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, info := e.eventsStream(ctx)
 	var out []string
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := st.GetMsg(ctx, seq)
@@ -220,16 +228,8 @@ func TestEventsSurviveCleanStop(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.Stream(ctx, "natstone-events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mode := st.CachedInfo().Config.PersistMode; mode != jetstream.AsyncPersistMode {
-		t.Errorf("events stream persist mode %v, want async", mode)
+	if _, info := e.eventsStream(ctx); info.Config.PersistMode != jetstream.AsyncPersistMode {
+		t.Errorf("events stream persist mode %v, want async", info.Config.PersistMode)
 	}
 }
 
@@ -245,21 +245,7 @@ func TestEventsMaxBytes(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := e.b.FlushEvents(ctx); err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.Stream(ctx, "natstone-events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, info := e.eventsStream(ctx)
 	if info.Config.MaxBytes != maxBytes || info.Config.Discard != jetstream.DiscardOld {
 		t.Errorf("stream max_bytes %d, discard %v; want %d, old", info.Config.MaxBytes, info.Config.Discard, maxBytes)
 	}
