@@ -183,28 +183,29 @@ func (p *publisher) run() {
 // encoded into one buffer, reused from batch to batch.
 func (p *publisher) publish(batch []pendingEvent) {
 	subjs := make([]string, 0, len(batch))
-	ends := make([]int, 0, len(batch))
+	spans := make([][2]int, 0, len(batch)) // each event's bytes in buf
 	buf := p.enc[:0]
 	for i := range batch {
 		e := &batch[i]
 		ev := eventOf(e)
+		start := len(buf)
 		var err error
 		if buf, err = subjects.AppendEvent(buf, &ev); err != nil { // cannot happen for these types
 			p.b.log.Error("event not encoded", "error", err)
-			buf = buf[:lastOr(ends, 0)]
+			buf = buf[:start]
 			continue
 		}
 		subjs = append(subjs, p.store.Subject(e.queue, string(e.kind), e.rec.ID))
-		ends = append(ends, len(buf))
+		spans = append(spans, [2]int{start, len(buf)})
 	}
 	p.enc = buf
-	p.drop(len(batch)-len(ends), "not encoded")
-	if len(ends) == 0 {
+	p.drop(len(batch)-len(spans), "not encoded")
+	if len(spans) == 0 {
 		return
 	}
-	datas := make([][]byte, len(ends))
-	for i, end := range ends {
-		datas[i] = buf[lastOr(ends[:i], 0):end:end]
+	datas := make([][]byte, len(spans)) // sliced only now: buf may have moved while it grew
+	for i, sp := range spans {
+		datas[i] = buf[sp[0]:sp[1]:sp[1]]
 	}
 	ctx := context.Background()
 	var err error
@@ -216,14 +217,6 @@ func (p *publisher) publish(batch []pendingEvent) {
 	}
 	// Republishing the whole batch may store some events twice; history drops the duplicates.
 	p.drop(len(datas), "stream refused: "+err.Error())
-}
-
-// lastOr returns the last element of s, or or if s is empty.
-func lastOr(s []int, or int) int {
-	if len(s) == 0 {
-		return or
-	}
-	return s[len(s)-1]
 }
 
 // sync waits until every event emitted before it was called is published or dropped.
