@@ -41,6 +41,7 @@ type queue struct {
 	invisible  deadlines // invisible entries by VisibleAt
 	leases     deadlines // running entries by LeaseExpires
 	gc         deadlines // terminal entries by EndedAt + retention
+	collecting bool      // a garbage collection is in flight; the gc timer waits for its end
 	locks      map[string]*lock
 	waiters    []*waiter
 	requests   map[string]*dequeueRecord // dequeue request id → its leases
@@ -169,10 +170,11 @@ func (q *queue) waitIdle(ctx context.Context, e *entry) error {
 // parked is deadlines.armedAt while its due entries all have writes in flight.
 const parked = -1
 
-// unpark lets parked timers re-arm: a write just ended.
+// unpark lets parked timers re-arm: a write just ended. The gc timer stays parked while a
+// collection is in flight: it is the collection's end that re-arms it.
 func (q *queue) unpark() {
 	for _, d := range []*deadlines{&q.invisible, &q.leases, &q.gc} {
-		if d.armedAt == parked {
+		if d.armedAt == parked && (d != &q.gc || !q.collecting) {
 			d.armedAt = 0
 		}
 	}
@@ -220,6 +222,10 @@ func (q *queue) fire(d *deadlines) {
 		return
 	}
 	defer q.b.wg.Done()
+	if d == &q.gc && q.collecting {
+		d.armedAt = parked // one collection at a time: its end re-arms the timer
+		return
+	}
 	d.armedAt = 0
 	now := q.now()
 	var due []*entry
@@ -238,8 +244,13 @@ func (q *queue) fire(d *deadlines) {
 		return
 	}
 	if d == &q.gc {
-		if len(due) > 0 && len(due) < maxFire && !skipped {
-			d.notBefore = now + gcGapMS // caught up: let the next ones gather
+		// One collection at a time (see collecting). Unless this one is a full batch, a backlog to
+		// work off, the next waits until gcGapMS after it started, so that what comes due meanwhile
+		// is collected together. (The timer used to fire again at every commit while a collection
+		// was in flight: under load each collection took one or two messages, 59,248 firings for
+		// 73,678 messages in 10 s of S1.)
+		if len(due) > 0 && len(due) < maxFire {
+			d.notBefore = now + gcGapMS
 		} else {
 			d.notBefore = 0
 		}
@@ -281,7 +292,7 @@ func (q *queue) stamp(r *kv.Record, now int64) {
 }
 
 // collectParallel bounds the storage requests one garbage collection has in flight.
-const collectParallel = 32
+const collectParallel = 128
 
 // collect garbage-collects terminal entries: their records and payloads are deleted.
 // Called and returns with q.mu held.
@@ -292,6 +303,7 @@ func (q *queue) collect(es []*entry) {
 	for _, e := range es {
 		e.busy = make(chan struct{})
 	}
+	q.collecting = true
 	q.mu.Unlock()
 	// The purges and deletes are JetStream API requests, not publishes: issue them from a small
 	// pool so that collecting a backlog costs round trips in parallel, not in sequence.
@@ -311,6 +323,7 @@ func (q *queue) collect(es []*entry) {
 	}
 	wg.Wait()
 	q.mu.Lock()
+	q.collectionEnded()
 	for i, e := range es {
 		if errs[i] != nil {
 			q.log().Warn("garbage collection failed; will retry", "message_id", e.rec.ID, "error", errs[i])
@@ -330,6 +343,14 @@ func (q *queue) collect(es []*entry) {
 		e.busy = nil
 	}
 	q.unpark()
+}
+
+// collectionEnded lets the gc timer fire again. Called with q.mu held.
+func (q *queue) collectionEnded() {
+	q.collecting = false
+	if q.gc.armedAt == parked {
+		q.gc.armedAt = 0
+	}
 }
 
 func (q *queue) lockOf(value string) *lock {

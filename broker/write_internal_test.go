@@ -173,3 +173,88 @@ func TestConflictTakesOtherWritersRecord(t *testing.T) {
 		t.Errorf("stored after the lease: %+v; want the other writer's payload, priority and metadata, running", stored)
 	}
 }
+
+// TestCollectionsGatherWhileOneIsInFlight: with retention 0, what completes while a collection is
+// in flight waits for the next batch, gcGapMS later and not before the one in flight ended, instead
+// of being collected on its own at once (as it was: under load every collection took one or two
+// messages).
+func TestCollectionsGatherWhileOneIsInFlight(t *testing.T) {
+	b, clk := internalBroker(t)
+	ctx := context.Background()
+	zero := int64(0)
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{RetentionMS: &zero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A"}, {ID: "B"}, {ID: "C"}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{Batch: 3})
+	if err != nil || len(ms) != 3 {
+		t.Fatalf("dequeue: %d messages, %v", len(ms), err)
+	}
+	complete := func(i int) {
+		t.Helper()
+		if _, err := q.complete(ctx, subjects.LeaseRequest{ID: ms[i].ID, LeaseID: ms[i].LeaseID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func(id string) bool {
+		t.Helper()
+		q.mu.Lock()
+		_, inMemory := q.entries[id]
+		q.mu.Unlock()
+		_, _, err := b.store.GetMessage(ctx, "q", id)
+		if inMemory != (err == nil) || (err != nil && !errors.Is(err, kv.ErrNotFound)) {
+			t.Fatalf("message %s: in memory %v, in storage: %v", id, inMemory, err)
+		}
+		return inMemory
+	}
+
+	// The first completed message's collection is in flight (its entry is busy) when the timer
+	// fires for the second.
+	complete(0)
+	complete(1)
+	q.mu.Lock()
+	first := q.entries[ms[0].ID]
+	first.busy = make(chan struct{})
+	q.mu.Unlock()
+	clk.Advance(0)
+	if stored(ms[1].ID) {
+		t.Fatalf("%s was not collected", ms[1].ID)
+	}
+
+	// The third completes meanwhile: it waits for the next batch.
+	complete(2)
+	clk.Advance(0)
+	clk.Advance(gcGapMS*time.Millisecond - time.Millisecond)
+	if !stored(ms[2].ID) {
+		t.Fatalf("%s was collected before the next batch was due", ms[2].ID)
+	}
+	clk.Advance(time.Millisecond)
+	if stored(ms[2].ID) {
+		t.Fatalf("%s was not collected in the next batch", ms[2].ID)
+	}
+
+	// While a collection is in flight (as collect marks it), the timer does not start another,
+	// however long it takes.
+	q.mu.Lock()
+	close(first.busy)
+	first.busy = nil
+	q.collecting = true
+	q.unpark()
+	q.settle()
+	q.mu.Unlock()
+	clk.Advance(10 * gcGapMS * time.Millisecond)
+	if !stored(ms[0].ID) {
+		t.Fatalf("%s was collected while another collection was in flight", ms[0].ID)
+	}
+	q.mu.Lock()
+	q.collectionEnded()
+	q.settle()
+	q.mu.Unlock()
+	clk.Advance(0)
+	if stored(ms[0].ID) {
+		t.Fatalf("%s was not collected when the collection in flight ended", ms[0].ID)
+	}
+}

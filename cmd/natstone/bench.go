@@ -55,6 +55,7 @@ type benchConfig struct {
 	jsonFile     string
 	cpuProfile   string
 	blockProfile string
+	memProfile   string
 	conns        int
 	reqRate      float64
 	retention    time.Duration
@@ -137,6 +138,7 @@ Flags:
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to `file`")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of S1's measured phase to `file`")
 	fs.StringVar(&cfg.blockProfile, "blockprofile", "", "write a block profile (where goroutines wait) of S1's measured phase to `file`")
+	fs.StringVar(&cfg.memProfile, "memprofile", "", "write the allocations of S1's measured phase to `file` (and those before it to file.base: go tool pprof -base file.base file)")
 	fs.IntVar(&cfg.conns, "conns", DefaultBenchConns, "client connections the workers share")
 	fs.Float64Var(&cfg.reqRate, "req-rate", DefaultBenchReqRate, "requests per second of B-REQ (S4's baseline is measured again at S4's rate)")
 	fs.DurationVar(&cfg.retention, "retention", 0, "retention of the bench queues: 0 collects each completed message at once (within about 100 ms), in the measured phase")

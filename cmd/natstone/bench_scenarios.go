@@ -184,7 +184,7 @@ func (b *bench) sharedCycles(ctx context.Context, env *benchEnv, name string, ba
 		return benchResult{}, err
 	}
 	if profile {
-		stop, err := benchStartProfiles(b.cfg.cpuProfile, b.cfg.blockProfile)
+		stop, err := benchStartProfiles(b.cfg.cpuProfile, b.cfg.blockProfile, b.cfg.memProfile)
 		if err != nil {
 			return benchResult{}, err
 		}
@@ -201,9 +201,16 @@ func (b *bench) sharedCycles(ctx context.Context, env *benchEnv, name string, ba
 // spent blocked.
 const benchBlockProfileRate = 10_000
 
-// benchStartProfiles writes a CPU profile to cpuFile and a block profile (where goroutines wait:
-// channels, mutexes, selects) to blockFile, each if named, until stop is called.
-func benchStartProfiles(cpuFile, blockFile string) (stop func() error, err error) {
+// benchStartProfiles writes a CPU profile to cpuFile, a block profile (where goroutines wait:
+// channels, mutexes, selects) to blockFile and the allocations to memFile, each if named, until stop
+// is called. Go counts allocations from the process's start, so memFile+".base" gets those made
+// before, for pprof's -base.
+func benchStartProfiles(cpuFile, blockFile, memFile string) (stop func() error, err error) {
+	if memFile != "" {
+		if err := benchWriteProfile("allocs", memFile+".base"); err != nil {
+			return nil, err
+		}
+	}
 	var cpu *os.File
 	if cpuFile != "" {
 		if cpu, err = os.Create(cpuFile); err != nil {
@@ -225,14 +232,22 @@ func benchStartProfiles(cpuFile, blockFile string) (stop func() error, err error
 		}
 		if blockFile != "" {
 			runtime.SetBlockProfileRate(0)
-			f, err := os.Create(blockFile)
-			if err == nil {
-				err = errors.Join(pprof.Lookup("block").WriteTo(f, 0), f.Close())
-			}
-			errs = append(errs, err)
+			errs = append(errs, benchWriteProfile("block", blockFile))
+		}
+		if memFile != "" {
+			errs = append(errs, benchWriteProfile("allocs", memFile))
 		}
 		return errors.Join(errs...)
 	}, nil
+}
+
+// benchWriteProfile writes the named runtime profile to file.
+func benchWriteProfile(name, file string) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	return errors.Join(pprof.Lookup(name).WriteTo(f, 0), f.Close())
 }
 
 // benchQueueName turns a row name into a queue name.
