@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -305,20 +306,31 @@ func (q *queue) collect(es []*entry) {
 	}
 	q.collecting = true
 	q.mu.Unlock()
-	// The purges and deletes are JetStream API requests, not publishes: issue them from a small
-	// pool so that collecting a backlog costs round trips in parallel, not in sequence.
+	// The records go with a stored write each (pipelined). The payload deletes are JetStream API
+	// requests, issued from a pool so that collecting a backlog costs round trips in parallel.
 	ctx := context.Background()
 	errs := make([]error, len(es))
+	writes := make([]kv.Write, len(es))
+	for i, e := range es {
+		writes[i] = q.b.store.CollectMessage(q.name, e.rec.ID, e.rev)
+	}
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, collectParallel)
 	for i, e := range es {
+		if _, errs[i] = writes[i].Wait(ctx); errors.Is(errs[i], kv.ErrConflict) {
+			// An earlier attempt, whose outcome was unknown, may have landed.
+			if _, _, err := q.b.store.GetMessage(ctx, q.name, e.rec.ID); errors.Is(err, kv.ErrNotFound) {
+				errs[i] = nil
+			}
+		}
+		if errs[i] != nil {
+			continue
+		}
 		slots <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			if errs[i] = q.b.store.PurgeMessage(ctx, q.name, e.rec.ID); errs[i] == nil {
-				errs[i] = q.b.store.DeleteBody(ctx, e.Seq)
-			}
+			errs[i] = q.b.store.DeleteBody(ctx, e.Seq)
 		}()
 	}
 	wg.Wait()

@@ -133,8 +133,10 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 			return nil, fmt.Errorf("kv: open bucket %s: %w", b.Bucket(), err)
 		}
 		// A KeyValueConfig has no duplicate window: CreateOrUpdateKeyValue sets two minutes.
-		if c := st.CachedInfo().Config; c.Duplicates != dedupeWindow {
+		// The messages bucket takes per-message TTLs, for the markers CollectMessage writes.
+		if c := st.CachedInfo().Config; c.Duplicates != dedupeWindow || (b == s.messages && !c.AllowMsgTTL) {
 			c.Duplicates = dedupeWindow
+			c.AllowMsgTTL = c.AllowMsgTTL || b == s.messages
 			if st, err = cfg.JS.UpdateStream(ctx, c); err != nil {
 				return nil, fmt.Errorf("kv: open bucket %s: %w", b.Bucket(), err)
 			}
@@ -170,6 +172,8 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 type Write struct {
 	f   jetstream.PubAckFuture
 	err error
+	// overMarker, if set, writes again when the write conflicts: a create over a KV marker.
+	overMarker func(ctx context.Context, conflict error) (uint64, error)
 }
 
 // Wait waits for the write's acknowledgement. It returns ErrConflict if the expected revision did not
@@ -182,7 +186,10 @@ func (w Write) Wait(ctx context.Context) (uint64, error) {
 	case ack := <-w.f.Ok():
 		return ack.Sequence, nil
 	case err := <-w.f.Err():
-		return 0, mapErr(err)
+		if err = mapErr(err); errors.Is(err, ErrConflict) && w.overMarker != nil {
+			return w.overMarker(ctx, err)
+		}
+		return 0, err
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
@@ -214,7 +221,39 @@ func (s *Store) WriteMessage(queue string, r *Record, expect uint64) Write {
 	if err != nil {
 		return Write{err: err}
 	}
-	return s.publish(s.msgSubj+MessageKey(queue, r.ID), data, expect)
+	subject := s.msgSubj + MessageKey(queue, r.ID)
+	w := s.publish(subject, data, expect)
+	if expect == 0 {
+		w.overMarker = func(ctx context.Context, conflict error) (uint64, error) {
+			return s.createOverMarker(ctx, subject, data, conflict)
+		}
+	}
+	return w
+}
+
+// createOverMarker creates the key of subject with data, over the marker that a collection (or a
+// KV delete or purge) may have left there: a create conflicts with a marker as with a record.
+// conflict is the create's error, returned if the key holds a record.
+func (s *Store) createOverMarker(ctx context.Context, subject string, data []byte, conflict error) (uint64, error) {
+	err := conflict
+	for range 3 { // a marker expiring between the read and the write makes the write conflict again
+		m, gerr := s.streams[s.messages].GetLastMsgForSubject(ctx, subject)
+		var expect uint64
+		switch {
+		case errors.Is(gerr, jetstream.ErrMsgNotFound): // the marker is gone: create
+		case gerr != nil:
+			return 0, gerr
+		case m.Header.Get(kvOperationHeader) == kvPurge || m.Header.Get(kvOperationHeader) == kvDelete:
+			expect = m.Sequence
+		default:
+			return 0, err // a record: the conflict stands
+		}
+		var rev uint64
+		if rev, err = s.publish(subject, data, expect).Wait(ctx); !errors.Is(err, ErrConflict) {
+			return rev, err
+		}
+	}
+	return 0, err
 }
 
 // GetMessage reads message id of queue with its revision.
@@ -230,11 +269,30 @@ func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint6
 	return r, e.Revision(), err
 }
 
-// PurgeMessage removes message id of queue entirely (no tombstone is left, so the server keeps no
-// index entry for it and the id can be enqueued again).
-func (s *Store) PurgeMessage(ctx context.Context, queue, id string) error {
-	return s.purge(ctx, s.messages, s.msgSubj+MessageKey(queue, id))
+// collectMarkerTTL is how long the marker CollectMessage leaves stays: JetStream's least TTL.
+const collectMarkerTTL = "1s"
+
+// CollectMessage removes message id of queue if the key's revision is still expect, with one
+// stored write instead of a JetStream API request: a KV purge marker that rolls the record up (the
+// server drops it) and that the server removes a second later (its Nats-TTL), leaving neither a
+// message nor an index entry behind. Until then, GetMessage says ErrNotFound, LoadMessages skips
+// it, and WriteMessage with expect 0 writes over it. It returns at once; Wait on the result.
+func (s *Store) CollectMessage(queue, id string, expect uint64) Write {
+	msg := &nats.Msg{Subject: s.msgSubj + MessageKey(queue, id), Header: nats.Header{}}
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	msg.Header.Set(kvOperationHeader, kvPurge)
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	msg.Header.Set(jetstream.MsgTTLHeader, collectMarkerTTL)
+	f, err := s.js.PublishMsgAsync(msg)
+	return Write{f: f, err: err}
 }
+
+// The header a KV marker carries (nats.go's names for them are not exported).
+const (
+	kvOperationHeader = "KV-Operation"
+	kvPurge           = "PURGE"
+	kvDelete          = "DEL"
+)
 
 // LoadMessages calls fn for every stored message of queue ("" for every queue), with its queue
 // name and revision, in key-update order. It reads a consistent snapshot: writes after it started

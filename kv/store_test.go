@@ -83,15 +83,62 @@ func TestMessageCASAndPurge(t *testing.T) {
 	}); err != nil || len(loaded) != 1 || loaded[0] != "q/"+id {
 		t.Fatalf("load: %v %v", loaded, err)
 	}
-	if err := s.PurgeMessage(ctx, "q", id); err != nil {
+	if _, err := s.CollectMessage("q", id, rev).Wait(ctx); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("collecting a revision that is not the last: %v, want ErrConflict", err)
+	}
+	if _, err := s.CollectMessage("q", id, rev2).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.GetMessage(ctx, "q", id); !errors.Is(err, kv.ErrNotFound) {
-		t.Fatalf("after purge: %v", err)
+		t.Fatalf("after collection: %v", err)
 	}
-	// Purge leaves no tombstone: the id can be created again with revision 0.
+	// The id can be created again (revision 0) over the collection's marker.
 	if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
-		t.Fatalf("create after purge: %v", err)
+		t.Fatalf("create after collection: %v", err)
+	}
+}
+
+// TestCollectLeavesNothing: a collected message's marker goes by itself (its TTL), so the bucket
+// keeps neither a message nor a per-subject index entry for it; a create after that is a plain one.
+func TestCollectLeavesNothing(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := jsOn(t, srv).Stream(ctx, "KV_natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.CachedInfo().Config.AllowMsgTTL {
+		t.Fatal("the messages bucket does not allow message TTLs")
+	}
+	r := kv.Record{ID: "m", State: subjects.StateCompleted, Version: 1}
+	rev, err := s.WriteMessage("q", &r, 0).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CollectMessage("q", "m", rev).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Wait (bounded by ctx) for the server to remove the marker: the stream then holds nothing.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 0 && info.State.NumSubjects == 0 {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("the marker stayed: %d messages on %d subjects", info.State.Msgs, info.State.NumSubjects)
+		}
+	}
+	if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+		t.Fatalf("create after the marker went: %v", err)
 	}
 }
 
@@ -226,7 +273,9 @@ func TestLoadMessagesSkipsMarkersAndForeignKeys(t *testing.T) {
 	if err := bucket.Purge(ctx, kv.MessageKey("q1", "m2")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PurgeMessage(ctx, "q1", "m3"); err != nil {
+	if m3, err := bucket.Get(ctx, kv.MessageKey("q1", "m3")); err != nil {
+		t.Fatal(err)
+	} else if _, err := s.CollectMessage("q1", "m3", m3.Revision()).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range []string{"nodot", "q1.not=base64", "q1.a.b"} {
