@@ -411,3 +411,42 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 		t.Errorf("locks bucket after Open: %v, description %q", err, st.CachedInfo().Config.Description)
 	}
 }
+
+// TestOpenAllowsTTLsOnAnOlderBucket: a messages bucket made by a version before collection markers
+// (no message TTLs) is given them, with its records kept.
+func TestOpenAllowsTTLsOnAnOlderBucket(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	js := jsOn(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	old, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "natstone-messages", Description: "natstone message records", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := kv.EncodeRecord(&kv.Record{ID: "m", State: subjects.StatePending, Version: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Put(ctx, kv.MessageKey("q", "m"), data); err != nil {
+		t.Fatal(err)
+	}
+	s, err := kv.Open(ctx, &kv.Config{JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "KV_natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.CachedInfo().Config.AllowMsgTTL {
+		t.Fatal("the messages bucket does not allow message TTLs after Open")
+	}
+	_, rev, err := s.GetMessage(ctx, "q", "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CollectMessage("q", "m", rev).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
