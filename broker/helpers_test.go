@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/broker/clock"
@@ -87,6 +91,56 @@ func (e *env) restartBroker() {
 func (e *env) restartAll() {
 	e.t.Helper()
 	e.stopBroker(e.b)
+	e.srv = e.srv.Restart(e.t)
+	e.nc = e.srv.Connect(e.t)
+	e.cfg.Conn = e.srv.Connect(e.t)
+	e.startBroker()
+}
+
+// waitStreamMsgs waits, up to 10 s, until stream holds n messages.
+func (e *env) waitStreamMsgs(stream string, n uint64) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		msgs := st.CachedInfo().State.Msgs
+		if msgs == n {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			e.t.Fatalf("stream %s holds %d messages, want %d", stream, msgs, n)
+		}
+	}
+}
+
+// restartAllUnclean is restartAll as after an unclean stop of the server: before it starts again,
+// the streams' state files (index.db, thw.db) go, so the server rebuilds every block from what it
+// holds, as it does for the blocks written after its last state file when it was killed.
+func (e *env) restartAllUnclean() {
+	e.t.Helper()
+	e.stopBroker(e.b)
+	e.srv.Shutdown()
+	err := filepath.WalkDir(e.srv.StoreDir(), func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && (d.Name() == "index.db" || d.Name() == "thw.db") {
+			err = os.Remove(path)
+		}
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	e.srv = e.srv.Restart(e.t)
 	e.nc = e.srv.Connect(e.t)
 	e.cfg.Conn = e.srv.Connect(e.t)

@@ -306,34 +306,42 @@ func (q *queue) collect(es []*entry) {
 	}
 	q.collecting = true
 	q.mu.Unlock()
-	// The records go with a stored write each (pipelined). The payload deletes are JetStream API
-	// requests, issued from a pool so that collecting a backlog costs round trips in parallel.
+	// The payloads go first, then the records. JetStream cannot promise that a record it removed
+	// stays removed: after a server's unclean stop, a rebuilt block can bring an earlier revision of
+	// a collected record back (nats-server issue 8505). A payload is deleted for good (by sequence,
+	// with a tombstone), so a record whose payload is gone is known to be collected, and recovery
+	// removes any it finds (see Broker.recover). The payload deletes are JetStream API requests,
+	// issued from a pool so that a backlog costs round trips in parallel; the record removals are
+	// stored writes, pipelined.
 	ctx := context.Background()
 	errs := make([]error, len(es))
-	writes := make([]kv.Write, len(es))
-	for i, e := range es {
-		writes[i] = q.b.store.CollectMessage(q.name, e.rec.ID, e.rev)
-	}
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, collectParallel)
 	for i, e := range es {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			errs[i] = q.b.store.DeleteBody(ctx, e.Seq)
+		})
+	}
+	wg.Wait()
+	writes := make([]kv.Write, len(es))
+	for i, e := range es {
+		if errs[i] == nil {
+			writes[i] = q.b.store.CollectMessage(q.name, e.rec.ID, e.rev)
+		}
+	}
+	for i, e := range es {
+		if errs[i] != nil {
+			continue
+		}
 		if _, errs[i] = writes[i].Wait(ctx); errors.Is(errs[i], kv.ErrConflict) {
 			// An earlier attempt, whose outcome was unknown, may have landed.
 			if _, _, err := q.b.store.GetMessage(ctx, q.name, e.rec.ID); errors.Is(err, kv.ErrNotFound) {
 				errs[i] = nil
 			}
 		}
-		if errs[i] != nil {
-			continue
-		}
-		slots <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-slots; wg.Done() }()
-			errs[i] = q.b.store.DeleteBody(ctx, e.Seq)
-		}()
 	}
-	wg.Wait()
 	q.mu.Lock()
 	q.collectionEnded()
 	for i, e := range es {

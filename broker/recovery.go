@@ -3,6 +3,7 @@ package broker
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -27,6 +28,15 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// A record whose payload is gone belongs to a message that was being collected: collections
+	// delete the payload first. It is one a crash kept its collection from finishing, or one that
+	// JetStream brought back after an unclean stop of the server (an earlier revision of a removed
+	// record; see queue.collect). Either way it is not loaded, and its removal is finished below.
+	gone, err := b.store.BodiesGone(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var collected []kv.Write
 	loaded := make(map[string]*recovering, len(b.queues))
 	var last *recovering // the queue of the record before, which the next one most likely shares
 	n, orphans := 0, 0
@@ -34,6 +44,10 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 		if bad != nil {
 			// One corrupted value must not keep every queue down: report it and go on.
 			b.log.Error("unreadable message record skipped", "queue", name, "error", bad)
+			return nil
+		}
+		if gone(r.BodySeq) {
+			collected = append(collected, b.store.CollectMessage(name, r.ID, rev))
 			return nil
 		}
 		if last == nil || last.q.name != name {
@@ -56,6 +70,17 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	}
 	if orphans > 0 {
 		b.log.Warn("message records of unknown queues ignored", "records", orphans)
+	}
+	if len(collected) > 0 {
+		var errs []error
+		for _, w := range collected {
+			if _, err := w.Wait(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		// One that could not be removed stays unloaded, and is removed at the next start.
+		b.log.Warn("records of collected messages removed (a collection a crash interrupted, or records the server brought back)",
+			"records", len(collected), "failed", len(errs), "error", errors.Join(errs...))
 	}
 	running := make(map[string][]*entry, len(loaded))
 	for name, rq := range loaded {

@@ -80,3 +80,39 @@ func TestRestartRebuildsLargeQueuesInOrder(t *testing.T) {
 		t.Fatalf("dequeued %d after restart, want %d", len(got), n-1)
 	}
 }
+
+// TestCollectedStaysCollectedAfterUncleanRestart: JetStream may bring back an earlier revision of
+// a record that was removed, when the server rebuilds its blocks after an unclean stop
+// (nats-server issue 8505). A collected message must stay collected all the same: not running,
+// not pending, not served again.
+func TestCollectedStaysCollectedAfterUncleanRestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](0)})
+	for _, id := range []string{"a", "b", "c"} {
+		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr[int64](int64(id[0]))})
+	}
+	for _, id := range []string{"a", "b"} {
+		m := e.dequeueOne("q")
+		if m.ID != id {
+			t.Fatalf("dequeued %s, want %s", m.ID, id)
+		}
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: id, LeaseID: m.LeaseID})
+	}
+	e.advance(0) // collects a and b
+	fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "q", subjects.GetRequest{ID: "a"})
+	// The collections' markers expire (their TTL, on the server's clock): only c's record is left.
+	e.waitStreamMsgs("KV_natstone-messages", 1)
+
+	e.restartAllUnclean()
+
+	for _, id := range []string{"a", "b"} {
+		fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "q", subjects.GetRequest{ID: id})
+	}
+	if c := e.depth("q", nil); c.Pending != 1 || c.Running != 0 || c.Completed != 0 {
+		t.Fatalf("depth after the restart: %+v", c)
+	}
+	if ms := e.dequeue("q", subjects.DequeueRequest{Batch: 10}); len(ms) != 1 || ms[0].ID != "c" {
+		t.Fatalf("dequeued %v after the restart, want [c]", ids(ms))
+	}
+}

@@ -453,6 +453,26 @@ func (s *Store) getBodyFromLeader(ctx context.Context, seq uint64) ([]byte, erro
 	return resp.Message.Data, nil
 }
 
+// BodiesGone returns a test of whether the payload at a sequence is gone from the bodies stream:
+// before its first sequence, deleted inside it, or past its last. It reads the stream's state once,
+// with its deleted sequences listed; payloads stored afterwards are not known to it.
+func (s *Store) BodiesGone(ctx context.Context) (gone func(seq uint64) bool, err error) {
+	info, err := s.bodies.Info(ctx, jetstream.WithDeletedDetails(true))
+	if err != nil {
+		return nil, fmt.Errorf("kv: read the bodies stream's state: %w", err)
+	}
+	st := info.State
+	deleted := slices.Clone(st.Deleted)
+	slices.Sort(deleted)
+	return func(seq uint64) bool {
+		if st.Msgs == 0 || seq < st.FirstSeq || seq > st.LastSeq {
+			return true
+		}
+		_, found := slices.BinarySearch(deleted, seq)
+		return found
+	}, nil
+}
+
 // DeleteBody removes the payload at seq. A missing body is not an error.
 func (s *Store) DeleteBody(ctx context.Context, seq uint64) error {
 	err := s.bodies.DeleteMsg(ctx, seq)
