@@ -17,6 +17,7 @@ func at(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond
 var specs = map[string]QueueSpec{
 	"s": {MaxAttempts: 3, Lease: time.Second},
 	"x": {Exclusive: true, Key: "p", MaxAttempts: 3, Lease: time.Second},
+	"c": {MaxAttempts: 1000, Lease: time.Second, Collected: true},
 }
 
 func enq(q, id string, prio int64, start, end int, md map[string]string) Op {
@@ -146,6 +147,26 @@ func TestChecker(t *testing.T) {
 				done(Complete, "s", "b", "L1", 20, 22, OK),
 			}, Final: map[string]Final{"s/a": {}, "s/b": {Found: true, State: "pending", Attempts: 1}, "s/u": {}}},
 			rules: []string{"lost", "lost", "edf"},
+		},
+		{
+			name: "collected: what a complete or a cancel may have ended may be gone",
+			run: Run{Ops: []Op{
+				enq("c", "a", 1, 0, 2, nil),
+				enq("c", "b", 2, 0, 2, nil),
+				deq("c", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				done(Complete, "c", "a", "L1", 20, 22, OK),
+				done(Cancel, "c", "b", "", 30, 32, Unknown),
+			}, Final: map[string]Final{"c/a": {}, "c/b": {}}},
+		},
+		{
+			name: "collected: gone with nothing that ended it is lost",
+			run: Run{Ops: []Op{
+				enq("c", "a", 1, 0, 2, nil),
+				enq("c", "b", 2, 0, 2, nil),
+				deq("c", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				done(Complete, "c", "b", "L9", 20, 22, Failed),
+			}, Final: map[string]Final{"c/a": {}, "c/b": {}}},
+			rules: []string{"lost", "lost"},
 		},
 		{
 			name: "a retried dequeue leased more",

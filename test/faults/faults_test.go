@@ -54,6 +54,16 @@ func TestFaultsBrokerOnly(t *testing.T) {
 		[]string{"serve", "--nats-url", srv.URL()})
 }
 
+// TestFaultsRetentionZero is TestFaults on queues that keep nothing that ended: a complete or a
+// cancel removes the record in the same write, and collections run all the time.
+func TestFaultsRetentionZero(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	dir := t.TempDir()
+	check(t, faultConfig{kills: kills(t, 3), collected: true, producers: 2, workers: 4}, fmt.Sprintf("nats://127.0.0.1:%d", port),
+		[]string{"serve", "--data", filepath.Join(dir, "data"), "--listen", fmt.Sprintf("127.0.0.1:%d", port)})
+}
+
 // TestFaultsSyncAlways is TestFaults with an fsync before every acknowledgement.
 func TestFaultsSyncAlways(t *testing.T) {
 	t.Parallel()

@@ -171,8 +171,24 @@ type faultConfig struct {
 	kills      int
 	external   bool // NATS runs in the test process; only the broker is killed
 	syncAlways bool
-	producers  int
-	workers    int
+	// collected: the queues keep nothing that ended (retention 0) and have attempts enough for the
+	// whole run (see QueueSpec.Collected).
+	collected bool
+	producers int
+	workers   int
+}
+
+// specs returns the queues of a run.
+func (cfg faultConfig) specs() map[string]QueueSpec {
+	if !cfg.collected {
+		return queueSpecs
+	}
+	out := map[string]QueueSpec{}
+	for name, q := range queueSpecs {
+		q.Collected, q.MaxAttempts = true, 1000
+		out[name] = q
+	}
+	return out
 }
 
 // queues of every run: a simple one and an exclusive one, short leases so expiry happens a lot.
@@ -211,8 +227,13 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	}
 
 	admin := connect("admin")
-	for name, q := range queueSpecs {
-		req := subjects.CreateQueueRequest{LeaseMS: q.Lease.Milliseconds(), MaxAttempts: q.MaxAttempts, RetentionMS: ptr(time.Hour.Milliseconds())}
+	specs := cfg.specs()
+	for name, q := range specs {
+		retention := time.Hour.Milliseconds()
+		if q.Collected {
+			retention = 0
+		}
+		req := subjects.CreateQueueRequest{LeaseMS: q.Lease.Milliseconds(), MaxAttempts: q.MaxAttempts, RetentionMS: &retention}
 		if q.Exclusive {
 			req.Type, req.ExclusivityKey = subjects.Exclusive, q.Key
 		}
@@ -272,7 +293,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	// Quiescence: every lease and invisibility window runs out (the broker's own clock; the
 	// condition is polled with a deadline).
 	deadline := time.Now().Add(30 * time.Second)
-	for name := range queueSpecs {
+	for name := range specs {
 		for {
 			var d subjects.DepthReply
 			o, _ := admin.call(subjects.OpDepth, name, nil, &d)
@@ -286,7 +307,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		}
 	}
 
-	run := Run{Ops: h.Ops(), Queues: queueSpecs, Restarts: restarts, Final: map[string]Final{}}
+	run := Run{Ops: h.Ops(), Queues: specs, Restarts: restarts, Final: map[string]Final{}}
 	for _, op := range run.Ops {
 		if op.Kind != Enqueue {
 			continue
@@ -303,7 +324,8 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		case code == string(subjects.CodeMessageNotFound):
 			run.Final[key] = Final{}
 		default:
-			t.Fatalf("final get %s: %s %s", key, o, code)
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("final get %s: %s %s\n%s", key, o, code, tail(string(b), 60))
 		}
 	}
 	procMu.Lock()

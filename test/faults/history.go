@@ -109,6 +109,10 @@ type QueueSpec struct {
 	Key         string // the exclusivity key of an exclusive queue
 	MaxAttempts int
 	Lease       time.Duration // the longest lease any dequeue asked for
+	// Collected: the queue keeps nothing that ended (retention 0), so a completed or canceled
+	// message is gone at the end. Such a queue's attempts must outlast the run: the history cannot
+	// tell a message collected once errored from a lost one.
+	Collected bool
 }
 
 // Final is a message's state read after the run, once no lease was left.
