@@ -450,3 +450,35 @@ func TestOpenAllowsTTLsOnAnOlderBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBodiesGone: a payload is gone when it was deleted, is before the stream's first sequence, or
+// was never stored.
+func TestBodiesGone(t *testing.T) {
+	t.Parallel()
+	s, _ := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var seqs []uint64
+	for i := range 4 {
+		seq, err := s.WriteBody("q", []byte{byte(i)}).Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, seq)
+	}
+	for _, seq := range []uint64{seqs[0], seqs[2]} { // the first moves the stream's first sequence
+		if err := s.DeleteBody(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gone, err := s.BodiesGone(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]bool{0: true, seqs[0]: true, seqs[1]: false, seqs[2]: true, seqs[3]: false, seqs[3] + 1: true}
+	for seq, w := range want {
+		if gone(seq) != w {
+			t.Errorf("gone(%d) = %v, want %v", seq, !w, w)
+		}
+	}
+}
