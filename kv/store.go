@@ -539,14 +539,16 @@ func (s *Store) LoadQueues(ctx context.Context, fn func(name string, q QueueReco
 // DeleteQueue removes a queue with all its messages, locks and payloads. The config goes last, so a
 // crash part way leaves a queue that still exists and can be deleted again.
 func (s *Store) DeleteQueue(ctx context.Context, name string) error {
+	// The payloads first, as a collection does: a record whose payload is gone is known to be
+	// removed, should JetStream bring it back after an unclean stop (see the broker's recovery).
+	if err := s.bodies.Purge(ctx, jetstream.WithPurgeSubject(s.bodySubj+name)); err != nil {
+		return fmt.Errorf("kv: purge bodies of %s: %w", name, err)
+	}
 	if err := s.purge(ctx, s.messages, s.msgSubj+name+".>"); err != nil {
 		return err
 	}
 	if err := s.purge(ctx, s.locks, s.lockSubj+name+".>"); err != nil {
 		return err
-	}
-	if err := s.bodies.Purge(ctx, jetstream.WithPurgeSubject(s.bodySubj+name)); err != nil {
-		return fmt.Errorf("kv: purge bodies of %s: %w", name, err)
 	}
 	return s.purge(ctx, s.queues, "$KV."+s.prefix+"-queues."+name)
 }
