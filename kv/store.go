@@ -75,43 +75,56 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 		storage = jetstream.MemoryStorage
 	}
 	s := &Store{js: cfg.JS, prefix: prefix}
-	bucket := func(name, desc string) (jetstream.KeyValue, error) {
+	s.streams = make(map[jetstream.KeyValue]jetstream.Stream, 3)
+	// bucket opens a bucket, creating it if need be. What natstone sets beyond a KeyValueConfig (a
+	// duplicate window; message TTLs on the messages bucket, for the markers CollectMessage writes)
+	// and what an operator may have changed since (replicas) are set by updating the stream from
+	// its own config, which keeps everything else: JetStream refuses to turn message TTLs off once
+	// they are on, so the bucket is never rewritten from a KeyValueConfig. A bucket already as
+	// configured is used as it is, with no update.
+	bucket := func(name, desc string, ttls bool) (jetstream.KeyValue, error) {
 		full := prefix + "-" + name
-		// A bucket already as configured is used as it is: CreateOrUpdateKeyValue would set the
-		// duplicate window to two minutes, and the loop below back, two config updates each start.
-		switch st, err := cfg.JS.Stream(ctx, "KV_"+full); {
-		case err == nil:
-			if c := st.CachedInfo().Config; c.Description == desc && c.MaxMsgsPerSubject == 1 && c.Storage == storage &&
-				c.Replicas == replicas && c.Duplicates == dedupeWindow {
-				kv, err := cfg.JS.KeyValue(ctx, full)
-				if err != nil {
-					return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
-				}
-				return kv, nil
+		st, err := cfg.JS.Stream(ctx, "KV_"+full)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			_, err = cfg.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+				Bucket:      full,
+				Description: desc,
+				History:     1,
+				Storage:     storage,
+				Replicas:    replicas,
+			})
+			if err == nil || errors.Is(err, jetstream.ErrBucketExists) { // another broker may have made it meanwhile
+				st, err = cfg.JS.Stream(ctx, "KV_"+full)
 			}
-		case !errors.Is(err, jetstream.ErrStreamNotFound):
+		}
+		if err != nil {
 			return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
 		}
-		kv, err := cfg.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      full,
-			Description: desc,
-			History:     1,
-			Storage:     storage,
-			Replicas:    replicas,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("kv: open bucket %s-%s: %w", prefix, name, err)
+		have := st.CachedInfo().Config
+		want := have
+		want.Description, want.MaxMsgsPerSubject, want.Storage, want.Replicas = desc, 1, storage, replicas
+		want.Duplicates, want.AllowMsgTTL = dedupeWindow, have.AllowMsgTTL || ttls
+		if want.Description != have.Description || want.MaxMsgsPerSubject != have.MaxMsgsPerSubject || want.Storage != have.Storage ||
+			want.Replicas != have.Replicas || want.Duplicates != have.Duplicates || want.AllowMsgTTL != have.AllowMsgTTL {
+			if st, err = cfg.JS.UpdateStream(ctx, want); err != nil {
+				return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
+			}
 		}
+		kv, err := cfg.JS.KeyValue(ctx, full)
+		if err != nil {
+			return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
+		}
+		s.streams[kv] = st
 		return kv, nil
 	}
 	var err error
-	if s.queues, err = bucket("queues", "natstone queue configs"); err != nil {
+	if s.queues, err = bucket("queues", "natstone queue configs", false); err != nil {
 		return nil, err
 	}
-	if s.messages, err = bucket("messages", "natstone message records"); err != nil {
+	if s.messages, err = bucket("messages", "natstone message records", true); err != nil {
 		return nil, err
 	}
-	if s.locks, err = bucket("locks", "natstone exclusivity locks"); err != nil {
+	if s.locks, err = bucket("locks", "natstone exclusivity locks", false); err != nil {
 		return nil, err
 	}
 	s.bodies, err = ensureStream(ctx, cfg.JS, jetstream.StreamConfig{
@@ -125,23 +138,6 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", prefix, err)
-	}
-	s.streams = make(map[jetstream.KeyValue]jetstream.Stream, 3)
-	for _, b := range []jetstream.KeyValue{s.queues, s.messages, s.locks} {
-		st, err := cfg.JS.Stream(ctx, "KV_"+b.Bucket())
-		if err != nil {
-			return nil, fmt.Errorf("kv: open bucket %s: %w", b.Bucket(), err)
-		}
-		// A KeyValueConfig has no duplicate window: CreateOrUpdateKeyValue sets two minutes.
-		// The messages bucket takes per-message TTLs, for the markers CollectMessage writes.
-		if c := st.CachedInfo().Config; c.Duplicates != dedupeWindow || (b == s.messages && !c.AllowMsgTTL) {
-			c.Duplicates = dedupeWindow
-			c.AllowMsgTTL = c.AllowMsgTTL || b == s.messages
-			if st, err = cfg.JS.UpdateStream(ctx, c); err != nil {
-				return nil, fmt.Errorf("kv: open bucket %s: %w", b.Bucket(), err)
-			}
-		}
-		s.streams[b] = st
 	}
 	s.msgSubj = "$KV." + prefix + "-messages."
 	s.lockSubj = "$KV." + prefix + "-locks."

@@ -377,15 +377,18 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
 		t.Fatal(err)
 	}
-	// A bucket changed behind natstone's back is set right, which takes updates.
-	st, err := js.Stream(ctx, "KV_natstone-locks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := st.CachedInfo().Config
-	c.Description = "changed"
-	if _, err := js.UpdateStream(ctx, c); err != nil {
-		t.Fatal(err)
+	// Buckets changed behind natstone's back are set right, one update each (the messages bucket
+	// keeping its message TTLs, which JetStream would not let a rewrite turn off).
+	var st jetstream.Stream
+	for _, name := range []string{"KV_natstone-locks", "KV_natstone-messages"} {
+		if st, err = js.Stream(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		c := st.CachedInfo().Config
+		c.Description = "changed"
+		if _, err := js.UpdateStream(ctx, c); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
 		t.Fatal(err)
@@ -401,14 +404,22 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 		}
 		subjects = append(subjects, m.Subject)
 	}
-	// Our own UpdateStream, then CreateOrUpdateKeyValue's and the duplicate window's for the locks
-	// bucket; nothing for the first Open, nor for the other buckets and the bodies stream.
-	want := []string{"$JS.API.STREAM.UPDATE.KV_natstone-locks", "$JS.API.STREAM.UPDATE.KV_natstone-locks", "$JS.API.STREAM.UPDATE.KV_natstone-locks"}
+	// Our own two changes, then Open's one update of each of those buckets (it opens the messages
+	// bucket before the locks); nothing for the first Open, nor for the queues bucket and the
+	// bodies stream.
+	want := []string{"$JS.API.STREAM.UPDATE.KV_natstone-locks", "$JS.API.STREAM.UPDATE.KV_natstone-messages",
+		"$JS.API.STREAM.UPDATE.KV_natstone-messages", "$JS.API.STREAM.UPDATE.KV_natstone-locks"}
 	if !slices.Equal(subjects, want) {
 		t.Errorf("stream updates: %q, want %q", subjects, want)
 	}
-	if st, err = js.Stream(ctx, "KV_natstone-locks"); err != nil || st.CachedInfo().Config.Description == "changed" {
-		t.Errorf("locks bucket after Open: %v, description %q", err, st.CachedInfo().Config.Description)
+	for _, name := range []string{"KV_natstone-locks", "KV_natstone-messages"} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := st.CachedInfo().Config; c.Description == "changed" || c.AllowMsgTTL != (name == "KV_natstone-messages") {
+			t.Errorf("%s after Open: description %q, message TTLs %v", name, c.Description, c.AllowMsgTTL)
+		}
 	}
 }
 
