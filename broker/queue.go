@@ -336,9 +336,16 @@ func (q *queue) collect(es []*entry) {
 			continue
 		}
 		if _, errs[i] = writes[i].Wait(ctx); errors.Is(errs[i], kv.ErrConflict) {
-			// An earlier attempt, whose outcome was unknown, may have landed.
-			if _, _, err := q.b.store.GetMessage(ctx, q.name, e.rec.ID); errors.Is(err, kv.ErrNotFound) {
+			// An earlier attempt, whose outcome was unknown, may have landed; or storage holds
+			// another revision of the record, which goes too, its payload being gone. A record of
+			// another payload is another message of that id: this one is gone.
+			switch r, rev, err := q.b.store.GetMessage(ctx, q.name, e.rec.ID); {
+			case errors.Is(err, kv.ErrNotFound), err == nil && r.BodySeq != e.Seq:
 				errs[i] = nil
+			case err != nil:
+				errs[i] = err
+			default:
+				_, errs[i] = q.b.store.CollectMessage(q.name, e.rec.ID, rev).Wait(ctx)
 			}
 		}
 	}

@@ -3,7 +3,6 @@ package broker
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -28,15 +27,6 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	// A record whose payload is gone belongs to a message that was being collected: collections
-	// delete the payload first. It is one a crash kept its collection from finishing, or one that
-	// JetStream brought back after an unclean stop of the server (an earlier revision of a removed
-	// record; see queue.collect). Either way it is not loaded, and its removal is finished below.
-	gone, err := b.store.BodiesGone(ctx)
-	if err != nil {
-		return 0, err
-	}
-	var collected []kv.Write
 	loaded := make(map[string]*recovering, len(b.queues))
 	var last *recovering // the queue of the record before, which the next one most likely shares
 	n, orphans := 0, 0
@@ -44,10 +34,6 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 		if bad != nil {
 			// One corrupted value must not keep every queue down: report it and go on.
 			b.log.Error("unreadable message record skipped", "queue", name, "error", bad)
-			return nil
-		}
-		if gone(r.BodySeq) {
-			collected = append(collected, b.store.CollectMessage(name, r.ID, rev))
 			return nil
 		}
 		if last == nil || last.q.name != name {
@@ -71,16 +57,8 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	if orphans > 0 {
 		b.log.Warn("message records of unknown queues ignored", "records", orphans)
 	}
-	if len(collected) > 0 {
-		var errs []error
-		for _, w := range collected {
-			if _, err := w.Wait(ctx); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		// One that could not be removed stays unloaded, and is removed at the next start.
-		b.log.Warn("records of collected messages removed (a collection a crash interrupted, or records the server brought back)",
-			"records", len(collected), "failed", len(errs), "error", errors.Join(errs...))
+	if n, err = b.dropCollected(ctx, loaded, n); err != nil {
+		return 0, err
 	}
 	running := make(map[string][]*entry, len(loaded))
 	for name, rq := range loaded {
@@ -113,6 +91,71 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// dropCollected removes, from storage and from what was loaded, the records whose payload is gone:
+// they belong to messages that were being collected, since a collection deletes the payload before
+// the record. Such a record is one whose collection a crash interrupted, or one that JetStream
+// brought back after an unclean stop of the server: an earlier revision of a removed record, which
+// a block rebuilt after the stop can hold (nats-server#8505; see queue.collect). It returns how
+// many records are left.
+//
+// The bodies stream's state is read after the records, so every loaded record's payload was
+// stored before it, and each payload it says is gone is asked of the stream's leader again before
+// its record goes. A record that cannot be removed fails the start: left in storage, it could come
+// back with the next enqueue of its id.
+func (b *Broker) dropCollected(ctx context.Context, loaded map[string]*recovering, n int) (int, error) {
+	gone, complete, err := b.store.BodiesGone(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if !complete {
+		b.log.Warn("the bodies stream has too many deleted sequences to list: records of collected messages are only looked for before its first sequence")
+	}
+	removed := 0
+	for _, rq := range loaded {
+		kept := rq.entries[:0]
+		var writes []kv.Write
+		flush := func() error {
+			for _, w := range writes {
+				if _, err := w.Wait(ctx); err != nil {
+					return fmt.Errorf("natstone: recover queue %s: remove the record of a collected message: %w", rq.q.name, err)
+				}
+			}
+			writes = writes[:0]
+			return nil
+		}
+		for _, e := range rq.entries {
+			if !gone(e.Seq) {
+				kept = append(kept, e)
+				continue
+			}
+			sure, err := b.store.BodyGone(ctx, e.Seq)
+			if err != nil {
+				return 0, fmt.Errorf("natstone: recover queue %s: %w", rq.q.name, err)
+			}
+			if !sure {
+				kept = append(kept, e)
+				continue
+			}
+			writes = append(writes, b.store.CollectMessage(rq.q.name, e.rec.ID, e.rev))
+			removed++
+			if len(writes) == maxFire {
+				if err := flush(); err != nil {
+					return 0, err
+				}
+			}
+		}
+		if err := flush(); err != nil {
+			return 0, err
+		}
+		clear(rq.entries[len(kept):])
+		rq.entries = kept
+	}
+	if removed > 0 {
+		b.log.Warn("records of collected messages removed (collections a crash interrupted, or records the server brought back)", "records", removed)
+	}
+	return n - removed, nil
 }
 
 // recovering holds the entries of one queue's message records, in the order they were read, until

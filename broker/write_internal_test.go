@@ -258,3 +258,45 @@ func TestCollectionsGatherWhileOneIsInFlight(t *testing.T) {
 		t.Fatalf("%s was not collected when the collection in flight ended", ms[0].ID)
 	}
 }
+
+// TestCollectionTakesAnotherRevision: a collection whose record removal conflicts, because storage
+// holds another revision of the record (an earlier write of unknown outcome landed), removes that
+// revision instead of retrying the same conflict forever: the payload is gone already.
+func TestCollectionTakesAnotherRevision(t *testing.T) {
+	b, clk := internalBroker(t)
+	ctx := context.Background()
+	zero := int64(0)
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{RetentionMS: &zero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %v %v", ms, err)
+	}
+	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: "m", LeaseID: ms[0].LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	q.mu.Lock()
+	e := q.entries["m"]
+	r, rev := e.record(), e.rev
+	q.mu.Unlock()
+	r.Version++ // the same write again, landed behind the broker's back: a newer revision
+	if _, err := b.store.WriteMessage("q", &r, rev).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	clk.Advance(0)
+	q.mu.Lock()
+	_, kept := q.entries["m"]
+	q.mu.Unlock()
+	if kept {
+		t.Fatal("the message was not collected")
+	}
+	if _, _, err := b.store.GetMessage(ctx, "q", "m"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("the record after the collection: %v, want ErrNotFound", err)
+	}
+}

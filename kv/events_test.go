@@ -52,6 +52,9 @@ func TestOpenEventsPersistMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := nc.Flush(); err != nil { // the subscription is in place before any update
+		t.Fatal(err)
+	}
 	for _, maxAge := range []time.Duration{time.Hour, 2 * time.Hour} {
 		if _, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "new", MaxAge: maxAge}); err != nil {
 			t.Fatal(err)

@@ -449,24 +449,53 @@ func (s *Store) getBodyFromLeader(ctx context.Context, seq uint64) ([]byte, erro
 	return resp.Message.Data, nil
 }
 
-// BodiesGone returns a test of whether the payload at a sequence is gone from the bodies stream:
-// before its first sequence, deleted inside it, or past its last. It reads the stream's state once,
-// with its deleted sequences listed; payloads stored afterwards are not known to it.
-func (s *Store) BodiesGone(ctx context.Context) (gone func(seq uint64) bool, err error) {
-	info, err := s.bodies.Info(ctx, jetstream.WithDeletedDetails(true))
+// maxDeletedDetails bounds the deleted sequences BodiesGone asks the server to list (8 bytes and
+// a JSON number each): past it, only the payloads before the stream's first sequence are known to
+// be gone.
+const maxDeletedDetails = 1 << 20
+
+// BodiesGone returns a test of whether the payload at a sequence is known to be gone from the
+// bodies stream: before its first sequence, or deleted inside it (when the stream has at most
+// maxDeletedDetails deleted sequences; complete reports whether it had). It reads the stream's
+// state once; a sequence past that state's last is not known to be gone. A server that answers
+// with a state behind the leader's (a replica catching up) knows of fewer deletions, never of more,
+// so what it says is gone is gone.
+func (s *Store) BodiesGone(ctx context.Context) (gone func(seq uint64) bool, complete bool, err error) {
+	info, err := s.bodies.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("kv: read the bodies stream's state: %w", err)
+		return nil, false, fmt.Errorf("kv: read the bodies stream's state: %w", err)
+	}
+	var deleted []uint64
+	if complete = info.State.NumDeleted <= maxDeletedDetails; complete && info.State.NumDeleted > 0 {
+		if info, err = s.bodies.Info(ctx, jetstream.WithDeletedDetails(true)); err != nil {
+			return nil, false, fmt.Errorf("kv: read the bodies stream's deleted sequences: %w", err)
+		}
+		deleted = slices.Clone(info.State.Deleted)
+		slices.Sort(deleted)
 	}
 	st := info.State
-	deleted := slices.Clone(st.Deleted)
-	slices.Sort(deleted)
 	return func(seq uint64) bool {
-		if st.Msgs == 0 || seq < st.FirstSeq || seq > st.LastSeq {
+		if seq < st.FirstSeq {
 			return true
+		}
+		if seq > st.LastSeq {
+			return false
 		}
 		_, found := slices.BinarySearch(deleted, seq)
 		return found
-	}, nil
+	}, complete, nil
+}
+
+// BodyGone reports whether the payload at seq is gone, as the bodies stream's leader says.
+func (s *Store) BodyGone(ctx context.Context, seq uint64) (bool, error) {
+	_, err := s.getBodyFromLeader(ctx, seq)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return true, nil
+	case err != nil:
+		return false, err
+	}
+	return false, nil
 }
 
 // DeleteBody removes the payload at seq. A missing body is not an error.

@@ -372,6 +372,9 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := nc.Flush(); err != nil { // the subscription is in place before any update
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
@@ -462,8 +465,7 @@ func TestOpenAllowsTTLsOnAnOlderBucket(t *testing.T) {
 	}
 }
 
-// TestBodiesGone: a payload is gone when it was deleted, is before the stream's first sequence, or
-// was never stored.
+// TestBodiesGone: a payload is gone when it was deleted or is before the stream's first sequence.
 func TestBodiesGone(t *testing.T) {
 	t.Parallel()
 	s, _ := open(t)
@@ -482,14 +484,21 @@ func TestBodiesGone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	gone, err := s.BodiesGone(ctx)
-	if err != nil {
-		t.Fatal(err)
+	gone, complete, err := s.BodiesGone(ctx)
+	if err != nil || !complete {
+		t.Fatalf("BodiesGone: complete %v, %v", complete, err)
 	}
-	want := map[uint64]bool{0: true, seqs[0]: true, seqs[1]: false, seqs[2]: true, seqs[3]: false, seqs[3] + 1: true}
+	// Past the last sequence is not known to be gone: a payload stored after the state was read.
+	want := map[uint64]bool{0: true, seqs[0]: true, seqs[1]: false, seqs[2]: true, seqs[3]: false, seqs[3] + 1: false}
 	for seq, w := range want {
 		if gone(seq) != w {
 			t.Errorf("gone(%d) = %v, want %v", seq, !w, w)
+		}
+		if seq == 0 || seq > seqs[3] {
+			continue
+		}
+		if sure, err := s.BodyGone(ctx, seq); err != nil || sure != w {
+			t.Errorf("BodyGone(%d) = %v, %v; want %v", seq, sure, err, w)
 		}
 	}
 }
