@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -310,7 +309,7 @@ func (q *queue) collect(es []*entry) {
 	// stays removed: after a server's unclean stop, a rebuilt block can bring an earlier revision of
 	// a collected record back (nats-server issue 8505). A payload is deleted for good (by sequence,
 	// with a tombstone), so a record whose payload is gone is known to be collected, and recovery
-	// removes any it finds (see Broker.recover). The payload deletes are JetStream API requests,
+	// removes any it finds (Broker.dropCollected). The payload deletes are JetStream API requests,
 	// issued from a pool so that a backlog costs round trips in parallel; the record removals are
 	// stored writes, pipelined.
 	ctx := context.Background()
@@ -332,21 +331,8 @@ func (q *queue) collect(es []*entry) {
 		}
 	}
 	for i, e := range es {
-		if errs[i] != nil {
-			continue
-		}
-		if _, errs[i] = writes[i].Wait(ctx); errors.Is(errs[i], kv.ErrConflict) {
-			// An earlier attempt, whose outcome was unknown, may have landed; or storage holds
-			// another revision of the record, which goes too, its payload being gone. A record of
-			// another payload is another message of that id: this one is gone.
-			switch r, rev, err := q.b.store.GetMessage(ctx, q.name, e.rec.ID); {
-			case errors.Is(err, kv.ErrNotFound), err == nil && r.BodySeq != e.Seq:
-				errs[i] = nil
-			case err != nil:
-				errs[i] = err
-			default:
-				_, errs[i] = q.b.store.CollectMessage(q.name, e.rec.ID, rev).Wait(ctx)
-			}
+		if errs[i] == nil {
+			errs[i] = q.b.removed(ctx, q.name, e, writes[i])
 		}
 	}
 	q.mu.Lock()

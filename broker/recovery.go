@@ -3,6 +3,7 @@ package broker
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -114,48 +115,97 @@ func (b *Broker) dropCollected(ctx context.Context, loaded map[string]*recoverin
 	}
 	removed := 0
 	for _, rq := range loaded {
-		kept := rq.entries[:0]
-		var writes []kv.Write
-		flush := func() error {
-			for _, w := range writes {
-				if _, err := w.Wait(ctx); err != nil {
-					return fmt.Errorf("natstone: recover queue %s: remove the record of a collected message: %w", rq.q.name, err)
-				}
-			}
-			writes = writes[:0]
-			return nil
-		}
+		var candidates []*entry
 		for _, e := range rq.entries {
-			if !gone(e.Seq) {
-				kept = append(kept, e)
-				continue
-			}
-			sure, err := b.store.BodyGone(ctx, e.Seq)
-			if err != nil {
-				return 0, fmt.Errorf("natstone: recover queue %s: %w", rq.q.name, err)
-			}
-			if !sure {
-				kept = append(kept, e)
-				continue
-			}
-			writes = append(writes, b.store.CollectMessage(rq.q.name, e.rec.ID, e.rev))
-			removed++
-			if len(writes) == maxFire {
-				if err := flush(); err != nil {
-					return 0, err
-				}
+			if gone(e.Seq) {
+				candidates = append(candidates, e)
 			}
 		}
-		if err := flush(); err != nil {
+		if len(candidates) == 0 {
+			continue
+		}
+		drop, err := b.confirmGone(ctx, rq.q.name, candidates)
+		if err != nil {
 			return 0, err
+		}
+		kept := rq.entries[:0]
+		for _, e := range rq.entries {
+			if !drop[e] {
+				kept = append(kept, e)
+			}
 		}
 		clear(rq.entries[len(kept):])
 		rq.entries = kept
+		removed += len(drop)
 	}
 	if removed > 0 {
 		b.log.Warn("records of collected messages removed (collections a crash interrupted, or records the server brought back)", "records", removed)
 	}
 	return n - removed, nil
+}
+
+// confirmGone asks the bodies stream's leader about the payloads of candidates, 64 at a time, and
+// removes the records of those it says are gone (maxFire at a time). It returns the entries whose
+// records went.
+func (b *Broker) confirmGone(ctx context.Context, queue string, candidates []*entry) (map[*entry]bool, error) {
+	sure := make([]bool, len(candidates))
+	errs := make([]error, len(candidates))
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, 64)
+	for i, e := range candidates {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			sure[i], errs[i] = b.store.BodyGone(ctx, e.Seq)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("natstone: recover queue %s: %w", queue, err)
+	}
+	drop := make(map[*entry]bool)
+	for from := 0; from < len(candidates); from += maxFire {
+		batch := candidates[from:min(from+maxFire, len(candidates))]
+		writes := make([]kv.Write, len(batch))
+		for i, e := range batch {
+			if sure[from+i] {
+				writes[i] = b.store.CollectMessage(queue, e.rec.ID, e.rev)
+			}
+		}
+		for i, e := range batch {
+			if !sure[from+i] {
+				continue
+			}
+			if err := b.removed(ctx, queue, e, writes[i]); err != nil {
+				return nil, fmt.Errorf("natstone: recover queue %s: remove the record of collected message %q: %w", queue, e.rec.ID, err)
+			}
+			drop[e] = true
+		}
+	}
+	return drop, nil
+}
+
+// removed waits for w, the removal of e's record (kv.Store.CollectMessage) once e's payload is
+// gone. When it conflicts, storage holds another revision: an earlier write of unknown outcome
+// landed, or another broker wrote. That revision goes too, the payload being gone, and so does one
+// that does not decode; a record of another payload is another message of that id, and stays.
+// Called without q.mu.
+func (b *Broker) removed(ctx context.Context, queue string, e *entry, w kv.Write) error {
+	_, err := w.Wait(ctx)
+	if !errors.Is(err, kv.ErrConflict) {
+		return err
+	}
+	r, rev, err := b.store.GetMessage(ctx, queue, e.rec.ID)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		return nil
+	case err != nil && rev == 0: // the read failed
+		return err
+	case err == nil && r.BodySeq != e.Seq:
+		return nil
+	}
+	_, err = b.store.CollectMessage(queue, e.rec.ID, rev).Wait(ctx)
+	return err
 }
 
 // recovering holds the entries of one queue's message records, in the order they were read, until

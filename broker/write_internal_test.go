@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -260,9 +262,18 @@ func TestCollectionsGatherWhileOneIsInFlight(t *testing.T) {
 }
 
 // TestCollectionTakesAnotherRevision: a collection whose record removal conflicts, because storage
-// holds another revision of the record (an earlier write of unknown outcome landed), removes that
-// revision instead of retrying the same conflict forever: the payload is gone already.
+// holds another revision of the record (an earlier write of unknown outcome landed, or one that
+// does not even decode), removes that revision instead of retrying the same conflict forever: the
+// payload is gone already.
 func TestCollectionTakesAnotherRevision(t *testing.T) {
+	for _, unreadable := range []bool{false, true} {
+		t.Run(map[bool]string{false: "readable", true: "unreadable"}[unreadable], func(t *testing.T) {
+			testCollectionTakesAnotherRevision(t, unreadable)
+		})
+	}
+}
+
+func testCollectionTakesAnotherRevision(t *testing.T, unreadable bool) {
 	b, clk := internalBroker(t)
 	ctx := context.Background()
 	zero := int64(0)
@@ -285,8 +296,22 @@ func TestCollectionTakesAnotherRevision(t *testing.T) {
 	r, rev := e.record(), e.rev
 	q.mu.Unlock()
 	r.Version++ // the same write again, landed behind the broker's back: a newer revision
-	if _, err := b.store.WriteMessage("q", &r, rev).Wait(ctx); err != nil {
+	rev, err = b.store.WriteMessage("q", &r, rev).Wait(ctx)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if unreadable {
+		js, err := jetstream.New(b.cfg.Conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bucket, err := js.KeyValue(ctx, "natstone-messages")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := bucket.Update(ctx, kv.MessageKey("q", "m"), []byte("not a record"), rev); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	clk.Advance(0)
