@@ -132,7 +132,11 @@ func (e *benchEnv) jetStream(w int, opts ...jetstream.JetStreamOpt) (jetstream.J
 // error reply comes back as its *subjects.Error.
 func (e *benchEnv) call(ctx context.Context, nc *nats.Conn, op subjects.Op, queue string, req, reply any) error {
 	var data []byte
-	if req != nil {
+	switch r := req.(type) {
+	case nil:
+	case json.RawMessage: // encoded once by the caller, as a producer sending the same body would
+		data = r
+	default:
 		var err error
 		if data, err = json.Marshal(req); err != nil {
 			return err
