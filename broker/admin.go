@@ -255,11 +255,12 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 			return subjects.DeleteReply{}, err
 		}
 		q.deleting = true
-		q.deleted = len(q.entries)
+		q.deleted = q.entries.len()
 		q.close(subjects.Errorf(subjects.CodeUnavailable, "queue %s is being deleted", q.name))
 	}
-	// Let writes in flight land first, so none lands after the purge.
-	for _, e := range q.entries {
+	// Let writes in flight land first, so none lands after the purge. (Waiting releases q.mu, and
+	// the writes that land may change q.entries: walk a copy.)
+	for _, e := range slices.Collect(q.entries.all()) {
 		if err := q.waitIdle(ctx, e); err != nil {
 			q.mu.Unlock()
 			return subjects.DeleteReply{}, unavailable("delete queue", err)

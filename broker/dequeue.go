@@ -270,7 +270,7 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 		if err := q.waitIdle(ctx, l.e); err != nil {
 			return nil, unavailable("wait for the leases of the first dequeue with this request_id", err)
 		}
-		if q.entries[l.e.rec.ID] == l.e && l.e.rec.State() == subjects.StateRunning && l.e.rec.extra().LeaseID == l.leaseID {
+		if q.entries.get(l.e.rec.ID) == l.e && l.e.rec.State() == subjects.StateRunning && l.e.rec.extra().LeaseID == l.leaseID {
 			held = append(held, l)
 		}
 	}

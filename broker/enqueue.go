@@ -125,7 +125,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		switch {
 		case m.rec.ID == "":
 			m.rec.ID = q.ids.Next()
-		case m.dupOf < 0 && q.entries[m.rec.ID] != nil:
+		case m.dupOf < 0 && q.entries.get(m.rec.ID) != nil:
 			m.dup = true
 		}
 	}
@@ -158,7 +158,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		if m.dupOf >= 0 {
 			continue
 		}
-		if e := q.entries[m.rec.ID]; e != nil {
+		if e := q.entries.get(m.rec.ID); e != nil {
 			// Created meanwhile by a concurrent request with the same id: our payload is not needed.
 			if !m.dup {
 				orphans = append(orphans, m.rec.BodySeq)
@@ -172,14 +172,14 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		}
 		e := q.newEntry(m.rec, 0)
 		e.rec = stored{ID: m.rec.ID} // not placed until stored
-		q.entries[m.rec.ID] = e
+		q.entries.put(e)
 		m.e = e
 		cs = append(cs, &change{e: e, next: m.rec})
 	}
 	q.commit(cs)
 	for _, c := range cs {
 		if c.err != nil {
-			if e := q.entries[c.next.ID]; e != nil && e.rev != 0 {
+			if e := q.entries.get(c.next.ID); e != nil && e.rev != 0 {
 				continue // another writer created it: a duplicate
 			}
 			return nil, unavailable("store message", c.err)
@@ -198,7 +198,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			if err := q.waitIdle(ctx, e); err != nil {
 				return nil, unavailable("wait for message", err)
 			}
-			if q.entries[e.rec.ID] != e || e.rev == 0 {
+			if q.entries.get(e.rec.ID) != e || e.rev == 0 {
 				return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q: a concurrent enqueue of this id failed; retry", e.rec.ID)
 			}
 		}

@@ -16,7 +16,7 @@ func (q *queue) find(ctx context.Context, id string) (*entry, error) {
 		if err := q.usable(); err != nil {
 			return nil, err
 		}
-		e := q.entries[id]
+		e := q.entries.get(id)
 		if e == nil || (e.rev == 0 && e.busy == nil) {
 			return nil, subjects.Errorf(subjects.CodeMessageNotFound, "queue %s has no message %q", q.name, id)
 		}
@@ -209,7 +209,7 @@ func (q *queue) depth(filter map[string]string) (subjects.Counts, error) {
 // by state, and when the longest-waiting pending one among them became pending (0: none).
 // Called with q.mu held.
 func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, oldestPending int64) {
-	for _, e := range q.entries {
+	for e := range q.entries.all() {
 		if e.rev == 0 || !matches(e.rec.extra().Metadata, filter) {
 			continue
 		}

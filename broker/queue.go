@@ -35,7 +35,7 @@ type queue struct {
 	deleting  bool  // a delete has started (it may be retried until storage has forgotten the queue)
 	deleted   int   // how many messages the delete removes
 
-	entries    map[string]*entry
+	entries    idTable
 	pending    *index.Index[*entry]
 	counts     [numStates]int
 	invisible  deadlines // invisible entries by VisibleAt
@@ -83,7 +83,6 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 		cfg:       rec.Config,
 		cfgRev:    rev,
 		createdAt: rec.CreatedAt,
-		entries:   make(map[string]*entry),
 		pending:   index.New[*entry](rec.Config.Type == subjects.Exclusive),
 		locks:     make(map[string]*lock),
 		requests:  make(map[string]*dequeueRecord),
@@ -348,7 +347,7 @@ func (q *queue) collect(es []*entry) {
 			q.place(e)
 		} else {
 			q.unplace(e)
-			delete(q.entries, e.rec.ID)
+			q.entries.remove(e.rec.ID)
 			r := e.record()
 			q.transitioned(subjects.EventCollected, "", r.State, &r, "", q.now())
 		}

@@ -223,22 +223,20 @@ type pendingKey struct {
 	e        *entry
 }
 
-// index makes the loaded entries the queue's: its map of entries and, through place, its pending
-// index, deadline heaps and counts. It returns the running entries in load order. The result is
-// the same as placing the entries one by one in load order (of two entries with one id the later
-// is in the map; of two with one index key the earlier is indexed), but faster: the pending entries
-// go into the index in EDF order, so every insertion lands at the right edge of the index's trees,
-// whose nodes are in the cache, instead of at a random leaf; and the map is sized once and filled
-// on another goroutine meanwhile. Nothing else touches the queue yet.
+// index makes the loaded entries the queue's: its table of entries and, through place, its
+// pending index, deadline heaps and counts. It returns the running entries in load order. The
+// result is the same as placing the entries one by one in load order (of two entries with one id
+// the later is in the table; of two with one index key the earlier is indexed), but faster: the
+// pending entries go into the index in EDF order, so every insertion lands at the right edge of
+// the index's trees, whose nodes are in the cache, instead of at a random leaf; and the table is
+// sized once and filled on another goroutine meanwhile. Nothing else touches the queue yet.
 func (rq *recovering) index() (running []*entry) {
 	q := rq.q
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if len(q.entries) == 0 {
-			q.entries = make(map[string]*entry, len(rq.entries))
-		}
+		q.entries.reserve(q.entries.len() + len(rq.entries))
 		for _, e := range rq.entries {
-			q.entries[e.rec.ID] = e // reads only e.rec.ID, which place does not touch
+			q.entries.put(e) // reads only e.rec.ID, which place does not touch
 		}
 	})
 	keys := make([]pendingKey, 0, len(rq.entries))
@@ -257,10 +255,10 @@ func (rq *recovering) index() (running []*entry) {
 		q.place(k.e)
 	}
 	wg.Wait()
-	// Only the entry the map kept for an id counts as running (the others are a corruption).
+	// Only the entry the table kept for an id counts as running (the others are a corruption).
 	kept := running[:0]
 	for _, e := range running {
-		if q.entries[e.rec.ID] == e {
+		if q.entries.get(e.rec.ID) == e {
 			kept = append(kept, e)
 		}
 	}

@@ -89,8 +89,8 @@ func (q *queue) finish(cs []*change) {
 		case errors.Is(c.err, kv.ErrConflict):
 			q.log().Warn("message gone from storage", "message_id", e.rec.ID)
 			q.unplace(e)
-			if q.entries[e.rec.ID] == e {
-				delete(q.entries, e.rec.ID)
+			if q.entries.get(e.rec.ID) == e {
+				q.entries.remove(e.rec.ID)
 			}
 		default:
 			q.log().Warn("message write outcome unknown; will ask storage again", "message_id", e.rec.ID, "error", c.err)

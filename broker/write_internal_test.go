@@ -204,7 +204,7 @@ func TestCollectionsGatherWhileOneIsInFlight(t *testing.T) {
 	stored := func(id string) bool {
 		t.Helper()
 		q.mu.Lock()
-		_, inMemory := q.entries[id]
+		inMemory := q.entries.get(id) != nil
 		q.mu.Unlock()
 		_, _, err := b.store.GetMessage(ctx, "q", id)
 		if inMemory != (err == nil) || (err != nil && !errors.Is(err, kv.ErrNotFound)) {
@@ -218,7 +218,7 @@ func TestCollectionsGatherWhileOneIsInFlight(t *testing.T) {
 	complete(0)
 	complete(1)
 	q.mu.Lock()
-	first := q.entries[ms[0].ID]
+	first := q.entries.get(ms[0].ID)
 	first.busy = make(chan struct{})
 	q.mu.Unlock()
 	clk.Advance(0)
@@ -292,7 +292,7 @@ func testCollectionTakesAnotherRevision(t *testing.T, unreadable bool) {
 		t.Fatal(err)
 	}
 	q.mu.Lock()
-	e := q.entries["m"]
+	e := q.entries.get("m")
 	r, rev := e.record(), e.rev
 	q.mu.Unlock()
 	r.Version++ // the same write again, landed behind the broker's back: a newer revision
@@ -316,7 +316,7 @@ func testCollectionTakesAnotherRevision(t *testing.T, unreadable bool) {
 
 	clk.Advance(0)
 	q.mu.Lock()
-	_, kept := q.entries["m"]
+	kept := q.entries.get("m") != nil
 	q.mu.Unlock()
 	if kept {
 		t.Fatal("the message was not collected")
