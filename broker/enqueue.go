@@ -208,7 +208,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			Priority:  e.Priority,
 			Version:   e.rec.Version,
 			Duplicate: m.dup,
-			VisibleAt: time.UnixMilli(e.rec.VisibleAt).UTC(),
+			VisibleAt: time.UnixMilli(e.rec.VisibleAt()).UTC(),
 		}
 	}
 	if len(orphans) > 0 {

@@ -28,13 +28,13 @@ func (e *entry) IndexItem() *index.Item { return &e.Item }
 
 // stored is an entry's copy of its kv.Record, compact: Priority and BodySeq are the Item's Priority
 // and Seq, which never change; the fields most messages leave zero — a lease, a request, an end,
-// metadata, a lease default of their own — sit behind one pointer, nil while they are all zero.
-// entry.record rebuilds the kv.Record for a write or a reply.
+// metadata, a lease default of their own, a visibility that is not the enqueue time — sit behind
+// one pointer, nil while they are all zero. entry.record rebuilds the kv.Record for a write or a
+// reply.
 type stored struct {
 	ID          string
 	Version     uint64
 	EnqueuedAt  int64
-	VisibleAt   int64
 	UpdatedAt   int64
 	Attempts    int32 // at most subjects.MaxAttemptsLimit in anything natstone writes
 	MaxAttempts int32
@@ -51,6 +51,9 @@ var storedStates = [1 + numStates]subjects.State{"", subjects.StateInvisible, su
 // State is the record's state.
 func (s *stored) State() subjects.State { return storedStates[s.state] }
 
+// VisibleAt is the record's visible_at: its enqueue time unless it was made invisible (a delay).
+func (s *stored) VisibleAt() int64 { return s.EnqueuedAt + s.extra().VisibleDelta }
+
 // storedMore holds the fields of a stored record that most messages leave zero.
 type storedMore struct {
 	Metadata     map[string]string
@@ -59,6 +62,7 @@ type storedMore struct {
 	LeaseExpires int64
 	RequestID    string
 	EndedAt      int64
+	VisibleDelta int64 // visible_at minus enqueued_at
 }
 
 // set makes s the compact copy of r (whose Priority and BodySeq are the entry's Item already).
@@ -68,16 +72,16 @@ func (s *stored) set(r *kv.Record) {
 		state:       uint8(1 + stateIndex(r.State)), // kv.DecodeRecord and the broker only make known states
 		Version:     r.Version,
 		EnqueuedAt:  r.EnqueuedAt,
-		VisibleAt:   r.VisibleAt,
 		UpdatedAt:   r.UpdatedAt,
 		Attempts:    clamp32(r.Attempts),
 		MaxAttempts: clamp32(r.MaxAttempts),
 		PayloadSize: clamp32(r.PayloadSize),
 		Released:    r.Released,
 	}
-	if len(r.Metadata) > 0 || r.LeaseMS != 0 || r.LeaseID != "" || r.LeaseExpires != 0 || r.RequestID != "" || r.EndedAt != 0 {
+	delta := r.VisibleAt - r.EnqueuedAt
+	if len(r.Metadata) > 0 || r.LeaseMS != 0 || r.LeaseID != "" || r.LeaseExpires != 0 || r.RequestID != "" || r.EndedAt != 0 || delta != 0 {
 		s.more = &storedMore{Metadata: r.Metadata, LeaseMS: r.LeaseMS, LeaseID: r.LeaseID,
-			LeaseExpires: r.LeaseExpires, RequestID: r.RequestID, EndedAt: r.EndedAt}
+			LeaseExpires: r.LeaseExpires, RequestID: r.RequestID, EndedAt: r.EndedAt, VisibleDelta: delta}
 	}
 }
 
@@ -111,7 +115,7 @@ func (e *entry) record() kv.Record {
 		MaxAttempts: int(s.MaxAttempts),
 		Released:    s.Released,
 		EnqueuedAt:  s.EnqueuedAt,
-		VisibleAt:   s.VisibleAt,
+		VisibleAt:   s.VisibleAt(),
 		UpdatedAt:   s.UpdatedAt,
 	}
 	if m := s.more; m != nil {

@@ -17,7 +17,7 @@ func TestEntryRecordRoundTrip(t *testing.T) {
 	q := &queue{cfg: subjects.QueueConfig{Type: subjects.Exclusive, ExclusivityKey: "project"}}
 	base := kv.Record{ID: "m1", State: subjects.StatePending, Priority: -42, BodySeq: 7, PayloadSize: subjects.MaxPayloadBytes,
 		Version: 3, Attempts: 2, MaxAttempts: subjects.MaxAttemptsLimit, EnqueuedAt: 1_700_000_000_000,
-		VisibleAt: 1_700_000_000_500, UpdatedAt: 1_700_000_001_000}
+		VisibleAt: 1_700_000_000_000, UpdatedAt: 1_700_000_001_000}
 	running := base
 	running.State, running.LeaseID, running.LeaseExpires, running.RequestID = subjects.StateRunning, "l1", 1_700_000_060_000, "r1"
 	running.Metadata, running.LeaseMS = map[string]string{"project": "foo", "kind": "encode"}, 30_000
@@ -29,12 +29,15 @@ func TestEntryRecordRoundTrip(t *testing.T) {
 		r.State = s
 		records[string(s)] = r
 	}
+	delayed := base
+	delayed.State, delayed.VisibleAt = subjects.StateInvisible, base.EnqueuedAt+500 // visible later than enqueued
+	records["delayed"] = delayed
 	for name, r := range records {
 		e := q.newEntry(r, 9)
 		if got := e.record(); !reflect.DeepEqual(got, r) {
 			t.Errorf("%s: newEntry then record:\n got %+v\nwant %+v", name, got, r)
 		}
-		if wantMore := r.LeaseID != "" || r.Metadata != nil || r.EndedAt != 0; (e.rec.more != nil) != wantMore {
+		if wantMore := r.LeaseID != "" || r.Metadata != nil || r.EndedAt != 0 || r.VisibleAt != r.EnqueuedAt; (e.rec.more != nil) != wantMore {
 			t.Errorf("%s: out-of-line fields allocated: %v, want %v", name, e.rec.more != nil, wantMore)
 		}
 		if r.Metadata != nil && e.Value() != "foo" {
@@ -66,13 +69,13 @@ func TestEntryRecordRoundTrip(t *testing.T) {
 }
 
 // TestEntrySize: the broker holds one entry per message, so its size is most of the broker's memory
-// per pending message. The allocator rounds it up to a size class; past 128 bytes the next class is
-// 144 or 160, so growing it beyond 128 costs at least 16 bytes a message. The index item keeps
+// per pending message. The allocator rounds it up to a size class; past 112 bytes the next class is
+// 128, so growing it beyond 112 costs 16 bytes a message. The index item keeps
 // metadata and the exclusivity value behind one pointer, and the stored record its rarely set
 // fields, for this reason.
 func TestEntrySize(t *testing.T) {
-	if got := unsafe.Sizeof(entry{}); got > 128 {
-		t.Errorf("sizeof(entry) = %d bytes, want at most 128 (the 128-byte size class); "+
+	if got := unsafe.Sizeof(entry{}); got > 112 {
+		t.Errorf("sizeof(entry) = %d bytes, want at most 112 (the 112-byte size class); "+
 			"keep rarely set fields out of line", got)
 	}
 }

@@ -90,7 +90,7 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 		waiting:   waitingAges{bySec: make(map[int64]int)},
 	}
 	q.rates.start = b.clock.Now().UnixMilli()
-	q.invisible.key = func(e *entry) int64 { return e.rec.VisibleAt }
+	q.invisible.key = func(e *entry) int64 { return e.rec.VisibleAt() }
 	q.leases.key = func(e *entry) int64 { return e.rec.extra().LeaseExpires }
 	q.gc.key = func(e *entry) int64 { return e.rec.extra().EndedAt + q.cfg.RetentionMS }
 	return q
