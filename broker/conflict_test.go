@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
@@ -21,10 +19,7 @@ func TestLockConflictIsRecovered(t *testing.T) {
 	e.enqueue("x", subjects.EnqueueRequest{ID: "a", Metadata: map[string]string{"p": "foo"}})
 	e.enqueue("x", subjects.EnqueueRequest{ID: "b", Metadata: map[string]string{"p": "bar"}})
 
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := e.jetStream()
 	locks, err := js.KeyValue(context.Background(), "natstone-locks")
 	if err != nil {
 		t.Fatal(err)

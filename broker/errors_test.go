@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/subjects"
@@ -1326,10 +1325,7 @@ func (e *env) snap(refs ...msgRef) snapshot {
 	list := must[subjects.ListReply](e, subjects.OpList, "", nil)
 	b, _ := json.Marshal(list)
 	s.queues = string(b)
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	js := e.jetStream()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.b.FlushEvents(ctx); err != nil { // the events of the setup, published asynchronously

@@ -97,15 +97,22 @@ func (e *env) restartAll() {
 	e.startBroker()
 }
 
+// jetStream returns a JetStream context on the test's own connection.
+func (e *env) jetStream() jetstream.JetStream {
+	e.t.Helper()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return js
+}
+
 // waitStreamMsgs waits, up to 10 s, until stream holds n messages.
 func (e *env) waitStreamMsgs(stream string, n uint64) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	js := e.jetStream()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {

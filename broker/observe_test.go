@@ -170,10 +170,7 @@ func (e *env) eventsStream(ctx context.Context) (jetstream.Stream, *jetstream.St
 	if err := e.b.FlushEvents(ctx); err != nil {
 		e.t.Fatal(err)
 	}
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	js := e.jetStream()
 	st, err := js.Stream(ctx, "natstone-events")
 	if err != nil {
 		e.t.Fatal(err)
@@ -289,10 +286,7 @@ func (e *env) eventStreams() []string {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	js := e.jetStream()
 	var out []string
 	names := js.StreamNames(ctx)
 	for n := range names.Name() {

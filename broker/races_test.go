@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
@@ -214,10 +212,7 @@ func TestUnreadableRecordDoesNotStopTheBroker(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.enqueue("q", subjects.EnqueueRequest{ID: "good"})
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := e.jetStream()
 	bucket, err := js.KeyValue(context.Background(), "natstone-messages")
 	if err != nil {
 		t.Fatal(err)

@@ -176,6 +176,26 @@ func TestConflictTakesOtherWritersRecord(t *testing.T) {
 	}
 }
 
+// zeroRetentionQueue creates queue q, which collects what ends at once (retention 0), and enqueues
+// messages of ids into it.
+func zeroRetentionQueue(t *testing.T, b *Broker, ids ...string) *queue {
+	t.Helper()
+	ctx := context.Background()
+	zero := int64(0)
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{RetentionMS: &zero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]subjects.EnqueueRequest, len(ids))
+	for i, id := range ids {
+		reqs[i].ID = id
+	}
+	if _, err := q.enqueue(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
 // TestCollectionsGatherWhileOneIsInFlight: with retention 0, what completes while a collection is
 // in flight waits for the next batch, gcGapMS later and not before the one in flight ended, instead
 // of being collected on its own at once (as it was: under load every collection took one or two
@@ -183,14 +203,7 @@ func TestConflictTakesOtherWritersRecord(t *testing.T) {
 func TestCollectionsGatherWhileOneIsInFlight(t *testing.T) {
 	b, clk := internalBroker(t)
 	ctx := context.Background()
-	zero := int64(0)
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{RetentionMS: &zero})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A"}, {ID: "B"}, {ID: "C"}}); err != nil {
-		t.Fatal(err)
-	}
+	q := zeroRetentionQueue(t, b, "A", "B", "C")
 	ms, err := q.dequeue(ctx, subjects.DequeueRequest{Batch: 3})
 	if err != nil || len(ms) != 3 {
 		t.Fatalf("dequeue: %d messages, %v", len(ms), err)
@@ -276,14 +289,7 @@ func TestCollectionTakesAnotherRevision(t *testing.T) {
 func testCollectionTakesAnotherRevision(t *testing.T, unreadable bool) {
 	b, clk := internalBroker(t)
 	ctx := context.Background()
-	zero := int64(0)
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{RetentionMS: &zero})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
-		t.Fatal(err)
-	}
+	q := zeroRetentionQueue(t, b, "m")
 	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
 	if err != nil || len(ms) != 1 {
 		t.Fatalf("dequeue: %v %v", ms, err)
