@@ -290,7 +290,8 @@ func (q *queue) stamp(r *kv.Record, now int64) {
 	}
 }
 
-// collectParallel bounds the storage requests one garbage collection has in flight.
+// collectParallel bounds the payload deletes (JetStream API requests) one garbage collection has in
+// flight; its record removals are pipelined publishes.
 const collectParallel = 128
 
 // collect garbage-collects terminal entries: their records and payloads are deleted.
