@@ -24,12 +24,12 @@ func (d *deadlines) Len() int           { return len(d.items) }
 func (d *deadlines) Less(i, j int) bool { return d.key(d.items[i]) < d.key(d.items[j]) }
 func (d *deadlines) Swap(i, j int) {
 	d.items[i], d.items[j] = d.items[j], d.items[i]
-	d.items[i].heapIdx = i
-	d.items[j].heapIdx = j
+	d.items[i].heapIdx = int32(i)
+	d.items[j].heapIdx = int32(j)
 }
 func (d *deadlines) Push(x any) {
 	e := x.(*entry)
-	e.heapIdx = len(d.items)
+	e.heapIdx = int32(len(d.items))
 	d.items = append(d.items, e)
 }
 func (d *deadlines) Pop() any {
@@ -44,8 +44,8 @@ func (d *deadlines) Pop() any {
 func (d *deadlines) add(e *entry) { heap.Push(d, e) }
 
 func (d *deadlines) remove(e *entry) {
-	if e.heapIdx >= 0 && e.heapIdx < len(d.items) && d.items[e.heapIdx] == e {
-		heap.Remove(d, e.heapIdx)
+	if i := int(e.heapIdx); i >= 0 && i < len(d.items) && d.items[i] == e {
+		heap.Remove(d, i)
 	}
 }
 

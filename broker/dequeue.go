@@ -121,8 +121,7 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 		// The entries were reserved for this waiter (busy) when they were popped; take the
 		// reservation over: the commit below marks them busy again in the same lock hold.
 		for _, e := range es {
-			close(e.busy)
-			e.busy = nil
+			q.endWrite(e) // and wake whoever waited for them, should the queue have closed meanwhile
 		}
 		if q.usable() != nil {
 			q.mu.Unlock()
@@ -195,8 +194,8 @@ func (q *queue) leaseMS(requested int64, e *entry) int64 {
 	switch {
 	case requested > 0:
 		return requested
-	case e.rec.extra().LeaseMS > 0:
-		return e.rec.extra().LeaseMS
+	case e.extra().LeaseMS > 0:
+		return int64(e.extra().LeaseMS)
 	default:
 		return q.cfg.LeaseMS
 	}
@@ -251,7 +250,7 @@ func (q *queue) serveWaiters() {
 			// Reserved until the waiter's goroutine takes them: nothing else may write them
 			// (a cancel) or offer them to another dequeue meanwhile.
 			for _, e := range es {
-				e.busy = make(chan struct{})
+				e.setBusy(true)
 			}
 			w.got <- es
 			continue
@@ -270,7 +269,7 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 		if err := q.waitIdle(ctx, l.e); err != nil {
 			return nil, unavailable("wait for the leases of the first dequeue with this request_id", err)
 		}
-		if q.entries.get(l.e.rec.ID) == l.e && l.e.rec.State() == subjects.StateRunning && l.e.rec.extra().LeaseID == l.leaseID {
+		if q.entries.get(l.e.ID) == l.e && l.e.State() == subjects.StateRunning && l.e.extra().LeaseID == l.leaseID {
 			held = append(held, l)
 		}
 	}

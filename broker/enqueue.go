@@ -170,8 +170,8 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			// It existed a moment ago (so no payload was written for it) and was collected since.
 			return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q was garbage-collected during this enqueue; retry", m.rec.ID)
 		}
-		e := q.newEntry(m.rec, 0)
-		e.rec = stored{ID: m.rec.ID} // not placed until stored
+		e := &entry{ID: m.rec.ID, heapIdx: -1} // not stored yet (no state), and not placed until it is
+		q.setItem(e, &m.rec)
 		q.entries.put(e)
 		m.e = e
 		cs = append(cs, &change{e: e, next: m.rec})
@@ -198,17 +198,17 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			if err := q.waitIdle(ctx, e); err != nil {
 				return nil, unavailable("wait for message", err)
 			}
-			if q.entries.get(e.rec.ID) != e || e.rev == 0 {
-				return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q: a concurrent enqueue of this id failed; retry", e.rec.ID)
+			if q.entries.get(e.ID) != e || e.rev == 0 {
+				return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q: a concurrent enqueue of this id failed; retry", e.ID)
 			}
 		}
 		replies[i] = subjects.EnqueueReply{
-			ID:        e.rec.ID,
-			State:     e.rec.State(),
+			ID:        e.ID,
+			State:     e.State(),
 			Priority:  e.Priority,
-			Version:   e.rec.Version,
+			Version:   e.Version(),
 			Duplicate: m.dup,
-			VisibleAt: time.UnixMilli(e.rec.VisibleAt()).UTC(),
+			VisibleAt: time.UnixMilli(e.VisibleAt()).UTC(),
 		}
 	}
 	if len(orphans) > 0 {

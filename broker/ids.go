@@ -44,7 +44,7 @@ func (t *idTable) get(id string) *entry {
 		case 0:
 			return nil
 		case tag:
-			if e := t.slots[i]; e.rec.ID == id {
+			if e := t.slots[i]; e.ID == id {
 				return e
 			}
 		}
@@ -56,7 +56,7 @@ func (t *idTable) put(e *entry) {
 	if (t.n+1)*5 > len(t.slots)*4 { // load at most 4/5
 		t.resize(max(idTableMinSize, 2*len(t.slots)))
 	}
-	h, tag := t.hash(e.rec.ID)
+	h, tag := t.hash(e.ID)
 	mask := len(t.slots) - 1
 	for i := t.home(h); ; i = (i + 1) & mask {
 		switch t.tags[i] {
@@ -65,7 +65,7 @@ func (t *idTable) put(e *entry) {
 			t.n++
 			return
 		case tag:
-			if t.slots[i].rec.ID == e.rec.ID {
+			if t.slots[i].ID == e.ID {
 				t.slots[i] = e
 				return
 			}
@@ -85,14 +85,14 @@ func (t *idTable) remove(id string) {
 		if t.tags[i] == 0 {
 			return
 		}
-		if t.tags[i] == tag && t.slots[i].rec.ID == id {
+		if t.tags[i] == tag && t.slots[i].ID == id {
 			break
 		}
 	}
 	// Shift back what follows in the run, so that no probe meets the gap before its entry: an
 	// entry at j may move to the gap at i if its home is not in (i, j], cyclically.
 	for j := (i + 1) & mask; t.tags[j] != 0; j = (j + 1) & mask {
-		hj, _ := t.hash(t.slots[j].rec.ID)
+		hj, _ := t.hash(t.slots[j].ID)
 		k := t.home(hj)
 		if (i <= j && (k <= i || k > j)) || (i > j && k <= i && k > j) {
 			t.tags[i], t.slots[i] = t.tags[j], t.slots[j]
@@ -141,7 +141,7 @@ func (t *idTable) resize(size int) {
 		if tag == 0 {
 			continue
 		}
-		h, _ := t.hash(slots[j].rec.ID)
+		h, _ := t.hash(slots[j].ID)
 		i := t.home(h)
 		for t.tags[i] != 0 {
 			i = (i + 1) & mask

@@ -14,10 +14,10 @@ func checkIDTable(tb testing.TB, t *idTable, model map[string]*entry) {
 	}
 	seen := map[string]bool{}
 	for e := range t.all() {
-		if model[e.rec.ID] != e || seen[e.rec.ID] {
-			tb.Fatalf("all yields %q (%p), the model has %p, seen before: %v", e.rec.ID, e, model[e.rec.ID], seen[e.rec.ID])
+		if model[e.ID] != e || seen[e.ID] {
+			tb.Fatalf("all yields %q (%p), the model has %p, seen before: %v", e.ID, e, model[e.ID], seen[e.ID])
 		}
-		seen[e.rec.ID] = true
+		seen[e.ID] = true
 	}
 	for id, e := range model {
 		if got := t.get(id); got != e {
@@ -35,7 +35,7 @@ func runIDTableOps(tb testing.TB, ops []byte, ids int) {
 		id := "m" + strconv.Itoa(int(op>>2)%ids)
 		switch op & 3 {
 		case 0, 1:
-			e := &entry{rec: stored{ID: id}}
+			e := &entry{ID: id}
 			t.put(e)
 			model[id] = e
 		case 2:
@@ -75,9 +75,9 @@ func TestIDTableReserve(t *testing.T) {
 	size := len(tab.slots)
 	model := map[string]*entry{}
 	for i := range n {
-		e := &entry{rec: stored{ID: "id-" + strconv.Itoa(i)}}
+		e := &entry{ID: "id-" + strconv.Itoa(i)}
 		tab.put(e)
-		model[e.rec.ID] = e
+		model[e.ID] = e
 	}
 	if len(tab.slots) != size {
 		t.Fatalf("grew from %d to %d slots", size, len(tab.slots))
@@ -104,7 +104,7 @@ func BenchmarkIDTableGet(b *testing.B) {
 	keys := make([]string, n)
 	for i := range n {
 		keys[i] = "0123456789abcdef-" + strconv.Itoa(i)
-		tab.put(&entry{rec: stored{ID: keys[i]}})
+		tab.put(&entry{ID: keys[i]})
 	}
 	b.ResetTimer()
 	for i := range b.N {
@@ -120,7 +120,7 @@ func BenchmarkMapGet(b *testing.B) {
 	keys := make([]string, n)
 	for i := range n {
 		keys[i] = "0123456789abcdef-" + strconv.Itoa(i)
-		m[keys[i]] = &entry{rec: stored{ID: keys[i]}}
+		m[keys[i]] = &entry{ID: keys[i]}
 	}
 	b.ResetTimer()
 	for i := range b.N {

@@ -17,10 +17,10 @@ func (q *queue) find(ctx context.Context, id string) (*entry, error) {
 			return nil, err
 		}
 		e := q.entries.get(id)
-		if e == nil || (e.rev == 0 && e.busy == nil) {
+		if e == nil || (e.rev == 0 && !e.busy()) {
 			return nil, subjects.Errorf(subjects.CodeMessageNotFound, "queue %s has no message %q", q.name, id)
 		}
-		if e.busy == nil {
+		if !e.busy() {
 			return e, nil
 		}
 		if err := q.waitIdle(ctx, e); err != nil {
@@ -155,11 +155,11 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 	if err != nil {
 		return subjects.Message{}, err
 	}
-	switch e.rec.State() {
+	switch e.State() {
 	case subjects.StateCanceled:
 		return q.view(e), nil
 	case subjects.StateCompleted, subjects.StateErrored:
-		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.rec.ID, e.rec.State())
+		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.ID, e.State())
 	}
 	if req.LeaseID != "" {
 		if _, err := q.fence(e, req.LeaseID, subjects.OpCancel); err != nil {
@@ -210,12 +210,12 @@ func (q *queue) depth(filter map[string]string) (subjects.Counts, error) {
 // Called with q.mu held.
 func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, oldestPending int64) {
 	for e := range q.entries.all() {
-		if e.rev == 0 || !matches(e.rec.extra().Metadata, filter) {
+		if e.rev == 0 || !matches(e.extra().Metadata, filter) {
 			continue
 		}
-		addCount(&c, e.rec.State(), 1)
-		if e.rec.State() == subjects.StatePending && (oldestPending == 0 || e.rec.UpdatedAt < oldestPending) {
-			oldestPending = e.rec.UpdatedAt
+		addCount(&c, e.State(), 1)
+		if e.State() == subjects.StatePending && (oldestPending == 0 || e.UpdatedAt() < oldestPending) {
+			oldestPending = e.UpdatedAt()
 		}
 	}
 	return c, oldestPending

@@ -38,10 +38,11 @@ type queue struct {
 	entries    idTable
 	pending    *index.Index[*entry]
 	counts     [numStates]int
-	invisible  deadlines // invisible entries by VisibleAt
-	leases     deadlines // running entries by LeaseExpires
-	gc         deadlines // terminal entries by EndedAt + retention
-	collecting bool      // a garbage collection is in flight; the gc timer waits for its end
+	invisible  deadlines     // invisible entries by VisibleAt
+	leases     deadlines     // running entries by LeaseExpires
+	gc         deadlines     // terminal entries by EndedAt + retention
+	collecting bool          // a garbage collection is in flight; the gc timer waits for its end
+	idle       chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
 	locks      map[string]*lock
 	waiters    []*waiter
 	requests   map[string]*dequeueRecord // dequeue request id → its leases
@@ -90,9 +91,9 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 		waiting:   waitingAges{bySec: make(map[int64]int)},
 	}
 	q.rates.start = b.clock.Now().UnixMilli()
-	q.invisible.key = func(e *entry) int64 { return e.rec.VisibleAt() }
-	q.leases.key = func(e *entry) int64 { return e.rec.extra().LeaseExpires }
-	q.gc.key = func(e *entry) int64 { return e.rec.extra().EndedAt + q.cfg.RetentionMS }
+	q.invisible.key = func(e *entry) int64 { return e.VisibleAt() }
+	q.leases.key = func(e *entry) int64 { return e.extra().LeaseExpires }
+	q.gc.key = func(e *entry) int64 { return e.extra().EndedAt + q.cfg.RetentionMS }
 	return q
 }
 
@@ -104,15 +105,15 @@ func (q *queue) log() *slog.Logger { return q.b.log.With("queue", q.name) }
 
 // place puts e into the structures of its state: the pending index or one deadline heap.
 func (q *queue) place(e *entry) {
-	i := stateIndex(e.rec.State())
+	i := stateIndex(e.State())
 	if i < 0 {
 		return
 	}
 	q.counts[i]++
-	switch e.rec.State() {
+	switch e.State() {
 	case subjects.StatePending:
 		q.pending.Add(e)
-		q.waiting.add(e.rec.UpdatedAt)
+		q.waiting.add(e.UpdatedAt())
 	case subjects.StateInvisible:
 		q.invisible.add(e)
 	case subjects.StateRunning:
@@ -124,15 +125,15 @@ func (q *queue) place(e *entry) {
 
 // unplace takes e out of the structures of its state. Safe on an entry already popped from the index.
 func (q *queue) unplace(e *entry) {
-	i := stateIndex(e.rec.State())
+	i := stateIndex(e.State())
 	if i < 0 {
 		return
 	}
 	q.counts[i]--
-	switch e.rec.State() {
+	switch e.State() {
 	case subjects.StatePending:
 		q.pending.Remove(e)
-		q.waiting.remove(e.rec.UpdatedAt)
+		q.waiting.remove(e.UpdatedAt())
 	case subjects.StateInvisible:
 		q.invisible.remove(e)
 	case subjects.StateRunning:
@@ -152,8 +153,11 @@ func (q *queue) apply(e *entry, r kv.Record, rev uint64) {
 
 // waitIdle waits, with q.mu held on entry and exit, until e has no write in flight.
 func (q *queue) waitIdle(ctx context.Context, e *entry) error {
-	for e.busy != nil {
-		ch := e.busy
+	for e.busy() {
+		if q.idle == nil {
+			q.idle = make(chan struct{})
+		}
+		ch := q.idle
 		q.mu.Unlock()
 		select {
 		case <-ch:
@@ -164,6 +168,16 @@ func (q *queue) waitIdle(ctx context.Context, e *entry) error {
 		q.mu.Lock()
 	}
 	return nil
+}
+
+// endWrite marks e's write as ended, and wakes whoever waits for a write of the queue to end
+// (waitIdle) to look again. Called with q.mu held.
+func (q *queue) endWrite(e *entry) {
+	e.setBusy(false)
+	if q.idle != nil {
+		close(q.idle)
+		q.idle = nil
+	}
 }
 
 // parked is deadlines.armedAt while its due entries all have writes in flight.
@@ -230,7 +244,7 @@ func (q *queue) fire(d *deadlines) {
 	var due []*entry
 	skipped := false
 	for _, e := range d.due(now, maxFire) {
-		if e.busy == nil {
+		if !e.busy() {
 			due = append(due, e)
 		} else {
 			skipped = true
@@ -301,7 +315,7 @@ func (q *queue) collect(es []*entry) {
 		return
 	}
 	for _, e := range es {
-		e.busy = make(chan struct{})
+		e.setBusy(true)
 	}
 	q.collecting = true
 	q.mu.Unlock()
@@ -327,7 +341,7 @@ func (q *queue) collect(es []*entry) {
 	writes := make([]kv.Write, len(es))
 	for i, e := range es {
 		if errs[i] == nil {
-			writes[i] = q.b.store.CollectMessage(q.name, e.rec.ID, e.rev)
+			writes[i] = q.b.store.CollectMessage(q.name, e.ID, e.rev)
 		}
 	}
 	for i, e := range es {
@@ -339,21 +353,20 @@ func (q *queue) collect(es []*entry) {
 	q.collectionEnded()
 	for i, e := range es {
 		if errs[i] != nil {
-			q.log().Warn("garbage collection failed; will retry", "message_id", e.rec.ID, "error", errs[i])
+			q.log().Warn("garbage collection failed; will retry", "message_id", e.ID, "error", errs[i])
 			// Push its deadline out so a storage outage does not spin the timer.
 			q.unplace(e)
 			r := e.record()
 			r.EndedAt = q.now() - q.cfg.RetentionMS + int64(time.Second/time.Millisecond)
-			e.rec.set(&r)
+			e.set(&r)
 			q.place(e)
 		} else {
 			q.unplace(e)
-			q.entries.remove(e.rec.ID)
+			q.entries.remove(e.ID)
 			r := e.record()
 			q.transitioned(subjects.EventCollected, "", r.State, &r, "", q.now())
 		}
-		close(e.busy)
-		e.busy = nil
+		q.endWrite(e)
 	}
 	q.unpark()
 }

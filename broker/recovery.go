@@ -169,7 +169,7 @@ func (b *Broker) confirmGone(ctx context.Context, queue string, candidates []*en
 		writes := make([]kv.Write, len(batch))
 		for i, e := range batch {
 			if sure[from+i] {
-				writes[i] = b.store.CollectMessage(queue, e.rec.ID, e.rev)
+				writes[i] = b.store.CollectMessage(queue, e.ID, e.rev)
 			}
 		}
 		for i, e := range batch {
@@ -177,7 +177,7 @@ func (b *Broker) confirmGone(ctx context.Context, queue string, candidates []*en
 				continue
 			}
 			if err := b.removed(ctx, queue, e, writes[i]); err != nil {
-				return nil, fmt.Errorf("natstone: recover queue %s: remove the record of collected message %q: %w", queue, e.rec.ID, err)
+				return nil, fmt.Errorf("natstone: recover queue %s: remove the record of collected message %q: %w", queue, e.ID, err)
 			}
 			drop[e] = true
 		}
@@ -195,7 +195,7 @@ func (b *Broker) removed(ctx context.Context, queue string, e *entry, w kv.Write
 	if !errors.Is(err, kv.ErrConflict) {
 		return err
 	}
-	r, rev, err := b.store.GetMessage(ctx, queue, e.rec.ID)
+	r, rev, err := b.store.GetMessage(ctx, queue, e.ID)
 	switch {
 	case errors.Is(err, kv.ErrNotFound):
 		return nil
@@ -204,7 +204,7 @@ func (b *Broker) removed(ctx context.Context, queue string, e *entry, w kv.Write
 	case err == nil && r.BodySeq != e.Seq:
 		return nil
 	}
-	_, err = b.store.CollectMessage(queue, e.rec.ID, rev).Wait(ctx)
+	_, err = b.store.CollectMessage(queue, e.ID, rev).Wait(ctx)
 	return err
 }
 
@@ -236,12 +236,12 @@ func (rq *recovering) index() (running []*entry) {
 	wg.Go(func() {
 		q.entries.reserve(q.entries.len() + len(rq.entries))
 		for _, e := range rq.entries {
-			q.entries.put(e) // reads only e.rec.ID, which place does not touch
+			q.entries.put(e) // reads only e.ID, which place does not touch
 		}
 	})
 	keys := make([]pendingKey, 0, len(rq.entries))
 	for _, e := range rq.entries {
-		switch e.rec.State() {
+		switch e.State() {
 		case subjects.StatePending:
 			keys = append(keys, pendingKey{priority: e.Priority, seq: e.Seq, e: e})
 			continue
@@ -258,7 +258,7 @@ func (rq *recovering) index() (running []*entry) {
 	// Only the entry the table kept for an id counts as running (the others are a corruption).
 	kept := running[:0]
 	for _, e := range running {
-		if q.entries.get(e.rec.ID) == e {
+		if q.entries.get(e.ID) == e {
 			kept = append(kept, e)
 		}
 	}
@@ -337,7 +337,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 	running := make(map[string]*entry)
 	for _, e := range runningEntries {
 		if other := running[e.Value()]; other != nil {
-			q.log().Error("two running messages share an exclusivity value", "value", e.Value(), "message_id", e.rec.ID, "other_message_id", other.rec.ID)
+			q.log().Error("two running messages share an exclusivity value", "value", e.Value(), "message_id", e.ID, "other_message_id", other.ID)
 		}
 		running[e.Value()] = e
 		q.pending.Hold(e.Value())
@@ -346,7 +346,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		if l.MessageID == "" {
 			continue
 		}
-		if e := running[value]; e != nil && e.rec.ID == l.MessageID && e.rec.extra().LeaseID == l.LeaseID {
+		if e := running[value]; e != nil && e.ID == l.MessageID && e.extra().LeaseID == l.LeaseID {
 			continue
 		}
 		if running[value] != nil {
@@ -362,14 +362,14 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 	}
 	for value, e := range running {
 		lk := q.lockOf(value)
-		if lk.holder == e.rec.ID {
+		if lk.holder == e.ID {
 			continue
 		}
-		rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{MessageID: e.rec.ID, LeaseID: e.rec.extra().LeaseID}, lk.rev).Wait(ctx)
+		rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{MessageID: e.ID, LeaseID: e.extra().LeaseID}, lk.rev).Wait(ctx)
 		if err != nil {
 			return fmt.Errorf("natstone: recover queue %s: take lock %q: %w", q.name, value, err)
 		}
-		lk.rev, lk.holder = rev, e.rec.ID
+		lk.rev, lk.holder = rev, e.ID
 	}
 	return nil
 }
@@ -380,16 +380,16 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 func (q *queue) rebuildRequests(running []*entry) {
 	now := q.now()
 	for _, e := range running {
-		if e.rec.extra().RequestID == "" {
+		if e.extra().RequestID == "" {
 			continue
 		}
-		r := q.requests[e.rec.extra().RequestID]
+		r := q.requests[e.extra().RequestID]
 		if r == nil {
 			r = &dequeueRecord{done: make(chan struct{})}
 			close(r.done)
-			q.requests[e.rec.extra().RequestID] = r
-			q.reqOrder = append(q.reqOrder, reqStamp{id: e.rec.extra().RequestID, rec: r, at: now})
+			q.requests[e.extra().RequestID] = r
+			q.reqOrder = append(q.reqOrder, reqStamp{id: e.extra().RequestID, rec: r, at: now})
 		}
-		r.leases = append(r.leases, leaseRef{e: e, leaseID: e.rec.extra().LeaseID})
+		r.leases = append(r.leases, leaseRef{e: e, leaseID: e.extra().LeaseID})
 	}
 }

@@ -198,15 +198,15 @@ func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
 		}
 	}
 	due := q.leases.due(now+within, len(q.leases.items)) // every lease ending within the window, in heap order
-	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.rec.extra().LeaseExpires, b.rec.extra().LeaseExpires) })
+	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.extra().LeaseExpires, b.extra().LeaseExpires) })
 	for _, e := range due[:min(len(due), limit)] {
 		reply.Expiring = append(reply.Expiring, subjects.ExpiringLease{
-			ID:             e.rec.ID,
-			LeaseID:        e.rec.extra().LeaseID,
-			LeaseExpiresAt: time.UnixMilli(e.rec.extra().LeaseExpires).UTC(),
-			ExpiresInMS:    e.rec.extra().LeaseExpires - now,
-			Attempts:       int(e.rec.Attempts),
-			MaxAttempts:    int(e.rec.MaxAttempts),
+			ID:             e.ID,
+			LeaseID:        e.extra().LeaseID,
+			LeaseExpiresAt: time.UnixMilli(e.extra().LeaseExpires).UTC(),
+			ExpiresInMS:    e.extra().LeaseExpires - now,
+			Attempts:       int(e.Attempts),
+			MaxAttempts:    int(e.MaxAttempts),
 		})
 	}
 	return reply, nil
@@ -240,7 +240,7 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	} else {
 		d := q.heapOf(r.State)
 		for _, e := range d.items {
-			if e.rec.State() == r.State && matches(e.rec.extra().Metadata, r.Filter) {
+			if e.State() == r.State && matches(e.extra().Metadata, r.Filter) {
 				found = append(found, e)
 			}
 		}

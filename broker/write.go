@@ -37,14 +37,14 @@ const rewrites = 2
 func (q *queue) commit(cs []*change) {
 	kept := cs[:0:0]
 	for _, c := range cs {
-		if c.e.busy != nil {
-			q.log().Error("write on a busy message skipped", "message_id", c.e.rec.ID)
-			c.err = subjects.Errorf(subjects.CodeInternal, "message %q has a write in flight", c.e.rec.ID)
+		if c.e.busy() {
+			q.log().Error("write on a busy message skipped", "message_id", c.e.ID)
+			c.err = subjects.Errorf(subjects.CodeInternal, "message %q has a write in flight", c.e.ID)
 			continue
 		}
-		c.prev = c.e.rec.State()
+		c.prev = c.e.State()
 		c.expect = c.e.rev
-		c.e.busy = make(chan struct{})
+		c.e.setBusy(true)
 		if c.prev == subjects.StatePending {
 			q.pending.Remove(c.e) // a popped entry is gone already; others were never there
 		}
@@ -84,25 +84,24 @@ func (q *queue) finish(cs []*change) {
 			kind, reason := eventKind(c.expect == 0, c.prev, &c.next)
 			q.transitioned(kind, reason, c.prev, &c.next, c.worker, c.next.UpdatedAt)
 		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:
-			q.log().Warn("message changed in storage; reloaded", "message_id", e.rec.ID)
+			q.log().Warn("message changed in storage; reloaded", "message_id", e.ID)
 			q.apply(e, *c.truth, c.rev)
 		case errors.Is(c.err, kv.ErrConflict):
-			q.log().Warn("message gone from storage", "message_id", e.rec.ID)
+			q.log().Warn("message gone from storage", "message_id", e.ID)
 			q.unplace(e)
-			if q.entries.get(e.rec.ID) == e {
-				q.entries.remove(e.rec.ID)
+			if q.entries.get(e.ID) == e {
+				q.entries.remove(e.ID)
 			}
 		default:
-			q.log().Warn("message write outcome unknown; will ask storage again", "message_id", e.rec.ID, "error", c.err)
+			q.log().Warn("message write outcome unknown; will ask storage again", "message_id", e.ID, "error", c.err)
 			q.doubtful = append(q.doubtful, c)
 			continue
 		}
-		if q.exclusive() && e.rec.State() != subjects.StateRunning &&
+		if q.exclusive() && e.State() != subjects.StateRunning &&
 			(c.prev == subjects.StateRunning || c.next.State == subjects.StateRunning) {
 			free = append(free, e) // it left running, or its lease did not happen after its lock was taken
 		}
-		close(e.busy)
-		e.busy = nil
+		q.endWrite(e)
 	}
 	if len(free) > 0 {
 		q.freeLocks(free)
@@ -260,8 +259,7 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		c.err = w.err
 		dropped[c] = true
 		q.apply(c.e, c.e.record(), c.e.rev) // back to pending
-		close(c.e.busy)
-		c.e.busy = nil
+		q.endWrite(c.e)
 		switch {
 		case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
 			l.rev, l.holder = 0, ""
@@ -289,7 +287,7 @@ func (q *queue) freeLocks(es []*entry) {
 	var ws []*lockWrite
 	for _, e := range es {
 		l := q.lockOf(e.Value())
-		if l.holder != e.rec.ID {
+		if l.holder != e.ID {
 			// Not ours (never taken, or already freed): the value is free unless another holds it.
 			if l.holder == "" {
 				q.pending.Release(e.Value())

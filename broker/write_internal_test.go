@@ -232,7 +232,7 @@ func TestCollectionsGatherWhileOneIsInFlight(t *testing.T) {
 	complete(1)
 	q.mu.Lock()
 	first := q.entries.get(ms[0].ID)
-	first.busy = make(chan struct{})
+	first.setBusy(true)
 	q.mu.Unlock()
 	clk.Advance(0)
 	if stored(ms[1].ID) {
@@ -254,8 +254,7 @@ func TestCollectionsGatherWhileOneIsInFlight(t *testing.T) {
 	// While a collection is in flight (as collect marks it), the timer does not start another,
 	// however long it takes.
 	q.mu.Lock()
-	close(first.busy)
-	first.busy = nil
+	q.endWrite(first)
 	q.collecting = true
 	q.unpark()
 	q.settle()
