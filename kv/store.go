@@ -57,9 +57,11 @@ type Store struct {
 	bodies   jetstream.Stream
 	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
 
-	msgSubj  string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
-	lockSubj string
-	bodySubj string // "<prefix>.body."
+	msgSubj string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
+	// scanStarted, if set (tests), is called by scan once its consumer exists, before it reads.
+	scanStarted func()
+	lockSubj    string
+	bodySubj    string // "<prefix>.body."
 }
 
 // Open creates (or updates) the buckets and the bodies stream and returns a Store over them.
@@ -353,41 +355,98 @@ func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, valu
 	})
 }
 
-// load reads the last value of every key of bucket (under queue, or all) through a KV watcher,
-// which delivers the current values and then a nil marker. fn gets each key split into its queue
-// and its token, still encoded (decodeToken); keys without a token are skipped.
+// load reads the last value of every key of bucket (under queue, or all) with scan. fn gets each key
+// split into its queue and its token, still encoded (decodeToken); keys without a token are skipped.
 func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue string, fn func(queue, tok string, value []byte, rev uint64) error) error {
-	var w jetstream.KeyWatcher
-	var err error
-	if queue == "" {
-		w, err = bucket.WatchAll(ctx, jetstream.IgnoreDeletes())
-	} else {
-		w, err = bucket.Watch(ctx, queue+".>", jetstream.IgnoreDeletes())
+	keys := ">"
+	if queue != "" {
+		keys = queue + ".>"
 	}
+	return s.scan(ctx, bucket, keys, func(key string, value []byte, rev uint64) error {
+		q, tok, ok := strings.Cut(key, ".")
+		if !ok {
+			return nil // not a key natstone wrote; nothing to load
+		}
+		return fn(q, tok, value, rev)
+	})
+}
+
+// scanBatch is how many values scan asks for at a time.
+const scanBatch = 4096
+
+// scan calls fn with the last value of every key of bucket matching keys, skipping deleted and
+// purged ones. It reads what was stored when it started; values written since may or may not be
+// seen.
+//
+// It does not use a KV watcher, which counts the values pending when it starts and reports the end
+// only once it has delivered that many, or one with nothing pending after it. Values that go away
+// in the meantime — the collection markers, which expire a second after they are written, and which
+// a restart expires at once — are never delivered, and a watcher that counted them waits forever: a
+// broker's start hung that way after kills in the fault tests. scan reads through an ephemeral pull
+// consumer, without waiting: a batch that comes back empty means nothing is left.
+func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string, fn func(key string, value []byte, rev uint64) error) error {
+	stream := "KV_" + bucket.Bucket()
+	prefix := "$KV." + bucket.Bucket() + "."
+	c, err := s.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		FilterSubject:     prefix + keys,
+		InactiveThreshold: time.Minute, // should this process die before it deletes the consumer
+		MemoryStorage:     true,
+		Replicas:          1,
+	})
 	if err != nil {
 		return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
 	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case e, ok := <-w.Updates():
+	defer func() {
+		delCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = s.js.DeleteConsumer(delCtx, stream, c.CachedInfo().Name)
+	}()
+	initial := c.CachedInfo().NumPending // what was stored when it started
+	if s.scanStarted != nil {
+		s.scanStarted()
+	}
+	var got uint64
+	for got < initial {
+		batch, err := c.FetchNoWait(int(min(initial-got, scanBatch)))
+		if err != nil {
+			return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			meta, err := m.Metadata()
+			if err != nil {
+				return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+			}
+			// Without acknowledgements nothing is redelivered, so a gap in the consumer's sequence
+			// is a value the connection dropped: the load would be incomplete.
+			if meta.Sequence.Consumer != got+1 {
+				return fmt.Errorf("kv: load %s: value %d of the scan arrived as %d; some were dropped", bucket.Bucket(), got+1, meta.Sequence.Consumer)
+			}
+			got++
+			if h := m.Headers(); len(h) > 0 {
+				if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
+					continue
+				}
+			}
+			key, ok := strings.CutPrefix(m.Subject(), prefix)
 			if !ok {
-				return fmt.Errorf("kv: load %s: watcher stopped", bucket.Bucket())
+				continue
 			}
-			if e == nil {
-				return nil
-			}
-			q, tok, ok := strings.Cut(e.Key(), ".")
-			if !ok {
-				continue // not a key natstone wrote; nothing to load
-			}
-			if err := fn(q, tok, e.Value(), e.Revision()); err != nil {
+			if err := fn(key, m.Data(), meta.Sequence.Stream); err != nil {
 				return err
 			}
-		case <-ctx.Done():
-			return ctx.Err()
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+		}
+		if n == 0 {
+			return nil // the rest went away (expired markers, deletions) before it was read
 		}
 	}
+	return nil
 }
 
 // WriteBody publishes a payload to queue's subject of the bodies stream. Wait gives the body's
@@ -534,31 +593,13 @@ func (s *Store) PutQueue(ctx context.Context, name string, q QueueRecord, expect
 
 // LoadQueues calls fn for every queue.
 func (s *Store) LoadQueues(ctx context.Context, fn func(name string, q QueueRecord, rev uint64) error) error {
-	w, err := s.queues.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return fmt.Errorf("kv: load queues: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("kv: load queues: watcher stopped")
-			}
-			if e == nil {
-				return nil
-			}
-			var q QueueRecord
-			if err := json.Unmarshal(e.Value(), &q); err != nil {
-				return fmt.Errorf("kv: decode queue %q: %w", e.Key(), err)
-			}
-			if err := fn(e.Key(), q, e.Revision()); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
+	return s.scan(ctx, s.queues, ">", func(key string, value []byte, rev uint64) error {
+		var q QueueRecord
+		if err := json.Unmarshal(value, &q); err != nil {
+			return fmt.Errorf("kv: decode queue %q: %w", key, err)
 		}
-	}
+		return fn(key, q, rev)
+	})
 }
 
 // DeleteQueue removes a queue with all its messages, locks and payloads. The config goes last, so a

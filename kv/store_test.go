@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strconv"
@@ -500,5 +501,48 @@ func TestBodiesGone(t *testing.T) {
 		if sure, err := s.BodyGone(ctx, seq); err != nil || sure != w {
 			t.Errorf("BodyGone(%d) = %v, %v; want %v", seq, sure, err, w)
 		}
+	}
+}
+
+// TestLoadEndsWhenValuesGoAway: values that go away after a load has counted them — collection
+// markers expiring, as a restart expires them all at once — do not keep it waiting. A KV watcher
+// counts them and waits for them forever; a broker's start hung that way in the fault tests.
+func TestLoadEndsWhenValuesGoAway(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var ids []string
+	for i := range 10 {
+		r := kv.Record{ID: fmt.Sprintf("m%d", i), State: subjects.StatePending, Version: 1}
+		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.ID)
+	}
+	st, err := jsOn(t, srv).Stream(ctx, "KV_natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetScanStarted(func() { // the newest three go once the load has counted them
+		for _, id := range ids[7:] {
+			if err := st.Purge(ctx, jetstream.WithPurgeSubject("$KV.natstone-messages."+kv.MessageKey("q", id))); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	var got []string
+	err = s.LoadMessages(ctx, "", func(q string, r kv.Record, rev uint64, bad error) error {
+		if bad != nil {
+			return bad
+		}
+		got = append(got, r.ID)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if want := []string{"m0", "m1", "m2", "m3", "m4", "m5", "m6"}; !slices.Equal(got, want) {
+		t.Errorf("loaded %v, want %v", got, want)
 	}
 }
