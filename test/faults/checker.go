@@ -254,10 +254,21 @@ func (c *checker) checkAttempts() {
 // if a complete or cancel of it may have taken effect.
 func (c *checker) checkLost() {
 	mayHaveEnded := map[string]bool{}
+	lastEnqueue := map[string]time.Time{} // when the last enqueue of each message that may have happened ended
 	for _, op := range c.run.Ops {
+		key := op.Queue + "/" + op.MessageID
 		if (op.Kind == Complete || op.Kind == Cancel) && op.Outcome != Failed {
-			mayHaveEnded[op.Queue+"/"+op.MessageID] = true
+			mayHaveEnded[key] = true
 		}
+		if op.Kind == Enqueue && op.Outcome != Failed && op.End.After(lastEnqueue[key]) {
+			lastEnqueue[key] = op.End
+		}
+	}
+	// In a queue that keeps nothing that ended, an id is free again once its message is collected
+	// (docs/protocol.md, enqueue), so a retried enqueue that lands after a complete or a cancel
+	// enqueues the message anew: what it ended in no longer says anything about that complete.
+	reEnqueued := func(op Op) bool {
+		return c.run.Queues[op.Queue].Collected && lastEnqueue[op.Queue+"/"+op.MessageID].After(op.Start)
 	}
 	for _, op := range c.run.Ops {
 		if op.Outcome != OK {
@@ -272,11 +283,11 @@ func (c *checker) checkLost() {
 				c.fail("lost", "%s: enqueue acknowledged at %s, gone at the end", key, ts(op.End))
 			}
 		case Complete:
-			if read && f.State != "completed" && !collected {
+			if read && f.State != "completed" && !collected && !reEnqueued(op) {
 				c.fail("lost", "%s: complete acknowledged at %s, but it ended %s", key, ts(op.End), f.State)
 			}
 		case Cancel:
-			if read && f.State != "canceled" && !collected {
+			if read && f.State != "canceled" && !collected && !reEnqueued(op) {
 				c.fail("lost", "%s: cancel acknowledged at %s, but it ended %s", key, ts(op.End), f.State)
 			}
 		}

@@ -36,6 +36,8 @@ func done(kind Kind, q, id, leaseID string, start, end int, o Outcome) Op {
 	return Op{Kind: kind, Queue: q, MessageID: id, LeaseID: leaseID, Start: at(start), End: at(end), Outcome: o}
 }
 
+func (op Op) withOutcome(o Outcome) Op { op.Outcome = o; return op }
+
 func finals(kv ...any) map[string]Final {
 	out := map[string]Final{}
 	for i := 0; i < len(kv); i += 3 {
@@ -157,6 +159,26 @@ func TestChecker(t *testing.T) {
 				done(Complete, "c", "a", "L1", 20, 22, OK),
 				done(Cancel, "c", "b", "", 30, 32, Unknown),
 			}, Final: map[string]Final{"c/a": {}, "c/b": {}}},
+		},
+		{
+			name: "collected: enqueued again after its complete, it may be pending",
+			run: Run{Ops: []Op{
+				enq("c", "a", 1, 0, 2, nil),
+				{Kind: Enqueue, Queue: "c", MessageID: "a", Priority: 1, Start: at(3), End: at(9), Outcome: Unknown},
+				deq("c", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				done(Complete, "c", "a", "L1", 20, 22, OK),
+				enq("c", "a", 1, 40, 42, nil), // a retry: collected by then, so enqueued anew
+			}, Final: finals("c/a", "pending", 0)},
+		},
+		{
+			name: "collected: pending after its complete with no enqueue since is lost",
+			run: Run{Ops: []Op{
+				enq("c", "a", 1, 0, 2, nil),
+				deq("c", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				done(Complete, "c", "a", "L1", 20, 22, OK),
+				enq("c", "a", 1, 30, 32, nil).withOutcome(Failed),
+			}, Final: finals("c/a", "pending", 1)},
+			rules: []string{"lost"},
 		},
 		{
 			name: "collected: gone with nothing that ended it is lost",

@@ -54,8 +54,8 @@ func TestFaultsBrokerOnly(t *testing.T) {
 		[]string{"serve", "--nats-url", srv.URL()})
 }
 
-// TestFaultsRetentionZero is TestFaults on queues that keep nothing that ended: a complete or a
-// cancel removes the record in the same write, and collections run all the time.
+// TestFaultsRetentionZero is TestFaults on queues that keep nothing that ended: a message is
+// garbage-collected as soon as it is completed, canceled or errored, so collections run all the time.
 func TestFaultsRetentionZero(t *testing.T) {
 	t.Parallel()
 	port := freePort(t)
