@@ -371,8 +371,10 @@ func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue strin
 	})
 }
 
-// scanBatch is how many values scan asks for at a time.
-const scanBatch = 4096
+// scanBatch is how many values scan asks for at a time. Each batch is a round trip: S6 (a restart
+// with 200k pending) took 0.94 s with batches of 4096 and 0.79 s with 16384, where the watcher took
+// 0.75 s.
+const scanBatch = 16384
 
 // scan calls fn with the last value of every key of bucket matching keys, skipping deleted and
 // purged ones. It reads what was stored when it started; values written since may or may not be
