@@ -47,33 +47,21 @@ func TestOpenEventsPersistMode(t *testing.T) {
 			}
 		}
 	}
-	// Opening it again as it is updates nothing; a changed bound does update it. The server hands
-	// the API a request before it copies it to other subscribers, so a reply can come before the
-	// copy: wait for the copy, not for a flush. One connection's requests are copied in order, so
-	// if the first open had updated the stream, its copy would come first.
-	nc := srv.Connect(t)
-	updates, err := nc.SubscribeSync("$JS.API.STREAM.UPDATE.new-events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil { // the subscription is in place before any update
-		t.Fatal(err)
-	}
+	// Opening it again as it is updates nothing; a changed bound does update it.
+	updates := watchUpdates(t, srv, js.Conn())
 	for _, maxAge := range []time.Duration{time.Hour, 2 * time.Hour} {
 		if _, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "new", MaxAge: maxAge}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	first, err := updates.NextMsg(10 * time.Second)
-	if err != nil {
-		t.Fatalf("no stream update after opening with a new max age: %v", err)
-	}
 	var update jetstream.StreamConfig
-	if err := json.Unmarshal(first.Data, &update); err != nil || update.MaxAge != 2*time.Hour {
-		t.Errorf("first stream update: max age %v (%v), want 2h: opening as it is updated it", update.MaxAge, err)
+	if got := updates.collect(); len(got) != 1 || got[0].Subject != "$JS.API.STREAM.UPDATE.new-events" {
+		t.Errorf("stream updates of opening as it is, then with a new max age: %d, want 1 of new-events", len(got))
+	} else if err := json.Unmarshal(got[0].Data, &update); err != nil || update.MaxAge != 2*time.Hour {
+		t.Errorf("stream update: max age %v (%v), want 2h", update.MaxAge, err)
 	}
 	// Replicas for a stream made with one: JetStream cannot have it; say what to do.
-	_, err = kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "new", MaxAge: time.Hour, Replicas: 3})
+	_, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "new", MaxAge: time.Hour, Replicas: 3})
 	if !errors.Is(err, kv.ErrEventsNotReplicable) || !strings.Contains(err.Error(), "new-events") {
 		t.Errorf("3 replicas of an asynchronous stream: %v, want ErrEventsNotReplicable naming the stream", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
@@ -30,6 +31,54 @@ func jsOn(t *testing.T, srv *natstest.Server) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// updateWatch collects copies of the stream updates that one connection sends. The server can hand
+// a request to the JetStream API, which replies at once, before it queues the request's copies for
+// other subscribers, so a reply does not mean its copy is on the way. A message the same connection
+// publishes later is queued after every earlier copy: collect until that mark comes back.
+type updateWatch struct {
+	t             *testing.T
+	from          *nats.Conn
+	updates, mark *nats.Subscription
+	markSubject   string
+}
+
+// watchUpdates starts collecting the copies of from's requests to update streams.
+func watchUpdates(t *testing.T, srv *natstest.Server, from *nats.Conn) *updateWatch {
+	t.Helper()
+	nc := srv.Connect(t)
+	w := &updateWatch{t: t, from: from, markSubject: nats.NewInbox()}
+	var err error
+	if w.updates, err = nc.SubscribeSync("$JS.API.STREAM.UPDATE.>"); err != nil {
+		t.Fatal(err)
+	}
+	if w.mark, err = nc.SubscribeSync(w.markSubject); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil { // the subscriptions are in place before any update
+		t.Fatal(err)
+	}
+	return w
+}
+
+// collect returns the updates sent so far, oldest first.
+func (w *updateWatch) collect() []*nats.Msg {
+	w.t.Helper()
+	if err := w.from.Publish(w.markSubject, nil); err != nil {
+		w.t.Fatal(err)
+	}
+	if _, err := w.mark.NextMsg(10 * time.Second); err != nil {
+		w.t.Fatalf("mark after the stream updates: %v", err)
+	}
+	var msgs []*nats.Msg
+	for {
+		m, err := w.updates.NextMsg(0)
+		if err != nil {
+			return msgs
+		}
+		msgs = append(msgs, m)
+	}
 }
 
 func open(t *testing.T) (*kv.Store, *natstest.Server) {
@@ -369,13 +418,7 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	updates, err := nc.SubscribeSync("$JS.API.STREAM.UPDATE.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil { // the subscription is in place before any update
-		t.Fatal(err)
-	}
+	updates := watchUpdates(t, srv, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
@@ -397,15 +440,8 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
 	var subjects []string
-	for {
-		m, err := updates.NextMsg(0)
-		if err != nil {
-			break
-		}
+	for _, m := range updates.collect() {
 		subjects = append(subjects, m.Subject)
 	}
 	// Our own two changes, then Open's one update of each of those buckets (it opens the messages
