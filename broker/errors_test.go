@@ -986,6 +986,9 @@ func TestErrMessageNotFound(t *testing.T) {
 	lease := e.dequeueOne("q").LeaseID
 	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m1", LeaseID: lease})
 	e.advance(subjects.DefaultRetention)
+	// The collection's marker expires on the server's clock (a second): wait, so that it does not go
+	// between a case's two readings of the stream, which must find it unchanged.
+	e.waitStreamMsgs("KV_natstone-messages", 1)
 	runErrCases(t, e, nil, []errCase{
 		{"get collected", subjects.OpGet, "q", subjects.GetRequest{ID: "m1"}, subjects.CodeMessageNotFound},
 		{"complete collected", subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m1", LeaseID: lease}, subjects.CodeMessageNotFound},
