@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -247,6 +248,18 @@ func TestChecker(t *testing.T) {
 			}
 			if strings.Join(sorted(rules), ",") != strings.Join(sorted(tc.rules), ",") {
 				t.Fatalf("rules fired %v, want %v\n%v", rules, tc.rules, got)
+			}
+			// A saved run (what a failed fault test leaves behind) checks the same.
+			path := filepath.Join(t.TempDir(), "run.json")
+			if err := WriteRun(path, tc.run); err != nil {
+				t.Fatal(err)
+			}
+			saved, err := ReadRun(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again := Check(saved); !slices.Equal(again, got) {
+				t.Fatalf("the saved run checks as %v, the run as %v", again, got)
 			}
 		})
 	}

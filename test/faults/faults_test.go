@@ -1,11 +1,13 @@
 package faults
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/natstone/natstone/test/natbin"
 	"github.com/natstone/natstone/test/natstest"
@@ -85,6 +87,9 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	if stats.completed == 0 || stats.enqueued == 0 {
 		t.Errorf("the run did no work: %+v", stats)
 	}
+	if len(violations) > 0 {
+		saveRun(t, run)
+	}
 	for i, v := range violations {
 		if i == 50 {
 			t.Errorf("… and %d more", len(violations)-50)
@@ -92,4 +97,17 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 		}
 		t.Error(v)
 	}
+}
+
+// saveRun keeps a failed run's history where the test's own directories do not remove it:
+// NATSTONE_FAULT_HISTORY_DIR, else the system's temporary directory. ReadRun reads it back, and
+// Check on it gives the same violations.
+func saveRun(t *testing.T, run Run) {
+	dir := cmp.Or(os.Getenv("NATSTONE_FAULT_HISTORY_DIR"), os.TempDir())
+	path := filepath.Join(dir, fmt.Sprintf("natstone-%s-%d.json", t.Name(), time.Now().UnixNano()))
+	if err := WriteRun(path, run); err != nil {
+		t.Errorf("the run's history was not saved: %v", err)
+		return
+	}
+	t.Logf("the run's history (%d operations) is in %s", len(run.Ops), path)
 }

@@ -1,6 +1,9 @@
 package faults
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
 	"sync"
 	"time"
 )
@@ -120,4 +123,27 @@ type Final struct {
 	Found    bool
 	State    string
 	Attempts int
+}
+
+// WriteRun writes run as JSON to path, so that a failed run's history can be checked again and read
+// op by op after the test is gone.
+func WriteRun(path string, run Run) error {
+	data, err := json.MarshalIndent(run, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
+// ReadRun reads a run WriteRun wrote.
+func ReadRun(path string) (Run, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Run{}, err
+	}
+	var run Run
+	if err := json.Unmarshal(data, &run); err != nil {
+		return Run{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return run, nil
 }
