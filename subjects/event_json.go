@@ -83,16 +83,16 @@ func AppendEvent(b []byte, e *Event) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// plain reports whether AppendEvent can write e directly: every string is unescaped and every
+// plain reports whether AppendEvent can write e directly: every string is PlainJSON and every
 // time plainTime.
 func (e *Event) plain() bool {
 	for _, s := range [...]string{e.Queue, e.ID, string(e.Kind), string(e.State), string(e.PrevState), e.Reason, e.LeaseID, e.RequestID, e.Worker} {
-		if !unescaped(s) {
+		if !PlainJSON(s) {
 			return false
 		}
 	}
 	for k, v := range e.Metadata {
-		if !unescaped(k) || !unescaped(v) {
+		if !PlainJSON(k) || !PlainJSON(v) {
 			return false
 		}
 	}
@@ -100,9 +100,10 @@ func (e *Event) plain() bool {
 		(e.VisibleAt == nil || plainTime(*e.VisibleAt))
 }
 
-// plainString reports whether encoding/json writes s as it is between quotes: printable ASCII
-// without the quote, the backslash and the characters it escapes for HTML (<, >, &).
-func unescaped(s string) bool {
+// PlainJSON reports whether encoding/json writes s as it is between quotes: printable ASCII
+// without the quote, the backslash and the characters it escapes for HTML (<, >, &). Encoders that
+// write JSON directly use it to know when they may.
+func PlainJSON(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
