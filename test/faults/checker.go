@@ -1,9 +1,12 @@
 package faults
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -159,9 +162,21 @@ func (c *checker) sortedLeases(key func(*lease) string) map[string][]*lease {
 	return groups
 }
 
+// inKeyOrder returns the groups in the order of their keys, leaving out the group of "", so that
+// violations come in the same order every time.
+func inKeyOrder(groups map[string][]*lease) [][]*lease {
+	out := make([][]*lease, 0, len(groups))
+	for _, k := range slices.Sorted(maps.Keys(groups)) {
+		if k != "" {
+			out = append(out, groups[k])
+		}
+	}
+	return out
+}
+
 // checkDoubleLeases: no message is granted a lease while another of its leases is certainly valid.
 func (c *checker) checkDoubleLeases() {
-	for _, g := range c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID }) {
+	for _, g := range inKeyOrder(c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })) {
 		var open *lease // the lease certainly valid the longest so far
 		for _, l := range g {
 			if open != nil && l.GrantedAt.Before(open.certainEnd.Add(-clockSlack)) {
@@ -184,8 +199,7 @@ func (c *checker) checkExclusivity() {
 		}
 		return l.queue + "/" + l.Value
 	})
-	delete(groups, "")
-	for _, g := range groups {
+	for _, g := range inKeyOrder(groups) {
 		// The two longest-valid leases of distinct messages so far, so that a message's own
 		// earlier lease (the double-lease rule's business) cannot hide another message's.
 		var best [2]*lease
@@ -239,7 +253,8 @@ func (c *checker) checkAttempts() {
 			c.fail("attempts", "%s/%s leased for attempt %d of %d", l.queue, l.MessageID, l.Attempts, max)
 		}
 	}
-	for key, f := range c.run.Final {
+	for _, key := range slices.Sorted(maps.Keys(c.run.Final)) { // violations in the same order every time
+		f := c.run.Final[key]
 		queue, _, _ := cut(key)
 		max := c.run.Queues[queue].MaxAttempts
 		if f.Found && f.Attempts > max {
@@ -321,7 +336,7 @@ func (c *checker) checkIdempotentDequeues() {
 			seen[key] = &req{first: ids, batch: op.Batch}
 			continue
 		}
-		for id := range ids {
+		for _, id := range slices.Sorted(maps.Keys(ids)) {
 			if !r.first[id] {
 				c.fail("idempotent-dequeue", "%s: a retry returned lease %s that the first reply did not have", key, id)
 			}
@@ -390,7 +405,10 @@ func (c *checker) checkEDF() {
 	}
 	byValue := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.Value })
 	byQueue := map[string][]*cand{}
-	for _, cd := range cands {
+	for _, k := range slices.SortedFunc(maps.Keys(cands), func(a, b msgKey) int {
+		return cmp.Or(strings.Compare(a.queue, b.queue), strings.Compare(a.id, b.id))
+	}) {
+		cd := cands[k]
 		byQueue[cd.queue] = append(byQueue[cd.queue], cd)
 	}
 	for _, op := range c.run.Ops {

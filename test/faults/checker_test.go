@@ -2,6 +2,7 @@ package faults
 
 import (
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -230,6 +231,31 @@ func TestChecker(t *testing.T) {
 			}, Final: finals("x/held", "running", 1, "x/urgent", "pending", 0, "x/late", "running", 1)},
 		},
 		{
+			name: "edf: a value freed by a complete 1.1s (more than freeSlack) before the dequeue is free",
+			run: Run{Ops: []Op{
+				enq("x", "first", 0, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
+				deq("x", "r0", 5, 7, ls("first", "L0", 0, "foo", 6, 1006)),
+				done(Complete, "x", "first", "L0", 50, 52, OK),
+				deq("x", "r1", 1152, 1154,
+					ls("late", "L1", 9, "bar", 1153, 2200)),
+			}, Final: finals("x/first", "completed", 1, "x/urgent", "pending", 0, "x/late", "running", 1)},
+			rules: []string{"edf"},
+		},
+		{
+			name: "edf: 0.5s (within freeSlack) after the complete, the broker may not have freed the value yet",
+			run: Run{Ops: []Op{
+				enq("x", "first", 0, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
+				deq("x", "r0", 5, 7, ls("first", "L0", 0, "foo", 6, 1006)),
+				done(Complete, "x", "first", "L0", 50, 52, OK),
+				deq("x", "r1", 552, 554,
+					ls("late", "L1", 9, "bar", 553, 1553)),
+			}, Final: finals("x/first", "completed", 1, "x/urgent", "pending", 0, "x/late", "running", 1)},
+		},
+		{
 			name: "edf: filters",
 			run: Run{Ops: []Op{
 				enq("s", "urgent-other", 1, 0, 2, map[string]string{"k": "b"}),
@@ -257,6 +283,9 @@ func TestChecker(t *testing.T) {
 			saved, err := ReadRun(path)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(saved, tc.run) {
+				t.Fatalf("the run changed when saved:\n%+v\n%+v", saved, tc.run)
 			}
 			if again := Check(saved); !slices.Equal(again, got) {
 				t.Fatalf("the saved run checks as %v, the run as %v", again, got)

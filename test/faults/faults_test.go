@@ -101,7 +101,8 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 
 // saveRun keeps a failed run's history where the test's own directories do not remove it:
 // NATSTONE_FAULT_HISTORY_DIR, else the system's temporary directory. ReadRun reads it back, and
-// Check on it gives the same violations.
+// Check on it gives the same violations, unless the wall clock was stepped during the run (the live
+// times compare by the monotonic clock, the saved ones by the wall clock).
 func saveRun(t *testing.T, run Run) {
 	dir := cmp.Or(os.Getenv("NATSTONE_FAULT_HISTORY_DIR"), os.TempDir())
 	path := filepath.Join(dir, fmt.Sprintf("natstone-%s-%d.json", t.Name(), time.Now().UnixNano()))
