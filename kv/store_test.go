@@ -35,8 +35,9 @@ func jsOn(t *testing.T, srv *natstest.Server) jetstream.JetStream {
 
 // updateWatch collects copies of the stream updates that one connection sends. The server can hand
 // a request to the JetStream API, which replies at once, before it queues the request's copies for
-// other subscribers, so a reply does not mean its copy is on the way. A message the same connection
-// publishes later is queued after every earlier copy: collect until that mark comes back.
+// other subscribers, so a reply does not mean its copy is on the way. On one server, a message the
+// same connection publishes later is queued after every earlier copy: collect until that mark comes
+// back.
 type updateWatch struct {
 	t             *testing.T
 	from          *nats.Conn
