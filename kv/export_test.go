@@ -2,3 +2,9 @@ package kv
 
 // SetScanStarted makes scan call f once its consumer exists, before it reads anything.
 func (s *Store) SetScanStarted(f func()) { s.scanStarted = f }
+
+// SetScanBytes bounds the bytes of a batch of scan to n (after the first batch).
+func (s *Store) SetScanBytes(n uint64) { s.scanBytes = n }
+
+// SetScanFetching makes scan call f with the size of each batch it asks for.
+func (s *Store) SetScanFetching(f func(batch uint64)) { s.scanFetching = f }

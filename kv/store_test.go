@@ -541,6 +541,43 @@ func TestBodiesGone(t *testing.T) {
 	}
 }
 
+// TestLoadBoundsBatchBytes: after a first batch, a load asks for as many values as fit its bound
+// in bytes, at the values' average size so far, and still reads every one.
+func TestLoadBoundsBatchBytes(t *testing.T) {
+	t.Parallel()
+	s, _ := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 300
+	long := strings.Repeat("v", 1000)
+	for i := range n {
+		r := kv.Record{ID: fmt.Sprintf("m%03d", i), State: subjects.StatePending, Version: 1, Metadata: map[string]string{"k": long}}
+		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.SetScanBytes(4000) // about three of these records
+	var batches []uint64
+	s.SetScanFetching(func(batch uint64) { batches = append(batches, batch) })
+	loaded := map[string]bool{}
+	err := s.LoadMessages(ctx, "", func(q string, r kv.Record, rev uint64, bad error) error {
+		if bad != nil {
+			return bad
+		}
+		loaded[r.ID] = true
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if len(loaded) != n {
+		t.Errorf("loaded %d records, want %d", len(loaded), n)
+	}
+	if len(batches) < 2 || batches[0] != 256 || slices.Max(batches[1:]) > 3 {
+		t.Errorf("batches asked for: %v, want 256 and then at most 3 each", batches)
+	}
+}
+
 // TestLoadEndsWhenValuesGoAway: values that go away after a load has counted them — collection
 // markers expiring, as a restart expires them all at once — do not keep it waiting. A KV watcher
 // counts them and waits for them forever; a broker's start hung that way in the fault tests.
