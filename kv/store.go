@@ -57,15 +57,16 @@ type Store struct {
 	bodies   jetstream.Stream
 	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
 
-	msgSubj string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
-	// scanStarted, if set (tests), is called by scan once its consumer exists, before it reads.
-	scanStarted func()
-	// scanBytes, if set (tests), replaces the const scanBytes.
-	scanBytes uint64
-	// scanFetching, if set (tests), is called by scan with the size of each batch it asks for.
+	msgSubj  string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
+	lockSubj string
+	bodySubj string // "<prefix>.body."
+
+	// Set by tests only. scanStarted is called by scan once its consumer exists, before it reads;
+	// scanBytes replaces the const scanBytes; scanFetching is called with the size of each batch
+	// scan asks for.
+	scanStarted  func()
+	scanBytes    uint64
 	scanFetching func(batch uint64)
-	lockSubj     string
-	bodySubj     string // "<prefix>.body."
 }
 
 // Open creates (or updates) the buckets and the bodies stream and returns a Store over them.
