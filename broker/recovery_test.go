@@ -2,9 +2,13 @@ package broker_test
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -78,6 +82,65 @@ func TestRestartRebuildsLargeQueuesInOrder(t *testing.T) {
 	}
 	if len(got) != n-1 {
 		t.Fatalf("dequeued %d after restart, want %d", len(got), n-1)
+	}
+}
+
+// TestDeletedQueueStaysDeletedAfterUncleanRestart: after an unclean stop, JetStream can bring back
+// a revision of a deleted queue's config that an update had superseded (nats-server#8505), and the
+// queue with it. Its genesis body, purged with its payloads, is gone for good, so the start deletes
+// it again.
+func TestDeletedQueueStaysDeletedAfterUncleanRestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.create("r", subjects.CreateQueueRequest{})
+	for ms := range int64(3) {
+		must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{LeaseMS: ptr(1000 + ms)})
+	}
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	e.enqueue("r", subjects.EnqueueRequest{ID: "b"})
+	must[subjects.DeleteReply](e, subjects.OpDelete, "q", nil)
+
+	e.restartAllUnclean()
+
+	var names []string
+	for _, qi := range must[subjects.ListReply](e, subjects.OpList, "", nil).Queues {
+		names = append(names, qi.Name)
+	}
+	if !slices.Equal(names, []string{"r"}) {
+		t.Fatalf("queues after the restart: %v, want [r]", names)
+	}
+	fails(e, subjects.CodeQueueNotFound, subjects.OpInfo, "q", nil)
+	if ms := e.dequeue("r", subjects.DequeueRequest{Batch: 10}); len(ms) != 1 || ms[0].ID != "b" {
+		t.Fatalf("dequeued %v from r, want [b]", ids(ms))
+	}
+}
+
+// TestInterruptedQueueDeleteFinishedAtStart: a delete that stopped after it had purged the
+// payloads (the genesis body with them) is finished by the next start: the config and the records
+// go, and the queue can be created anew.
+func TestInterruptedQueueDeleteFinishedAtStart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	e.stopBroker(e.b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := e.jetStream().Stream(ctx, "natstone-bodies")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject("natstone.body.q")); err != nil {
+		t.Fatal(err)
+	}
+	e.startBroker()
+
+	fails(e, subjects.CodeQueueNotFound, subjects.OpInfo, "q", nil)
+	e.waitStreamMsgs("KV_natstone-messages", 0)
+	e.create("q", subjects.CreateQueueRequest{})
+	if c := e.depth("q", nil); c != (subjects.Counts{}) {
+		t.Fatalf("the queue created again has %+v", c)
 	}
 }
 

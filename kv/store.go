@@ -481,6 +481,16 @@ func (s *Store) WriteBody(queue string, payload []byte) Write {
 	return Write{f: f, err: err}
 }
 
+// WriteGenesis stores queue's genesis body, an empty message on the queue's subject of the bodies
+// stream, and returns its sequence for the queue's config. A queue's delete purges it with the
+// payloads, and that removal holds: JetStream removes by subject or sequence with a tombstone.
+// The config's own removal may not: after an unclean stop, the server can bring back a revision
+// of the config that an update superseded (nats-server#8505). A config whose genesis body is gone
+// is therefore a deleted queue's (Broker recovery removes it).
+func (s *Store) WriteGenesis(ctx context.Context, queue string) (uint64, error) {
+	return s.WriteBody(queue, []byte{}).Wait(ctx)
+}
+
 // GetBody reads the payload at seq. It reads with a direct get, which any replica may answer; one
 // that has not caught up yet says "not found" for a payload just written, so that answer is checked
 // with the stream's leader before it is believed.
