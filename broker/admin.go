@@ -134,12 +134,7 @@ func (b *Broker) createQueue(ctx context.Context, name string, r subjects.Create
 	q := b.queues[name]
 	b.mu.Unlock()
 	if q == nil {
-		// The genesis body first: a config must not name one that was never stored.
-		genesis, err := b.store.WriteGenesis(ctx, name)
-		if err != nil {
-			return nil, subjects.QueueInfo{}, unavailable("store queue", err)
-		}
-		rec := kv.QueueRecord{Config: cfg, CreatedAt: b.clock.Now().UnixMilli(), Genesis: genesis}
+		rec := kv.QueueRecord{Config: cfg, CreatedAt: b.clock.Now().UnixMilli()}
 		rev, err := b.store.PutQueue(ctx, name, rec, 0)
 		switch {
 		case err == nil:
@@ -226,7 +221,7 @@ func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subj
 		return q.info(), nil
 	}
 	// Held across the write: config changes are rare and must not interleave with each other.
-	rev, err := q.b.store.PutQueue(ctx, q.name, kv.QueueRecord{Config: c, CreatedAt: q.createdAt, Genesis: q.genesis}, q.cfgRev)
+	rev, err := q.b.store.PutQueue(ctx, q.name, kv.QueueRecord{Config: c, CreatedAt: q.createdAt}, q.cfgRev)
 	if errors.Is(err, kv.ErrConflict) {
 		return subjects.QueueInfo{}, subjects.Errorf(subjects.CodeRevisionMismatch, "queue %s changed in storage; get it and retry", q.name)
 	}

@@ -31,10 +31,9 @@ type queue struct {
 	cfg       subjects.QueueConfig
 	cfgRev    uint64
 	createdAt int64
-	genesis   uint64 // the config's Genesis (see kv.QueueRecord)
-	closed    error  // why the queue takes no more work (deleted, broker stopping); nil while open
-	deleting  bool   // a delete has started (it may be retried until storage has forgotten the queue)
-	deleted   int    // how many messages the delete removes
+	closed    error // why the queue takes no more work (deleted, broker stopping); nil while open
+	deleting  bool  // a delete has started (it may be retried until storage has forgotten the queue)
+	deleted   int   // how many messages the delete removes
 
 	entries    idTable
 	pending    *index.Index[*entry]
@@ -85,7 +84,6 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 		cfg:       rec.Config,
 		cfgRev:    rev,
 		createdAt: rec.CreatedAt,
-		genesis:   rec.Genesis,
 		pending:   index.New[*entry](rec.Config.Type == subjects.Exclusive),
 		locks:     make(map[string]*lock),
 		requests:  make(map[string]*dequeueRecord),

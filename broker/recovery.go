@@ -58,14 +58,7 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	if orphans > 0 {
 		b.log.Warn("message records of unknown queues ignored", "records", orphans)
 	}
-	gone, complete, err := b.store.BodiesGone(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if n, err = b.dropDeletedQueues(ctx, loaded, n, gone, complete); err != nil {
-		return 0, err
-	}
-	if n, err = b.dropCollected(ctx, loaded, n, gone, complete); err != nil {
+	if n, err = b.dropCollected(ctx, loaded, n); err != nil {
 		return 0, err
 	}
 	running := make(map[string][]*entry, len(loaded))
@@ -101,37 +94,6 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// dropDeletedQueues finishes the delete of every queue whose genesis body is gone: its config came
-// back after an unclean stop (an earlier revision, which JetStream can restore; see
-// kv.Store.WriteGenesis), or a delete stopped after it had purged the payloads. gone and complete
-// are the bodies stream's state (see dropCollected): what it says is gone is asked of the stream's
-// leader again; when its deleted sequences were too many to list, every genesis is. Configs from
-// before genesis bodies existed are not checked. It returns how many records are left in loaded.
-func (b *Broker) dropDeletedQueues(ctx context.Context, loaded map[string]*recovering, n int, gone func(uint64) bool, complete bool) (int, error) {
-	for name, q := range b.queues {
-		if q.genesis == 0 || complete && !gone(q.genesis) {
-			continue
-		}
-		sure, err := b.store.BodyGone(ctx, q.genesis)
-		if err != nil {
-			return 0, fmt.Errorf("natstone: recover queue %s: %w", name, err)
-		}
-		if !sure {
-			continue
-		}
-		b.log.Warn("the config of a deleted queue was found; deleting the queue again", "queue", name)
-		if err := b.store.DeleteQueue(ctx, name); err != nil {
-			return 0, fmt.Errorf("natstone: recover queue %s: delete again: %w", name, err)
-		}
-		delete(b.queues, name)
-		if rq := loaded[name]; rq != nil {
-			n -= len(rq.entries)
-			delete(loaded, name)
-		}
-	}
-	return n, nil
-}
-
 // dropCollected removes, from storage and from what was loaded, the records whose payload is gone:
 // they belong to messages that were being collected, since a collection deletes the payload before
 // the record. Such a record is one whose collection a crash interrupted, or one that JetStream
@@ -139,11 +101,15 @@ func (b *Broker) dropDeletedQueues(ctx context.Context, loaded map[string]*recov
 // a block rebuilt after the stop can hold (nats-server#8505; see queue.collect). It returns how
 // many records are left.
 //
-// gone and complete are the bodies stream's state (kv.Store.BodiesGone), read after the records, so
-// every loaded record's payload was stored before it; each payload it says is gone is asked of the
-// stream's leader again before its record goes. A record that cannot be removed fails the start: left in storage, it could come
+// The bodies stream's state is read after the records, so every loaded record's payload was
+// stored before it, and each payload it says is gone is asked of the stream's leader again before
+// its record goes. A record that cannot be removed fails the start: left in storage, it could come
 // back with the next enqueue of its id.
-func (b *Broker) dropCollected(ctx context.Context, loaded map[string]*recovering, n int, gone func(uint64) bool, complete bool) (int, error) {
+func (b *Broker) dropCollected(ctx context.Context, loaded map[string]*recovering, n int) (int, error) {
+	gone, complete, err := b.store.BodiesGone(ctx)
+	if err != nil {
+		return 0, err
+	}
 	if !complete {
 		b.log.Warn("the bodies stream has too many deleted sequences to list: records of collected messages are only looked for before its first sequence")
 	}

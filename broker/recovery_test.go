@@ -2,13 +2,9 @@ package broker_test
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"slices"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -86,9 +82,9 @@ func TestRestartRebuildsLargeQueuesInOrder(t *testing.T) {
 }
 
 // TestDeletedQueueStaysDeletedAfterUncleanRestart: after an unclean stop, JetStream can bring back
-// a revision of a deleted queue's config that an update had superseded (nats-server#8505), and the
-// queue with it. Its genesis body, purged with its payloads, is gone for good, so the start deletes
-// it again.
+// a revision of a key that a later one superseded (nats-server#8505), here a config that updates
+// replaced. The delete's marker stays the key's last value, so the queue stays deleted, and it can
+// be created anew.
 func TestDeletedQueueStaysDeletedAfterUncleanRestart(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -114,33 +110,15 @@ func TestDeletedQueueStaysDeletedAfterUncleanRestart(t *testing.T) {
 	if ms := e.dequeue("r", subjects.DequeueRequest{Batch: 10}); len(ms) != 1 || ms[0].ID != "b" {
 		t.Fatalf("dequeued %v from r, want [b]", ids(ms))
 	}
-}
-
-// TestInterruptedQueueDeleteFinishedAtStart: a delete that stopped after it had purged the
-// payloads (the genesis body with them) is finished by the next start: the config and the records
-// go, and the queue can be created anew.
-func TestInterruptedQueueDeleteFinishedAtStart(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	e.create("q", subjects.CreateQueueRequest{})
-	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
-	e.stopBroker(e.b)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := e.jetStream().Stream(ctx, "natstone-bodies")
-	if err != nil {
-		t.Fatal(err)
+	// Created again over the delete's marker: the new config, and nothing of the old queue.
+	info := e.create("q", subjects.CreateQueueRequest{LeaseMS: 5000})
+	if info.Config.LeaseMS != 5000 || info.Counts != (subjects.Counts{}) {
+		t.Fatalf("q created again: %+v", info)
 	}
-	if err := st.Purge(ctx, jetstream.WithPurgeSubject("natstone.body.q")); err != nil {
-		t.Fatal(err)
-	}
-	e.startBroker()
-
-	fails(e, subjects.CodeQueueNotFound, subjects.OpInfo, "q", nil)
-	e.waitStreamMsgs("KV_natstone-messages", 0)
-	e.create("q", subjects.CreateQueueRequest{})
-	if c := e.depth("q", nil); c != (subjects.Counts{}) {
-		t.Fatalf("the queue created again has %+v", c)
+	e.restartAllUnclean()
+	info = must[subjects.QueueInfo](e, subjects.OpInfo, "q", nil)
+	if info.Config.LeaseMS != 5000 || info.Counts != (subjects.Counts{}) {
+		t.Fatalf("q created again, after another restart: %+v", info)
 	}
 }
 

@@ -7,7 +7,6 @@
 //	KV   natstone-messages  <queue>.<b64url(id)>    → Record (binary, see codec.go): the whole message but its payload
 //	KV   natstone-locks     <queue>.<b64url(value)> → Lock (JSON): who holds an exclusivity value
 //	Stream natstone-bodies  natstone.body.<queue>   → the payload; its sequence is in Record.BodySeq
-//	                                                  (and the queue's empty genesis body: QueueRecord.Genesis)
 //
 // A payload is immutable, so it is written once and read by sequence with a direct get; keeping it out
 // of the KV record keeps state writes small and gives the server one index entry per message (the

@@ -38,10 +38,6 @@ type Lock struct {
 type QueueRecord struct {
 	Config    subjects.QueueConfig `json:"config"`
 	CreatedAt int64                `json:"created_at"` // Unix ms
-	// Genesis is the sequence of the queue's genesis body: an empty message on the queue's subject
-	// of the bodies stream, written before the config and purged with the queue's payloads when it
-	// is deleted (see Store.WriteGenesis). 0 in configs from before it existed.
-	Genesis uint64 `json:"genesis,omitempty"`
 }
 
 // encodeToken maps an arbitrary string (message id, exclusivity value) to a KV key token:

@@ -57,9 +57,10 @@ type Store struct {
 	bodies   jetstream.Stream
 	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
 
-	msgSubj  string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
-	lockSubj string
-	bodySubj string // "<prefix>.body."
+	msgSubj   string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
+	queueSubj string // "$KV.<prefix>-queues."
+	lockSubj  string
+	bodySubj  string // "<prefix>.body."
 
 	// Set by tests only. scanStarted is called by scan once its consumer exists, before it reads;
 	// scanBytes replaces the const scanBytes; scanFetching is called with the size of each batch
@@ -147,6 +148,7 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", prefix, err)
 	}
 	s.msgSubj = "$KV." + prefix + "-messages."
+	s.queueSubj = "$KV." + prefix + "-queues."
 	s.lockSubj = "$KV." + prefix + "-locks."
 	s.bodySubj = prefix + ".body."
 	return s, nil
@@ -228,7 +230,7 @@ func (s *Store) WriteMessage(queue string, r *Record, expect uint64) Write {
 	w := s.publish(subject, data, expect)
 	if expect == 0 {
 		w.overMarker = func(ctx context.Context, conflict error) (uint64, error) {
-			return s.createOverMarker(ctx, subject, data, conflict)
+			return s.createOverMarker(ctx, s.streams[s.messages], subject, data, conflict)
 		}
 	}
 	return w
@@ -237,10 +239,10 @@ func (s *Store) WriteMessage(queue string, r *Record, expect uint64) Write {
 // createOverMarker creates the key of subject with data, over the marker that a collection (or a
 // KV delete or purge) may have left there: a create conflicts with a marker as with a record.
 // conflict is the create's error, returned if the key holds a record.
-func (s *Store) createOverMarker(ctx context.Context, subject string, data []byte, conflict error) (uint64, error) {
+func (s *Store) createOverMarker(ctx context.Context, st jetstream.Stream, subject string, data []byte, conflict error) (uint64, error) {
 	err := conflict
 	for range 3 { // a marker expiring between the read and the write makes the write conflict again
-		m, gerr := s.streams[s.messages].GetLastMsgForSubject(ctx, subject)
+		m, gerr := st.GetLastMsgForSubject(ctx, subject)
 		var expect uint64
 		switch {
 		case errors.Is(gerr, jetstream.ErrMsgNotFound): // the marker is gone: create
@@ -481,16 +483,6 @@ func (s *Store) WriteBody(queue string, payload []byte) Write {
 	return Write{f: f, err: err}
 }
 
-// WriteGenesis stores queue's genesis body, an empty message on the queue's subject of the bodies
-// stream, and returns its sequence for the queue's config. A queue's delete purges it with the
-// payloads, and that removal holds: JetStream removes by subject or sequence with a tombstone.
-// The config's own removal may not: after an unclean stop, the server can bring back a revision
-// of the config that an update superseded (nats-server#8505). A config whose genesis body is gone
-// is therefore a deleted queue's (Broker recovery removes it).
-func (s *Store) WriteGenesis(ctx context.Context, queue string) (uint64, error) {
-	return s.WriteBody(queue, []byte{}).Wait(ctx)
-}
-
 // GetBody reads the payload at seq. It reads with a direct get, which any replica may answer; one
 // that has not caught up yet says "not found" for a payload just written, so that answer is checked
 // with the stream's leader before it is believed.
@@ -615,13 +607,19 @@ func (s *Store) GetQueue(ctx context.Context, name string) (QueueRecord, uint64,
 	return q, e.Revision(), nil
 }
 
-// PutQueue stores a queue's record if its revision is still expect (0: the queue must not exist).
+// PutQueue stores a queue's record if its revision is still expect (0: the queue must not exist;
+// it may have been deleted, which leaves a marker the create replaces).
 func (s *Store) PutQueue(ctx context.Context, name string, q QueueRecord, expect uint64) (uint64, error) {
 	data, err := json.Marshal(q)
 	if err != nil {
 		return 0, err
 	}
-	return s.publish("$KV."+s.prefix+"-queues."+name, data, expect).Wait(ctx)
+	subject := s.queueSubj + name
+	rev, err := s.publish(subject, data, expect).Wait(ctx)
+	if expect == 0 && errors.Is(err, ErrConflict) {
+		return s.createOverMarker(ctx, s.streams[s.queues], subject, data, err)
+	}
+	return rev, err
 }
 
 // LoadQueues calls fn for every queue.
@@ -649,7 +647,14 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) error {
 	if err := s.purge(ctx, s.locks, s.lockSubj+name+".>"); err != nil {
 		return err
 	}
-	return s.purge(ctx, s.queues, "$KV."+s.prefix+"-queues."+name)
+	// The config goes with a delete marker, not a purge. After an unclean stop, JetStream can bring
+	// back a revision of a key that a later one superseded (nats-server#8505): a config that an
+	// update replaced, which a purge would leave as the key's last value, and the deleted queue would
+	// be back. The marker stays the key's last value, so a load skips the key whatever comes back.
+	if err := s.queues.Delete(ctx, name); err != nil {
+		return fmt.Errorf("kv: delete queue config %s: %w", name, err)
+	}
+	return nil
 }
 
 // purge removes every message on subject from bucket's stream.
