@@ -40,6 +40,19 @@ func done(kind Kind, q, id, leaseID string, start, end int, o Outcome) Op {
 
 func (op Op) withOutcome(o Outcome) Op { op.Outcome = o; return op }
 
+// freedThenDequeued: in exclusive queue x, "first" (value foo) is leased and completed at 50–52 ms;
+// a dequeue sent at ms returns "late" (value bar) while "urgent" (foo, more urgent) is pending.
+func freedThenDequeued(ms int) Run {
+	return Run{Ops: []Op{
+		enq("x", "first", 0, 0, 2, map[string]string{"p": "foo"}),
+		enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
+		enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
+		deq("x", "r0", 5, 7, ls("first", "L0", 0, "foo", 6, 1006)),
+		done(Complete, "x", "first", "L0", 50, 52, OK),
+		deq("x", "r1", ms, ms+2, ls("late", "L1", 9, "bar", ms+1, ms+1001)),
+	}, Final: finals("x/first", "completed", 1, "x/urgent", "pending", 0, "x/late", "running", 1)}
+}
+
 func finals(kv ...any) map[string]Final {
 	out := map[string]Final{}
 	for i := 0; i < len(kv); i += 3 {
@@ -231,29 +244,13 @@ func TestChecker(t *testing.T) {
 			}, Final: finals("x/held", "running", 1, "x/urgent", "pending", 0, "x/late", "running", 1)},
 		},
 		{
-			name: "edf: a value freed by a complete 1.1s (more than freeSlack) before the dequeue is free",
-			run: Run{Ops: []Op{
-				enq("x", "first", 0, 0, 2, map[string]string{"p": "foo"}),
-				enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
-				enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
-				deq("x", "r0", 5, 7, ls("first", "L0", 0, "foo", 6, 1006)),
-				done(Complete, "x", "first", "L0", 50, 52, OK),
-				deq("x", "r1", 1152, 1154,
-					ls("late", "L1", 9, "bar", 1153, 2200)),
-			}, Final: finals("x/first", "completed", 1, "x/urgent", "pending", 0, "x/late", "running", 1)},
+			name:  "edf: a value freed by a complete 1.1s (more than freeSlack) before the dequeue is free",
+			run:   freedThenDequeued(1152),
 			rules: []string{"edf"},
 		},
 		{
 			name: "edf: 0.5s (within freeSlack) after the complete, the broker may not have freed the value yet",
-			run: Run{Ops: []Op{
-				enq("x", "first", 0, 0, 2, map[string]string{"p": "foo"}),
-				enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
-				enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
-				deq("x", "r0", 5, 7, ls("first", "L0", 0, "foo", 6, 1006)),
-				done(Complete, "x", "first", "L0", 50, 52, OK),
-				deq("x", "r1", 552, 554,
-					ls("late", "L1", 9, "bar", 553, 1553)),
-			}, Final: finals("x/first", "completed", 1, "x/urgent", "pending", 0, "x/late", "running", 1)},
+			run:  freedThenDequeued(552),
 		},
 		{
 			name: "edf: filters",
