@@ -382,8 +382,8 @@ func (s *Store) load(ctx context.Context, bucket jetstream.KeyValue, queue strin
 // with 200k pending) took 0.94 s with batches of 4096 and 0.79 s with 16384, where the watcher took
 // 0.75 s. scanBytes bounds what a batch holds (a batch arrives faster than it is read, and the
 // client buffers it whole): after a first batch of scanFirstBatch, scan asks for as many values of
-// the average size so far as fit. 16384 records of natstone's largest (about 40 KB: 32 metadata pairs of the
-// longest) would otherwise be 640 MB at once.
+// the average size so far as fit. 16384 records of natstone's largest (about 40 KB: 32 metadata
+// pairs of the longest) would otherwise be 640 MB at once.
 const (
 	scanFirstBatch = 256
 	scanBatch      = 16384

@@ -541,6 +541,24 @@ func TestBodiesGone(t *testing.T) {
 	}
 }
 
+// loadIDs loads every message record of s and returns their ids in load order, failing the test
+// on an error or a record that does not decode.
+func loadIDs(ctx context.Context, t *testing.T, s *kv.Store) []string {
+	t.Helper()
+	var ids []string
+	err := s.LoadMessages(ctx, "", func(_ string, r kv.Record, _ uint64, bad error) error {
+		if bad != nil {
+			return bad
+		}
+		ids = append(ids, r.ID)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	return ids
+}
+
 // TestLoadBoundsBatchBytes: after a first batch, a load asks for as many values as fit its bound
 // in bytes, at the values' average size so far, and still reads every one.
 func TestLoadBoundsBatchBytes(t *testing.T) {
@@ -559,18 +577,7 @@ func TestLoadBoundsBatchBytes(t *testing.T) {
 	s.SetScanBytes(4000) // about three of these records
 	var batches []uint64
 	s.SetScanFetching(func(batch uint64) { batches = append(batches, batch) })
-	loaded := map[string]bool{}
-	err := s.LoadMessages(ctx, "", func(q string, r kv.Record, rev uint64, bad error) error {
-		if bad != nil {
-			return bad
-		}
-		loaded[r.ID] = true
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	if len(loaded) != n {
+	if loaded := loadIDs(ctx, t, s); len(loaded) != n {
 		t.Errorf("loaded %d records, want %d", len(loaded), n)
 	}
 	if len(batches) < 2 || batches[0] != 256 || slices.Max(batches[1:]) > 3 {
@@ -605,18 +612,7 @@ func TestLoadEndsWhenValuesGoAway(t *testing.T) {
 			}
 		}
 	})
-	var got []string
-	err = s.LoadMessages(ctx, "", func(q string, r kv.Record, rev uint64, bad error) error {
-		if bad != nil {
-			return bad
-		}
-		got = append(got, r.ID)
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	if want := []string{"m0", "m1", "m2", "m3", "m4", "m5", "m6"}; !slices.Equal(got, want) {
+	if got, want := loadIDs(ctx, t, s), []string{"m0", "m1", "m2", "m3", "m4", "m5", "m6"}; !slices.Equal(got, want) {
 		t.Errorf("loaded %v, want %v", got, want)
 	}
 }
