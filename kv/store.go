@@ -423,6 +423,16 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	if s.scanStarted != nil {
 		s.scanStarted()
 	}
+	// A batch left part way (fn failed) is read to its end before the consumer goes: its fetch
+	// ends when the server has delivered it, which a deleted consumer may never do, and the fetch's
+	// goroutine would wait forever.
+	var batch jetstream.MessageBatch
+	defer func() {
+		if batch != nil {
+			for range batch.Messages() {
+			}
+		}
+	}()
 	maxBytes := cmp.Or(s.scanBytes, scanBytes)
 	var got, size uint64 // size: the bytes of the keys and values got so far
 	for got < initial {
@@ -433,8 +443,8 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 		if s.scanFetching != nil {
 			s.scanFetching(want)
 		}
-		batch, err := c.FetchNoWait(int(want))
-		if err != nil {
+		var err error
+		if batch, err = c.FetchNoWait(int(want)); err != nil {
 			return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
 		}
 		n := 0
