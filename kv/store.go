@@ -423,9 +423,9 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	if s.scanStarted != nil {
 		s.scanStarted()
 	}
-	// A batch left part way (fn failed) is read to its end before the consumer goes: its fetch
-	// ends when the server has delivered it, which a deleted consumer may never do, and the fetch's
-	// goroutine would wait forever.
+	// A batch left part way (fn failed) is read to its end before the consumer goes: its fetch ends
+	// when the server has delivered it, which a deleted consumer may not do, and nats.go's goroutine
+	// would then wait on, up to a second of silence, after the load returned.
 	var batch jetstream.MessageBatch
 	defer func() {
 		if batch != nil {
