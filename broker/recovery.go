@@ -326,8 +326,9 @@ func radixPass(src, dst []pendingKey, prio bool, lo uint64, shift uint) {
 }
 
 // reconcile makes the exclusivity locks agree with the running messages (runningEntries) after a
-// restart. The write order (lock before lease, lease end before unlock) means a crash can only leave
-// a lock whose holder is no longer running under it, which is freed here; a running message whose
+// restart. A lock holds its value only while its holder is running under its lease, so a lock whose
+// holder is not is free, and stays as it is in storage; the write order (lock before lease) means a
+// running message always has its lock, but one whose lock is not held is given it, and one whose
 // lock another holds is reported and its value kept held. Called with q.mu held, before the queue
 // serves requests.
 func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored map[string]kv.Lock) error {
@@ -352,13 +353,9 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		if running[value] != nil {
 			continue // taken below for its running message
 		}
-		// The holder is no longer running under that lease: free the lock.
-		lk := q.locks[value]
-		rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{}, lk.rev).Wait(ctx)
-		if err != nil {
-			return fmt.Errorf("natstone: recover queue %s: free lock %q: %w", q.name, value, err)
-		}
-		lk.rev, lk.holder = rev, ""
+		// The holder is no longer running under that lease, so the value is free; the key stays as
+		// it is until the next take overwrites it.
+		q.locks[value].holder = ""
 	}
 	for value, e := range running {
 		lk := q.lockOf(value)

@@ -1,10 +1,13 @@
 package broker_test
 
 import (
+	"context"
+	"encoding/json"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -336,4 +339,80 @@ func TestRawEnqueueBinaryPayload(t *testing.T) {
 	if string(m.PayloadBytes()) != string(payload) || m.Payload != nil || m.Metadata["k"] != "v" {
 		t.Fatalf("dequeued %+v", m)
 	}
+}
+
+// TestExclusiveValueFreedWithoutLockWrite: a lock holds its value only while the message that took
+// it runs under that lease, so leaving running (complete, release) frees the value with no write to
+// the locks bucket, and so does a restart that finds a lock whose holder no longer runs. Each take
+// writes the lock once, over the last holder's.
+func TestExclusiveValueFreedWithoutLockWrite(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 600_000})
+	for i, id := range []string{"a1", "a2", "a3"} {
+		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": "a"}})
+	}
+	lockWrites := func() uint64 {
+		t.Helper()
+		st, err := e.jetStream().Stream(context.Background(), "KV_natstone-locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CachedInfo().State.LastSeq
+	}
+	holder := func() kv.Lock {
+		t.Helper()
+		locks, err := e.jetStream().KeyValue(context.Background(), "natstone-locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := locks.Get(context.Background(), kv.LockKey("x", "a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var l kv.Lock
+		if err := json.Unmarshal(v.Value(), &l); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	take := func(want string) subjects.Message {
+		t.Helper()
+		before := lockWrites()
+		m := e.dequeueOne("x")
+		if m.ID != want {
+			t.Fatalf("dequeued %s, want %s", m.ID, want)
+		}
+		if got := lockWrites(); got != before+1 {
+			t.Fatalf("the take of %s wrote %d locks, want 1", want, got-before)
+		}
+		if l := holder(); l.MessageID != m.ID || l.LeaseID != m.LeaseID {
+			t.Fatalf("lock %+v after %s's take under %s", l, m.ID, m.LeaseID)
+		}
+		return m
+	}
+
+	a1 := take("a1")
+	before := lockWrites()
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: a1.ID, LeaseID: a1.LeaseID})
+	if got := lockWrites(); got != before {
+		t.Fatalf("the complete wrote %d locks, want none", got-before)
+	}
+	a2 := take("a2") // over a1's lock, which still names a1
+	before = lockWrites()
+	must[subjects.Message](e, subjects.OpRelease, "x", subjects.ReleaseRequest{ID: a2.ID, LeaseID: a2.LeaseID})
+	if got := lockWrites(); got != before {
+		t.Fatalf("the release wrote %d locks, want none", got-before)
+	}
+	a2 = take("a2")
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: a2.ID, LeaseID: a2.LeaseID})
+
+	// The lock names a2, which is completed: after a restart the value is free, and the recovery
+	// wrote nothing to free it.
+	before = lockWrites()
+	e.restartAll()
+	if got := lockWrites(); got != before {
+		t.Fatalf("the restart wrote %d locks, want none", got-before)
+	}
+	take("a3")
 }

@@ -31,9 +31,9 @@ const rewrites = 2
 // While its write is in flight an entry is busy and out of the pending index, so no other request
 // can pick it or write it; when the write's outcome is unknown the same write is issued again (with
 // the same expected revision) until storage says what happened, so the broker's memory never
-// guesses. In an exclusive queue the writes are ordered so that a crash between two of them leaves
-// only a conservative state that recovery repairs: a message's lock is taken before its lease is
-// written, and freed only after the message has left running.
+// guesses. In an exclusive queue a message's lock is taken before its lease is written, so that a
+// crash between the two leaves only a lock whose holder is not running, which holds nothing; leaving
+// running frees the lock without a write of its own (freeLocks).
 func (q *queue) commit(cs []*change) {
 	kept := cs[:0:0]
 	for _, c := range cs {
@@ -264,6 +264,8 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
 			l.rev, l.holder = 0, ""
 		case errors.Is(w.err, kv.ErrConflict):
+			// Another writer took the value. Whether its holder still runs is known only from
+			// storage's messages, which a restart's reconcile reads: until then the value is held.
 			l.rev, l.holder = w.rev, w.truth.MessageID
 		default:
 			continue // unknown: keep the value held; a restart reconciles it
@@ -281,45 +283,19 @@ func (q *queue) takeLocks(cs []*change) []*change {
 	return kept
 }
 
-// freeLocks frees the exclusivity locks held by entries that are no longer running, and then
-// releases their values in the index. Called and returns with q.mu held.
+// freeLocks frees the exclusivity values of entries that are no longer running and releases them in
+// the index. It writes nothing: a lock key names the message and lease that took its value, and it
+// holds the value only while that message is running under that lease, so the message's own write
+// out of running is what freed it. The next take overwrites the key, expecting the revision known
+// here. Called with q.mu held.
 func (q *queue) freeLocks(es []*entry) {
-	var ws []*lockWrite
 	for _, e := range es {
 		l := q.lockOf(e.Value())
-		if l.holder != e.ID {
-			// Not ours (never taken, or already freed): the value is free unless another holds it.
-			if l.holder == "" {
-				q.pending.Release(e.Value())
-			}
-			continue
-		}
-		ws = append(ws, &lockWrite{value: e.Value(), expect: l.rev})
-	}
-	if len(ws) == 0 {
-		return
-	}
-	// The values stay held (in the index and in l.holder) until the writes land, so no take of
-	// these locks starts meanwhile.
-	q.mu.Unlock()
-	q.writeLocks(ws)
-	q.mu.Lock()
-	for _, w := range ws {
-		l := q.lockOf(w.value)
-		switch {
-		case w.err == nil:
-			l.rev, l.holder = w.rev, ""
-		case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
-			l.rev, l.holder = 0, ""
-		case errors.Is(w.err, kv.ErrConflict):
-			l.rev, l.holder = w.rev, w.truth.MessageID
-		default:
-			// Unknown: the value stays held (conservative); a restart reconciles the lock.
-			q.log().Warn("exclusivity lock not freed", "value", w.value, "error", w.err)
-			continue
+		if l.holder == e.ID {
+			l.holder = ""
 		}
 		if l.holder == "" {
-			q.pending.Release(w.value)
+			q.pending.Release(e.Value())
 		}
 	}
 }

@@ -28,7 +28,9 @@ type Record struct {
 	EndedAt      int64             `json:"ended_at,omitempty"`
 }
 
-// Lock records who holds an exclusivity value. A free lock has an empty MessageID.
+// Lock names the message and lease that last took an exclusivity value. It holds the value only
+// while that message is running under that lease; one with an empty MessageID (as earlier versions
+// wrote to free a value) holds nothing.
 type Lock struct {
 	MessageID string `json:"message_id,omitempty"`
 	LeaseID   string `json:"lease_id,omitempty"`
