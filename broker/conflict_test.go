@@ -39,3 +39,47 @@ func TestLockConflictIsRecovered(t *testing.T) {
 		t.Fatalf("after the reload: %v", ids(got))
 	}
 }
+
+// TestLockConflictWithAnotherWritersHolder: another writer wrote a value's lock behind the broker's
+// back. A lock that names a message which has ended here holds nothing, so after the conflict the
+// value is free at once. A lock that names a message the broker does not know may be a running
+// message of another writer's, so the value stays held until a restart reconciles the locks with
+// the messages in storage.
+func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
+	for i, id := range []string{"a", "b", "c"} {
+		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": "foo"}})
+	}
+	a := e.dequeueOne("x")
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: a.ID, LeaseID: a.LeaseID})
+	overwrite := func(lock string) {
+		t.Helper()
+		locks, err := e.jetStream().KeyValue(context.Background(), "natstone-locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := locks.Put(context.Background(), kv.LockKey("x", "foo"), []byte(lock)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	overwrite(`{"message_id":"a","lease_id":"elsewhere"}`)
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	b := e.dequeueOne("x")
+	if b.ID != "b" {
+		t.Fatalf("after the conflict with ended a's lock: dequeued %s, want b", b.ID)
+	}
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: b.ID, LeaseID: b.LeaseID})
+
+	overwrite(`{"message_id":"unknown","lease_id":"elsewhere"}`)
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	if got := e.dequeue("x", subjects.DequeueRequest{}); len(got) != 0 {
+		t.Fatalf("foo is held by another writer's message, yet dequeued %v", ids(got))
+	}
+	e.restartAll()
+	if got := e.dequeueOne("x"); got.ID != "c" {
+		t.Fatalf("after the restart: dequeued %s, want c", got.ID)
+	}
+}

@@ -327,10 +327,10 @@ func radixPass(src, dst []pendingKey, prio bool, lo uint64, shift uint) {
 
 // reconcile makes the exclusivity locks agree with the running messages (runningEntries) after a
 // restart. A lock holds its value only while its holder is running under its lease, so a lock whose
-// holder is not is free, and stays as it is in storage; the write order (lock before lease) means a
-// running message always has its lock, but one whose lock is not held is given it, and one whose
-// lock another holds is reported and its value kept held. Called with q.mu held, before the queue
-// serves requests.
+// holder is not is free, and stays as it is in storage. The write order (lock before lease) means a
+// running message has its lock; one whose lock names another message or lease is given it, and two
+// running messages sharing a value are reported. Called with q.mu held, before the queue serves
+// requests.
 func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored map[string]kv.Lock) error {
 	if !q.exclusive() {
 		return nil

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
@@ -342,15 +344,23 @@ func TestRawEnqueueBinaryPayload(t *testing.T) {
 }
 
 // TestExclusiveValueFreedWithoutLockWrite: a lock holds its value only while the message that took
-// it runs under that lease, so leaving running (complete, release) frees the value with no write to
-// the locks bucket, and so does a restart that finds a lock whose holder no longer runs. Each take
-// writes the lock once, over the last holder's.
+// it runs under that lease, so leaving running (complete, release, expiry, cancel) frees the value
+// with no write to the locks bucket, and a restart that finds a lock whose holder does not run
+// writes nothing either. Each take writes the lock once, over the last holder's.
 func TestExclusiveValueFreedWithoutLockWrite(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 600_000})
-	for i, id := range []string{"a1", "a2", "a3"} {
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 60_000})
+	for i, id := range []string{"a1", "a2", "a3", "a4"} {
 		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": "a"}})
+	}
+	locks := func() jetstream.KeyValue { // on the connection of the moment: restarts replace it
+		t.Helper()
+		kv, err := e.jetStream().KeyValue(context.Background(), "natstone-locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kv
 	}
 	lockWrites := func() uint64 {
 		t.Helper()
@@ -359,22 +369,6 @@ func TestExclusiveValueFreedWithoutLockWrite(t *testing.T) {
 			t.Fatal(err)
 		}
 		return st.CachedInfo().State.LastSeq
-	}
-	holder := func() kv.Lock {
-		t.Helper()
-		locks, err := e.jetStream().KeyValue(context.Background(), "natstone-locks")
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := locks.Get(context.Background(), kv.LockKey("x", "a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var l kv.Lock
-		if err := json.Unmarshal(v.Value(), &l); err != nil {
-			t.Fatal(err)
-		}
-		return l
 	}
 	take := func(want string) subjects.Message {
 		t.Helper()
@@ -386,33 +380,58 @@ func TestExclusiveValueFreedWithoutLockWrite(t *testing.T) {
 		if got := lockWrites(); got != before+1 {
 			t.Fatalf("the take of %s wrote %d locks, want 1", want, got-before)
 		}
-		if l := holder(); l.MessageID != m.ID || l.LeaseID != m.LeaseID {
+		v, err := locks().Get(context.Background(), kv.LockKey("x", "a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var l kv.Lock
+		if err := json.Unmarshal(v.Value(), &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.MessageID != m.ID || l.LeaseID != m.LeaseID {
 			t.Fatalf("lock %+v after %s's take under %s", l, m.ID, m.LeaseID)
 		}
 		return m
 	}
+	noLockWrite := func(what string, do func()) {
+		t.Helper()
+		before := lockWrites()
+		do()
+		if got := lockWrites(); got != before {
+			t.Fatalf("%s wrote %d locks, want none", what, got-before)
+		}
+	}
 
 	a1 := take("a1")
-	before := lockWrites()
-	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: a1.ID, LeaseID: a1.LeaseID})
-	if got := lockWrites(); got != before {
-		t.Fatalf("the complete wrote %d locks, want none", got-before)
-	}
+	noLockWrite("a complete", func() {
+		must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: a1.ID, LeaseID: a1.LeaseID})
+	})
 	a2 := take("a2") // over a1's lock, which still names a1
-	before = lockWrites()
-	must[subjects.Message](e, subjects.OpRelease, "x", subjects.ReleaseRequest{ID: a2.ID, LeaseID: a2.LeaseID})
-	if got := lockWrites(); got != before {
-		t.Fatalf("the release wrote %d locks, want none", got-before)
-	}
+	noLockWrite("a release", func() {
+		must[subjects.Message](e, subjects.OpRelease, "x", subjects.ReleaseRequest{ID: a2.ID, LeaseID: a2.LeaseID})
+	})
+	take("a2")
+	noLockWrite("a lease's expiry", func() {
+		e.advance(61 * time.Second)
+		if m := e.get("x", "a2"); m.State != subjects.StatePending || m.Attempts != 2 {
+			t.Fatalf("a2 after its lease expired: %s, %d attempts", m.State, m.Attempts)
+		}
+	})
 	a2 = take("a2")
-	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: a2.ID, LeaseID: a2.LeaseID})
+	noLockWrite("a cancel", func() {
+		must[subjects.Message](e, subjects.OpCancel, "x", subjects.LeaseRequest{ID: a2.ID, LeaseID: a2.LeaseID})
+	})
 
-	// The lock names a2, which is completed: after a restart the value is free, and the recovery
+	// The lock names a2, which is canceled: after a restart the value is free, and the recovery
 	// wrote nothing to free it.
-	before = lockWrites()
-	e.restartAll()
-	if got := lockWrites(); got != before {
-		t.Fatalf("the restart wrote %d locks, want none", got-before)
+	noLockWrite("a restart", e.restartAll)
+	a3 := take("a3")
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: a3.ID, LeaseID: a3.LeaseID})
+
+	// A crash between a take and its lease leaves a lock naming a pending message: it holds nothing.
+	if _, err := locks().Put(context.Background(), kv.LockKey("x", "a"), []byte(`{"message_id":"a4","lease_id":"never"}`)); err != nil {
+		t.Fatal(err)
 	}
-	take("a3")
+	noLockWrite("a restart", e.restartAll)
+	take("a4")
 }

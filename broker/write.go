@@ -264,9 +264,14 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
 			l.rev, l.holder = 0, ""
 		case errors.Is(w.err, kv.ErrConflict):
-			// Another writer took the value. Whether its holder still runs is known only from
-			// storage's messages, which a restart's reconcile reads: until then the value is held.
+			// Another writer wrote the lock. It holds nothing if it names a message that has
+			// ended here, since an ended message never runs again. Otherwise whether its holder
+			// runs is known only from storage's messages, which a restart's reconcile reads:
+			// until then the value stays held.
 			l.rev, l.holder = w.rev, w.truth.MessageID
+			if h := q.entries.get(l.holder); h != nil && h.State().Terminal() {
+				l.holder = ""
+			}
 		default:
 			continue // unknown: keep the value held; a restart reconciles it
 		}

@@ -15,9 +15,10 @@ import (
 const clockSlack = 5 * time.Millisecond
 
 // freeSlack bounds how late the broker may act on a deadline it owns (a lease expiry timer, the
-// lock release after a lease ends) under load. Only the EDF rule uses it, to stay sound: a value is
-// freed after two acknowledged writes in a row (the lease's end, then the lock), each an fsync in
-// the sync-always variant, in a race-detector build sharing two cores with three other variants.
+// value's release after a lease ends) under load. Only the EDF rule uses it, to stay sound: a value
+// is freed after an acknowledged write (the lease's end), an fsync in the sync-always variant, in a
+// race-detector build sharing two cores with three other variants. It was set when a second write,
+// the lock's, followed; it is kept, more generous than needed.
 const freeSlack = time.Second
 
 // Violation is one broken rule, with the evidence.
