@@ -571,17 +571,37 @@ func (e *benchEnv) eventsRetained(ctx context.Context) string {
 }
 
 // s7 is S7: an exclusive queue whose messages spread over s7Values exclusivity values, against S1.
+// Just before it the same messages (the same metadata) go through a simple queue, S7-simple: S1 runs
+// first, on a smaller process, and S7 near the end, after the other scenarios have grown the server's
+// streams and the process's heap, so S7 ÷ S7-simple is what exclusivity itself costs and
+// S7-simple ÷ S1 what running later does.
 func (b *bench) s7(ctx context.Context, env *benchEnv) error {
-	cfg := subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "group"}
-	r, err := b.cycleScenario(ctx, env, "S7", 1, cfg, func(i int) subjects.EnqueueRequest {
+	gen := func(i int) subjects.EnqueueRequest {
 		m := b.pendingMessage(i)
 		m.Metadata = map[string]string{"group": "g" + strconv.Itoa(i%benchS7Values)}
 		return m
-	})
+	}
+	values := min(benchS7Values, b.cfg.pending)
+	tr, err := b.cycleScenario(ctx, env, "S7-simple", 1, subjects.CreateQueueRequest{}, gen)
 	if err != nil {
 		return err
 	}
-	row := benchRateRow("S7", "cycles/s", r, fmt.Sprintf("exclusive queue, %d values; ", min(benchS7Values, b.cfg.pending))+b.cycleNotes(1))
+	ref := benchRateRow("S7-simple", "cycles/s", tr,
+		fmt.Sprintf("S7's messages (metadata of %d values) in a simple queue, just before S7; ", values)+b.cycleNotes(1))
+	ref.Kind = benchKindReference
+	b.compare(ref, "S1", 1, benchTarget{})
+	b.add(ref)
+
+	cfg := subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "group"}
+	r, err := b.cycleScenario(ctx, env, "S7", 1, cfg, gen)
+	if err != nil {
+		return err
+	}
+	notes := fmt.Sprintf("exclusive queue, %d values; ", values) + b.cycleNotes(1)
+	if ref.Figure > 0 {
+		notes += fmt.Sprintf("; ÷ S7-simple: %.2f", r.rate()/ref.Figure)
+	}
+	row := benchRateRow("S7", "cycles/s", r, notes)
 	row.Kind = benchKindScenario
 	b.compare(row, "S1", 1, benchAtLeast(0.8))
 	b.add(row)
