@@ -35,7 +35,7 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		var out *nats.Msg
 		if err == nil {
 			var data []byte
-			if data, err = json.Marshal(reply); err == nil {
+			if data, err = encodeReply(reply); err == nil {
 				out = &nats.Msg{Data: data}
 			}
 		}
@@ -53,6 +53,18 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		b.observer.Request(ep.op, code, took)
 		b.respond(msg, out)
 	}()
+}
+
+// encodeReply returns the JSON of a reply. Messages, the replies of every dequeue and complete, are
+// written without reflection (subjects.AppendMessage); the rest go through encoding/json.
+func encodeReply(reply any) ([]byte, error) {
+	switch r := reply.(type) {
+	case subjects.DequeueReply:
+		return subjects.AppendDequeueReply(make([]byte, 0, 512*max(1, len(r.Messages))), &r)
+	case subjects.Message:
+		return subjects.AppendMessage(make([]byte, 0, 512), &r)
+	}
+	return json.Marshal(reply)
 }
 
 // respond publishes a reply to the request's reply subject.
@@ -139,8 +151,8 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		}
 		return b.deleteQueue(ctx, q)
 	case subjects.OpDequeue:
-		var r subjects.DequeueRequest
-		if err := subjects.Decode(data, &r); err != nil {
+		r, err := subjects.DecodeDequeue(data)
+		if err != nil {
 			return nil, err
 		}
 		msgs, err := q.dequeue(ctx, r)
@@ -149,8 +161,8 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		}
 		return subjects.DequeueReply{Messages: msgs}, err
 	case subjects.OpComplete:
-		var r subjects.LeaseRequest
-		if err := subjects.Decode(data, &r); err != nil {
+		r, err := subjects.DecodeLease(data)
+		if err != nil {
 			return nil, err
 		}
 		return q.complete(ctx, r)
@@ -167,8 +179,8 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		}
 		return q.release(ctx, r)
 	case subjects.OpCancel:
-		var r subjects.LeaseRequest
-		if err := subjects.Decode(data, &r); err != nil {
+		r, err := subjects.DecodeLease(data)
+		if err != nil {
 			return nil, err
 		}
 		return q.cancel(ctx, r)

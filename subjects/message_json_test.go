@@ -1,0 +1,123 @@
+package subjects_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// leasedMessage is what a dequeue returns most often.
+func leasedMessage() subjects.Message {
+	exp := time.UnixMilli(1_790_000_030_123).UTC()
+	payload := `{"order":42,"note":"ship <today> & wrap"}`
+	return subjects.Message{ID: "01JD0000000000000000000042", Queue: "orders", State: subjects.StateRunning,
+		Priority: 1_790_000_000_000, Metadata: map[string]string{"region": "eu", "customer": "c-9"}, Payload: &payload,
+		Version: 3, Attempts: 1, AttemptsLeft: 2, LeaseID: "01JDLEASE0000000000000001", LeaseExpiresAt: &exp,
+		EnqueuedAt: time.UnixMilli(1_789_999_000_000).UTC(), VisibleAt: time.UnixMilli(1_789_999_000_000).UTC(),
+		UpdatedAt: time.UnixMilli(1_790_000_000_123).UTC()}
+}
+
+// FuzzAppendMessage holds AppendMessage and AppendDequeueReply to json.Marshal: the same bytes for
+// every message, whether it takes the direct path or falls back.
+func FuzzAppendMessage(f *testing.F) {
+	f.Add("01JD42", "orders", "running", "region", "eu", "hello", []byte(nil), "L1", uint64(3), 1, 2, int64(-5),
+		int64(1_790_000_000_123), int64(1_790_000_030_123), byte(0x07))
+	f.Add("é<&>\"\\\n\x00", "q", "pending", "k\u2028", "v\u2029\xff", "{\"a\":[1,2]}\t\x7f", []byte{0, 1, 2, 255}, "", uint64(1), 0, 5,
+		int64(1)<<62, int64(-62_200_000_000_000), int64(0), byte(0x38))
+	f.Add("m", "q", "completed", "", "", "", []byte("bin"), "", uint64(9), 3, 0, int64(0),
+		int64(253_402_300_800_000), int64(1), byte(0x4f))
+	f.Fuzz(func(t *testing.T, id, queue, state, mk, mv, payload string, payloadB64 []byte, lease string,
+		version uint64, attempts, left int, priority, at, other int64, flags byte) {
+		zone := time.UTC
+		if flags&0x40 != 0 {
+			zone = time.FixedZone("x", 3600)
+		}
+		m := subjects.Message{ID: id, Queue: queue, State: subjects.State(state), Priority: priority,
+			PayloadBase64: payloadB64, Version: version, Attempts: attempts, AttemptsLeft: left, LeaseID: lease,
+			EnqueuedAt: time.UnixMilli(at).UTC(), VisibleAt: time.UnixMilli(other).UTC(), UpdatedAt: time.UnixMilli(at).In(zone)}
+		if flags&0x01 != 0 {
+			m.Payload = &payload
+		}
+		if flags&0x02 != 0 {
+			t := time.UnixMilli(other).UTC()
+			m.LeaseExpiresAt = &t
+		}
+		if flags&0x04 != 0 {
+			m.Metadata = map[string]string{mk: mv, "z" + mk: mv + mv}
+		}
+		if flags&0x08 != 0 {
+			m.Metadata = map[string]string{} // empty, not nil: omitted all the same
+		}
+		if flags&0x10 != 0 {
+			t := time.UnixMilli(at / 3).UTC()
+			m.EndedAt = &t
+		}
+		want, wantErr := json.Marshal(&m)
+		got, err := subjects.AppendMessage([]byte("prefix"), &m)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("error %v, json.Marshal says %v", err, wantErr)
+		}
+		if err == nil && string(got) != "prefix"+string(want) {
+			t.Fatalf("\n got %s\nwant prefix%s", got, want)
+		}
+
+		r := subjects.DequeueReply{Messages: []subjects.Message{m, leasedMessage()}}
+		if flags&0x20 != 0 {
+			r.Messages = r.Messages[:0]
+		}
+		want, wantErr = json.Marshal(&r)
+		got, err = subjects.AppendDequeueReply(nil, &r)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("reply: error %v, json.Marshal says %v", err, wantErr)
+		}
+		if err == nil && string(got) != string(want) {
+			t.Fatalf("reply:\n got %s\nwant %s", got, want)
+		}
+	})
+}
+
+// TestAppendMessageDirect: a dequeue's reply takes the direct path, which allocates nothing in a
+// buffer large enough but the sorting of the metadata keys (encoding/json allocates several times
+// per message).
+func TestAppendMessageDirect(t *testing.T) {
+	r := subjects.DequeueReply{Messages: []subjects.Message{leasedMessage()}}
+	want, err := json.Marshal(&r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 0, 2048)
+	got, err := subjects.AppendDequeueReply(buf, &r)
+	if err != nil || string(got) != string(want) {
+		t.Fatalf("AppendDequeueReply: %s, %v\nwant %s", got, err, want)
+	}
+	if nilReply, _ := subjects.AppendDequeueReply(nil, &subjects.DequeueReply{}); string(nilReply) != `{"messages":null}` {
+		t.Fatalf("a reply without messages: %s", nilReply)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := subjects.AppendDequeueReply(buf[:0], &r); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 2 {
+		t.Errorf("AppendDequeueReply of a leased message: %.0f allocations, want at most 2 (it went through encoding/json)", allocs)
+	}
+}
+
+func BenchmarkAppendMessage(b *testing.B) {
+	m := leasedMessage()
+	b.Run("AppendMessage", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 2048)
+		for b.Loop() {
+			buf, _ = subjects.AppendMessage(buf[:0], &m)
+		}
+	})
+	b.Run("encoding/json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = json.Marshal(&m)
+		}
+	})
+}
