@@ -23,25 +23,31 @@ func leasedMessage() subjects.Message {
 // every message, whether it takes the direct path or falls back.
 func FuzzAppendMessage(f *testing.F) {
 	f.Add("01JD42", "orders", "running", "region", "eu", "hello", []byte(nil), "L1", uint64(3), 1, 2, int64(-5),
-		int64(1_790_000_000_123), int64(1_790_000_030_123), byte(0x07))
+		int64(1_790_000_000_123), int64(1_790_000_030_123), byte(0x07), byte(0))
 	f.Add("é<&>\"\\\n\x00", "q", "pending", "k\u2028", "v\u2029\xff", "{\"a\":[1,2]}\t\x7f", []byte{0, 1, 2, 255}, "", uint64(1), 0, 5,
-		int64(1)<<62, int64(-62_200_000_000_000), int64(0), byte(0x38))
-	f.Add("m", "q", "completed", "", "", "", []byte("bin"), "", uint64(9), 3, 0, int64(0),
-		int64(253_402_300_800_000), int64(1), byte(0x4f))
+		int64(1)<<62, int64(-62_200_000_000_000), int64(0), byte(0x38), byte(0x04))
+	f.Add("m", "q", "completed", "", "", "", []byte{}, "", uint64(9), 3, 0, int64(0),
+		int64(253_402_300_800_000), int64(1), byte(0x5f), byte(0x1f))
+	f.Add("m", "q", "running", "k", "v", "", []byte("bin"), "L", uint64(2), 1, 1, int64(7),
+		int64(1_790_000_000_123), int64(1_790_000_030_123), byte(0x97), byte(0x10))
 	f.Fuzz(func(t *testing.T, id, queue, state, mk, mv, payload string, payloadB64 []byte, lease string,
-		version uint64, attempts, left int, priority, at, other int64, flags byte) {
-		zone := time.UTC
-		if flags&0x40 != 0 {
-			zone = time.FixedZone("x", 3600)
+		version uint64, attempts, left int, priority, at, other int64, flags, zones byte) {
+		// Bit i of zones puts the i-th time (enqueued, visible, updated, lease expiry, end) in
+		// another zone than UTC, which AppendMessage leaves to encoding/json.
+		in := func(i int, ms int64) time.Time {
+			if zones&(1<<i) != 0 {
+				return time.UnixMilli(ms).In(time.FixedZone("x", 3600))
+			}
+			return time.UnixMilli(ms).UTC()
 		}
 		m := subjects.Message{ID: id, Queue: queue, State: subjects.State(state), Priority: priority,
 			PayloadBase64: payloadB64, Version: version, Attempts: attempts, AttemptsLeft: left, LeaseID: lease,
-			EnqueuedAt: time.UnixMilli(at).UTC(), VisibleAt: time.UnixMilli(other).UTC(), UpdatedAt: time.UnixMilli(at).In(zone)}
+			EnqueuedAt: in(0, at), VisibleAt: in(1, other), UpdatedAt: in(2, at)}
 		if flags&0x01 != 0 {
 			m.Payload = &payload
 		}
 		if flags&0x02 != 0 {
-			t := time.UnixMilli(other).UTC()
+			t := in(3, other)
 			m.LeaseExpiresAt = &t
 		}
 		if flags&0x04 != 0 {
@@ -51,8 +57,14 @@ func FuzzAppendMessage(f *testing.F) {
 			m.Metadata = map[string]string{} // empty, not nil: omitted all the same
 		}
 		if flags&0x10 != 0 {
-			t := time.UnixMilli(at / 3).UTC()
+			t := in(4, at/3)
 			m.EndedAt = &t
+		}
+		if flags&0x80 != 0 { // more keys than AppendMessage sorts on its stack
+			m.Metadata = map[string]string{}
+			for i := range 20 {
+				m.Metadata[mk+string(rune('a'+i))] = mv
+			}
 		}
 		want, wantErr := json.Marshal(&m)
 		got, err := subjects.AppendMessage([]byte("prefix"), &m)
