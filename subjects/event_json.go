@@ -2,8 +2,6 @@ package subjects
 
 import (
 	"encoding/json"
-	"maps"
-	"slices"
 	"strconv"
 	"time"
 )
@@ -43,16 +41,8 @@ func AppendEvent(b []byte, e *Event) ([]byte, error) {
 	b = append(b, `,"priority":`...)
 	b = strconv.AppendInt(b, e.Priority, 10)
 	if len(e.Metadata) > 0 {
-		b = append(b, `,"metadata":{`...)
-		for i, k := range slices.Sorted(maps.Keys(e.Metadata)) { // encoding/json sorts map keys
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendPlain(b, k)
-			b = append(b, ':')
-			b = appendPlain(b, e.Metadata[k])
-		}
-		b = append(b, '}')
+		b = append(b, `,"metadata":`...)
+		b = appendStringMap(b, e.Metadata)
 	}
 	if e.PayloadSize != 0 {
 		b = append(b, `,"payload_size":`...)

@@ -26,22 +26,8 @@ func AppendMessage(b []byte, m *Message) ([]byte, error) {
 	b = append(b, `,"priority":`...)
 	b = strconv.AppendInt(b, m.Priority, 10)
 	if len(m.Metadata) > 0 {
-		b = append(b, `,"metadata":{`...)
-		var stack [16]string
-		keys := stack[:0]
-		for k := range m.Metadata {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys) // encoding/json sorts map keys
-		for i, k := range keys {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, k)
-			b = append(b, ':')
-			b = appendString(b, m.Metadata[k])
-		}
-		b = append(b, '}')
+		b = append(b, `,"metadata":`...)
+		b = appendStringMap(b, m.Metadata)
 	}
 	if m.Payload != nil {
 		b = append(b, `,"payload":`...)
@@ -101,6 +87,26 @@ func AppendDequeueReply(b []byte, r *DequeueReply) ([]byte, error) {
 func (m *Message) plain() bool {
 	return plainTime(m.EnqueuedAt) && plainTime(m.VisibleAt) && plainTime(m.UpdatedAt) &&
 		(m.LeaseExpiresAt == nil || plainTime(*m.LeaseExpiresAt)) && (m.EndedAt == nil || plainTime(*m.EndedAt))
+}
+
+// appendStringMap appends m as a JSON object the way encoding/json writes it: keys sorted.
+func appendStringMap(b []byte, m map[string]string) []byte {
+	var stack [16]string
+	keys := stack[:0]
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, k)
+		b = append(b, ':')
+		b = appendString(b, m[k])
+	}
+	return append(b, '}')
 }
 
 // appendString appends s as a JSON string the way encoding/json writes it: with <, > and & escaped
