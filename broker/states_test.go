@@ -356,11 +356,11 @@ func TestExclusiveValueFreedWithoutLockWrite(t *testing.T) {
 	}
 	locks := func() jetstream.KeyValue { // on the connection of the moment: restarts replace it
 		t.Helper()
-		kv, err := e.jetStream().KeyValue(context.Background(), "natstone-locks")
+		bucket, err := e.jetStream().KeyValue(context.Background(), "natstone-locks")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return kv
+		return bucket
 	}
 	lockWrites := func() uint64 {
 		t.Helper()
