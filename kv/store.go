@@ -324,11 +324,7 @@ func LockKey(queue, value string) string { return queue + "." + encodeToken(valu
 
 // WriteLock stores l as the lock of value in queue if its revision is still expect (0: new).
 func (s *Store) WriteLock(queue, value string, l Lock, expect uint64) Write {
-	data, err := EncodeLock(l)
-	if err != nil {
-		return Write{err: err}
-	}
-	return s.publish(s.lockSubj+LockKey(queue, value), data, expect)
+	return s.publish(s.lockSubj+LockKey(queue, value), EncodeLock(l), expect)
 }
 
 // GetLock reads the lock of value in queue with its revision.

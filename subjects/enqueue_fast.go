@@ -129,23 +129,35 @@ func fastEnqueue(data []byte, p int, r *EnqueueRequest) (int, bool) {
 
 // plainString reads a JSON string at data[p] made only of printable ASCII without escapes.
 func plainString(data []byte, p int) (string, int, bool) {
+	b, p, ok := plainBytes(data, p)
+	return string(b), p, ok
+}
+
+// plainBytes is plainString without the copy: the string's bytes in data.
+func plainBytes(data []byte, p int) ([]byte, int, bool) {
 	if p >= len(data) || data[p] != '"' {
-		return "", 0, false
+		return nil, 0, false
 	}
 	for i := p + 1; i < len(data); i++ {
 		switch c := data[i]; {
 		case c == '"':
-			return string(data[p+1 : i]), i + 1, true
+			return data[p+1 : i], i + 1, true
 		case c == '\\' || c < 0x20 || c >= 0x7f:
-			return "", 0, false
+			return nil, 0, false
 		}
 	}
-	return "", 0, false
+	return nil, 0, false
 }
 
-// plainInt reads a JSON integer at data[p]: an optional minus, then 0 or a digit 1–9 and more
-// digits, 18 digits at most (so it fits an int64), with no fraction or exponent after it.
+// plainInt is plainInt64 for the optional fields of a request.
 func plainInt(data []byte, p int) (*int64, int, bool) {
+	v, p, ok := plainInt64(data, p)
+	return &v, p, ok
+}
+
+// plainInt64 reads a JSON integer at data[p]: an optional minus, then 0 or a digit 1–9 and more
+// digits, 18 digits at most (so it fits an int64), with no fraction or exponent after it.
+func plainInt64(data []byte, p int) (int64, int, bool) {
 	start := p
 	if p < len(data) && data[p] == '-' {
 		p++
@@ -156,13 +168,13 @@ func plainInt(data []byte, p int) (*int64, int, bool) {
 	}
 	switch n := p - digits; {
 	case n == 0 || n > 18, n > 1 && data[digits] == '0':
-		return nil, 0, false
+		return 0, 0, false
 	}
 	if p < len(data) && (data[p] == '.' || data[p] == 'e' || data[p] == 'E') {
-		return nil, 0, false
+		return 0, 0, false
 	}
 	v, err := strconv.ParseInt(string(data[start:p]), 10, 64)
-	return &v, p, err == nil
+	return v, p, err == nil
 }
 
 // expect consumes the byte c at data[p].

@@ -18,11 +18,11 @@ func AppendMessage(b []byte, m *Message) ([]byte, error) {
 		return append(b, data...), err
 	}
 	b = append(b, `{"id":`...)
-	b = appendString(b, m.ID)
+	b = AppendString(b, m.ID)
 	b = append(b, `,"queue":`...)
-	b = appendString(b, m.Queue)
+	b = AppendString(b, m.Queue)
 	b = append(b, `,"state":`...)
-	b = appendString(b, string(m.State))
+	b = AppendString(b, string(m.State))
 	b = append(b, `,"priority":`...)
 	b = strconv.AppendInt(b, m.Priority, 10)
 	if len(m.Metadata) > 0 {
@@ -31,7 +31,7 @@ func AppendMessage(b []byte, m *Message) ([]byte, error) {
 	}
 	if m.Payload != nil {
 		b = append(b, `,"payload":`...)
-		b = appendString(b, *m.Payload)
+		b = AppendString(b, *m.Payload)
 	}
 	if len(m.PayloadBase64) > 0 {
 		b = append(b, `,"payload_base64":"`...)
@@ -46,7 +46,7 @@ func AppendMessage(b []byte, m *Message) ([]byte, error) {
 	b = strconv.AppendInt(b, int64(m.AttemptsLeft), 10)
 	if m.LeaseID != "" {
 		b = append(b, `,"lease_id":`...)
-		b = appendString(b, m.LeaseID)
+		b = AppendString(b, m.LeaseID)
 	}
 	if m.LeaseExpiresAt != nil {
 		b = append(b, `,"lease_expires_at":`...)
@@ -102,22 +102,32 @@ func appendStringMap(b []byte, m map[string]string) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendString(b, k)
+		b = AppendString(b, k)
 		b = append(b, ':')
-		b = appendString(b, m[k])
+		b = AppendString(b, m[k])
 	}
 	return append(b, '}')
 }
 
-// appendString appends s as a JSON string the way encoding/json writes it: with <, > and & escaped
-// for HTML, each invalid UTF-8 byte replaced by U+FFFD, and U+2028 and U+2029 escaped.
-func appendString(b []byte, s string) []byte {
+// jsonSafe holds the ASCII bytes encoding/json writes as they are: printable, DEL too, but for the
+// quote, the backslash and <, > and & (escaped for HTML).
+var jsonSafe = func() (t [utf8.RuneSelf]bool) {
+	for c := range t {
+		t[c] = c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
+
+// AppendString appends s as a JSON string the way encoding/json writes it: with <, > and & escaped
+// for HTML, each invalid UTF-8 byte replaced by U+FFFD, and U+2028 and U+2029 escaped. Encoders that
+// write JSON directly use it for their strings.
+func AppendString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); {
 		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+			if jsonSafe[c] {
 				i++
 				continue
 			}

@@ -1,7 +1,5 @@
 package subjects
 
-import "strconv"
-
 // DecodeDequeue decodes a dequeue body, as Decode would. Every cycle of a worker sends one, so a
 // flat body of plain strings and integers (see DecodeEnqueue) is read here in one pass without
 // reflection or a json.Decoder; a filter, or anything else, goes to Decode. FuzzDecodeRequests
@@ -125,27 +123,13 @@ func (o *flatObject) field(n int) bool {
 	return true
 }
 
-// int reads the current value, field n, as a plain integer (see plainInt).
+// int reads the current value, field n, as a plain integer (see plainInt64).
 func (o *flatObject) int(n int) int64 {
 	if !o.field(n) {
 		return 0
 	}
-	start, p := o.p, o.p
-	if p < len(o.data) && o.data[p] == '-' {
-		p++
-	}
-	digits := p
-	for p < len(o.data) && o.data[p] >= '0' && o.data[p] <= '9' {
-		p++
-	}
-	switch n := p - digits; {
-	case n == 0 || n > 18, n > 1 && o.data[digits] == '0',
-		p < len(o.data) && (o.data[p] == '.' || o.data[p] == 'e' || o.data[p] == 'E'):
-		o.ok = false
-		return 0
-	}
-	v, err := strconv.ParseInt(string(o.data[start:p]), 10, 64)
-	o.p, o.ok = p, err == nil
+	var v int64
+	v, o.p, o.ok = plainInt64(o.data, o.p)
 	return v
 }
 
@@ -157,20 +141,4 @@ func (o *flatObject) str(n int) string {
 	var s string
 	s, o.p, o.ok = plainString(o.data, o.p)
 	return s
-}
-
-// plainBytes is plainString without the copy: the string's bytes in data.
-func plainBytes(data []byte, p int) ([]byte, int, bool) {
-	if p >= len(data) || data[p] != '"' {
-		return nil, 0, false
-	}
-	for i := p + 1; i < len(data); i++ {
-		switch c := data[i]; {
-		case c == '"':
-			return data[p+1 : i], i + 1, true
-		case c == '\\' || c < 0x20 || c >= 0x7f:
-			return nil, 0, false
-		}
-	}
-	return nil, 0, false
 }
