@@ -87,6 +87,7 @@ type Broker struct {
 	ctx    context.Context // cancelled by Stop: ends long polls
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // request goroutines and timer callbacks in progress
+	runner *runner        // the goroutines requests run on
 
 	// mu guards the fields below.
 	mu     sync.Mutex
@@ -131,6 +132,7 @@ func New(cfg *Config) (*Broker, error) {
 	return &Broker{
 		cfg:      c,
 		space:    space,
+		runner:   newRunner(),
 		clock:    c.Clock,
 		log:      c.Logger,
 		observer: c.Observer,
@@ -256,6 +258,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 		b.wg.Wait()
 		close(done)
 	}()
+	defer b.runner.stop()
 	select {
 	case <-done:
 	case <-ctx.Done():

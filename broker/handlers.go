@@ -16,8 +16,9 @@ import (
 // requestTimeout bounds one request's work, a long poll included.
 const requestTimeout = subjects.MaxWait + 30*time.Second
 
-// dispatch runs one request in its own goroutine, so a request waiting on storage or a long poll
-// never holds up the others: that is what lets the writes of many requests be in flight at once.
+// dispatch runs one request on a goroutine of its own (b.runner), so a request waiting on storage
+// or a long poll never holds up the others: that is what lets the writes of many requests be in
+// flight at once.
 // The endpoint's statistics are recorded when the reply is sent, so they count the real processing
 // time and every error reply.
 func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
@@ -27,7 +28,7 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		b.respond(msg, out)
 		return
 	}
-	go func() {
+	b.runner.run(func() {
 		defer b.wg.Done()
 		ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
 		defer cancel()
@@ -52,7 +53,7 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		}
 		b.observer.Request(ep.op, code, took)
 		b.respond(msg, out)
-	}()
+	})
 }
 
 // encodeReply returns the JSON of a reply. Messages, the replies of every dequeue and complete, are

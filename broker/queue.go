@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nuid"
@@ -324,17 +325,18 @@ func (q *queue) collect(es []*entry) {
 	// a collected record back (nats-server issue 8505). A payload is deleted for good (by sequence,
 	// with a tombstone), so a record whose payload is gone is known to be collected, and recovery
 	// removes any it finds (Broker.dropCollected). The payload deletes are JetStream API requests,
-	// issued from a pool so that a backlog costs round trips in parallel; the record removals are
-	// stored writes, pipelined.
+	// issued by up to collectParallel goroutines so that a backlog costs round trips in parallel (a
+	// goroutine per delete grew a fresh stack for each); the record removals are stored writes,
+	// pipelined.
 	ctx := context.Background()
 	errs := make([]error, len(es))
 	var wg sync.WaitGroup
-	slots := make(chan struct{}, collectParallel)
-	for i, e := range es {
-		slots <- struct{}{}
+	var next atomic.Int64
+	for range min(collectParallel, len(es)) {
 		wg.Go(func() {
-			defer func() { <-slots }()
-			errs[i] = q.b.store.DeleteBody(ctx, e.Seq)
+			for i := int(next.Add(1)) - 1; i < len(es); i = int(next.Add(1)) - 1 {
+				errs[i] = q.b.store.DeleteBody(ctx, es[i].Seq)
+			}
 		})
 	}
 	wg.Wait()
