@@ -2,8 +2,10 @@ package broker
 
 import "time"
 
-// runnerIdle is how long a runner goroutine waits for more work before it exits.
-const runnerIdle = 10 * time.Second
+// runnerIdle is how long a runner goroutine waits for more work before it exits. Under load the
+// next request comes within microseconds; after a burst (thousands of long polls) the goroutines
+// and their stacks should not stay long.
+const runnerIdle = time.Second
 
 // runner runs functions on goroutines of their own, as the go statement does, but hands each to a
 // goroutine that has finished an earlier one and is idle, when there is one, rather than starting a
