@@ -211,6 +211,7 @@ func (b *Broker) Start(ctx context.Context) error {
 		if b.svc != nil {
 			_ = b.svc.stop()
 		}
+		b.runner.stop() // requests served meanwhile end on their own; nothing idles on
 		return fmt.Errorf("natstone: serve: %w", err)
 	}
 	return nil
@@ -256,9 +257,10 @@ func (b *Broker) Stop(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		b.wg.Wait()
+		b.runner.stop() // no request runs any more: the runner's goroutines exit
+		b.runner.wait()
 		close(done)
 	}()
-	defer b.runner.stop()
 	select {
 	case <-done:
 	case <-ctx.Done():

@@ -334,7 +334,11 @@ func (q *queue) collect(es []*entry) {
 	var next atomic.Int64
 	for range min(collectParallel, len(es)) {
 		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < len(es); i = int(next.Add(1)) - 1 {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(es) {
+					return
+				}
 				errs[i] = q.b.store.DeleteBody(ctx, es[i].Seq)
 			}
 		})

@@ -1,64 +1,75 @@
 package broker
 
 import (
-	"runtime"
-	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 )
 
-// A function never waits for another: one that blocks does not hold up the next.
+// within fails the test unless ch is closed within ten seconds.
+func within(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal(what)
+	}
+}
+
+// run never waits for its function, and a function that blocks does not hold up the next one.
 func TestRunnerRunsConcurrently(t *testing.T) {
 	r := newRunner()
-	defer r.stop()
 	release := make(chan struct{})
-	first, second := make(chan struct{}), make(chan struct{})
-	r.run(func() { close(first); <-release })
-	<-first
+	first, second, returned := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		r.run(func() { close(first); <-release })
+		close(returned)
+	}()
+	within(t, returned, "run waited for its function")
+	within(t, first, "the first function did not run")
 	r.run(func() { close(second) })
-	select {
-	case <-second:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second function did not run while the first was blocked")
-	}
+	within(t, second, "the second function did not run while the first was blocked")
 	close(release)
-}
-
-// Functions run one after the other reuse an idle goroutine instead of starting one each: an unused
-// goroutine stays alive for runnerIdle, so without reuse a thousand would be alive at the end.
-func TestRunnerReusesIdleGoroutines(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	r := newRunner()
-	before := runtime.NumGoroutine()
-	var ran sync.WaitGroup
-	for range 1000 {
-		ran.Add(1)
-		done := make(chan struct{})
-		r.run(func() { ran.Done(); close(done) })
-		<-done
-	}
-	ran.Wait()
-	if alive := runtime.NumGoroutine() - before; alive > 100 {
-		t.Errorf("%d runner goroutines alive after 1000 functions run one at a time: idle ones are not reused", alive)
-	}
-	r.stop() // the idle goroutines exit: VerifyNone checks
-}
-
-// stop lets a function that is running finish, and ends its goroutine afterwards.
-func TestRunnerStopWhileBusy(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	r := newRunner()
-	release, finished := make(chan struct{}), make(chan struct{})
-	started := make(chan struct{})
-	r.run(func() { close(started); <-release; close(finished) })
-	<-started
 	r.stop()
-	close(release)
-	select {
-	case <-finished:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the running function did not finish after stop")
+	waited := make(chan struct{})
+	go func() { r.wait(); close(waited) }()
+	within(t, waited, "the runner's goroutines did not exit after stop")
+}
+
+// Functions run one after the other go to the goroutine that ran the one before, which is idle by
+// then, rather than to a new goroutine each.
+func TestRunnerReusesIdleGoroutines(t *testing.T) {
+	r := newRunner()
+	const n = 1000
+	for range n {
+		done := make(chan struct{})
+		r.run(func() { close(done) })
+		within(t, done, "a function did not run")
 	}
+	// A function can come before the goroutine that ran the last one is back waiting for work,
+	// and then gets a goroutine of its own; measured, that is 0–2 functions of the 1000.
+	if reused := r.reused.Load(); reused < n/2 {
+		t.Errorf("%d of %d functions run one after the other went to an idle goroutine; want most", reused, n)
+	}
+	r.stop()
+	waited := make(chan struct{})
+	go func() { r.wait(); close(waited) }()
+	within(t, waited, "the runner's goroutines did not exit after stop")
+}
+
+// stop lets a function that is running finish, and wait returns once it has; a function run
+// after stop still runs.
+func TestRunnerStopWhileBusy(t *testing.T) {
+	r := newRunner()
+	release, started := make(chan struct{}), make(chan struct{})
+	r.run(func() { close(started); <-release })
+	within(t, started, "the function did not run")
+	r.stop()
+	waited := make(chan struct{})
+	go func() { r.wait(); close(waited) }()
+	close(release)
+	within(t, waited, "the goroutine did not exit once its function returned after stop")
+	after := make(chan struct{})
+	r.run(func() { close(after) }) // after stop: still run, on a goroutine that then exits
+	within(t, after, "a function run after stop did not run")
+	r.wait()
 }
