@@ -325,15 +325,17 @@ func (q *queue) collect(es []*entry) {
 	// a collected record back (nats-server issue 8505). A payload is deleted for good (by sequence,
 	// with a tombstone), so a record whose payload is gone is known to be collected, and recovery
 	// removes any it finds (Broker.dropCollected). The payload deletes are JetStream API requests,
-	// issued by up to collectParallel goroutines so that a backlog costs round trips in parallel (a
-	// goroutine per delete grew a fresh stack for each); the record removals are stored writes,
+	// issued by up to collectParallel of the runner's goroutines (as requests are, see runner) so
+	// that a backlog costs round trips in parallel; the record removals are stored writes,
 	// pipelined.
 	ctx := context.Background()
 	errs := make([]error, len(es))
 	var wg sync.WaitGroup
 	var next atomic.Int64
 	for range min(collectParallel, len(es)) {
-		wg.Go(func() {
+		wg.Add(1)
+		q.b.runner.run(func() {
+			defer wg.Done()
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= len(es) {

@@ -5,6 +5,15 @@ import (
 	"time"
 )
 
+// stopAndWait stops r and fails the test unless its goroutines exit within ten seconds.
+func stopAndWait(t *testing.T, r *runner) {
+	t.Helper()
+	r.stop()
+	waited := make(chan struct{})
+	go func() { r.wait(); close(waited) }()
+	within(t, waited, "the runner's goroutines did not exit after stop")
+}
+
 // within fails the test unless ch is closed within ten seconds.
 func within(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
@@ -29,10 +38,7 @@ func TestRunnerRunsConcurrently(t *testing.T) {
 	r.run(func() { close(second) })
 	within(t, second, "the second function did not run while the first was blocked")
 	close(release)
-	r.stop()
-	waited := make(chan struct{})
-	go func() { r.wait(); close(waited) }()
-	within(t, waited, "the runner's goroutines did not exit after stop")
+	stopAndWait(t, r)
 }
 
 // Functions run one after the other go to the goroutine that ran the one before, which is idle by
@@ -50,10 +56,7 @@ func TestRunnerReusesIdleGoroutines(t *testing.T) {
 	if reused := r.reused.Load(); reused < n/2 {
 		t.Errorf("%d of %d functions run one after the other went to an idle goroutine; want most", reused, n)
 	}
-	r.stop()
-	waited := make(chan struct{})
-	go func() { r.wait(); close(waited) }()
-	within(t, waited, "the runner's goroutines did not exit after stop")
+	stopAndWait(t, r)
 }
 
 // stop lets a function that is running finish, and wait returns once it has; a function run
