@@ -115,14 +115,16 @@ func (e *env) waitStreamMsgs(stream string, n uint64) {
 	js := e.jetStream()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
+	var msgs uint64
 	for {
 		st, err := js.Stream(ctx, stream)
-		if err != nil {
+		switch {
+		case err == nil:
+			if msgs = st.CachedInfo().State.Msgs; msgs == n {
+				return
+			}
+		case ctx.Err() == nil:
 			e.t.Fatal(err)
-		}
-		msgs := st.CachedInfo().State.Msgs
-		if msgs == n {
-			return
 		}
 		select {
 		case <-tick.C:

@@ -28,13 +28,20 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Every payload of the records about to be read was stored before this (see dropOrphans).
+	lastBody, err := b.store.LastBodySeq(ctx)
+	if err != nil {
+		return 0, err
+	}
 	loaded := make(map[string]*recovering, len(b.queues))
 	var last *recovering // the queue of the record before, which the next one most likely shares
-	n, orphans := 0, 0
+	n, orphans, unreadable := 0, 0, 0
+	var unloaded []uint64 // the payloads of the records of unknown queues
 	err = b.store.LoadMessages(ctx, "", func(name string, r kv.Record, rev uint64, bad error) error {
 		if bad != nil {
 			// One corrupted value must not keep every queue down: report it and go on.
 			b.log.Error("unreadable message record skipped", "queue", name, "error", bad)
+			unreadable++
 			return nil
 		}
 		if last == nil || last.q.name != name {
@@ -42,6 +49,7 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 				q := b.queues[name]
 				if q == nil {
 					orphans++ // a queue deleted part way; deleting it again removes them
+					unloaded = append(unloaded, r.BodySeq)
 					return nil
 				}
 				last = &recovering{q: q}
@@ -58,8 +66,18 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	if orphans > 0 {
 		b.log.Warn("message records of unknown queues ignored", "records", orphans)
 	}
-	if n, err = b.dropCollected(ctx, loaded, n); err != nil {
+	// Read after the records: every loaded record's payload was stored before this state.
+	bodies, err := b.store.ReadBodies(ctx)
+	if err != nil {
 		return 0, err
+	}
+	if n, err = b.dropCollected(ctx, bodies, loaded, n); err != nil {
+		return 0, err
+	}
+	if unreadable == 0 {
+		b.dropOrphans(ctx, bodies, lastBody, loaded, unloaded)
+	} else {
+		b.log.Warn("payloads without a record not looked for: a record could not be read", "records", unreadable)
 	}
 	running := make(map[string][]*entry, len(loaded))
 	for name, rq := range loaded {
@@ -101,23 +119,19 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 // a block rebuilt after the stop can hold (nats-server#8505; see queue.collect). It returns how
 // many records are left.
 //
-// The bodies stream's state is read after the records, so every loaded record's payload was
-// stored before it, and each payload it says is gone is asked of the stream's leader again before
-// its record goes. A record that cannot be removed fails the start: left in storage, it could come
-// back with the next enqueue of its id.
-func (b *Broker) dropCollected(ctx context.Context, loaded map[string]*recovering, n int) (int, error) {
-	gone, complete, err := b.store.BodiesGone(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if !complete {
+// bodies, the bodies stream's state, was read after the records, so every loaded record's payload
+// was stored before it, and each payload it says is gone is asked of the stream's leader again
+// before its record goes. A record that cannot be removed fails the start: left in storage, it
+// could come back with the next enqueue of its id.
+func (b *Broker) dropCollected(ctx context.Context, bodies *kv.Bodies, loaded map[string]*recovering, n int) (int, error) {
+	if !bodies.Complete {
 		b.log.Warn("the bodies stream has too many deleted sequences to list: records of collected messages are only looked for before its first sequence")
 	}
 	removed := 0
 	for _, rq := range loaded {
 		var candidates []*entry
 		for _, e := range rq.entries {
-			if gone(e.Seq) {
+			if bodies.Gone(e.Seq) {
 				candidates = append(candidates, e)
 			}
 		}
@@ -144,22 +158,95 @@ func (b *Broker) dropCollected(ctx context.Context, loaded map[string]*recoverin
 	return n - removed, nil
 }
 
+// dropOrphans deletes the payloads that no record references. An enqueue stores its payloads
+// before its records, so a crash between the two, or a payload write whose outcome stayed unknown,
+// leaves payloads behind that nothing would ever read or delete. bodies is the stream's state read
+// after the records, and unloaded the payloads of records that were read but not loaded (of
+// unknown queues). Only payloads stored before the records were read (at or before lastBody) are
+// candidates: one stored since belongs to an enqueue in flight, which only another broker could
+// have. It looks for nothing when every payload the stream holds is accounted for, the usual case,
+// or when the stream's deleted sequences are not all known. A payload that cannot be deleted stays
+// until the next start; it does not fail this one.
+func (b *Broker) dropOrphans(ctx context.Context, bodies *kv.Bodies, lastBody uint64, loaded map[string]*recovering, unloaded []uint64) {
+	var referenced uint64
+	for _, rq := range loaded {
+		referenced += uint64(len(rq.entries)) // each one's payload is stored: dropCollected kept no other
+	}
+	for _, seq := range unloaded {
+		if !bodies.Gone(seq) {
+			referenced++
+		}
+	}
+	if bodies.Msgs <= referenced || !bodies.Complete {
+		return
+	}
+	to := min(lastBody, bodies.Last)
+	if to < bodies.First {
+		return
+	}
+	first := bodies.First
+	refs := make([]uint64, (to-first)/64+1) // a bit per sequence from first to to
+	mark := func(seq uint64) {
+		if seq >= first && seq <= to {
+			refs[(seq-first)/64] |= 1 << ((seq - first) % 64)
+		}
+	}
+	for _, rq := range loaded {
+		for _, e := range rq.entries {
+			mark(e.Seq)
+		}
+	}
+	for _, seq := range unloaded {
+		mark(seq)
+	}
+	var orphans []uint64
+	for seq := range bodies.Stored(to) {
+		if refs[(seq-first)/64]&(1<<((seq-first)%64)) == 0 {
+			orphans = append(orphans, seq)
+		}
+	}
+	if len(orphans) == 0 {
+		return
+	}
+	errs := inParallel(len(orphans), func(i int) error { return b.store.DeleteBody(ctx, orphans[i]) })
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			failed++
+		}
+	}
+	log := b.log.With("payloads", len(orphans)-failed)
+	if failed > 0 {
+		log = log.With("not_deleted", failed, "error", errors.Join(errs...))
+	}
+	log.Warn("payloads without a record deleted (enqueues that a crash or a failed write interrupted)")
+}
+
+// inParallel calls f for every index below n, at most 64 at a time, and returns their errors.
+func inParallel(n int, f func(i int) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, 64)
+	for i := range n {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			errs[i] = f(i)
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
 // confirmGone asks the bodies stream's leader about the payloads of candidates, 64 at a time, and
 // removes the records of those it says are gone (maxFire at a time). It returns the entries whose
 // records went.
 func (b *Broker) confirmGone(ctx context.Context, queue string, candidates []*entry) (map[*entry]bool, error) {
 	sure := make([]bool, len(candidates))
-	errs := make([]error, len(candidates))
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, 64)
-	for i, e := range candidates {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			sure[i], errs[i] = b.store.BodyGone(ctx, e.Seq)
-		})
-	}
-	wg.Wait()
+	errs := inParallel(len(candidates), func(i int) (err error) {
+		sure[i], err = b.store.BodyGone(ctx, candidates[i].Seq)
+		return err
+	})
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("natstone: recover queue %s: %w", queue, err)
 	}

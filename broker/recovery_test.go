@@ -2,10 +2,13 @@ package broker_test
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -156,4 +159,88 @@ func TestCollectedStaysCollectedAfterUncleanRestart(t *testing.T) {
 	if ms := e.dequeue("q", subjects.DequeueRequest{Batch: 10}); len(ms) != 1 || ms[0].ID != "c" {
 		t.Fatalf("dequeued %v after the restart, want [c]", ids(ms))
 	}
+}
+
+// TestRestartDeletesPayloadsWithoutRecord: an enqueue stores its payload before its record, so a
+// crash between the two leaves a payload that no record references. A start deletes such payloads
+// and keeps every other: those of pending, running and retained messages, and one whose record
+// belongs to a queue that is gone.
+func TestRestartDeletesPayloadsWithoutRecord(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{LeaseMS: 600_000})
+	for i, id := range []string{"done", "running", "pending"} {
+		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Payload: "payload of " + id})
+	}
+	m := e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	e.dequeueOne("q")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js := e.jetStream()
+	publish := func(subject string, data []byte) uint64 {
+		t.Helper()
+		ack, err := js.Publish(ctx, subject, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	// What crashes between payload and record leave, in the queue and in one since deleted.
+	for _, subject := range []string{"natstone.body.q", "natstone.body.q", "natstone.body.old"} {
+		publish(subject, []byte("orphan"))
+	}
+	// A record of a queue that is gone (a delete a crash interrupted) keeps its payload: it is
+	// read, though not loaded.
+	seq := publish("natstone.body.old", []byte("payload of z"))
+	rec, err := kv.EncodeRecord(&kv.Record{ID: "z", State: subjects.StatePending, BodySeq: seq, Version: 1, MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish("$KV.natstone-messages."+kv.MessageKey("old", "z"), rec)
+	e.waitStreamMsgs("natstone-bodies", 7)
+
+	e.restartAll()
+
+	e.waitStreamMsgs("natstone-bodies", 4)
+	for _, id := range []string{"done", "running", "pending"} {
+		if got := e.get("q", id); got.Payload == nil || *got.Payload != "payload of "+id {
+			t.Errorf("%s after the restart: payload %v", id, got.Payload)
+		}
+	}
+	st, err := js.Stream(ctx, "natstone-bodies")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := st.GetMsg(ctx, seq); err != nil || string(msg.Data) != "payload of z" {
+		t.Fatalf("the payload of an unknown queue's record: %v", err)
+	}
+}
+
+// TestRestartKeepsPayloadsWhenARecordIsUnreadable: a record that does not decode may be the one
+// that references a payload, so a start that met one deletes no payload.
+func TestRestartKeepsPayloadsWhenARecordIsUnreadable(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js := e.jetStream()
+	for subject, data := range map[string]string{
+		"natstone.body.q": "the payload of b, perhaps",
+		"$KV.natstone-messages." + kv.MessageKey("q", "b"): "not a record",
+	} {
+		if _, err := js.Publish(ctx, subject, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	e.restartAll()
+
+	if ms := e.dequeue("q", subjects.DequeueRequest{Batch: 10}); len(ms) != 1 || ms[0].ID != "a" {
+		t.Fatalf("dequeued %v after the restart, want [a]", ids(ms))
+	}
+	e.waitStreamMsgs("natstone-bodies", 2)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"strconv"
 	"strings"
@@ -539,41 +540,85 @@ func (s *Store) getBodyFromLeader(ctx context.Context, seq uint64) ([]byte, erro
 	return resp.Message.Data, nil
 }
 
-// maxDeletedDetails bounds the deleted sequences BodiesGone asks the server to list (8 bytes and
+// maxDeletedDetails bounds the deleted sequences ReadBodies asks the server to list (8 bytes and
 // a JSON number each): past it, only the payloads before the stream's first sequence are known to
 // be gone.
 const maxDeletedDetails = 1 << 20
 
-// BodiesGone returns a test of whether the payload at a sequence is known to be gone from the
-// bodies stream: before its first sequence, or deleted inside it (when the stream has at most
-// maxDeletedDetails deleted sequences; complete reports whether it had). It reads the stream's
-// state once; a sequence past that state's last is not known to be gone. A server that answers
-// with a state behind the leader's (a replica catching up) knows of fewer deletions, never of more,
-// so what it says is gone is gone.
-func (s *Store) BodiesGone(ctx context.Context) (gone func(seq uint64) bool, complete bool, err error) {
+// Bodies is the bodies stream's state, read once (ReadBodies): which payloads it holds and which
+// are known to be gone. A server that answers with a state behind the leader's (a replica catching
+// up) knows of fewer deletions and fewer payloads, never of more, so what it says is gone is gone.
+type Bodies struct {
+	First, Last uint64 // the stream's first and last sequences
+	Msgs        uint64 // how many payloads it holds
+	// Complete reports whether every deleted sequence between First and Last is known (there are
+	// at most maxDeletedDetails); if not, only the payloads before First are known to be gone.
+	Complete bool
+	deleted  []uint64 // sorted
+}
+
+// ReadBodies reads the bodies stream's state.
+func (s *Store) ReadBodies(ctx context.Context) (*Bodies, error) {
 	info, err := s.bodies.Info(ctx)
 	if err != nil {
-		return nil, false, fmt.Errorf("kv: read the bodies stream's state: %w", err)
+		return nil, fmt.Errorf("kv: read the bodies stream's state: %w", err)
 	}
-	var deleted []uint64
-	if complete = info.State.NumDeleted <= maxDeletedDetails; complete && info.State.NumDeleted > 0 {
+	b := &Bodies{Complete: info.State.NumDeleted <= maxDeletedDetails}
+	if b.Complete && info.State.NumDeleted > 0 {
 		if info, err = s.bodies.Info(ctx, jetstream.WithDeletedDetails(true)); err != nil {
-			return nil, false, fmt.Errorf("kv: read the bodies stream's deleted sequences: %w", err)
+			return nil, fmt.Errorf("kv: read the bodies stream's deleted sequences: %w", err)
 		}
-		deleted = slices.Clone(info.State.Deleted)
-		slices.Sort(deleted)
+		b.deleted = slices.Clone(info.State.Deleted)
+		slices.Sort(b.deleted)
 	}
-	st := info.State
-	return func(seq uint64) bool {
-		if seq < st.FirstSeq {
-			return true
+	b.First, b.Last, b.Msgs = info.State.FirstSeq, info.State.LastSeq, info.State.Msgs
+	return b, nil
+}
+
+// Gone reports whether the payload at seq is known to be gone: before the stream's first
+// sequence, or deleted (when Complete). A sequence past Last, stored after the state was read, is
+// not known to be gone.
+func (b *Bodies) Gone(seq uint64) bool {
+	if seq < b.First {
+		return true
+	}
+	if seq > b.Last {
+		return false
+	}
+	_, found := slices.BinarySearch(b.deleted, seq)
+	return found
+}
+
+// Stored yields, in order, the sequences from First to min(to, Last) that hold a payload. It
+// yields nothing unless Complete.
+func (b *Bodies) Stored(to uint64) iter.Seq[uint64] {
+	return func(yield func(uint64) bool) {
+		if !b.Complete || b.Msgs == 0 {
+			return
 		}
-		if seq > st.LastSeq {
-			return false
+		deleted := b.deleted
+		for seq := b.First; seq <= min(to, b.Last); seq++ {
+			for len(deleted) > 0 && deleted[0] < seq {
+				deleted = deleted[1:]
+			}
+			if len(deleted) > 0 && deleted[0] == seq {
+				continue
+			}
+			if !yield(seq) {
+				return
+			}
 		}
-		_, found := slices.BinarySearch(deleted, seq)
-		return found
-	}, complete, nil
+	}
+}
+
+// LastBodySeq returns the bodies stream's last sequence: every payload stored so far is at or
+// before it.
+func (s *Store) LastBodySeq(ctx context.Context) (uint64, error) {
+	info, err := s.bodies.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("kv: read the bodies stream's state: %w", err)
+	}
+	return info.State.LastSeq, nil
 }
 
 // BodyGone reports whether the payload at seq is gone, as the bodies stream's leader says.

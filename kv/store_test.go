@@ -503,14 +503,15 @@ func TestOpenAllowsTTLsOnAnOlderBucket(t *testing.T) {
 	}
 }
 
-// TestBodiesGone: a payload is gone when it was deleted or is before the stream's first sequence.
-func TestBodiesGone(t *testing.T) {
+// TestReadBodies: a payload is gone when it was deleted or is before the stream's first sequence;
+// the others are stored.
+func TestReadBodies(t *testing.T) {
 	t.Parallel()
 	s, _ := open(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var seqs []uint64
-	for i := range 4 {
+	for i := range 5 {
 		seq, err := s.WriteBody("q", []byte{byte(i)}).Wait(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -522,21 +523,34 @@ func TestBodiesGone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	gone, complete, err := s.BodiesGone(ctx)
-	if err != nil || !complete {
-		t.Fatalf("BodiesGone: complete %v, %v", complete, err)
+	if last, err := s.LastBodySeq(ctx); err != nil || last != seqs[4] {
+		t.Fatalf("LastBodySeq = %d, %v; want %d", last, err, seqs[4])
+	}
+	bodies, err := s.ReadBodies(ctx)
+	if err != nil || !bodies.Complete || bodies.Msgs != 3 {
+		t.Fatalf("ReadBodies: %+v, %v; want 3 payloads, complete", bodies, err)
 	}
 	// Past the last sequence is not known to be gone: a payload stored after the state was read.
-	want := map[uint64]bool{0: true, seqs[0]: true, seqs[1]: false, seqs[2]: true, seqs[3]: false, seqs[3] + 1: false}
+	want := map[uint64]bool{0: true, seqs[0]: true, seqs[1]: false, seqs[2]: true, seqs[3]: false, seqs[4]: false, seqs[4] + 1: false}
 	for seq, w := range want {
-		if gone(seq) != w {
-			t.Errorf("gone(%d) = %v, want %v", seq, !w, w)
+		if bodies.Gone(seq) != w {
+			t.Errorf("Gone(%d) = %v, want %v", seq, !w, w)
 		}
-		if seq == 0 || seq > seqs[3] {
+		if seq == 0 || seq > seqs[4] {
 			continue
 		}
 		if sure, err := s.BodyGone(ctx, seq); err != nil || sure != w {
 			t.Errorf("BodyGone(%d) = %v, %v; want %v", seq, sure, err, w)
+		}
+	}
+	for to, want := range map[uint64][]uint64{
+		seqs[4] + 10: {seqs[1], seqs[3], seqs[4]},
+		seqs[3]:      {seqs[1], seqs[3]},
+		seqs[2]:      {seqs[1]},
+		seqs[0]:      nil,
+	} {
+		if got := slices.Collect(bodies.Stored(to)); !slices.Equal(got, want) {
+			t.Errorf("Stored(%d) = %v, want %v", to, got, want)
 		}
 	}
 }
