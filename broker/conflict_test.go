@@ -2,7 +2,11 @@ package broker_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -82,4 +86,45 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	if got := e.dequeueOne("x"); got.ID != "c" {
 		t.Fatalf("after the restart: dequeued %s, want c", got.ID)
 	}
+}
+
+// TestFailedEnqueueLeavesNoPayload: when some payloads of a batch cannot be stored, the enqueue
+// fails and deletes those that were: a failed request writes nothing. Here the bodies stream is
+// given room for two of three payloads.
+func TestFailedEnqueueLeavesNoPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js := e.jetStream()
+	st, err := js.Stream(ctx, "natstone-bodies")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxBytes, cfg.Discard = 2500, jetstream.DiscardNew
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var batch subjects.EnqueueBatchRequest
+	for _, id := range []string{"a", "b", "c"} {
+		batch.Messages = append(batch.Messages, subjects.EnqueueRequest{ID: id, Payload: strings.Repeat(id, 1000)})
+	}
+
+	fails(e, subjects.CodeUnavailable, subjects.OpEnqueueBatch, "q", batch)
+
+	e.waitStreamMsgs("natstone-bodies", 0)
+	e.waitStreamMsgs("KV_natstone-messages", 0)
+	if c := e.depth("q", nil); c != (subjects.Counts{}) {
+		t.Fatalf("depth after the failed enqueue: %+v", c)
+	}
+	cfg.MaxBytes = -1
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if r := must[subjects.EnqueueBatchReply](e, subjects.OpEnqueueBatch, "q", batch); len(r.Messages) != 3 || r.Messages[2].Duplicate {
+		t.Fatalf("the batch again: %+v", r)
+	}
+	e.waitStreamMsgs("natstone-bodies", 3)
 }

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -136,15 +137,29 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			m.body = q.b.store.WriteBody(q.name, m.payload)
 		}
 	}
+	var bodyErr error
 	for _, m := range ms {
 		if m.dup || m.dupOf >= 0 {
 			continue
 		}
 		seq, err := m.body.Wait(ctx)
 		if err != nil {
-			return nil, unavailable("store payload", err)
+			bodyErr = cmp.Or(bodyErr, err)
+			continue
 		}
 		m.rec.BodySeq = seq
+	}
+	if bodyErr != nil {
+		// Nothing is written for a request that fails: the payloads stored are deleted (one whose
+		// write's outcome is unknown is left to the next start, Broker.dropOrphans).
+		for _, m := range ms {
+			if m.rec.BodySeq != 0 {
+				if err := q.b.store.DeleteBody(ctx, m.rec.BodySeq); err != nil {
+					q.log().Warn("payload of a failed enqueue not deleted", "body_seq", m.rec.BodySeq, "error", err)
+				}
+			}
+		}
+		return nil, unavailable("store payload", bodyErr)
 	}
 
 	q.mu.Lock()
