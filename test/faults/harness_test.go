@@ -2,6 +2,7 @@ package faults
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -335,6 +337,13 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	default:
 	}
 	proc.stop(t)
+	// A start deletes the payloads that the kills left without a record; after it, the bodies
+	// stream holds one payload per message (or fewer, for a moment, while one is collected).
+	proc = startNatstone(t, args, logPath)
+	procMu.Unlock()
+	payloadsMatch(t, admin, specs)
+	procMu.Lock()
+	proc.stop(t)
 	procMu.Unlock()
 	stats.kills = len(restarts)
 	if t.Failed() {
@@ -343,6 +352,42 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		}
 	}
 	return run, stats
+}
+
+// payloadsMatch checks, waiting up to 10 s, that the bodies stream holds as many payloads as the
+// queues hold messages: none was left behind by an enqueue that a kill interrupted.
+func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
+	t.Helper()
+	js, err := jetstream.New(admin.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		messages := 0
+		for name := range specs {
+			var d subjects.DepthReply
+			if o, code := admin.call(subjects.OpDepth, name, nil, &d); o != OK {
+				t.Fatalf("depth %s: %s %s", name, o, code)
+			}
+			c := d.Counts
+			messages += c.Invisible + c.Pending + c.Running + c.Completed + c.Canceled + c.Errored
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := js.Stream(ctx, "natstone-bodies")
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		payloads := st.CachedInfo().State.Msgs
+		if payloads == uint64(messages) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the bodies stream holds %d payloads for %d messages", payloads, messages)
+		}
+		<-time.After(50 * time.Millisecond)
+	}
 }
 
 // runStats counts what a run did, for the report.
