@@ -134,7 +134,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 
 	for _, m := range ms {
 		if !m.dup && m.dupOf < 0 {
-			m.body = q.b.store.WriteBody(q.name, m.payload)
+			m.body = q.b.store.WriteBody(q.name, m.rec.ID, m.payload)
 		}
 	}
 	var bodyErr error

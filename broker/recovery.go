@@ -162,11 +162,17 @@ func (b *Broker) dropCollected(ctx context.Context, bodies *kv.Bodies, loaded ma
 // before its records, so a crash between the two, or a payload write whose outcome stayed unknown,
 // leaves payloads behind that nothing would ever read or delete. bodies is the stream's state read
 // after the records, and unloaded the payloads of records that were read but not loaded (of
-// unknown queues). Only payloads stored before the records were read (at or before lastBody) are
-// candidates: one stored since belongs to an enqueue in flight, which only another broker could
-// have. It looks for nothing when every payload the stream holds is accounted for, the usual case,
-// or when the stream's deleted sequences are not all known. A payload that cannot be deleted stays
-// until the next start; it does not fail this one.
+// unknown queues).
+//
+// The payloads that no record read references are only candidates: the records were read through
+// a consumer that any replica may serve, one that has not caught up would miss the newest records,
+// and deleting the payload of a record it missed would lose that message for good. So each
+// candidate is asked of the streams' leaders (kv.Store.BodyReferenced: the record of the message
+// its header names) and deleted only if that record does not reference it. Only payloads stored
+// before the records were read (at or before lastBody) are candidates. Nothing is looked for when
+// every payload the stream holds is accounted for, the usual case, or when the stream's deleted
+// sequences are not all known. A payload that cannot be checked or deleted stays until the next
+// start; it does not fail this one.
 func (b *Broker) dropOrphans(ctx context.Context, bodies *kv.Bodies, lastBody uint64, loaded map[string]*recovering, unloaded []uint64) {
 	var referenced uint64
 	for _, rq := range loaded {
@@ -199,25 +205,40 @@ func (b *Broker) dropOrphans(ctx context.Context, bodies *kv.Bodies, lastBody ui
 	for _, seq := range unloaded {
 		mark(seq)
 	}
-	var orphans []uint64
+	var candidates []uint64
 	for seq := range bodies.Stored(to) {
 		if refs[(seq-first)/64]&(1<<((seq-first)%64)) == 0 {
-			orphans = append(orphans, seq)
+			candidates = append(candidates, seq)
 		}
 	}
-	if len(orphans) == 0 {
+	if len(candidates) == 0 {
 		return
 	}
-	errs := inParallel(len(orphans), func(i int) error { return b.store.DeleteBody(ctx, orphans[i]) })
-	failed := 0
-	for _, err := range errs {
-		if err != nil {
-			failed++
+	deleted := make([]bool, len(candidates))
+	errs := inParallel(len(candidates), func(i int) error {
+		ref, err := b.store.BodyReferenced(ctx, candidates[i])
+		if err != nil || ref {
+			return err
+		}
+		deleted[i] = true
+		return b.store.DeleteBody(ctx, candidates[i])
+	})
+	var n, kept int
+	for i := range candidates {
+		switch {
+		case errs[i] != nil:
+		case deleted[i]:
+			n++
+		default:
+			kept++
 		}
 	}
-	log := b.log.With("payloads", len(orphans)-failed)
-	if failed > 0 {
-		log = log.With("not_deleted", failed, "error", errors.Join(errs...))
+	log := b.log.With("payloads", n)
+	if kept > 0 {
+		log = log.With("referenced_by_unread_records", kept)
+	}
+	if err := errors.Join(errs...); err != nil {
+		log = log.With("not_deleted", len(candidates)-n-kept, "error", err)
 	}
 	log.Warn("payloads without a record deleted (enqueues that a crash or a failed write interrupted)")
 }

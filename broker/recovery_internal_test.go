@@ -2,10 +2,16 @@ package broker
 
 import (
 	"cmp"
+	"context"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/natstone/natstone/broker/index"
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
 )
 
 // sortKeys must order like a stable comparison sort, for any spread of priorities and sequences.
@@ -46,6 +52,56 @@ func TestSortKeysMatchesStableSort(t *testing.T) {
 					t.Fatalf("%s, %d keys: position %d is %+v, want %+v", name, n, i, keys[i], want[i])
 				}
 			}
+		}
+	}
+}
+
+// TestDropOrphansAsksTheLeaders: dropOrphans deletes a payload that no record references, at the
+// stream's first sequence, at the last one it may look at and between deleted ones, but keeps one
+// whose record the load did not see (a replica behind its leader served the load), one that a
+// loaded record references and one stored after the records were read.
+func TestDropOrphansAsksTheLeaders(t *testing.T) {
+	t.Parallel()
+	b, _ := internalBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := func(id string) uint64 {
+		t.Helper()
+		seq, err := b.store.WriteBody("q", id, []byte(id)).Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	first := body("first") // no record
+	unseen := body("unseen")
+	r := kv.Record{ID: "unseen", State: subjects.StatePending, BodySeq: unseen, Version: 1, MaxAttempts: 3}
+	if _, err := b.store.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gap := body("gap")
+	if err := b.store.DeleteBody(ctx, gap); err != nil {
+		t.Fatal(err)
+	}
+	between := body("between") // no record
+	loaded := body("loaded")
+	last := body("last") // no record
+	after := body("after")
+	bodies, err := b.store.ReadBodies(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	rq := &recovering{q: q, entries: []*entry{{Item: index.Item{Seq: loaded}}}}
+	b.dropOrphans(ctx, bodies, last, map[string]*recovering{"q": rq}, nil)
+
+	for seq, want := range map[uint64]bool{first: true, unseen: false, between: true, loaded: false, last: true, after: false} {
+		if gone, err := b.store.BodyGone(ctx, seq); err != nil || gone != want {
+			t.Errorf("payload %d gone: %v, %v; want %v", seq, gone, err, want)
 		}
 	}
 }

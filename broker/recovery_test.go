@@ -3,10 +3,13 @@ package broker_test
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -163,8 +166,9 @@ func TestCollectedStaysCollectedAfterUncleanRestart(t *testing.T) {
 
 // TestRestartDeletesPayloadsWithoutRecord: an enqueue stores its payload before its record, so a
 // crash between the two leaves a payload that no record references. A start deletes such payloads
-// and keeps every other: those of pending, running and retained messages, and one whose record
-// belongs to a queue that is gone.
+// and keeps every other: those of pending, running and retained messages, one whose record
+// belongs to a queue that is gone, and one that does not name its message (as natstone's payloads
+// did not before they carried kv.BodyIDHeader).
 func TestRestartDeletesPayloadsWithoutRecord(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -179,31 +183,40 @@ func TestRestartDeletesPayloadsWithoutRecord(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	js := e.jetStream()
-	publish := func(subject string, data []byte) uint64 {
+	publish := func(subject, id string, data []byte) uint64 {
 		t.Helper()
-		ack, err := js.Publish(ctx, subject, data)
+		msg := nats.NewMsg(subject)
+		msg.Data = data
+		if id != "" {
+			msg.Header.Set(kv.BodyIDHeader, base64.RawURLEncoding.EncodeToString([]byte(id)))
+		}
+		ack, err := js.PublishMsg(ctx, msg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return ack.Sequence
 	}
-	// What crashes between payload and record leave, in the queue and in one since deleted.
-	for _, subject := range []string{"natstone.body.q", "natstone.body.q", "natstone.body.old"} {
-		publish(subject, []byte("orphan"))
-	}
+	// What crashes between payload and record leave: a message never stored, an earlier attempt at
+	// a message whose record references another payload, and one of a queue since deleted.
+	publish("natstone.body.q", "lost", []byte("orphan"))
+	publish("natstone.body.q", "pending", []byte("orphan"))
+	publish("natstone.body.old", "x", []byte("orphan"))
+	unnamed := publish("natstone.body.q", "", []byte("who knows"))
 	// A record of a queue that is gone (a delete a crash interrupted) keeps its payload: it is
 	// read, though not loaded.
-	seq := publish("natstone.body.old", []byte("payload of z"))
+	seq := publish("natstone.body.old", "z", []byte("payload of z"))
 	rec, err := kv.EncodeRecord(&kv.Record{ID: "z", State: subjects.StatePending, BodySeq: seq, Version: 1, MaxAttempts: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	publish("$KV.natstone-messages."+kv.MessageKey("old", "z"), rec)
-	e.waitStreamMsgs("natstone-bodies", 7)
+	if _, err := js.Publish(ctx, "$KV.natstone-messages."+kv.MessageKey("old", "z"), rec); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStreamMsgs("natstone-bodies", 8)
 
 	e.restartAll()
 
-	e.waitStreamMsgs("natstone-bodies", 4)
+	e.waitStreamMsgs("natstone-bodies", 5)
 	for _, id := range []string{"done", "running", "pending"} {
 		if got := e.get("q", id); got.Payload == nil || *got.Payload != "payload of "+id {
 			t.Errorf("%s after the restart: payload %v", id, got.Payload)
@@ -213,8 +226,10 @@ func TestRestartDeletesPayloadsWithoutRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if msg, err := st.GetMsg(ctx, seq); err != nil || string(msg.Data) != "payload of z" {
-		t.Fatalf("the payload of an unknown queue's record: %v", err)
+	for _, seq := range []uint64{seq, unnamed} {
+		if _, err := st.GetMsg(ctx, seq); err != nil {
+			t.Errorf("payload %d after the restart: %v", seq, err)
+		}
 	}
 }
 

@@ -143,7 +143,7 @@ func TestConflictTakesOtherWritersRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seq, err := b.store.WriteBody("q", []byte("theirs")).Wait(ctx)
+	seq, err := b.store.WriteBody("q", "x", []byte("theirs")).Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

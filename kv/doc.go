@@ -6,7 +6,8 @@
 //	KV   natstone-queues    <queue>                 → QueueRecord (JSON)
 //	KV   natstone-messages  <queue>.<b64url(id)>    → Record (binary, see codec.go): the whole message but its payload
 //	KV   natstone-locks     <queue>.<b64url(value)> → Lock (JSON): who holds an exclusivity value
-//	Stream natstone-bodies  natstone.body.<queue>   → the payload; its sequence is in Record.BodySeq
+//	Stream natstone-bodies  natstone.body.<queue>   → the payload; its sequence is in Record.BodySeq,
+//	                                                  its header Natstone-Message-Id is b64url(id)
 //
 // A payload is immutable, so it is written once and read by sequence with a direct get; keeping it out
 // of the KV record keeps state writes small and gives the server one index entry per message (the

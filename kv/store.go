@@ -481,12 +481,18 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	return nil
 }
 
-// WriteBody publishes a payload to queue's subject of the bodies stream. Wait gives the body's
-// sequence. There is no deduplication by message id: JetStream's duplicate window would outlive a
-// body's deletion (garbage collection, queue delete) and hand a retry the sequence of a deleted
-// payload. The record's create is what makes an enqueue idempotent.
-func (s *Store) WriteBody(queue string, payload []byte) Write {
-	f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: s.bodySubj + queue, Data: payload})
+// BodyIDHeader is the header of a payload that names its message: the message's id as its KV key
+// encodes it. It is what lets a start ask whether a payload that no record it read references
+// has a record at all (BodyReferenced).
+const BodyIDHeader = "Natstone-Message-Id"
+
+// WriteBody publishes the payload of message id to queue's subject of the bodies stream. Wait
+// gives the body's sequence. There is no deduplication by message id: JetStream's duplicate window
+// would outlive a body's deletion (garbage collection, queue delete) and hand a retry the sequence
+// of a deleted payload. The record's create is what makes an enqueue idempotent.
+func (s *Store) WriteBody(queue, id string, payload []byte) Write {
+	msg := &nats.Msg{Subject: s.bodySubj + queue, Data: payload, Header: nats.Header{BodyIDHeader: {encodeToken(id)}}}
+	f, err := s.js.PublishMsgAsync(msg)
 	return Write{f: f, err: err}
 }
 
@@ -496,7 +502,14 @@ func (s *Store) WriteBody(queue string, payload []byte) Write {
 func (s *Store) GetBody(ctx context.Context, seq uint64) ([]byte, error) {
 	m, err := s.bodies.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return s.getBodyFromLeader(ctx, seq)
+		m, err := s.getFromLeader(ctx, s.prefix+"-bodies", msgGetRequest{Seq: seq})
+		switch {
+		case err != nil:
+			return nil, err
+		case m.Data == nil:
+			return []byte{}, nil
+		}
+		return m.Data, nil
 	}
 	if err != nil {
 		return nil, err
@@ -504,27 +517,39 @@ func (s *Store) GetBody(ctx context.Context, seq uint64) ([]byte, error) {
 	return m.Data, nil
 }
 
-// getBodyFromLeader reads the payload at seq through the JetStream API ($JS.API.STREAM.MSG.GET),
-// which the stream leader answers.
-func (s *Store) getBodyFromLeader(ctx context.Context, seq uint64) ([]byte, error) {
-	req, _ := json.Marshal(map[string]uint64{"seq": seq})
+// msgGetRequest is the body of a JetStream API message get: by sequence or last by subject.
+type msgGetRequest struct {
+	Seq     uint64 `json:"seq,omitempty"`
+	LastFor string `json:"last_by_subj,omitempty"`
+}
+
+// storedMsg is a message as the JetStream API's message get returns it.
+type storedMsg struct {
+	Subject string `json:"subject"`
+	Seq     uint64 `json:"seq"`
+	Header  []byte `json:"hdrs"`
+	Data    []byte `json:"data"`
+}
+
+// getFromLeader reads a message of stream through the JetStream API ($JS.API.STREAM.MSG.GET), which
+// the stream's leader answers, unlike a direct get. A message that is not there is ErrNotFound.
+func (s *Store) getFromLeader(ctx context.Context, stream string, req msgGetRequest) (*storedMsg, error) {
+	body, _ := json.Marshal(req)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	msg, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+s.prefix+"-bodies", req)
+	msg, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
 	if err != nil {
 		return nil, err
 	}
 	var resp struct {
-		Message *struct {
-			Data []byte `json:"data"`
-		} `json:"message"`
-		Error *jetstream.APIError `json:"error"`
+		Message *storedMsg          `json:"message"`
+		Error   *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, fmt.Errorf("kv: get body %d: %w", seq, err)
+		return nil, fmt.Errorf("kv: get from %s: %w", stream, err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
@@ -532,12 +557,61 @@ func (s *Store) getBodyFromLeader(ctx context.Context, seq uint64) ([]byte, erro
 	case resp.Error != nil:
 		return nil, resp.Error
 	case resp.Message == nil:
-		return nil, fmt.Errorf("kv: get body %d: empty reply", seq)
+		return nil, fmt.Errorf("kv: get from %s: empty reply", stream)
 	}
-	if resp.Message.Data == nil {
-		return []byte{}, nil
+	return resp.Message, nil
+}
+
+// BodyReferenced reports whether the payload at seq may still be needed, as the leaders of the
+// bodies stream and of the messages bucket say: whether the record of the message its header
+// names references it. Only a payload known to have no such record is not referenced: one whose
+// message has no record, or a record of another payload (another message of that id). A payload
+// without the header, or whose message's record does not decode, counts as referenced; one that
+// is gone does not.
+func (s *Store) BodyReferenced(ctx context.Context, seq uint64) (bool, error) {
+	body, err := s.getFromLeader(ctx, s.prefix+"-bodies", msgGetRequest{Seq: seq})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
 	}
-	return resp.Message.Data, nil
+	queue, ok := strings.CutPrefix(body.Subject, s.bodySubj)
+	if !ok {
+		return true, nil
+	}
+	var tok string
+	if len(body.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(body.Header)
+		if err != nil {
+			return true, nil
+		}
+		tok = h.Get(BodyIDHeader)
+	}
+	if tok == "" || !validToken(tok) {
+		return true, nil
+	}
+	rec, err := s.getFromLeader(ctx, "KV_"+s.messages.Bucket(), msgGetRequest{LastFor: s.msgSubj + queue + "." + tok})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	if len(rec.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(rec.Header)
+		if err != nil {
+			return true, nil
+		}
+		if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
+			return false, nil // a marker: the key holds no record
+		}
+	}
+	r, err := DecodeRecord(rec.Data)
+	if err != nil {
+		return true, nil
+	}
+	return r.BodySeq == seq, nil
 }
 
 // maxDeletedDetails bounds the deleted sequences ReadBodies asks the server to list (8 bytes and
@@ -623,7 +697,7 @@ func (s *Store) LastBodySeq(ctx context.Context) (uint64, error) {
 
 // BodyGone reports whether the payload at seq is gone, as the bodies stream's leader says.
 func (s *Store) BodyGone(ctx context.Context, seq uint64) (bool, error) {
-	_, err := s.getBodyFromLeader(ctx, seq)
+	_, err := s.getFromLeader(ctx, s.prefix+"-bodies", msgGetRequest{Seq: seq})
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return true, nil

@@ -197,12 +197,12 @@ func TestBodiesAndQueueDelete(t *testing.T) {
 	t.Parallel()
 	s, _ := open(t)
 	ctx := context.Background()
-	seq, err := s.WriteBody("q", []byte{0, 1, 2}).Wait(ctx)
+	seq, err := s.WriteBody("q", "m", []byte{0, 1, 2}).Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// No deduplication: the same payload again is a new body (the record's create is what dedups).
-	if again, err := s.WriteBody("q", []byte{0, 1, 2}).Wait(ctx); err != nil || again == seq {
+	if again, err := s.WriteBody("q", "m", []byte{0, 1, 2}).Wait(ctx); err != nil || again == seq {
 		t.Fatalf("second body: seq %d vs %d (%v)", again, seq, err)
 	}
 	if b, err := s.GetBody(ctx, seq); err != nil || string(b) != "\x00\x01\x02" {
@@ -512,7 +512,7 @@ func TestReadBodies(t *testing.T) {
 	defer cancel()
 	var seqs []uint64
 	for i := range 5 {
-		seq, err := s.WriteBody("q", []byte{byte(i)}).Wait(ctx)
+		seq, err := s.WriteBody("q", fmt.Sprint(i), []byte{byte(i)}).Wait(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -551,6 +551,59 @@ func TestReadBodies(t *testing.T) {
 	} {
 		if got := slices.Collect(bodies.Stored(to)); !slices.Equal(got, want) {
 			t.Errorf("Stored(%d) = %v, want %v", to, got, want)
+		}
+	}
+}
+
+// TestBodyReferenced: a payload is referenced when the record of the message its header names
+// references it; one without the header, or whose record does not decode, counts as referenced.
+func TestBodyReferenced(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js := jsOn(t, srv)
+	body := func(id string) uint64 {
+		t.Helper()
+		seq, err := s.WriteBody("q", id, []byte("p")).Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	record := func(id string, bodySeq uint64) uint64 {
+		t.Helper()
+		rev, err := s.WriteMessage("q", &kv.Record{ID: id, State: subjects.StatePending, BodySeq: bodySeq, Version: 1, MaxAttempts: 1}, 0).Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	kept := body("kept")
+	record("kept", kept)
+	norecord := body("none")
+	earlier, later := body("again"), body("again")
+	record("again", later)
+	collected := body("collected")
+	if _, err := s.CollectMessage("q", "collected", record("collected", collected)).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	garbled := body("garbled")
+	if _, err := js.Publish(ctx, "$KV.natstone-messages."+kv.MessageKey("q", "garbled"), []byte("not a record")); err != nil {
+		t.Fatal(err)
+	}
+	unnamed, err := js.Publish(ctx, "natstone.body.q", []byte("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := body("gone")
+	if err := s.DeleteBody(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	for seq, want := range map[uint64]bool{kept: true, norecord: false, earlier: false, later: true, collected: false,
+		garbled: true, unnamed.Sequence: true, gone: false} {
+		if got, err := s.BodyReferenced(ctx, seq); err != nil || got != want {
+			t.Errorf("BodyReferenced(%d) = %v, %v; want %v", seq, got, err, want)
 		}
 	}
 }
