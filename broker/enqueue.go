@@ -151,10 +151,13 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	}
 	if bodyErr != nil {
 		// Nothing is written for a request that fails: the payloads stored are deleted (one whose
-		// write's outcome is unknown is left to the next start, Broker.dropOrphans).
+		// write's outcome is unknown is left to the next start, Broker.dropOrphans), also when the
+		// request's own time is what ran out.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.b.cfg.WriteTimeout)
+		defer cancel()
 		for _, m := range ms {
 			if m.rec.BodySeq != 0 {
-				if err := q.b.store.DeleteBody(ctx, m.rec.BodySeq); err != nil {
+				if err := q.b.store.DeleteBody(dctx, m.rec.BodySeq); err != nil {
 					q.log().Warn("payload of a failed enqueue not deleted", "body_seq", m.rec.BodySeq, "error", err)
 				}
 			}
