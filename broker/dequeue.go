@@ -319,16 +319,17 @@ type bodyResult struct {
 	err  error
 }
 
-// readBodies starts reading the payloads at seqs concurrently; each channel yields one result.
+// readBodies starts reading the payloads at seqs concurrently, on the runner's goroutines; each
+// channel yields one result.
 func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult {
 	out := make([]chan bodyResult, len(seqs))
 	for i, seq := range seqs {
 		ch := make(chan bodyResult, 1)
 		out[i] = ch
-		go func() {
+		q.b.runner.run(func() {
 			data, err := q.b.store.GetBody(ctx, seq)
 			ch <- bodyResult{data, err}
-		}()
+		})
 	}
 	return out
 }
