@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -346,12 +348,28 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	proc.stop(t)
 	procMu.Unlock()
 	stats.kills = len(restarts)
-	if t.Failed() {
-		if b, err := os.ReadFile(logPath); err == nil && len(b) > 0 {
-			t.Logf("natstone log tail:\n%s", tail(string(b), 40))
-		}
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats.orphans = orphansDeleted(string(b))
+	if t.Failed() && len(b) > 0 {
+		t.Logf("natstone log tail:\n%s", tail(string(b), 40))
 	}
 	return run, stats
+}
+
+// orphanLine matches the line a start logs when it deleted payloads that no record referenced.
+var orphanLine = regexp.MustCompile(`msg="payloads without a record deleted[^"]*".*? payloads=(\d+)`)
+
+// orphansDeleted sums the payloads without a record that natstone's starts deleted, from its log.
+func orphansDeleted(log string) int {
+	n := 0
+	for _, m := range orphanLine.FindAllStringSubmatch(log, -1) {
+		k, _ := strconv.Atoi(m[1])
+		n += k
+	}
+	return n
 }
 
 // payloadsMatch checks, waiting up to 10 s, that the bodies stream holds as many payloads as the
@@ -394,6 +412,7 @@ func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 type runStats struct {
 	mu                                     sync.Mutex
 	kills, enqueued, leased, completed, ex int
+	orphans                                int // payloads without a record that starts deleted
 }
 
 func (s *runStats) add(f func(*runStats)) {
