@@ -1,8 +1,12 @@
 package natstest
 
 import (
+	"cmp"
+	"fmt"
 	"net"
+	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -131,4 +135,94 @@ func (s *Server) Restart(t testing.TB) *Server {
 	t.Helper()
 	s.Shutdown()
 	return start(t, s.opts, s.port)
+}
+
+// ClusterOptions tune a test cluster.
+type ClusterOptions struct {
+	// Servers is the number of servers; default 3.
+	Servers int
+	// SyncAlways lists the servers (by index) that fsync before every ack, which makes them slower
+	// to apply what their stream leaders replicate.
+	SyncAlways []int
+}
+
+// StartCluster starts a cluster of in-process servers with JetStream, each on 127.0.0.1 with random
+// client and route ports and its own temporary store, and waits until each accepts connections
+// and the cluster has a JetStream meta leader that every server follows and that can place
+// streams on every server. Every server shuts down when the test ends. opts
+// may be nil.
+func StartCluster(t testing.TB, opts *ClusterOptions) []*Server {
+	t.Helper()
+	var o ClusterOptions
+	if opts != nil {
+		o = *opts
+	}
+	n := cmp.Or(o.Servers, 3)
+	ports := make([]int, n)
+	routes := make([]*url.URL, n)
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("natstest: a route port: %v", err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", ports[i])}
+	}
+	logging := os.Getenv("NATSTEST_LOG") == "1"
+	servers := make([]*Server, n)
+	for i := range n {
+		so := Options{StoreDir: t.TempDir(), SyncAlways: slices.Contains(o.SyncAlways, i)}
+		ns, err := server.NewServer(&server.Options{
+			ServerName: fmt.Sprintf("s%d", i),
+			Host:       "127.0.0.1",
+			Port:       server.RANDOM_PORT,
+			JetStream:  true,
+			StoreDir:   so.StoreDir,
+			SyncAlways: so.SyncAlways,
+			Cluster:    server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]},
+			Routes:     routes,
+			NoLog:      !logging,
+			NoSigs:     true,
+		})
+		if err != nil {
+			t.Fatalf("natstest: creating nats-server %d: %v", i, err)
+		}
+		if logging {
+			ns.ConfigureLogger()
+		}
+		s := &Server{ns: ns, opts: so}
+		t.Cleanup(s.Shutdown)
+		ns.Start()
+		servers[i] = s
+	}
+	for i, s := range servers {
+		if !s.ns.ReadyForConnections(readyTimeout) {
+			t.Fatalf("natstest: nats-server %d not ready for connections after %v", i, readyTimeout)
+		}
+		addr, ok := s.ns.Addr().(*net.TCPAddr)
+		if !ok {
+			t.Fatalf("natstest: unexpected listener address %v", s.ns.Addr())
+		}
+		s.port, s.url = addr.Port, s.ns.ClientURL()
+	}
+	deadline := time.Now().Add(readyTimeout)
+	// Ready: the meta leader has every server as a peer that can take streams, and every server
+	// follows it.
+	ready := func() bool {
+		for _, s := range servers {
+			if s.ns.JetStreamIsLeader() {
+				return len(s.ns.JetStreamClusterPeers()) == n &&
+					!slices.ContainsFunc(servers, func(s *Server) bool { return !s.ns.JetStreamIsCurrent() })
+			}
+		}
+		return false
+	}
+	for !ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: no JetStream meta leader after %v", readyTimeout)
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	return servers
 }
