@@ -93,6 +93,10 @@ type Broker struct {
 	mu     sync.Mutex
 	queues map[string]*queue
 	closed bool
+
+	// Set by tests only: called by each attempt of recover once it has loaded everything, before
+	// it arms anything; an error is that of the last load (kv.ErrStale: read again).
+	loaded func() error
 }
 
 // New validates cfg and returns a broker that is not started yet.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -20,7 +21,34 @@ import (
 // The message records are read first, each decoded into its entry as it arrives, and indexed once
 // all are in (see recovering.index): a million random insertions into the pending index cost more
 // than reading the records.
+//
+// A load that a replica behind its leader served (kv.ErrStale) may have missed records or read
+// older ones, so everything is read again, up to staleLoads times, a moment later each time.
 func (b *Broker) recover(ctx context.Context) (int, error) {
+	wait := 100 * time.Millisecond
+	for try := 1; ; try++ {
+		n, err := b.load(ctx)
+		if !errors.Is(err, kv.ErrStale) || try == staleLoads {
+			return n, err
+		}
+		b.log.Warn("a replica behind its leader served the load; reading again", "error", err, "attempt", try)
+		b.queues = make(map[string]*queue)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// staleLoads bounds how many times recover reads storage when replicas behind their leaders
+// serve the loads.
+const staleLoads = 10
+
+// load is one attempt of recover. Anything it writes (dropCollected, dropOrphans, reconcile) is
+// written after the loads it depends on were checked against their leaders.
+func (b *Broker) load(ctx context.Context) (int, error) {
 	err := b.store.LoadQueues(ctx, func(name string, rec kv.QueueRecord, rev uint64) error {
 		b.queues[name] = newQueue(b, name, rec, rev)
 		return nil
@@ -96,6 +124,9 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 		locks[name][value] = l
 		return nil
 	})
+	if err == nil && b.loaded != nil {
+		err = b.loaded()
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -3,15 +3,20 @@ package broker
 import (
 	"cmp"
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/broker/index"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // sortKeys must order like a stable comparison sort, for any spread of priorities and sequences.
@@ -103,5 +108,72 @@ func TestDropOrphansAsksTheLeaders(t *testing.T) {
 		if gone, err := b.store.BodyGone(ctx, seq); err != nil || gone != want {
 			t.Errorf("payload %d gone: %v, %v; want %v", seq, gone, err, want)
 		}
+	}
+}
+
+// TestRecoverReadsAgainAfterAStaleLoad: when a load was served by a replica behind its leader
+// (kv.ErrStale, here standing for the last load of each of the first two attempts), the broker reads
+// everything again and starts with what the last attempt read, nothing of the others: not a queue
+// deleted in between, nor a message twice.
+func TestRecoverReadsAgainAfterAStaleLoad(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	newBroker := func() *Broker {
+		b, err := New(&Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	b := newBroker()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{LeaseMS: 600_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.createQueue(ctx, "gone", subjects.CreateQueueRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a"}, {ID: "b"}, {ID: "c"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.dequeue(ctx, subjects.DequeueRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	b = newBroker()
+	stale := 2
+	b.loaded = func() error {
+		if stale == 0 {
+			return nil
+		}
+		if stale--; stale == 1 { // what the next attempt reads has changed since this one
+			if err := b.store.DeleteQueue(ctx, "gone"); err != nil {
+				t.Error(err)
+			}
+		}
+		return fmt.Errorf("%w: standing in for a replica behind its leader", kv.ErrStale)
+	}
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	if stale != 0 || len(b.queues) != 1 {
+		t.Fatalf("after the start: %d stale loads left, %d queues", stale, len(b.queues))
+	}
+	if c, err := b.queues["q"].depth(nil); err != nil || c != (subjects.Counts{Pending: 2, Running: 1}) {
+		t.Fatalf("depth after the start: %+v, %v", c, err)
 	}
 }

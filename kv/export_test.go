@@ -8,3 +8,7 @@ func (s *Store) SetScanBytes(n uint64) { s.scanBytes = n }
 
 // SetScanFetching makes scan call f with the size of each batch it asks for.
 func (s *Store) SetScanFetching(f func(batch uint64)) { s.scanFetching = f }
+
+// SetScanLeaderLast makes scan check its replica against its leader, as on a replicated stream,
+// with the leader's last sequence replaced by f's result.
+func (s *Store) SetScanLeaderLast(f func(last uint64) uint64) { s.scanLeaderLast = f }

@@ -25,6 +25,9 @@ var (
 	ErrConflict = errors.New("kv: revision conflict")
 	// ErrNotFound: no such key or body.
 	ErrNotFound = errors.New("kv: not found")
+	// ErrStale: a load was served by a replica that was behind its stream's leader, so it may have
+	// missed values or returned older ones. Loading again may succeed.
+	ErrStale = errors.New("kv: a replica behind its stream's leader served the load")
 )
 
 // dedupeWindow is the duplicate window of the buckets and the bodies stream: the least the server
@@ -65,10 +68,12 @@ type Store struct {
 
 	// Set by tests only. scanStarted is called by scan once its consumer exists, before it reads;
 	// scanBytes replaces the const scanBytes; scanFetching is called with the size of each batch
-	// scan asks for.
-	scanStarted  func()
-	scanBytes    uint64
-	scanFetching func(batch uint64)
+	// scan asks for; scanLeaderLast, when set, makes scan check its replica against its leader
+	// even on a stream of one replica, with the leader's last sequence replaced by what it returns.
+	scanStarted    func()
+	scanBytes      uint64
+	scanFetching   func(batch uint64)
+	scanLeaderLast func(last uint64) uint64
 }
 
 // Open creates (or updates) the buckets and the bodies stream and returns a Store over them.
@@ -385,6 +390,9 @@ const (
 	scanFirstBatch = 256
 	scanBatch      = 16384
 	scanBytes      = 32 << 20
+	// scanUnheard bounds the requests of a scan that find no responders (waiting 1, 2, 3… ms
+	// after each): about 2 s in all.
+	scanUnheard = 60
 )
 
 // scan calls fn with the last value of every key of bucket matching keys, skipping deleted and
@@ -397,9 +405,26 @@ const (
 // a restart expires at once — are never delivered, and a watcher that counted them waits forever: a
 // broker's start hung that way after kills in the fault tests. scan reads through an ephemeral pull
 // consumer, without waiting: a batch that comes back empty means nothing is left.
+//
+// On a replicated stream the consumer may be served by any replica, and nothing makes one that is
+// behind its leader catch up first: it would deliver its own older state. So scan reads the
+// stream's last sequence from the leader before it starts, and afterwards asks the leader whether
+// the replica missed a value up to it; if so it returns ErrStale, after fn saw values that may be
+// stale.
 func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string, fn func(key string, value []byte, rev uint64) error) error {
 	stream := "KV_" + bucket.Bucket()
 	prefix := "$KV." + bucket.Bucket() + "."
+	info, err := s.streams[bucket].Info(ctx) // the leader answers
+	if err != nil {
+		return fmt.Errorf("kv: load %s: read the stream's state: %w", bucket.Bucket(), err)
+	}
+	check, leaderLast := info.Config.Replicas > 1, info.State.LastSeq
+	if check && (info.Cluster == nil || info.Cluster.Leader == "") {
+		return fmt.Errorf("%w: %s has no leader", ErrStale, stream) // a member answered for it
+	}
+	if s.scanLeaderLast != nil {
+		check, leaderLast = true, s.scanLeaderLast(leaderLast)
+	}
 	c, err := s.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
@@ -432,6 +457,8 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	}()
 	maxBytes := cmp.Or(s.scanBytes, scanBytes)
 	var got, size uint64 // size: the bytes of the keys and values got so far
+	var lastSeen uint64  // the stream sequence of the last value got
+	unheard := 0         // requests that found no responders
 	for got < initial {
 		want := min(initial-got, scanFirstBatch) // to learn the values' size
 		if got > 0 {
@@ -458,6 +485,7 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 				return fmt.Errorf("kv: load %s: value %d of the scan arrived as %d; some were dropped", bucket.Bucket(), got+1, meta.Sequence.Consumer)
 			}
 			got++
+			lastSeen = max(lastSeen, meta.Sequence.Stream)
 			if h := m.Headers(); len(h) > 0 {
 				if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
 					continue
@@ -472,11 +500,38 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 			}
 		}
 		if err := batch.Error(); err != nil {
+			// In a cluster the consumer may live on another server, whose interest in its pull
+			// requests reaches this connection's server a moment after the consumer was made:
+			// until then a request finds no responders, and is made again.
+			if n == 0 && errors.Is(err, nats.ErrNoResponders) && unheard < scanUnheard {
+				unheard++
+				select {
+				case <-time.After(time.Duration(unheard) * time.Millisecond):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				continue
+			}
 			return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
 		}
 		if n == 0 {
-			return nil // the rest went away (expired markers, deletions) before it was read
+			break // the rest went away (expired markers, deletions) before it was read
 		}
+	}
+	if !check {
+		return nil
+	}
+	// A replica applies its leader's messages in order, so one that delivered the message at
+	// lastSeen held every message before it as the leader had them. It missed nothing the leader
+	// held up to leaderLast if the leader holds no value of these keys between the two.
+	m, err := s.getFromLeader(ctx, stream, msgGetRequest{Seq: lastSeen + 1, NextFor: prefix + keys})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("kv: load %s: check with the leader: %w", bucket.Bucket(), err)
+	case m.Seq <= leaderLast:
+		return fmt.Errorf("%w: %s read to sequence %d, its leader holds %d", ErrStale, stream, lastSeen, m.Seq)
 	}
 	return nil
 }
@@ -517,10 +572,12 @@ func (s *Store) GetBody(ctx context.Context, seq uint64) ([]byte, error) {
 	return m.Data, nil
 }
 
-// msgGetRequest is the body of a JetStream API message get: by sequence or last by subject.
+// msgGetRequest is the body of a JetStream API message get: by sequence, last by subject, or next
+// by subject from a sequence.
 type msgGetRequest struct {
 	Seq     uint64 `json:"seq,omitempty"`
 	LastFor string `json:"last_by_subj,omitempty"`
+	NextFor string `json:"next_by_subj,omitempty"` // the first message from Seq on of these subjects
 }
 
 // storedMsg is a message as the JetStream API's message get returns it.

@@ -683,3 +683,61 @@ func TestLoadEndsWhenValuesGoAway(t *testing.T) {
 		t.Errorf("loaded %v, want %v", got, want)
 	}
 }
+
+// TestLoadDetectsAReplicaBehindItsLeader: a load checks with the leader that the replica that served
+// it missed no value up to the leader's last sequence when it began (here the check is forced on a
+// stream of one replica). Values removed at the stream's tail after the load counted them, and a
+// value stored after it began, do not make it look behind; a value it did not read, which the
+// leader held when it began, does (the first value removed from what the load reads stands for it).
+func TestLoadDetectsAReplicaBehindItsLeader(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 5 {
+		r := kv.Record{ID: fmt.Sprintf("m%d", i), State: subjects.StatePending, Version: 1}
+		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := jsOn(t, srv).Stream(ctx, "KV_natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func() error {
+		return s.LoadMessages(ctx, "", func(string, kv.Record, uint64, error) error { return nil })
+	}
+
+	s.SetScanLeaderLast(func(last uint64) uint64 { return last })
+	s.SetScanStarted(func() { // the newest goes once the load has counted it
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject("$KV.natstone-messages."+kv.MessageKey("q", "m4"))); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := load(); err != nil {
+		t.Fatalf("a load caught up, its tail removed: %v", err)
+	}
+
+	s.SetScanStarted(func() {
+		r := kv.Record{ID: "late", State: subjects.StatePending, Version: 1}
+		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := load(); err != nil {
+		t.Fatalf("a load caught up, a value stored after it began: %v", err)
+	}
+
+	// The load reads at most what its consumer counted when it began: a value the consumer's
+	// replica had not counted stays unread, as on a replica behind its leader.
+	s.SetScanStarted(func() {
+		r := kv.Record{ID: "unread", State: subjects.StatePending, Version: 1}
+		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	s.SetScanLeaderLast(func(last uint64) uint64 { return last + 1 }) // the leader had it
+	if err := load(); !errors.Is(err, kv.ErrStale) {
+		t.Fatalf("a load that missed a value its leader held: %v, want ErrStale", err)
+	}
+}
