@@ -17,8 +17,9 @@ build: ## build bin/natstone
 run: ## run `natstone serve` (extra flags: make run ARGS='--sync always')
 	$(GO) run ./cmd/natstone serve $(ARGS)
 
-test: vet fmt-check ## vet, check formatting, run every test with the race detector
+test: vet fmt-check ## vet, check formatting, run every test with the race detector, then the tests on a cluster without it
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run Cluster ./broker ./test/natstest
 
 vet: ## go vet every package
 	$(GO) vet ./...

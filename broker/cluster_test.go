@@ -1,12 +1,23 @@
+//go:build !race
+
+// The tests on a cluster are built without the race detector: in nats-server 2.15.2 the clustered
+// stream code has a data race of its own, which the detector reports in the servers' goroutines
+// (jetstream_batching.go:493 against jetstream_cluster.go:6083; seen once in 20 runs). make test
+// runs them in a second pass, without -race.
+
 package broker_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/broker/clock"
@@ -20,6 +31,11 @@ import (
 // applies what its leaders replicate late; a load it serves sees an older state, which the broker
 // detects with the leader and reads again (kv.ErrStale). Each round leases a message just before
 // the restart: read from a replica behind, it would come back pending, to be leased again.
+//
+// Whether a replica is behind when a load runs is up to timing, so the test cannot count on it:
+// it logs how many loads were read again, 1 in 3 of 10 runs (2026-11-23); without the check, 2 of
+// 10 runs failed, a leased message back pending. The check itself is pinned by kv's
+// TestLoadDetectsAReplicaBehindItsLeader and by TestRecoverReadsAgainAfterAStaleLoad.
 func TestRestartInAClusterLoadsCurrentRecords(t *testing.T) {
 	t.Parallel()
 	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{SyncAlways: []int{2}})
@@ -33,40 +49,61 @@ func TestRestartInAClusterLoadsCurrentRecords(t *testing.T) {
 	}
 	e.startBroker()
 	e.create("q", subjects.CreateQueueRequest{LeaseMS: 600_000})
-	// Writes that keep the messages bucket's replicas busy throughout, on a key that is not a
-	// message's (its token is not one natstone writes), so that loads skip it.
-	js := e.jetStream()
-	stop := make(chan struct{})
-	var noise sync.WaitGroup
-	noise.Go(func() {
-		for {
-			for range 64 {
-				if _, err := js.PublishAsync("$KV.natstone-messages.noise.a", []byte("noise")); err != nil {
+	// Writes that put the messages bucket's replicas behind, the server that fsyncs every write
+	// most of all, on a key that is not a message's (its token is not one natstone writes, so loads
+	// skip it). They stop before each restart: in a load no one writes, and a replica that applies
+	// writes while a load reads it is taken for one catching up.
+	js, err := jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(2048))
+	if err != nil {
+		t.Fatal(err)
+	}
+	noise := func() (stop func()) {
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				// As many in flight as the context allows; past them, wait for the acknowledgements.
+				_, err := js.PublishAsync("$KV.natstone-messages.noise.a", []byte("noise"))
+				switch {
+				case errors.Is(err, jetstream.ErrTooManyStalledMsgs):
+					select {
+					case <-js.PublishAsyncComplete():
+					case <-done:
+						return
+					}
+				case err != nil:
 					t.Error(err)
 					return
 				}
 			}
+		})
+		return func() {
+			close(done)
+			wg.Wait()
 			select {
 			case <-js.PublishAsyncComplete():
-			case <-stop:
-				return
+			case <-time.After(10 * time.Second):
+				t.Fatal("the noise's writes were not acknowledged within 10 s")
 			}
 		}
-	})
-	defer func() {
-		close(stop)
-		noise.Wait()
-	}()
+	}
 
-	const rounds, batch = 6, 200
+	const rounds, batch = 4, 200
 	var leased []subjects.Message
 	for round := range rounds {
 		var req subjects.EnqueueBatchRequest
 		for i := range batch {
 			req.Messages = append(req.Messages, subjects.EnqueueRequest{ID: fmt.Sprintf("r%d-%03d", round, i)})
 		}
+		stop := noise()
 		must[subjects.EnqueueBatchReply](e, subjects.OpEnqueueBatch, "q", req)
 		leased = append(leased, e.dequeueOne("q"))
+		stop()
 
 		e.restartBroker()
 

@@ -12,3 +12,6 @@ func (s *Store) SetScanFetching(f func(batch uint64)) { s.scanFetching = f }
 // SetScanLeaderLast makes scan check its replica against its leader, as on a replicated stream,
 // with the leader's last sequence replaced by f's result.
 func (s *Store) SetScanLeaderLast(f func(last uint64) uint64) { s.scanLeaderLast = f }
+
+// SetScanRead makes scan call f once it has read everything, before it checks with the leader.
+func (s *Store) SetScanRead(f func()) { s.scanRead = f }

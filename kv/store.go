@@ -69,11 +69,13 @@ type Store struct {
 	// Set by tests only. scanStarted is called by scan once its consumer exists, before it reads;
 	// scanBytes replaces the const scanBytes; scanFetching is called with the size of each batch
 	// scan asks for; scanLeaderLast, when set, makes scan check its replica against its leader
-	// even on a stream of one replica, with the leader's last sequence replaced by what it returns.
+	// even on a stream of one replica, with the leader's last sequence replaced by what it returns;
+	// scanRead is called once scan has read everything, before it checks with the leader.
 	scanStarted    func()
 	scanBytes      uint64
 	scanFetching   func(batch uint64)
 	scanLeaderLast func(last uint64) uint64
+	scanRead       func()
 }
 
 // Open creates (or updates) the buckets and the bodies stream and returns a Store over them.
@@ -267,17 +269,35 @@ func (s *Store) createOverMarker(ctx context.Context, st jetstream.Stream, subje
 	return 0, err
 }
 
-// GetMessage reads message id of queue with its revision.
-func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint64, error) {
-	e, err := s.messages.Get(ctx, MessageKey(queue, id))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Record{}, 0, ErrNotFound
+// getKey reads key's value in bucket, with its revision, from the bucket's leader: the reads that
+// learn what a conflicting write found (GetMessage, GetLock, GetQueue) must not be answered by a
+// replica behind it, as a KV get (a direct get) may be, with an older value or none. A deleted or
+// purged key is ErrNotFound.
+func (s *Store) getKey(ctx context.Context, bucket jetstream.KeyValue, key string) ([]byte, uint64, error) {
+	m, err := s.getFromLeader(ctx, "KV_"+bucket.Bucket(), msgGetRequest{LastFor: "$KV." + bucket.Bucket() + "." + key})
+	if err != nil {
+		return nil, 0, err
 	}
+	if len(m.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(m.Header)
+		if err != nil {
+			return nil, 0, fmt.Errorf("kv: %s %q: %w", bucket.Bucket(), key, err)
+		}
+		if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
+			return nil, 0, ErrNotFound
+		}
+	}
+	return m.Data, m.Seq, nil
+}
+
+// GetMessage reads message id of queue with its revision, from the leader.
+func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint64, error) {
+	data, rev, err := s.getKey(ctx, s.messages, MessageKey(queue, id))
 	if err != nil {
 		return Record{}, 0, err
 	}
-	r, err := DecodeRecord(e.Value())
-	return r, e.Revision(), err
+	r, err := DecodeRecord(data)
+	return r, rev, err
 }
 
 // collectMarkerTTL is how long the marker CollectMessage leaves stays: JetStream's least TTL.
@@ -335,18 +355,15 @@ func (s *Store) WriteLock(queue, value string, l Lock, expect uint64) Write {
 
 // GetLock reads the lock of value in queue with its revision.
 func (s *Store) GetLock(ctx context.Context, queue, value string) (Lock, uint64, error) {
-	e, err := s.locks.Get(ctx, LockKey(queue, value))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Lock{}, 0, ErrNotFound
-	}
+	data, rev, err := s.getKey(ctx, s.locks, LockKey(queue, value))
 	if err != nil {
 		return Lock{}, 0, err
 	}
 	var l Lock
-	if err := json.Unmarshal(e.Value(), &l); err != nil {
+	if err := json.Unmarshal(data, &l); err != nil {
 		return Lock{}, 0, fmt.Errorf("kv: decode lock %s/%q: %w", queue, value, err)
 	}
-	return l, e.Revision(), nil
+	return l, rev, nil
 }
 
 // LoadLocks calls fn for every lock of queue ("" for every queue).
@@ -409,8 +426,9 @@ const (
 // On a replicated stream the consumer may be served by any replica, and nothing makes one that is
 // behind its leader catch up first: it would deliver its own older state. So scan reads the
 // stream's last sequence from the leader before it starts, and afterwards asks the leader whether
-// the replica missed a value up to it; if so it returns ErrStale, after fn saw values that may be
-// stale.
+// the replica missed a value up to it; and a replica that applies writes while the load reads it
+// (one catching up) may deliver an older value of a key and then skip or miss the newer one. In
+// either case scan returns ErrStale, after fn saw values that may be stale.
 func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string, fn func(key string, value []byte, rev uint64) error) error {
 	stream := "KV_" + bucket.Bucket()
 	prefix := "$KV." + bucket.Bucket() + "."
@@ -486,6 +504,12 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 			}
 			got++
 			lastSeen = max(lastSeen, meta.Sequence.Stream)
+			if check && meta.NumPending > initial-got {
+				// More pending than when it began: the replica applied writes meanwhile, so what
+				// it delivered may mix older and newer values of a key (in a load no one else
+				// writes: it was catching up).
+				return fmt.Errorf("%w: %s applied writes during the load", ErrStale, stream)
+			}
 			if h := m.Headers(); len(h) > 0 {
 				if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
 					continue
@@ -520,6 +544,9 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	}
 	if !check {
 		return nil
+	}
+	if s.scanRead != nil {
+		s.scanRead()
 	}
 	// A replica applies its leader's messages in order, so one that delivered the message at
 	// lastSeen held every message before it as the leader had them. It missed nothing the leader
@@ -775,18 +802,15 @@ func (s *Store) DeleteBody(ctx context.Context, seq uint64) error {
 
 // GetQueue reads a queue's record with its revision.
 func (s *Store) GetQueue(ctx context.Context, name string) (QueueRecord, uint64, error) {
-	e, err := s.queues.Get(ctx, name)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return QueueRecord{}, 0, ErrNotFound
-	}
+	data, rev, err := s.getKey(ctx, s.queues, name)
 	if err != nil {
 		return QueueRecord{}, 0, err
 	}
 	var q QueueRecord
-	if err := json.Unmarshal(e.Value(), &q); err != nil {
+	if err := json.Unmarshal(data, &q); err != nil {
 		return QueueRecord{}, 0, fmt.Errorf("kv: decode queue %q: %w", name, err)
 	}
-	return q, e.Revision(), nil
+	return q, rev, nil
 }
 
 // PutQueue stores a queue's record if its revision is still expect (0: the queue must not exist;

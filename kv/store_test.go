@@ -685,10 +685,11 @@ func TestLoadEndsWhenValuesGoAway(t *testing.T) {
 }
 
 // TestLoadDetectsAReplicaBehindItsLeader: a load checks with the leader that the replica that served
-// it missed no value up to the leader's last sequence when it began (here the check is forced on a
-// stream of one replica). Values removed at the stream's tail after the load counted them, and a
-// value stored after it began, do not make it look behind; a value it did not read, which the
-// leader held when it began, does (the first value removed from what the load reads stands for it).
+// it missed no value up to the leader's last sequence when it began, and that the replica applied
+// no write while it read (here the checks are forced on a stream of one replica). Values removed
+// at the stream's tail after the load counted them, or a marker as the last message, do not make
+// it look behind; a value stored while it reads does, and so does a value it did not read that the
+// leader held when it began.
 func TestLoadDetectsAReplicaBehindItsLeader(t *testing.T) {
 	t.Parallel()
 	s, srv := open(t)
@@ -718,25 +719,42 @@ func TestLoadDetectsAReplicaBehindItsLeader(t *testing.T) {
 		t.Fatalf("a load caught up, its tail removed: %v", err)
 	}
 
+	// A collection's marker as the stream's last message: read, skipped, and no sign of a replica
+	// behind.
+	rev, err := s.WriteMessage("q", &kv.Record{ID: "collected", State: subjects.StateCompleted, Version: 1}, 0).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CollectMessage("q", "collected", rev).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.SetScanStarted(nil)
+	if err := load(); err != nil {
+		t.Fatalf("a load caught up, a marker last: %v", err)
+	}
+
+	// A value stored while the load reads: the replica was applying writes (catching up), and
+	// may have delivered an older value of a key before the newer one.
 	s.SetScanStarted(func() {
 		r := kv.Record{ID: "late", State: subjects.StatePending, Version: 1}
 		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
 			t.Error(err)
 		}
 	})
-	if err := load(); err != nil {
-		t.Fatalf("a load caught up, a value stored after it began: %v", err)
+	if err := load(); !errors.Is(err, kv.ErrStale) {
+		t.Fatalf("a load during which its replica applied a write: %v, want ErrStale", err)
 	}
 
-	// The load reads at most what its consumer counted when it began: a value the consumer's
-	// replica had not counted stays unread, as on a replica behind its leader.
-	s.SetScanStarted(func() {
+	// The leader held a value past the last one the load read: one stored once the load has read
+	// everything, counted as the leader's when the load began.
+	s.SetScanStarted(nil)
+	s.SetScanRead(func() {
 		r := kv.Record{ID: "unread", State: subjects.StatePending, Version: 1}
 		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
 			t.Error(err)
 		}
 	})
-	s.SetScanLeaderLast(func(last uint64) uint64 { return last + 1 }) // the leader had it
+	s.SetScanLeaderLast(func(last uint64) uint64 { return last + 1 })
 	if err := load(); !errors.Is(err, kv.ErrStale) {
 		t.Fatalf("a load that missed a value its leader held: %v, want ErrStale", err)
 	}
