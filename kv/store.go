@@ -539,7 +539,18 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 			return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
 		}
 		if n == 0 {
-			break // the rest went away (expired markers, deletions) before it was read
+			// The rest went away (expired markers, deletions) before it was read; or not: nats.go
+			// also ends a fetch, empty and without an error, after a second without a message
+			// (a server stalled that long), and a value the server delivers after that is lost to
+			// this load. The consumer's own count tells the two apart.
+			ci, err := c.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+			}
+			if ci.NumPending > 0 || ci.Delivered.Consumer != got {
+				return fmt.Errorf("kv: load %s: a batch came back empty after %d of %d values, with %d pending and %d delivered", bucket.Bucket(), got, initial, ci.NumPending, ci.Delivered.Consumer)
+			}
+			break
 		}
 	}
 	if !check {

@@ -759,3 +759,40 @@ func TestLoadDetectsAReplicaBehindItsLeader(t *testing.T) {
 		t.Fatalf("a load that missed a value its leader held: %v, want ErrStale", err)
 	}
 }
+
+// TestLoadFailsWhenABatchStalls: nats.go ends a fetch, empty and without an error, after a second
+// in which the server sent nothing. A load must not take that for its end while values are still
+// pending: it fails instead of starting with part of the state. A paused consumer stands for a
+// stalled server here.
+func TestLoadFailsWhenABatchStalls(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 3 {
+		r := kv.Record{ID: fmt.Sprintf("m%d", i), State: subjects.StatePending, Version: 1}
+		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js := jsOn(t, srv)
+	st, err := js.Stream(ctx, "KV_natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetScanStarted(func() {
+		names := st.ConsumerNames(ctx)
+		for name := range names.Name() {
+			if _, err := js.PauseConsumer(ctx, "KV_natstone-messages", name, time.Now().Add(time.Minute)); err != nil {
+				t.Error(err)
+			}
+		}
+		if err := names.Err(); err != nil {
+			t.Error(err)
+		}
+	})
+	err = s.LoadMessages(ctx, "", func(string, kv.Record, uint64, error) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "came back empty") {
+		t.Fatalf("a load whose batch stalled: %v, want an error", err)
+	}
+}
