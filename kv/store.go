@@ -686,23 +686,14 @@ func (s *Store) BodyReferenced(ctx context.Context, seq uint64) (bool, error) {
 	if tok == "" || !validToken(tok) {
 		return true, nil
 	}
-	rec, err := s.getFromLeader(ctx, "KV_"+s.messages.Bucket(), msgGetRequest{LastFor: s.msgSubj + queue + "." + tok})
+	data, _, err := s.getKey(ctx, s.messages, queue+"."+tok) // a marker: no record
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return false, nil
 	case err != nil:
 		return false, err
 	}
-	if len(rec.Header) > 0 {
-		h, err := nats.DecodeHeadersMsg(rec.Header)
-		if err != nil {
-			return true, nil
-		}
-		if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
-			return false, nil // a marker: the key holds no record
-		}
-	}
-	r, err := DecodeRecord(rec.Data)
+	r, err := DecodeRecord(data)
 	if err != nil {
 		return true, nil
 	}
