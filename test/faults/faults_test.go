@@ -82,8 +82,8 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	for _, op := range run.Ops {
 		leases += len(op.Leases)
 	}
-	t.Logf("kills=%d ops=%d messages=%d enqueued=%d leases=%d completed=%d extended=%d orphan_payloads_deleted=%d violations=%d",
-		stats.kills, len(run.Ops), len(run.Final), stats.enqueued, leases, stats.completed, stats.ex, stats.orphans, len(violations))
+	t.Logf("kills=%d ops=%d messages=%d enqueued=%d leases=%d completed=%d extended=%d orphan_payloads_deleted=%d stale_loads_read_again=%d violations=%d",
+		stats.kills, len(run.Ops), len(run.Final), stats.enqueued, leases, stats.completed, stats.ex, stats.orphans, stats.stale, len(violations))
 	if stats.completed == 0 || stats.enqueued == 0 {
 		t.Errorf("the run did no work: %+v", stats)
 	}

@@ -353,6 +353,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		t.Fatal(err)
 	}
 	stats.orphans = orphansDeleted(string(b))
+	stats.stale = strings.Count(string(b), "served the load; reading again")
 	if t.Failed() && len(b) > 0 {
 		t.Logf("natstone log tail:\n%s", tail(string(b), 40))
 	}
@@ -413,6 +414,7 @@ type runStats struct {
 	mu                                     sync.Mutex
 	kills, enqueued, leased, completed, ex int
 	orphans                                int // payloads without a record that starts deleted
+	stale                                  int // loads that starts read again (a replica behind)
 }
 
 func (s *runStats) add(f func(*runStats)) {

@@ -1,0 +1,24 @@
+//go:build !race
+
+// Built without the race detector in the test process, which runs the cluster: nats-server
+// 2.15.2's clustered code has a data race of its own (see broker/cluster_test.go). natstone itself
+// still runs with it, as a child process. make test runs this in its second pass, without -race.
+
+package faults
+
+import (
+	"testing"
+
+	"github.com/natstone/natstone/test/natstest"
+)
+
+// TestFaultsCluster is TestFaultsBrokerOnly on a cluster of three servers (in this process), every
+// bucket and stream replicated three times, one server fsyncing before every ack so that it falls
+// behind its leaders: each restarted broker's loads may be served by a replica behind its leader,
+// which the broker must detect and read again (design.md, Recovery).
+func TestFaultsCluster(t *testing.T) {
+	t.Parallel()
+	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{SyncAlways: []int{2}})
+	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4}, srvs[0].URL(),
+		[]string{"serve", "--nats-url", srvs[0].URL(), "--replicas", "3"})
+}
