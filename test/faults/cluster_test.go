@@ -7,6 +7,7 @@
 package faults
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/natstone/natstone/test/natstest"
@@ -20,5 +21,19 @@ func TestFaultsCluster(t *testing.T) {
 	t.Parallel()
 	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{SyncAlways: []int{2}})
 	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4}, srvs[0].URL(),
+		[]string{"serve", "--nats-url", srvs[0].URL(), "--replicas", "3"})
+}
+
+// TestFaultsClusterServers keeps natstone running and restarts, instead, the servers of its
+// cluster: one of the two it is not connected to, at random, each time. Streams lose replicas and
+// leaders while natstone and its clients work on.
+func TestFaultsClusterServers(t *testing.T) {
+	t.Parallel()
+	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{SyncAlways: []int{2}})
+	restart := func(rng *rand.Rand) {
+		i := 1 + rng.IntN(len(srvs)-1)
+		srvs[i] = srvs[i].Restart(t)
+	}
+	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4, restartServer: restart}, srvs[0].URL(),
 		[]string{"serve", "--nats-url", srvs[0].URL(), "--replicas", "3"})
 }

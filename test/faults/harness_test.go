@@ -180,6 +180,9 @@ type faultConfig struct {
 	collected bool
 	producers int
 	workers   int
+	// restartServer, if set, is what each kill does instead of killing natstone: it restarts one
+	// of the servers of the cluster natstone uses.
+	restartServer func(rng *rand.Rand)
 }
 
 // specs returns the queues of a run.
@@ -277,6 +280,12 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	for range cfg.kills {
 		<-time.After(time.Duration(300+rng.IntN(700)) * time.Millisecond)
+		if cfg.restartServer != nil {
+			killed := time.Now()
+			cfg.restartServer(rng)
+			restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
+			continue
+		}
 		procMu.Lock()
 		killed := time.Now()
 		proc.kill()
@@ -322,6 +331,11 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		}
 		var m subjects.Message
 		o, code := admin.call(subjects.OpGet, op.Queue, subjects.GetRequest{ID: op.MessageID}, &m)
+		// A get changes nothing: one whose outcome is unknown (a cluster electing a leader after a
+		// restart of one of its servers) is asked again, for up to 30 s.
+		for again := time.Now().Add(30 * time.Second); o == Unknown && time.Now().Before(again); {
+			o, code = admin.call(subjects.OpGet, op.Queue, subjects.GetRequest{ID: op.MessageID}, &m)
+		}
 		switch {
 		case o == OK:
 			run.Final[key] = Final{Found: true, State: string(m.State), Attempts: m.Attempts}

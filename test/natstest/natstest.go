@@ -36,6 +36,7 @@ type Server struct {
 	url      string
 	port     int
 	shutdown sync.Once
+	node     *server.Options // a cluster's server: all its options, for Restart
 }
 
 // Start starts a server listening on 127.0.0.1 on a random free port, with
@@ -134,7 +135,35 @@ func (s *Server) Shutdown() {
 func (s *Server) Restart(t testing.TB) *Server {
 	t.Helper()
 	s.Shutdown()
+	if s.node != nil {
+		return startNode(t, s.node, s.port)
+	}
 	return start(t, s.opts, s.port)
+}
+
+// startNode starts a server of a cluster with opts on client port (RANDOM_PORT for any free port)
+// and registers its shutdown with t.Cleanup. It does not wait for it to be ready.
+func startNode(t testing.TB, opts *server.Options, port int) *Server {
+	t.Helper()
+	o := opts.Clone()
+	o.Port = port
+	ns, err := server.NewServer(o)
+	if err != nil {
+		t.Fatalf("natstest: creating nats-server %s: %v", o.ServerName, err)
+	}
+	if !o.NoLog {
+		ns.ConfigureLogger()
+	}
+	s := &Server{ns: ns, opts: Options{StoreDir: o.StoreDir, SyncAlways: o.SyncAlways}, node: opts, port: port}
+	t.Cleanup(s.Shutdown)
+	ns.Start()
+	if port != server.RANDOM_PORT {
+		if !ns.ReadyForConnections(readyTimeout) {
+			t.Fatalf("natstest: nats-server %s not ready for connections after %v", o.ServerName, readyTimeout)
+		}
+		s.url = ns.ClientURL()
+	}
+	return s
 }
 
 // ClusterOptions tune a test cluster.
@@ -172,29 +201,17 @@ func StartCluster(t testing.TB, opts *ClusterOptions) []*Server {
 	logging := os.Getenv("NATSTEST_LOG") == "1"
 	servers := make([]*Server, n)
 	for i := range n {
-		so := Options{StoreDir: t.TempDir(), SyncAlways: slices.Contains(o.SyncAlways, i)}
-		ns, err := server.NewServer(&server.Options{
+		servers[i] = startNode(t, &server.Options{
 			ServerName: fmt.Sprintf("s%d", i),
 			Host:       "127.0.0.1",
-			Port:       server.RANDOM_PORT,
 			JetStream:  true,
-			StoreDir:   so.StoreDir,
-			SyncAlways: so.SyncAlways,
+			StoreDir:   t.TempDir(),
+			SyncAlways: slices.Contains(o.SyncAlways, i),
 			Cluster:    server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]},
 			Routes:     routes,
 			NoLog:      !logging,
 			NoSigs:     true,
-		})
-		if err != nil {
-			t.Fatalf("natstest: creating nats-server %d: %v", i, err)
-		}
-		if logging {
-			ns.ConfigureLogger()
-		}
-		s := &Server{ns: ns, opts: so}
-		t.Cleanup(s.Shutdown)
-		ns.Start()
-		servers[i] = s
+		}, server.RANDOM_PORT)
 	}
 	for i, s := range servers {
 		if !s.ns.ReadyForConnections(readyTimeout) {
