@@ -25,13 +25,14 @@ func TestFaultsCluster(t *testing.T) {
 }
 
 // TestFaultsClusterServers keeps natstone running and restarts, instead, the servers of its
-// cluster: one of the two it is not connected to, at random, each time. Streams lose replicas and
+// cluster, one at random each time, the one natstone and its clients are connected to included
+// (they reconnect, to it or to another server the cluster told them of). Streams lose replicas and
 // leaders while natstone and its clients work on.
 func TestFaultsClusterServers(t *testing.T) {
 	t.Parallel()
 	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{SyncAlways: []int{2}})
 	restart := func(rng *rand.Rand) {
-		i := 1 + rng.IntN(len(srvs)-1)
+		i := rng.IntN(len(srvs))
 		srvs[i] = srvs[i].Restart(t)
 	}
 	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4, restartServer: restart}, srvs[0].URL(),
