@@ -32,11 +32,10 @@ type Options struct {
 // Server is a running in-process nats-server with JetStream.
 type Server struct {
 	ns       *server.Server
-	opts     Options // StoreDir always set
+	opts     *server.Options // as given to start, for Restart
 	url      string
 	port     int
 	shutdown sync.Once
-	node     *server.Options // a cluster's server: all its options, for Restart
 }
 
 // Start starts a server listening on 127.0.0.1 on a random free port, with
@@ -53,39 +52,35 @@ func Start(t testing.TB, opts *Options) *Server {
 	if o.StoreDir == "" {
 		o.StoreDir = t.TempDir()
 	}
-	return start(t, o, server.RANDOM_PORT)
+	return start(t, &server.Options{StoreDir: o.StoreDir, SyncAlways: o.SyncAlways}, server.RANDOM_PORT)
 }
 
-// start runs a server on port (RANDOM_PORT for any free port) and registers
-// its shutdown with t.Cleanup.
-func start(t testing.TB, o Options, port int) *Server {
+// start runs a server on 127.0.0.1 with JetStream and opts on client port (RANDOM_PORT for any
+// free port), registers its shutdown with t.Cleanup and waits until it accepts connections. The
+// server logs nothing unless NATSTEST_LOG=1 is set.
+func start(t testing.TB, opts *server.Options, port int) *Server {
 	t.Helper()
+	o := opts.Clone()
+	o.Host, o.Port, o.JetStream, o.NoSigs = "127.0.0.1", port, true, true
 	logging := os.Getenv("NATSTEST_LOG") == "1"
-	ns, err := server.NewServer(&server.Options{
-		Host:       "127.0.0.1",
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   o.StoreDir,
-		SyncAlways: o.SyncAlways,
-		NoLog:      !logging,
-		NoSigs:     true,
-	})
+	o.NoLog = !logging
+	ns, err := server.NewServer(o)
 	if err != nil {
-		t.Fatalf("natstest: creating nats-server: %v", err)
+		t.Fatalf("natstest: creating nats-server %s: %v", o.ServerName, err)
 	}
 	if logging {
 		ns.ConfigureLogger()
 	}
-	s := &Server{ns: ns, opts: o}
+	s := &Server{ns: ns, opts: opts}
 	// Registered before Start so that a failure below still stops the server.
 	t.Cleanup(s.Shutdown)
 
 	ns.Start()
 	if !ns.ReadyForConnections(readyTimeout) {
-		t.Fatalf("natstest: nats-server not ready for connections after %v", readyTimeout)
+		t.Fatalf("natstest: nats-server %s not ready for connections after %v", o.ServerName, readyTimeout)
 	}
 	if !ns.JetStreamEnabled() {
-		t.Fatal("natstest: nats-server started without JetStream")
+		t.Fatalf("natstest: nats-server %s started without JetStream", o.ServerName)
 	}
 	addr, ok := ns.Addr().(*net.TCPAddr)
 	if !ok {
@@ -135,35 +130,7 @@ func (s *Server) Shutdown() {
 func (s *Server) Restart(t testing.TB) *Server {
 	t.Helper()
 	s.Shutdown()
-	if s.node != nil {
-		return startNode(t, s.node, s.port)
-	}
 	return start(t, s.opts, s.port)
-}
-
-// startNode starts a server of a cluster with opts on client port (RANDOM_PORT for any free port)
-// and registers its shutdown with t.Cleanup. It does not wait for it to be ready.
-func startNode(t testing.TB, opts *server.Options, port int) *Server {
-	t.Helper()
-	o := opts.Clone()
-	o.Port = port
-	ns, err := server.NewServer(o)
-	if err != nil {
-		t.Fatalf("natstest: creating nats-server %s: %v", o.ServerName, err)
-	}
-	if !o.NoLog {
-		ns.ConfigureLogger()
-	}
-	s := &Server{ns: ns, opts: Options{StoreDir: o.StoreDir, SyncAlways: o.SyncAlways}, node: opts, port: port}
-	t.Cleanup(s.Shutdown)
-	ns.Start()
-	if port != server.RANDOM_PORT {
-		if !ns.ReadyForConnections(readyTimeout) {
-			t.Fatalf("natstest: nats-server %s not ready for connections after %v", o.ServerName, readyTimeout)
-		}
-		s.url = ns.ClientURL()
-	}
-	return s
 }
 
 // ClusterOptions tune a test cluster.
@@ -198,30 +165,15 @@ func StartCluster(t testing.TB, opts *ClusterOptions) []*Server {
 		l.Close()
 		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", ports[i])}
 	}
-	logging := os.Getenv("NATSTEST_LOG") == "1"
 	servers := make([]*Server, n)
 	for i := range n {
-		servers[i] = startNode(t, &server.Options{
+		servers[i] = start(t, &server.Options{
 			ServerName: fmt.Sprintf("s%d", i),
-			Host:       "127.0.0.1",
-			JetStream:  true,
 			StoreDir:   t.TempDir(),
 			SyncAlways: slices.Contains(o.SyncAlways, i),
 			Cluster:    server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]},
 			Routes:     routes,
-			NoLog:      !logging,
-			NoSigs:     true,
 		}, server.RANDOM_PORT)
-	}
-	for i, s := range servers {
-		if !s.ns.ReadyForConnections(readyTimeout) {
-			t.Fatalf("natstest: nats-server %d not ready for connections after %v", i, readyTimeout)
-		}
-		addr, ok := s.ns.Addr().(*net.TCPAddr)
-		if !ok {
-			t.Fatalf("natstest: unexpected listener address %v", s.ns.Addr())
-		}
-		s.port, s.url = addr.Port, s.ns.ClientURL()
 	}
 	deadline := time.Now().Add(readyTimeout)
 	// Ready: the meta leader has every server as a peer that can take streams, and every server
