@@ -63,13 +63,12 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 	}
 	loaded := make(map[string]*recovering, len(b.queues))
 	var last *recovering // the queue of the record before, which the next one most likely shares
-	n, orphans, unreadable := 0, 0, 0
+	n, orphans := 0, 0
 	var unloaded []uint64 // the payloads of the records of unknown queues
 	err = b.store.LoadMessages(ctx, "", func(name string, r kv.Record, rev uint64, bad error) error {
 		if bad != nil {
 			// One corrupted value must not keep every queue down: report it and go on.
 			b.log.Error("unreadable message record skipped", "queue", name, "error", bad)
-			unreadable++
 			return nil
 		}
 		if last == nil || last.q.name != name {
@@ -102,11 +101,7 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 	if n, err = b.dropCollected(ctx, bodies, loaded, n); err != nil {
 		return 0, err
 	}
-	if unreadable == 0 {
-		b.dropOrphans(ctx, bodies, lastBody, loaded, unloaded)
-	} else {
-		b.log.Warn("payloads without a record not looked for: a record could not be read", "records", unreadable)
-	}
+	b.dropOrphans(ctx, bodies, lastBody, loaded, unloaded)
 	running := make(map[string][]*entry, len(loaded))
 	for name, rq := range loaded {
 		running[name] = rq.index()

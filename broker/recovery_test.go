@@ -233,8 +233,8 @@ func TestRestartDeletesPayloadsWithoutRecord(t *testing.T) {
 	}
 }
 
-// TestRestartKeepsPayloadsWhenARecordIsUnreadable: a record that does not decode may be the one
-// that references a payload, so a start that met one deletes no payload.
+// TestRestartKeepsPayloadsWhenARecordIsUnreadable: a payload that no loaded record references, of
+// a message whose record does not decode, may still be that message's: a start keeps it.
 func TestRestartKeepsPayloadsWhenARecordIsUnreadable(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -243,13 +243,14 @@ func TestRestartKeepsPayloadsWhenARecordIsUnreadable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	js := e.jetStream()
-	for subject, data := range map[string]string{
-		"natstone.body.q": "the payload of b, perhaps",
-		"$KV.natstone-messages." + kv.MessageKey("q", "b"): "not a record",
-	} {
-		if _, err := js.Publish(ctx, subject, []byte(data)); err != nil {
-			t.Fatal(err)
-		}
+	body := nats.NewMsg("natstone.body.q")
+	body.Data = []byte("the payload of b, perhaps")
+	body.Header.Set(kv.BodyIDHeader, base64.RawURLEncoding.EncodeToString([]byte("b")))
+	if _, err := js.PublishMsg(ctx, body); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "$KV.natstone-messages."+kv.MessageKey("q", "b"), []byte("not a record")); err != nil {
+		t.Fatal(err)
 	}
 
 	e.restartAll()
