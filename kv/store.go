@@ -595,7 +595,7 @@ func (s *Store) WriteBody(queue, id string, payload []byte) Write {
 func (s *Store) GetBody(ctx context.Context, seq uint64) ([]byte, error) {
 	m, err := s.bodies.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		m, err := s.getFromLeader(ctx, s.prefix+"-bodies", msgGetRequest{Seq: seq})
+		m, err := s.bodyFromLeader(ctx, seq)
 		switch {
 		case err != nil:
 			return nil, err
@@ -657,6 +657,12 @@ func (s *Store) getFromLeader(ctx context.Context, stream string, req msgGetRequ
 	return resp.Message, nil
 }
 
+// bodyFromLeader reads the payload at seq, with its subject and headers, from the bodies
+// stream's leader.
+func (s *Store) bodyFromLeader(ctx context.Context, seq uint64) (*storedMsg, error) {
+	return s.getFromLeader(ctx, s.bodies.CachedInfo().Config.Name, msgGetRequest{Seq: seq})
+}
+
 // BodyReferenced reports whether the payload at seq may still be needed, as the leaders of the
 // bodies stream and of the messages bucket say: whether the record of the message its header
 // names references it. Only a payload known to have no such record is not referenced: one whose
@@ -664,7 +670,7 @@ func (s *Store) getFromLeader(ctx context.Context, stream string, req msgGetRequ
 // without the header, or whose message's record does not decode, counts as referenced; one that
 // is gone does not.
 func (s *Store) BodyReferenced(ctx context.Context, seq uint64) (bool, error) {
-	body, err := s.getFromLeader(ctx, s.prefix+"-bodies", msgGetRequest{Seq: seq})
+	body, err := s.bodyFromLeader(ctx, seq)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return false, nil
@@ -783,7 +789,7 @@ func (s *Store) LastBodySeq(ctx context.Context) (uint64, error) {
 
 // BodyGone reports whether the payload at seq is gone, as the bodies stream's leader says.
 func (s *Store) BodyGone(ctx context.Context, seq uint64) (bool, error) {
-	_, err := s.getFromLeader(ctx, s.prefix+"-bodies", msgGetRequest{Seq: seq})
+	_, err := s.bodyFromLeader(ctx, seq)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return true, nil
