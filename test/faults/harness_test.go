@@ -334,6 +334,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		// A get changes nothing: one whose outcome is unknown (a cluster electing a leader after a
 		// restart of one of its servers) is asked again, for up to 30 s.
 		for again := time.Now().Add(30 * time.Second); o == Unknown && time.Now().Before(again); {
+			<-time.After(50 * time.Millisecond) // an unavailable reply comes at once
 			o, code = admin.call(subjects.OpGet, op.Queue, subjects.GetRequest{ID: op.MessageID}, &m)
 		}
 		switch {
