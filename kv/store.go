@@ -42,7 +42,7 @@ type Config struct {
 	// JS is the JetStream context to use. Required. Its async publish timeout bounds how long a write
 	// may stay unacknowledged (jetstream.WithPublishAsyncTimeout).
 	JS jetstream.JetStream
-	// Prefix names the buckets (<prefix>-queues, -messages, -locks) and the bodies stream
+	// Prefix names the buckets (<prefix>-queues, -messages, -locks, -claims) and the bodies stream
 	// (<prefix>-bodies on subjects <prefix>.body.<queue>). Default DefaultPrefix.
 	Prefix string
 	// Replicas of every bucket and stream: 1 on a single server, 3 on a production cluster. Default 1.
@@ -58,12 +58,14 @@ type Store struct {
 	queues   jetstream.KeyValue
 	messages jetstream.KeyValue
 	locks    jetstream.KeyValue
+	claims   jetstream.KeyValue
 	bodies   jetstream.Stream
 	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
 
 	msgSubj   string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
 	queueSubj string // "$KV.<prefix>-queues."
 	lockSubj  string
+	claimSubj string // "$KV.<prefix>-claims.broker": the claim's key subject
 	bodySubj  string // "<prefix>.body."
 
 	// Set by tests only. scanStarted is called by scan once its consumer exists, before it reads;
@@ -91,7 +93,7 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 		storage = jetstream.MemoryStorage
 	}
 	s := &Store{js: cfg.JS, prefix: prefix}
-	s.streams = make(map[jetstream.KeyValue]jetstream.Stream, 3)
+	s.streams = make(map[jetstream.KeyValue]jetstream.Stream, 4)
 	// bucket opens a bucket, creating it if need be. What natstone sets beyond a KeyValueConfig (a
 	// duplicate window; message TTLs on the messages bucket, for the markers CollectMessage writes)
 	// and what an operator may have changed since (replicas) are set by updating the stream from
@@ -143,6 +145,9 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	if s.locks, err = bucket("locks", "natstone exclusivity locks", false); err != nil {
 		return nil, err
 	}
+	if s.claims, err = bucket("claims", "natstone broker claims", false); err != nil {
+		return nil, err
+	}
 	s.bodies, err = ensureStream(ctx, cfg.JS, jetstream.StreamConfig{
 		Name:        prefix + "-bodies",
 		Description: "natstone message payloads",
@@ -158,6 +163,7 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	s.msgSubj = "$KV." + prefix + "-messages."
 	s.queueSubj = "$KV." + prefix + "-queues."
 	s.lockSubj = "$KV." + prefix + "-locks."
+	s.claimSubj = "$KV." + prefix + "-claims." + claimKey
 	s.bodySubj = prefix + ".body."
 	return s, nil
 }

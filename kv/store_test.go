@@ -397,7 +397,7 @@ func TestStreamsHaveTheShortestDuplicateWindow(t *testing.T) {
 	_, srv := open(t)
 	ctx := context.Background()
 	js := jsOn(t, srv)
-	for _, name := range []string{"KV_natstone-queues", "KV_natstone-messages", "KV_natstone-locks", "natstone-bodies"} {
+	for _, name := range []string{"KV_natstone-queues", "KV_natstone-messages", "KV_natstone-locks", "KV_natstone-claims", "natstone-bodies"} {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -405,6 +405,52 @@ func TestStreamsHaveTheShortestDuplicateWindow(t *testing.T) {
 		if d := st.CachedInfo().Config.Duplicates; d != 100*time.Millisecond {
 			t.Errorf("%s: duplicate window %v", name, d)
 		}
+	}
+}
+
+// TestClaim: the store's claim is created once, renewed by revision, and released with a marker that
+// a later create replaces.
+func TestClaim(t *testing.T) {
+	t.Parallel()
+	s, _ := open(t)
+	ctx := context.Background()
+	if _, _, err := s.GetClaim(ctx); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("GetClaim on a new store: %v, want ErrNotFound", err)
+	}
+	a := kv.Claim{Broker: "a", Host: "h", PID: 7, Since: time.UnixMilli(1_700_000_000_000).UTC(), TTLMillis: 10_000}
+	rev, err := s.PutClaim(ctx, &a, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := kv.Claim{Broker: "b", TTLMillis: 10_000}
+	if _, err := s.PutClaim(ctx, &b, 0); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("a second create: %v, want ErrConflict", err)
+	}
+	renewed, err := s.PutClaim(ctx, &a, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutClaim(ctx, &b, rev); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("a take-over at a superseded revision: %v, want ErrConflict", err)
+	}
+	got, gotRev, err := s.GetClaim(ctx)
+	if err != nil || got != a || gotRev != renewed || a.TTL() != 10*time.Second {
+		t.Fatalf("GetClaim = %+v, %d, %v; want %+v, %d (TTL %v)", got, gotRev, err, a, renewed, a.TTL())
+	}
+	if err := s.ReleaseClaim(ctx, rev); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("a release at a superseded revision: %v, want ErrConflict", err)
+	}
+	if err := s.ReleaseClaim(ctx, renewed); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.GetClaim(ctx); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("GetClaim after the release: %v, want ErrNotFound", err)
+	}
+	if _, err := s.PutClaim(ctx, &b, 0); err != nil {
+		t.Fatalf("a create over the released claim: %v", err)
+	}
+	if got, _, err := s.GetClaim(ctx); err != nil || got.Broker != "b" {
+		t.Fatalf("GetClaim = %+v, %v; want broker b", got, err)
 	}
 }
 
