@@ -63,6 +63,15 @@ type Config struct {
 	EventsMaxBytes int64
 	// Observer, if set, is told of every request, record write and transition (for metrics).
 	Observer Observer
+	// ClaimTTL is how long a standby broker must see the store's claim unchanged before it takes
+	// the store over from the broker holding it, which renews it every ClaimTTL/5 and stops serving
+	// when it could not for ClaimTTL/2. Default DefaultClaimTTL; at least a second.
+	ClaimTTL time.Duration
+	// TakeOverClaim makes the broker take the store's claim at start from whichever broker holds
+	// it, instead of waiting for it as a standby. Only for a broker no other broker can share its
+	// storage with while it starts, such as one on a NATS server its own process started just before
+	// (natstone serve without --nats-url, embedded.Start): a claim found there is a dead process's.
+	TakeOverClaim bool
 }
 
 // DefaultEventsMaxAge is how long events are kept unless Config.EventsMaxAge says otherwise.
@@ -83,16 +92,20 @@ type Broker struct {
 	svc      *service
 	events   *publisher
 	observer Observer
+	claim    *claimer
 
-	ctx    context.Context // cancelled by Stop: ends long polls
+	ctx    context.Context // cancelled by Stop, or when the claim is lost: ends long polls and a recovery
 	cancel context.CancelFunc
+	done   chan struct{}  // closed when Stop has ended
 	wg     sync.WaitGroup // request goroutines and timer callbacks in progress
 	runner *runner        // the goroutines requests run on
 
 	// mu guards the fields below.
-	mu     sync.Mutex
-	queues map[string]*queue
-	closed bool
+	mu      sync.Mutex
+	queues  map[string]*queue
+	closed  bool
+	started bool  // Start succeeded
+	lost    error // why the claim was lost, if it was
 
 	// Set by tests only: called by each attempt of recover once it has loaded everything, before
 	// it arms anything; an error is that of the last load (kv.ErrStale: read again).
@@ -124,6 +137,10 @@ func New(cfg *Config) (*Broker, error) {
 	if c.EventsMaxBytes < -1 {
 		return nil, fmt.Errorf("natstone: broker Config.EventsMaxBytes %d is negative (-1 means no bound)", c.EventsMaxBytes)
 	}
+	c.ClaimTTL = cmp.Or(c.ClaimTTL, DefaultClaimTTL)
+	if c.ClaimTTL < time.Second {
+		return nil, fmt.Errorf("natstone: broker Config.ClaimTTL %v is under a second", c.ClaimTTL)
+	}
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
 	}
@@ -133,20 +150,57 @@ func New(cfg *Config) (*Broker, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Broker{
+	b := &Broker{
 		cfg:      c,
 		space:    space,
 		runner:   newRunner(),
 		clock:    c.Clock,
 		log:      c.Logger,
 		observer: c.Observer,
+		done:     make(chan struct{}),
 		queues:   make(map[string]*queue),
-	}, nil
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.claim = newClaimer(b)
+	return b, nil
 }
 
-// Start opens the storage, rebuilds every queue's indexes from it, reconciles exclusivity locks,
-// and only then starts answering requests.
+// Claim opens the storage and returns once the broker holds the store's claim: at once, unless
+// another broker serves the store. Then it waits as a standby, until that broker releases the claim
+// (it stops) or stops renewing it for ClaimTTL (it died), or until ctx ends. Start claims the store
+// itself; call Claim first to wait for it under a context of its own.
+func (b *Broker) Claim(ctx context.Context) error {
+	if b.store == nil {
+		if err := b.open(ctx); err != nil {
+			return err
+		}
+	}
+	b.claim.mu.Lock()
+	held := b.claim.rev != 0
+	b.claim.mu.Unlock()
+	if held {
+		return nil
+	}
+	return b.claim.acquire(ctx, b.cfg.TakeOverClaim)
+}
+
+// Start claims the store (see Claim), rebuilds every queue's indexes from it, reconciles
+// exclusivity locks, and only then starts answering requests.
 func (b *Broker) Start(ctx context.Context) error {
+	if err := b.Claim(ctx); err != nil {
+		return err
+	}
+	err := b.start(ctx)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.WriteTimeout)
+		defer cancel()
+		err = errors.Join(err, b.events.close(rctx), b.claim.release(rctx))
+	}
+	return err
+}
+
+// open opens the storage: the buckets, the bodies stream and the events stream.
+func (b *Broker) open(ctx context.Context) error {
 	// Many writes are in flight at once (every request's, and batches of them): allow far more
 	// unacknowledged publishes than nats.go's default of 4000 before it stalls.
 	js, err := jetstream.New(cmp.Or(b.cfg.StoreConn, b.cfg.Conn),
@@ -154,7 +208,7 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
-	b.store, err = kv.Open(ctx, &kv.Config{
+	store, err := kv.Open(ctx, &kv.Config{
 		JS:            js,
 		Prefix:        b.cfg.StorePrefix,
 		Replicas:      b.cfg.Replicas,
@@ -183,10 +237,21 @@ func (b *Broker) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	b.store = store
 	b.events = newPublisher(b, events, eventLinger)
-	b.ctx, b.cancel = context.WithCancel(context.Background())
+	return nil
+}
+
+// start recovers and serves, the claim held.
+func (b *Broker) start(ctx context.Context) error {
 	start := time.Now()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(b.ctx, cancel)() // the claim lost: stop recovering
 	n, err := b.recover(ctx)
+	if lost := b.lostErr(); lost != nil {
+		err = lost
+	}
 	if err != nil {
 		b.cancel()
 		b.mu.Lock()
@@ -206,6 +271,13 @@ func (b *Broker) Start(ctx context.Context) error {
 		// A round trip makes sure the server has the endpoints' subscriptions: once Start returns,
 		// requests from any connection reach the broker.
 		err = flush(ctx, b.cfg.Conn)
+	}
+	if err == nil {
+		b.mu.Lock()
+		if err = b.lost; err == nil {
+			b.started = true
+		}
+		b.mu.Unlock()
 	}
 	if err != nil {
 		b.cancel()
@@ -268,13 +340,54 @@ func (b *Broker) Stop(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return errors.Join(err, fmt.Errorf("natstone: stop: %w", ctx.Err()), b.events.close(ctx))
+		// Work still in progress may write: the claim is no longer renewed but stays, and a
+		// standby waits out its ttl.
+		b.claim.abandon()
+		err = errors.Join(err, fmt.Errorf("natstone: stop: %w", ctx.Err()), b.events.close(ctx))
+		close(b.done)
+		return err
 	}
 	// Every transition has happened: publish the events still buffered.
 	if cerr := b.events.close(ctx); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("natstone: stop: events not all published: %w", cerr))
 	}
+	// Nothing writes any more: a standby may take over.
+	err = errors.Join(err, b.claim.release(ctx))
+	close(b.done)
 	return err
+}
+
+// Done is closed once a started broker has stopped: after Stop, or on its own when it lost its
+// claim on the store (Err then says so), which a broker that serves on must not ignore.
+func (b *Broker) Done() <-chan struct{} { return b.done }
+
+// Err returns why the broker stopped on its own (ErrClaimLost), or nil.
+func (b *Broker) Err() error { return b.lostErr() }
+
+func (b *Broker) lostErr() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lost
+}
+
+// lose stops the broker, its claim on the store lost (cause says how): another broker may serve
+// the store already. A recovery in progress ends, and Start fails.
+func (b *Broker) lose(cause error) {
+	err := fmt.Errorf("%w: %w", ErrClaimLost, cause)
+	b.log.Error("stopping: the claim on the store is lost", "err", err)
+	b.mu.Lock()
+	b.lost = err
+	started := b.started
+	b.mu.Unlock()
+	b.cancel()
+	if !started {
+		return // Start sees b.lost
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*b.cfg.WriteTimeout)
+	defer cancel()
+	if err := b.Stop(ctx); err != nil {
+		b.log.Warn("stopping after the claim was lost", "err", err)
+	}
 }
 
 // track registers a unit of work (a request or a timer callback) unless the broker is stopping.

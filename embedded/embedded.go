@@ -29,7 +29,8 @@ type Config struct {
 	NoListen bool
 	// SyncAlways fsyncs every JetStream write before it is acknowledged.
 	SyncAlways bool
-	// Broker configures the broker; its Conn and StoreConn are set by Start. Nil: the defaults.
+	// Broker configures the broker; its Conn, StoreConn and TakeOverClaim are set by Start. Nil:
+	// the defaults.
 	Broker *broker.Config
 	// Logger receives natstone's and the server's logs (the server's notices at debug level).
 	// Default: discard.
@@ -90,6 +91,8 @@ func Start(ctx context.Context, cfg *Config) (*Natstone, error) {
 		bcfg = *cfg.Broker
 	}
 	bcfg.Conn, bcfg.StoreConn = n.conns[0], n.conns[1]
+	// The server just started on this process's store: a claim found there is a dead process's.
+	bcfg.TakeOverClaim = true
 	if bcfg.Logger == nil {
 		bcfg.Logger = log
 	}

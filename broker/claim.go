@@ -1,0 +1,254 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/natstone/natstone/broker/clock"
+	"github.com/natstone/natstone/kv"
+)
+
+// DefaultClaimTTL is Config.ClaimTTL's default.
+const DefaultClaimTTL = 10 * time.Second
+
+// ErrClaimLost is what Err returns once the broker has stopped because it lost its claim on the
+// store: another broker took the store over, or the broker could not renew its claim in time.
+var ErrClaimLost = errors.New("natstone: the broker lost its claim on the store")
+
+// A claimer takes and keeps the store's claim: one broker serves a store at a time, and others
+// wait as standbys (design.md, "One broker per store"). Its holder rewrites it every ttl/5. A
+// standby takes it over once it has seen it unchanged for ttl (or for the holder's ttl, if
+// longer), and the holder stops serving once it could not renew it for ttl/2: each renewal is
+// bounded by ttl/5 and follows the last by ttl/5, so the holder notices within 0.9 ttl of its
+// last renewal, before any standby can take over.
+type claimer struct {
+	b    *Broker
+	ttl  time.Duration
+	mine kv.Claim
+	// clock is real time, not Config.Clock: the claim is a lease between processes, whereas
+	// Config.Clock is the queues' time (tests move it by hours). Tests of the claim replace it.
+	clock clock.Clock
+
+	write sync.Mutex // held by a renewal and the release: they write one after the other
+
+	// base and until say how long the claim holds, by this broker's clock: until it is
+	// base + until (nanoseconds), ttl/2 after the last renewal stored was sent; 0 once ended.
+	// base is set when acquire starts, before anything reads it.
+	base  time.Time
+	until atomic.Int64
+
+	// mu guards the fields below.
+	mu     sync.Mutex
+	rev    uint64    // the claim's revision; 0 until acquired
+	lastOK time.Time // when the last renewal that was stored was sent
+	timer  clock.Timer
+	ended  bool // released or lost: nothing renews it any more
+}
+
+func newClaimer(b *Broker) *claimer {
+	host, _ := os.Hostname()
+	c := &claimer{
+		b:     b,
+		ttl:   b.cfg.ClaimTTL,
+		clock: clock.Real(),
+		mine: kv.Claim{
+			Broker:    nuid.Next(),
+			Host:      host,
+			PID:       os.Getpid(),
+			TTLMillis: b.cfg.ClaimTTL.Milliseconds(),
+		},
+	}
+	return c
+}
+
+// held says whether the claim holds now: it was renewed less than ttl/2 ago, so no standby can
+// have taken the store over yet. A reply that says something was done is sent only if it holds
+// once that was stored: a broker that was stopped past its claim (a pause of its process, say)
+// and goes on must not acknowledge writes that another broker serving the store does not know of.
+func (c *claimer) held() bool {
+	return c.clock.Now().Sub(c.base) < time.Duration(c.until.Load())
+}
+
+// renewed records a renewal stored, sent at sent. The caller holds c.mu.
+func (c *claimer) renewed(rev uint64, sent time.Time) {
+	c.rev, c.lastOK = rev, sent
+	c.until.Store(int64(sent.Sub(c.base) + c.ttl/2))
+}
+
+// end stops renewing. The caller holds c.mu.
+func (c *claimer) end() {
+	c.ended = true
+	c.until.Store(0)
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+// every is how often the holder renews the claim and a standby looks at it.
+func (c *claimer) every() time.Duration { return c.ttl / 5 }
+
+// acquire returns once the broker holds the store's claim. While another broker holds it, it waits
+// as a standby: it reads the claim every ttl/5, when its ttl is up, and at once when the claim is
+// written (a plain subscription to the key's subject tells it), and takes it when it was released
+// or has stayed unchanged for its ttl. takeOver takes it at once, whoever holds it.
+func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
+	nudge := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case nudge <- struct{}{}:
+		default:
+		}
+	}
+	sub, err := c.b.cfg.Conn.Subscribe(c.b.store.ClaimSubject(), func(*nats.Msg) { poke() })
+	if err != nil {
+		return fmt.Errorf("natstone: watch the store's claim: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	c.base = c.clock.Now() // before anything serves, which reads it
+
+	var (
+		seen   uint64    // the holder's revision last read
+		seenAt time.Time // when it was first read
+		holder string    // the broker standing by was last told about
+	)
+	for {
+		now := c.clock.Now()
+		cur, rev, err := c.b.store.GetClaim(ctx)
+		take, wait := false, c.every()
+		switch {
+		case errors.Is(err, kv.ErrNotFound):
+			rev, take = 0, true
+		case err != nil:
+			if ctx.Err() != nil {
+				return fmt.Errorf("natstone: wait for the store's claim: %w", ctx.Err())
+			}
+			c.b.log.Warn("could not read the store's claim", "err", err)
+		default:
+			if rev != seen {
+				seen, seenAt = rev, now
+			}
+			if cur.Broker != holder && !takeOver {
+				holder = cur.Broker
+				c.b.log.Info("another broker serves the store: standing by", "broker", cur.Broker, "host", cur.Host,
+					"pid", cur.PID, "since", cur.Since, "ttl", cur.TTL())
+			}
+			ttl := max(c.ttl, cur.TTL())
+			take = takeOver || now.Sub(seenAt) >= ttl
+			wait = min(wait, seenAt.Add(ttl).Sub(now))
+			if take && !takeOver {
+				c.b.log.Warn("the broker serving the store stopped renewing its claim: taking over", "broker", cur.Broker,
+					"host", cur.Host, "pid", cur.PID, "unchanged_for", now.Sub(seenAt))
+			}
+		}
+		if take {
+			c.mine.Since = now
+			rev, err = c.b.store.PutClaim(ctx, &c.mine, rev)
+			if err == nil {
+				c.mu.Lock()
+				c.renewed(rev, now)
+				c.timer = c.clock.AfterFunc(c.every(), c.renew)
+				c.mu.Unlock()
+				return nil
+			}
+			if errors.Is(err, kv.ErrConflict) {
+				continue // another write came first: read it
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("natstone: take the store's claim: %w", ctx.Err())
+			}
+			c.b.log.Warn("could not take the store's claim", "err", err)
+		}
+		t := c.clock.AfterFunc(wait, poke)
+		select {
+		case <-nudge:
+			t.Stop()
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("natstone: wait for the store's claim: %w", ctx.Err())
+		}
+	}
+}
+
+// renew rewrites the claim, and arms the next renewal; it gives the claim up when another broker
+// holds it or when it could not renew it for ttl/2.
+func (c *claimer) renew() {
+	c.write.Lock()
+	defer c.write.Unlock()
+	c.mu.Lock()
+	if c.ended {
+		c.mu.Unlock()
+		return
+	}
+	rev := c.rev
+	c.mu.Unlock()
+
+	sent := c.clock.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), c.every())
+	defer cancel()
+	next, err := c.b.store.PutClaim(ctx, &c.mine, rev)
+	if errors.Is(err, kv.ErrConflict) {
+		// A renewal whose answer was lost may have been stored: then the claim is still this one's.
+		if cur, curRev, gerr := c.b.store.GetClaim(ctx); gerr == nil && cur.Broker == c.mine.Broker {
+			next, err = c.b.store.PutClaim(ctx, &c.mine, curRev)
+		}
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return
+	}
+	var lost error
+	switch {
+	case err == nil:
+		c.renewed(next, sent)
+	case errors.Is(err, kv.ErrConflict):
+		lost = errors.New("another broker holds it")
+	case c.clock.Now().Sub(c.lastOK) >= c.ttl/2:
+		lost = fmt.Errorf("not renewed for %v: %w", c.clock.Now().Sub(c.lastOK), err)
+	default:
+		c.b.log.Warn("could not renew the store's claim", "err", err)
+	}
+	if lost != nil {
+		c.end()
+		go c.b.lose(lost)
+		return
+	}
+	c.timer = c.clock.AfterFunc(c.every(), c.renew)
+}
+
+// abandon stops renewing the claim, and leaves it to expire.
+func (c *claimer) abandon() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.end()
+}
+
+// release removes the claim, so that a standby takes the store over at once, unless it was lost.
+func (c *claimer) release(ctx context.Context) error {
+	c.mu.Lock()
+	if c.ended || c.rev == 0 {
+		c.end()
+		c.mu.Unlock()
+		return nil
+	}
+	c.end()
+	c.mu.Unlock()
+	c.write.Lock() // a renewal in flight ends first, so the release has its revision
+	defer c.write.Unlock()
+	c.mu.Lock()
+	rev := c.rev
+	c.mu.Unlock()
+	if err := c.b.store.ReleaseClaim(ctx, rev); err != nil && !errors.Is(err, kv.ErrConflict) {
+		return fmt.Errorf("natstone: release the store's claim: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,286 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natstone/natstone/broker/clock"
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
+)
+
+// claimBroker returns a broker on srv, not started, whose claim runs on claimClock; the queues'
+// clock is another fake one. mod may adjust its config.
+func claimBroker(t *testing.T, srv *natstest.Server, claimClock *clock.Fake, mod ...func(*Config)) *Broker {
+	t.Helper()
+	cfg := Config{
+		Conn:   srv.Connect(t),
+		Clock:  clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	b, err := New(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.claim.clock = claimClock
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return b
+}
+
+// startAsync starts b on its own goroutine; the channel gets Start's error.
+func startAsync(b *Broker) <-chan error {
+	started := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		started <- b.Start(ctx)
+	}()
+	return started
+}
+
+// waitStarted waits up to 10 s for Start's error.
+func waitStarted(t *testing.T, started <-chan error) {
+	t.Helper()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatalf("start: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the standby did not start within 10s")
+	}
+}
+
+// standingBy waits until standby has read the claim and armed its next look (on clk), and checks
+// that it has not taken the claim and that its Start has not returned.
+func standingBy(t *testing.T, standby *Broker, clk *clock.Fake, started <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := clk.WaitForTimers(ctx, 1); err != nil {
+		t.Fatalf("the standby never waited: %v", err)
+	}
+	standby.claim.mu.Lock()
+	rev := standby.claim.rev
+	standby.claim.mu.Unlock()
+	if rev != 0 {
+		t.Fatalf("the standby took the claim (revision %d) while another broker held it", rev)
+	}
+	select {
+	case err := <-started:
+		t.Fatalf("Start returned (%v) while another broker held the claim", err)
+	default:
+	}
+}
+
+// holder returns the broker id the store's claim names.
+func holder(t *testing.T, b *Broker) string {
+	t.Helper()
+	c, _, err := b.store.GetClaim(context.Background())
+	if err != nil {
+		t.Fatalf("read the claim: %v", err)
+	}
+	return c.Broker
+}
+
+// TestStandbyTakesOverAtAStop: a second broker on the same store waits until the first stops, then
+// serves what the first left, a message it leased included.
+func TestStandbyTakesOverAtAStop(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	q, _, err := a.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := int64(1), int64(2)
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "leased", Priority: &first}, {ID: "pending", Priority: &second}}); err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{}); err != nil || len(ms) != 1 || ms[0].ID != "leased" {
+		t.Fatalf("dequeue: %+v, %v", ms, err)
+	}
+
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+	if got := holder(t, a); got != a.claim.mine.Broker {
+		t.Fatalf("the claim names %s, want the first broker %s", got, a.claim.mine.Broker)
+	}
+
+	if err := a.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStarted(t, started) // no clock moved: the release woke it
+	if got := holder(t, b); got != b.claim.mine.Broker {
+		t.Fatalf("the claim names %s, want the standby %s", got, b.claim.mine.Broker)
+	}
+	ms, err := b.queues["q"].dequeue(ctx, subjects.DequeueRequest{Batch: 2})
+	if err != nil || len(ms) != 1 || ms[0].ID != "pending" {
+		t.Fatalf("dequeue from the standby: %+v, %v; want only the pending message", ms, err)
+	}
+}
+
+// TestStandbyTakesOverAfterTheTTL: a holder that stops renewing (here its claim clock stands still,
+// as a dead process's would) loses the store to the standby once the standby has seen the claim
+// unchanged for ClaimTTL, not before; when it comes back, its renewal conflicts and it stops.
+func TestStandbyTakesOverAfterTheTTL(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+
+	cb.Advance(DefaultClaimTTL - time.Millisecond)
+	standingBy(t, b, cb, started) // it looked again, and waits on
+	cb.Advance(time.Millisecond)
+	waitStarted(t, started)
+	if got := holder(t, b); got != b.claim.mine.Broker {
+		t.Fatalf("the claim names %s, want the standby %s", got, b.claim.mine.Broker)
+	}
+
+	select {
+	case <-a.Done():
+		t.Fatal("the first broker stopped before it tried to renew")
+	default:
+	}
+	ca.Advance(DefaultClaimTTL / 5) // it renews, and finds the standby's claim
+	select {
+	case <-a.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first broker still serves, its claim taken")
+	}
+	if err := a.Err(); !errors.Is(err, ErrClaimLost) {
+		t.Fatalf("Err() = %v, want ErrClaimLost", err)
+	}
+	if got := holder(t, b); got != b.claim.mine.Broker {
+		t.Fatalf("after the first broker stopped, the claim names %s, want %s", got, b.claim.mine.Broker)
+	}
+}
+
+// TestBrokerStopsWhenItCannotRenew: renewals that fail (the claims bucket is gone) are retried until
+// ClaimTTL/2 has passed since the last one stored; then the broker stops serving.
+func TestBrokerStopsWhenItCannotRenew(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca := clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(context.Background(), "natstone-claims"); err != nil {
+		t.Fatal(err)
+	}
+	every := DefaultClaimTTL / 5
+	for range 2 { // 2 and 4 s since the last renewal stored: under ClaimTTL/2
+		ca.Advance(every)
+		select {
+		case <-a.Done():
+			t.Fatalf("stopped %v after the last renewal", ca.Now().Sub(time.Unix(0, 0)))
+		default:
+		}
+	}
+	ca.Advance(every) // 6 s
+	select {
+	case <-a.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the broker still serves, its claim not renewed for 6s")
+	}
+	if err := a.Err(); !errors.Is(err, ErrClaimLost) {
+		t.Fatalf("Err() = %v, want ErrClaimLost", err)
+	}
+}
+
+// TestRenewalAfterALostAnswer: a renewal stored whose answer never came leaves the broker with an
+// older revision; the next renewal conflicts with its own claim, takes its revision and goes on.
+func TestRenewalAfterALostAnswer(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca := clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	_, rev, err := a.store.GetClaim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.store.PutClaim(ctx, &a.claim.mine, rev); err != nil { // as a renewal would
+		t.Fatal(err)
+	}
+	ca.Advance(DefaultClaimTTL / 5)
+	_, after, err := a.store.GetClaim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != rev+2 {
+		t.Fatalf("the claim's revision is %d after the renewal, want %d", after, rev+2)
+	}
+	select {
+	case <-a.Done():
+		t.Fatalf("the broker stopped: %v", a.Err())
+	default:
+	}
+}
+
+// TestTakeOverClaim: a broker configured to take the claim at start does not wait for the holder,
+// which stops at its next renewal.
+func TestTakeOverClaim(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb, func(c *Config) { c.TakeOverClaim = true })
+	waitStarted(t, startAsync(b))
+	ca.Advance(DefaultClaimTTL / 5)
+	select {
+	case <-a.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first broker still serves, its claim taken")
+	}
+	if got := holder(t, b); got != b.claim.mine.Broker {
+		t.Fatalf("the claim names %s, want %s", got, b.claim.mine.Broker)
+	}
+}
+
+// TestFailedStartReleasesTheClaim: a start that fails after taking the claim gives it back.
+func TestFailedStartReleasesTheClaim(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	a := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)))
+	a.loaded = func() error { return errors.New("boom") }
+	if err := a.Start(context.Background()); err == nil {
+		t.Fatal("Start succeeded")
+	}
+	if _, _, err := a.store.GetClaim(context.Background()); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("the claim after a failed start: %v, want none", err)
+	}
+}
