@@ -128,3 +128,30 @@ func TestFailedEnqueueLeavesNoPayload(t *testing.T) {
 	}
 	e.waitStreamMsgs("natstone-bodies", 3)
 }
+
+// TestEnqueueReplacesARecordWithoutPayload: a record the broker does not know, whose payload is
+// gone, is what a broker stopped past its claim on the store leaves when it writes after another
+// took over and deleted its payload as an orphan. An enqueue of that id replaces it instead of
+// answering with a message whose payload cannot be read.
+func TestEnqueueReplacesARecordWithoutPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	ctx := context.Background()
+	store, err := kv.Open(ctx, &kv.Config{JS: e.jetStream()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := kv.Record{ID: "x", State: subjects.StatePending, BodySeq: 1 << 40, Version: 1, MaxAttempts: 3}
+	if _, err := store.WriteMessage("q", &left, 0).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := e.enqueue("q", subjects.EnqueueRequest{ID: "x", Payload: "hi"})
+	if r.Duplicate || r.State != subjects.StatePending {
+		t.Fatalf("enqueue over the record without payload: %+v, want a new pending message", r)
+	}
+	m := e.dequeueOne("q")
+	if m.ID != "x" || m.Payload == nil || *m.Payload != "hi" {
+		t.Fatalf("dequeue: %+v, want x with payload hi", m)
+	}
+}

@@ -15,6 +15,7 @@ type change struct {
 	next   kv.Record
 	prev   subjects.State // e's state before the change
 	expect uint64         // e's revision before the change: the write's compare-and-swap
+	create bool           // the message is new (expect was 0 when the write was first issued)
 	rev    uint64         // the stored revision, when err is nil
 	err    error          // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
 	truth  *kv.Record     // on a conflict: what storage holds instead (nil: the key is gone)
@@ -44,6 +45,7 @@ func (q *queue) commit(cs []*change) {
 		}
 		c.prev = c.e.State()
 		c.expect = c.e.rev
+		c.create = c.expect == 0
 		c.e.setBusy(true)
 		if c.prev == subjects.StatePending {
 			q.pending.Remove(c.e) // a popped entry is gone already; others were never there
@@ -81,7 +83,7 @@ func (q *queue) finish(cs []*change) {
 		switch {
 		case c.err == nil:
 			q.apply(e, c.next, c.rev)
-			kind, reason := eventKind(c.expect == 0, c.prev, &c.next)
+			kind, reason := eventKind(c.create, c.prev, &c.next)
 			q.transitioned(kind, reason, c.prev, &c.next, c.worker, c.next.UpdatedAt)
 		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:
 			q.log().Warn("message changed in storage; reloaded", "message_id", e.ID)
@@ -159,11 +161,25 @@ func (q *queue) resolve(c *change) {
 			continue
 		case sameWrite(&r, &c.next):
 			c.rev, c.err = rev, nil
+		case c.create && try < rewrites && r.BodySeq != c.next.BodySeq && q.bodyGone(ctx, r.BodySeq):
+			// The record of an enqueue that failed: a broker stopped past its claim on the store
+			// wrote it after this one had deleted its payload as an orphan (recovery would remove
+			// it too). This create takes its place.
+			q.log().Warn("message record without payload replaced by an enqueue", "message_id", c.next.ID, "body_seq", r.BodySeq)
+			c.expect = rev
+			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(ctx)
+			continue
 		default:
 			c.truth, c.rev = &r, rev
 		}
 		return
 	}
+}
+
+// bodyGone reports whether the payload at seq is known to be gone; a failed read says no.
+func (q *queue) bodyGone(ctx context.Context, seq uint64) bool {
+	gone, err := q.b.store.BodyGone(ctx, seq)
+	return err == nil && gone
 }
 
 // sameWrite reports whether stored is the record want: the fields every write changes.
