@@ -62,19 +62,22 @@ type logWatch struct {
 	readyText string        // that line, set before ready is closed
 	eof       chan struct{} // closed when the log ends
 
-	// mu guards lines.
+	// mu guards the fields below.
 	mu    sync.Mutex
 	lines []string
+	more  chan struct{} // closed, and replaced, at each line
 }
 
 func watchLog(r io.Reader) *logWatch {
-	w := &logWatch{ready: make(chan struct{}), eof: make(chan struct{})}
+	w := &logWatch{ready: make(chan struct{}), eof: make(chan struct{}), more: make(chan struct{})}
 	go func() {
 		defer close(w.eof)
 		sc := bufio.NewScanner(r)
 		for sc.Scan() {
 			w.mu.Lock()
 			w.lines = append(w.lines, sc.Text())
+			close(w.more)
+			w.more = make(chan struct{})
 			w.mu.Unlock()
 			if w.readyText == "" && strings.Contains(sc.Text(), "natstone ready") {
 				w.readyText = sc.Text()
@@ -92,6 +95,44 @@ func (w *logWatch) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return strings.Join(w.lines, "\n")
+}
+
+// waitLine waits for a line that contains text and returns it. It fails the test if the log ends
+// first or the deadline passes.
+func (w *logWatch) waitLine(t *testing.T, text string) string {
+	t.Helper()
+	timer := time.NewTimer(deadline)
+	defer timer.Stop()
+	for {
+		w.mu.Lock()
+		more := w.more // taken before the search: a line that comes after it closes more
+		w.mu.Unlock()
+		if l := w.find(text); l != "" {
+			return l
+		}
+		select {
+		case <-more:
+		case <-w.eof:
+			if l := w.find(text); l != "" {
+				return l
+			}
+			t.Fatalf("log ended before a line with %q:\n%s", text, w)
+		case <-timer.C:
+			t.Fatalf("no line with %q within %v:\n%s", text, deadline, w)
+		}
+	}
+}
+
+// find returns the first line so far that contains text, or "".
+func (w *logWatch) find(text string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range w.lines {
+		if strings.Contains(l, text) {
+			return l
+		}
+	}
+	return ""
 }
 
 // readyLine waits for "natstone ready" and returns that line. It fails the test if the log ends

@@ -59,6 +59,7 @@ type serveConfig struct {
 	eventsMaxAge      time.Duration
 	eventsMaxBytes    int64
 	httpAddr          string // empty: no HTTP listener
+	claimTTL          time.Duration
 	logLevel          slog.Level
 	logFormat         string
 }
@@ -116,6 +117,7 @@ Flags:
 	fs.BoolVar(&cfg.noEvents, "no-events", false, "publish no transition events (history then answers unavailable)")
 	fs.DurationVar(&cfg.eventsMaxAge, "events-max-age", broker.DefaultEventsMaxAge, "how long the events stream keeps an event")
 	fs.Int64Var(&cfg.eventsMaxBytes, "events-max-bytes", broker.DefaultEventsMaxBytes, "`bytes` the events stream may take before its oldest events go, younger than --events-max-age or not (-1: no bound)")
+	fs.DurationVar(&cfg.claimTTL, "claim-ttl", broker.DefaultClaimTTL, "how long a standby broker waits, seeing the store's claim unchanged, before it takes the store over (at least 1s)")
 	fs.StringVar(&cfg.httpAddr, "http", "", "`host:port` of an HTTP listener for the dashboard, /metrics and /healthz (off unless given)")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
@@ -173,6 +175,9 @@ Flags:
 	if cfg.eventsMaxBytes <= 0 && cfg.eventsMaxBytes != -1 {
 		return usageErr("--events-max-bytes must be positive or -1 (no bound), not %d", cfg.eventsMaxBytes)
 	}
+	if cfg.claimTTL < time.Second {
+		return usageErr("--claim-ttl must be at least 1s, not %v", cfg.claimTTL)
+	}
 	if cfg.httpAddr != "" {
 		if _, _, err := net.SplitHostPort(cfg.httpAddr); err != nil {
 			return usageErr("--http %q: %v", cfg.httpAddr, err)
@@ -222,6 +227,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		DisableEvents:     cfg.noEvents,
 		EventsMaxAge:      cfg.eventsMaxAge,
 		EventsMaxBytes:    cfg.eventsMaxBytes,
+		ClaimTTL:          cfg.claimTTL,
 		Logger:            log,
 	}
 	var m *metrics.Metrics
@@ -252,6 +258,15 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		nc.Close()
 		return err
 	}
+	// Wait for the store's claim first, for as long as another broker serves it: StartTimeout
+	// bounds the start that follows.
+	if err := b.Claim(ctx); err != nil {
+		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		err = errors.Join(err, b.Stop(stopCtx))
+		nc.Close()
+		return interrupted(ctx, log, err)
+	}
 	if err := startBroker(ctx, b); err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 		defer cancel()
@@ -269,18 +284,31 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 	}
 	log.Info("natstone ready", append([]any{"prefix", cfg.prefix, "store_prefix", cfg.storePrefix, "nats_url", redactURL(cfg.natsURL)}, httpAttrs...)...)
 
-	<-ctx.Done()
-	log.Info("shutting down", "reason", context.Cause(ctx))
+	lost := waitStop(ctx, b, log)
 	stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	err = stopHTTP(stopCtx)
 	err = errors.Join(err, b.Stop(stopCtx))
 	err = errors.Join(err, drain(stopCtx, nc, closed), drain(stopCtx, storeNC, storeClosed))
 	if err != nil {
-		return fmt.Errorf("shutting down: %w", err)
+		return errors.Join(lost, fmt.Errorf("shutting down: %w", err))
 	}
 	log.Info("stopped")
-	return nil
+	return lost
+}
+
+// waitStop waits until ctx ends (a signal) or the broker stops on its own, having lost its claim
+// on the store to another broker: then serve exits with that error, for a supervisor to start it
+// again, as a standby.
+func waitStop(ctx context.Context, b *broker.Broker, log *slog.Logger) error {
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+		return nil
+	case <-b.Done():
+		log.Info("shutting down", "reason", b.Err())
+		return b.Err()
+	}
 }
 
 // serveEmbedded runs natstone on its own nats-server.
@@ -312,15 +340,14 @@ func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, m
 	log.Info("natstone ready", append([]any{"prefix", cfg.prefix, "store_prefix", cfg.storePrefix,
 		"listen", n.Addr().String(), "data", cfg.dataDir, "sync", syncMode}, httpAttrs...)...)
 
-	<-ctx.Done()
-	log.Info("shutting down", "reason", context.Cause(ctx))
+	lost := waitStop(ctx, n.Broker(), log)
 	stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	if err := errors.Join(stopHTTP(stopCtx), n.Stop(stopCtx)); err != nil {
-		return fmt.Errorf("shutting down: %w", err)
+		return errors.Join(lost, fmt.Errorf("shutting down: %w", err))
 	}
 	log.Info("stopped")
-	return nil
+	return lost
 }
 
 // interrupted turns a start failure caused by a signal during a long recovery into a clean stop.

@@ -11,8 +11,10 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
 )
@@ -93,6 +95,71 @@ func TestServeNATSURL(t *testing.T) {
 	p.stop(t)
 }
 
+// TestServeStandby: a second serve on the same NATS server stands by until the first stops, then
+// serves what the first stored.
+func TestServeStandby(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t, nil)
+	p1 := startServe(t, "--nats-url", s.URL())
+	roundTrip(t, s.URL())
+	p2 := startProc(t, "serve", "--nats-url", s.URL())
+	p2.log.waitLine(t, "standing by")
+	p1.stop(t)
+	p2.log.readyLine(t)
+	var info subjects.QueueInfo
+	request(t, dial(t, s.URL()), "natstone.v1.info.jobs", `{}`, &info)
+	if info.Counts.Running != 1 {
+		t.Fatalf("info from the standby: %+v, want the message running", info)
+	}
+	p2.stop(t)
+}
+
+// TestServeStandbyAfterAKill: a standby takes over from a killed serve once the claim has stayed
+// unchanged for --claim-ttl.
+func TestServeStandbyAfterAKill(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t, nil)
+	p1 := startServe(t, "--nats-url", s.URL(), "--claim-ttl", "1s")
+	p2 := startProc(t, "serve", "--nats-url", s.URL(), "--claim-ttl", "1s")
+	p2.log.waitLine(t, "standing by")
+	if err := p1.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p2.log.waitLine(t, "stopped renewing its claim: taking over")
+	p2.log.readyLine(t)
+	roundTrip(t, s.URL())
+	p2.stop(t)
+}
+
+// TestServeExitsWhenItsClaimIsTaken: serve exits with an error once another broker has taken its
+// store's claim, so that a supervisor starts it again, as a standby.
+func TestServeExitsWhenItsClaimIsTaken(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t, nil)
+	_, cancel, code := inProcess(t, "--nats-url", s.URL(), "--claim-ttl", "1s")
+	defer cancel()
+	js, err := jetstream.New(dial(t, s.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithTimeout(context.Background(), deadline)
+	defer stop()
+	st, err := kv.Open(ctx, &kv.Config{JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rev, err := st.GetClaim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PutClaim(ctx, &kv.Claim{Broker: "another", TTLMillis: 1000}, rev); err != nil {
+		t.Fatal(err)
+	}
+	if c := exitCode(t, code); c != exitError {
+		t.Fatalf("exit code after the claim was taken = %d, want %d", c, exitError)
+	}
+}
+
 // TestServeInProcess runs serve in this process with --sync always (checking its goroutines end)
 // and --listen port 0.
 func TestServeInProcess(t *testing.T) {
@@ -159,6 +226,7 @@ func TestUsageErrors(t *testing.T) {
 		{"zero events max age", []string{"serve", "--events-max-age", "0s"}, "--events-max-age must be positive"},
 		{"zero events max bytes", []string{"serve", "--events-max-bytes", "0"}, "--events-max-bytes must be positive or -1"},
 		{"negative events max bytes", []string{"serve", "--events-max-bytes", "-2"}, "--events-max-bytes must be positive or -1"},
+		{"short claim ttl", []string{"serve", "--claim-ttl", "500ms"}, "--claim-ttl must be at least 1s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
