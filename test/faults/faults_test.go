@@ -48,12 +48,24 @@ func TestFaults(t *testing.T) {
 		[]string{"serve", "--data", filepath.Join(dir, "data"), "--listen", fmt.Sprintf("127.0.0.1:%d", port)})
 }
 
-// TestFaultsBrokerOnly keeps NATS running (in this process) and kills only the broker.
+// TestFaultsBrokerOnly keeps NATS running (in this process) and kills only the broker. A broker
+// restarted on a store whose claim a killed one held waits out --claim-ttl.
 func TestFaultsBrokerOnly(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
 	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4}, srv.URL(),
-		[]string{"serve", "--nats-url", srv.URL()})
+		[]string{"serve", "--nats-url", srv.URL(), "--claim-ttl", "1s"})
+}
+
+// TestFaultsStandby runs two brokers on one NATS server (in this process), one serving and one
+// standing by. Each kill kills the one serving, or pauses it until the standby has taken over and
+// then resumes it: requests it had read before the pause then run against a store another broker
+// serves, until its claim's renewal fails and it exits.
+func TestFaultsStandby(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	check(t, faultConfig{kills: kills(t, 4), external: true, standby: true, producers: 2, workers: 4}, srv.URL(),
+		[]string{"serve", "--nats-url", srv.URL(), "--claim-ttl", "1s"})
 }
 
 // TestFaultsRetentionZero is TestFaults on queues that keep nothing that ended: a message is
@@ -82,8 +94,8 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	for _, op := range run.Ops {
 		leases += len(op.Leases)
 	}
-	t.Logf("kills=%d ops=%d messages=%d enqueued=%d leases=%d completed=%d extended=%d orphan_payloads_deleted=%d stale_loads_read_again=%d violations=%d",
-		stats.kills, len(run.Ops), len(run.Final), stats.enqueued, leases, stats.completed, stats.ex, stats.orphans, stats.stale, len(violations))
+	t.Logf("kills=%d paused=%d ops=%d messages=%d enqueued=%d leases=%d completed=%d extended=%d orphan_payloads_deleted=%d records_replaced=%d stale_loads_read_again=%d violations=%d",
+		stats.kills, stats.paused, len(run.Ops), len(run.Final), stats.enqueued, leases, stats.completed, stats.ex, stats.orphans, stats.replaced, stats.stale, len(violations))
 	if stats.completed == 0 || stats.enqueued == 0 {
 		t.Errorf("the run did no work: %+v", stats)
 	}

@@ -41,6 +41,19 @@ type natstone struct {
 // startNatstone starts natstone with args and waits until it is ready.
 func startNatstone(t *testing.T, args []string, logPath string) *natstone {
 	t.Helper()
+	return startUntil(t, args, logPath, "natstone ready")
+}
+
+// startStandby starts natstone with args while another serves the store, and waits until it
+// stands by.
+func startStandby(t *testing.T, args []string, logPath string) *natstone {
+	t.Helper()
+	return startUntil(t, args, logPath, "standing by")
+}
+
+// startUntil starts natstone with args and waits until it logs a line with until.
+func startUntil(t *testing.T, args []string, logPath, until string) *natstone {
+	t.Helper()
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -51,18 +64,22 @@ func startNatstone(t *testing.T, args []string, logPath string) *natstone {
 		t.Fatal(err)
 	}
 	n := &natstone{cmd: cmd, done: make(chan struct{}), ready: make(chan struct{}), log: f, bad: make(chan string, 1)}
+	reached := make(chan struct{})
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		readyOnce := sync.Once{}
+		var readyOnce, reachedOnce sync.Once
 		for sc.Scan() {
 			line := sc.Text()
 			fmt.Fprintln(f, line)
 			if strings.Contains(line, "natstone ready") {
 				readyOnce.Do(func() { close(n.ready) })
+			}
+			if strings.Contains(line, until) {
+				reachedOnce.Do(func() { close(reached) })
 			}
 			if strings.Contains(line, "DATA RACE") || strings.HasPrefix(line, "panic:") {
 				select {
@@ -76,14 +93,44 @@ func startNatstone(t *testing.T, args []string, logPath string) *natstone {
 		close(n.done)
 	}()
 	select {
-	case <-n.ready:
+	case <-reached:
 	case <-n.done:
-		fatalWithLog(t, logPath, "natstone exited before it was ready")
+		fatalWithLog(t, logPath, "natstone exited before a line with %q", until)
 	case <-time.After(60 * time.Second):
 		n.kill()
-		fatalWithLog(t, logPath, "natstone not ready within 60s")
+		fatalWithLog(t, logPath, "no line with %q from natstone within 60s", until)
 	}
 	return n
+}
+
+// takeOver waits until the standby n is ready: it has taken the store over.
+func (n *natstone) takeOver(t *testing.T, logPath string) {
+	t.Helper()
+	select {
+	case <-n.ready:
+	case <-n.done:
+		fatalWithLog(t, logPath, "the standby exited before it took over")
+	case <-time.After(60 * time.Second):
+		fatalWithLog(t, logPath, "the standby did not take over within 60s")
+	}
+}
+
+// pauseUntil stops n (SIGSTOP) until standby has taken the store over, then resumes it
+// (SIGCONT): its next renewal finds the claim taken, and it must exit with an error.
+func (n *natstone) pauseUntil(t *testing.T, logPath string, standby *natstone) {
+	t.Helper()
+	_ = n.cmd.Process.Signal(syscall.SIGSTOP)
+	standby.takeOver(t, logPath)
+	_ = n.cmd.Process.Signal(syscall.SIGCONT)
+	select {
+	case <-n.done:
+		if code := n.cmd.ProcessState.ExitCode(); code != 1 {
+			fatalWithLog(t, logPath, "natstone paused past its claim exited with %d, want 1", code)
+		}
+	case <-time.After(60 * time.Second):
+		n.kill()
+		fatalWithLog(t, logPath, "natstone paused past its claim still ran 60s after it was resumed")
+	}
 }
 
 // kill sends SIGKILL and waits for the process to be gone.
@@ -183,6 +230,10 @@ type faultConfig struct {
 	// restartServer, if set, is what each kill does instead of killing natstone: it restarts one
 	// of the servers of the cluster natstone uses.
 	restartServer func(rng *rand.Rand)
+	// standby runs a second natstone, standing by. Each "kill" kills the one serving, or pauses it
+	// (SIGSTOP) until the standby has taken over and then resumes it (SIGCONT), when it must find
+	// its claim taken and exit; a new standby is then started.
+	standby bool
 }
 
 // specs returns the queues of a run.
@@ -276,10 +327,40 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		}()
 	}
 
+	var standby *natstone
+	if cfg.standby {
+		standby = startStandby(t, args, logPath)
+		t.Cleanup(func() {
+			procMu.Lock()
+			defer procMu.Unlock()
+			select {
+			case <-standby.done:
+			default:
+				standby.kill()
+			}
+		})
+	}
 	var restarts []Restart
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	for range cfg.kills {
 		<-time.After(time.Duration(300+rng.IntN(700)) * time.Millisecond)
+		if cfg.standby {
+			func() {
+				procMu.Lock()
+				defer procMu.Unlock() // also when the test fails: the cleanups take it
+				killed := time.Now()
+				if rng.IntN(2) == 0 {
+					proc.kill()
+					standby.takeOver(t, logPath)
+				} else {
+					stats.add(func(s *runStats) { s.paused++ })
+					proc.pauseUntil(t, logPath, standby)
+				}
+				proc, standby = standby, startStandby(t, args, logPath)
+				restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
+			}()
+			continue
+		}
 		if cfg.restartServer != nil {
 			killed := time.Now()
 			cfg.restartServer(rng)
@@ -353,6 +434,9 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		t.Errorf("natstone reported %q; see %s", line, logPath)
 	default:
 	}
+	if standby != nil {
+		standby.stop(t)
+	}
 	proc.stop(t)
 	// A start deletes the payloads that the kills left without a record; after it, the bodies
 	// stream holds one payload per message (or fewer, for a moment, while one is collected).
@@ -369,6 +453,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	}
 	stats.orphans = orphansDeleted(string(b))
 	stats.stale = strings.Count(string(b), "served the load; reading again")
+	stats.replaced = strings.Count(string(b), "message record without payload replaced")
 	if t.Failed() && len(b) > 0 {
 		t.Logf("natstone log tail:\n%s", tail(string(b), 40))
 	}
@@ -430,6 +515,8 @@ type runStats struct {
 	kills, enqueued, leased, completed, ex int
 	orphans                                int // payloads without a record that starts deleted
 	stale                                  int // loads that starts read again (a replica behind)
+	paused                                 int // brokers paused past their claim (standby runs)
+	replaced                               int // records without payload that enqueues replaced
 }
 
 func (s *runStats) add(f func(*runStats)) {
