@@ -194,7 +194,8 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.WriteTimeout)
 		defer cancel()
-		err = errors.Join(err, b.events.close(rctx), b.claim.release(rctx))
+		err = errors.Join(err, b.events.close(rctx))
+		b.claim.release(rctx)
 	}
 	return err
 }
@@ -352,7 +353,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 		err = errors.Join(err, fmt.Errorf("natstone: stop: events not all published: %w", cerr))
 	}
 	// Nothing writes any more: a standby may take over.
-	err = errors.Join(err, b.claim.release(ctx))
+	b.claim.release(ctx)
 	close(b.done)
 	return err
 }

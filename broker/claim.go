@@ -233,12 +233,14 @@ func (c *claimer) abandon() {
 }
 
 // release removes the claim, so that a standby takes the store over at once, unless it was lost.
-func (c *claimer) release(ctx context.Context) error {
+// It waits up to ttl/5 for that; a release that fails (storage out of reach) is only logged: the
+// standby then waits out the ttl.
+func (c *claimer) release(ctx context.Context) {
 	c.mu.Lock()
 	if c.ended || c.rev == 0 {
 		c.end()
 		c.mu.Unlock()
-		return nil
+		return
 	}
 	c.end()
 	c.mu.Unlock()
@@ -247,8 +249,9 @@ func (c *claimer) release(ctx context.Context) error {
 	c.mu.Lock()
 	rev := c.rev
 	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, c.every())
+	defer cancel()
 	if err := c.b.store.ReleaseClaim(ctx, rev); err != nil && !errors.Is(err, kv.ErrConflict) {
-		return fmt.Errorf("natstone: release the store's claim: %w", err)
+		c.b.log.Warn("the store's claim was not released: a standby takes over once its ttl is up", "err", err)
 	}
-	return nil
 }
