@@ -64,8 +64,9 @@ type Config struct {
 	// Observer, if set, is told of every request, record write and transition (for metrics).
 	Observer Observer
 	// ClaimTTL is how long a standby broker must see the store's claim unchanged before it takes
-	// the store over from the broker holding it, which renews it every ClaimTTL/5 and stops serving
-	// when it could not for ClaimTTL/2. Default DefaultClaimTTL; at least a second.
+	// the store over from the broker holding it, which renews it every ClaimTTL/5 and answers
+	// requests unavailable while it has not renewed it for ClaimTTL/2. Default DefaultClaimTTL; at
+	// least a second.
 	ClaimTTL time.Duration
 	// TakeOverClaim makes the broker take the store's claim at start from whichever broker holds
 	// it, instead of waiting for it as a standby. Only for a broker no other broker can share its

@@ -26,9 +26,9 @@ var ErrClaimLost = errors.New("natstone: the broker lost its claim on the store"
 // A claimer takes and keeps the store's claim: one broker serves a store at a time, and others
 // wait as standbys (design.md, "One broker per store"). Its holder rewrites it every ttl/5. A
 // standby takes it over once it has seen it unchanged for ttl (or for the holder's ttl, if
-// longer), and the holder stops serving once it could not renew it for ttl/2: each renewal is
-// bounded by ttl/5 and follows the last by ttl/5, so the holder notices within 0.9 ttl of its
-// last renewal, before any standby can take over.
+// longer); the holder answers nothing done from ttl/2 after the last renewal it sent that was
+// stored (held), until a renewal is stored again, and stops when a renewal finds another broker's
+// claim.
 type claimer struct {
 	b    *Broker
 	ttl  time.Duration
@@ -177,8 +177,8 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 	}
 }
 
-// renew rewrites the claim, and arms the next renewal; it gives the claim up when another broker
-// holds it or when it could not renew it for ttl/2.
+// renew rewrites the claim, and arms the next renewal; it gives the claim up, and stops the
+// broker, when another broker holds it.
 func (c *claimer) renew() {
 	c.write.Lock()
 	defer c.write.Unlock()
@@ -206,21 +206,17 @@ func (c *claimer) renew() {
 	if c.ended {
 		return
 	}
-	var lost error
 	switch {
 	case err == nil:
 		c.renewed(next, sent)
 	case errors.Is(err, kv.ErrConflict):
-		lost = errors.New("another broker holds it")
-	case c.clock.Now().Sub(c.lastOK) >= c.ttl/2:
-		lost = fmt.Errorf("not renewed for %v: %w", c.clock.Now().Sub(c.lastOK), err)
-	default:
-		c.b.log.Warn("could not renew the store's claim", "err", err)
-	}
-	if lost != nil {
 		c.end()
-		go c.b.lose(lost)
+		go c.b.lose(errors.New("another broker holds it"))
 		return
+	default:
+		// Storage out of reach: past ttl/2 the broker answers unavailable (held), and a renewal
+		// that lands later, at the same revision, proves that no standby took over meanwhile.
+		c.b.log.Warn("could not renew the store's claim", "err", err, "unrenewed_for", c.clock.Now().Sub(c.lastOK))
 	}
 	c.timer = c.clock.AfterFunc(c.every(), c.renew)
 }

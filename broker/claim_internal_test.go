@@ -5,10 +5,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/kv"
@@ -182,39 +183,58 @@ func TestStandbyTakesOverAfterTheTTL(t *testing.T) {
 	}
 }
 
-// TestBrokerStopsWhenItCannotRenew: renewals that fail (the claims bucket is gone) are retried until
-// ClaimTTL/2 has passed since the last one stored; then the broker stops serving.
-func TestBrokerStopsWhenItCannotRenew(t *testing.T) {
+// TestBrokerAnswersNothingWhileItCannotRenew: while its NATS server is down the broker cannot renew
+// its claim; from ClaimTTL/2 after the last renewal stored it answers requests unavailable, and once
+// a renewal is stored again (no standby took over: the revision is still its own) it answers again.
+// It never stops.
+func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 	srv := natstest.Start(t, nil)
 	ca := clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca)
+	reconnected := make(chan struct{}, 1)
+	a := claimBroker(t, srv, ca, func(c *Config) {
+		c.Conn = srv.Connect(t, nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1),
+			nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
+	})
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(srv.Connect(t))
+	srv.Shutdown()
+	ca.Advance(DefaultClaimTTL / 5) // a renewal fails: under ttl/2, it still holds
+	if !a.claim.held() {
+		t.Fatal("the claim does not hold 2s after the last renewal")
+	}
+	ca.Advance(DefaultClaimTTL/2 - DefaultClaimTTL/5) // 5 s
+	if a.claim.held() {
+		t.Fatal("the claim holds ttl/2 after the last renewal stored")
+	}
+
+	srv = srv.Restart(t)
+	select {
+	case <-reconnected:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the broker did not reconnect within 10s")
+	}
+	nc := srv.Connect(t)
+	list := a.space.Subject(subjects.OpList, "")
+	reply, err := nc.Request(list, nil, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := js.DeleteKeyValue(context.Background(), "natstone-claims"); err != nil {
-		t.Fatal(err)
+	if !strings.Contains(string(reply.Data), `"code":"unavailable"`) || !strings.Contains(string(reply.Data), "claim") {
+		t.Fatalf("a request while the claim has run out: %s, want unavailable", reply.Data)
 	}
-	every := DefaultClaimTTL / 5
-	for range 2 { // 2 and 4 s since the last renewal stored: under ClaimTTL/2
-		ca.Advance(every)
-		select {
-		case <-a.Done():
-			t.Fatalf("stopped %v after the last renewal", ca.Now().Sub(time.Unix(0, 0)))
-		default:
-		}
+
+	ca.Advance(DefaultClaimTTL / 5) // the renewal lands
+	if !a.claim.held() {
+		t.Fatal("the claim does not hold after a renewal stored")
 	}
-	ca.Advance(every) // 6 s
+	if reply, err = nc.Request(list, nil, 10*time.Second); err != nil || strings.Contains(string(reply.Data), "error") {
+		t.Fatalf("a request after the renewal: %v %s", err, reply.Data)
+	}
 	select {
 	case <-a.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the broker still serves, its claim not renewed for 6s")
-	}
-	if err := a.Err(); !errors.Is(err, ErrClaimLost) {
-		t.Fatalf("Err() = %v, want ErrClaimLost", err)
+		t.Fatalf("the broker stopped: %v", a.Err())
+	default:
 	}
 }
 
