@@ -189,6 +189,11 @@ func (b *Broker) Claim(ctx context.Context) error {
 // exclusivity locks, and only then starts answering requests.
 func (b *Broker) Start(ctx context.Context) error {
 	if err := b.Claim(ctx); err != nil {
+		if b.events != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.WriteTimeout)
+			defer cancel()
+			err = errors.Join(err, b.events.close(cctx))
+		}
 		return err
 	}
 	err := b.start(ctx)

@@ -120,8 +120,10 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		holder string    // the broker standing by was last told about
 	)
 	for {
-		now := c.clock.Now()
 		cur, rev, err := c.b.store.GetClaim(ctx)
+		// After the read: the holder may have renewed while it was on its way, and a standby must
+		// not count that time as the claim's.
+		now := c.clock.Now()
 		take, wait := false, c.every()
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
@@ -149,11 +151,12 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			}
 		}
 		if take {
-			c.mine.Since = now
+			sent := c.clock.Now()
+			c.mine.Since = sent
 			rev, err = c.b.store.PutClaim(ctx, &c.mine, rev)
 			if err == nil {
 				c.mu.Lock()
-				c.renewed(rev, now)
+				c.renewed(rev, sent)
 				c.timer = c.clock.AfterFunc(c.every(), c.renew)
 				c.mu.Unlock()
 				return nil
@@ -165,8 +168,9 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 				return fmt.Errorf("natstone: take the store's claim: %w", ctx.Err())
 			}
 			c.b.log.Warn("could not take the store's claim", "err", err)
+			wait = c.every()
 		}
-		t := c.clock.AfterFunc(wait, poke)
+		t := c.clock.AfterFunc(max(wait, time.Millisecond), poke)
 		select {
 		case <-nudge:
 			t.Stop()
@@ -204,6 +208,9 @@ func (c *claimer) renew() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ended {
+		if err == nil {
+			c.rev = next // a release waiting for this renewal deletes this revision
+		}
 		return
 	}
 	switch {

@@ -304,3 +304,49 @@ func TestFailedStartReleasesTheClaim(t *testing.T) {
 		t.Fatalf("the claim after a failed start: %v, want none", err)
 	}
 }
+
+// TestStandbyWaitsTheLongerTTL: a holder with a longer ttl than the standby's is waited for that
+// long.
+func TestStandbyWaitsTheLongerTTL(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca, func(c *Config) { c.ClaimTTL = 2 * DefaultClaimTTL })
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+	cb.Advance(DefaultClaimTTL)
+	standingBy(t, b, cb, started) // its own ttl is up, not the holder's
+	cb.Advance(DefaultClaimTTL)
+	waitStarted(t, started)
+}
+
+// TestClaimLostDuringRecovery: a start whose claim is taken while it recovers fails, writes nothing
+// more and leaves the claim to the broker that took it.
+func TestClaimLostDuringRecovery(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca := clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	other := kv.Claim{Broker: "other", TTLMillis: DefaultClaimTTL.Milliseconds()}
+	a.loaded = func() error {
+		ctx := context.Background()
+		_, rev, err := a.store.GetClaim(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := a.store.PutClaim(ctx, &other, rev); err != nil {
+			return err
+		}
+		ca.Advance(DefaultClaimTTL / 5) // a's renewal finds the claim taken
+		return nil
+	}
+	err := a.Start(context.Background())
+	if !errors.Is(err, errClaimRanOut) && !errors.Is(err, ErrClaimLost) {
+		t.Fatalf("Start = %v, want the claim lost", err)
+	}
+	if got := holder(t, a); got != "other" {
+		t.Fatalf("the claim names %s after the failed start, want other", got)
+	}
+}

@@ -33,7 +33,7 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
 		defer cancel()
 		reply, err := b.handle(ctx, ep.op, msg)
-		if err == nil && !b.claim.held() {
+		if !b.claim.held() { // an error from stale indexes would not be true either
 			err = subjects.Errorf(subjects.CodeUnavailable, "the broker's claim on the store ran out: another broker may serve it")
 		}
 		var out *nats.Msg

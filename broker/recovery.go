@@ -42,6 +42,10 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	}
 }
 
+// errClaimRanOut fails a start whose claim on the store ran out while it recovered: its process
+// was stopped long enough for a standby to take the store over, which the next renewal would say.
+var errClaimRanOut = errors.New("natstone: the claim on the store ran out during recovery")
+
 // staleLoads bounds how many times recover reads storage when replicas behind their leaders
 // serve the loads.
 const staleLoads = 10
@@ -98,6 +102,9 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if !b.claim.held() { // what follows writes: not once another broker may serve the store
+		return 0, errClaimRanOut
+	}
 	if n, err = b.dropCollected(ctx, bodies, loaded, n); err != nil {
 		return 0, err
 	}
@@ -121,6 +128,9 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 	})
 	if err == nil && b.loaded != nil {
 		err = b.loaded()
+	}
+	if err == nil && !b.claim.held() {
+		err = errClaimRanOut
 	}
 	if err != nil {
 		return 0, err
@@ -245,6 +255,9 @@ func (b *Broker) dropOrphans(ctx context.Context, bodies *kv.Bodies, lastBody ui
 		ref, err := b.store.BodyReferenced(ctx, candidates[i])
 		if err != nil || ref {
 			return err
+		}
+		if !b.claim.held() { // another broker may serve the store, and store payloads, by now
+			return errClaimRanOut
 		}
 		deleted[i] = true
 		return b.store.DeleteBody(ctx, candidates[i])

@@ -20,7 +20,7 @@ const claimKey = "broker"
 // does. Its holder rewrites it every few seconds; a broker that sees it unchanged for TTL may take
 // it over.
 type Claim struct {
-	// Broker identifies the broker process, randomly, for the life of the process.
+	// Broker identifies the broker, randomly, for its life.
 	Broker string `json:"broker"`
 	// Host and PID say where it runs, for operators.
 	Host string `json:"host,omitempty"`

@@ -106,6 +106,9 @@ func TestServeStandby(t *testing.T) {
 	p2.log.waitLine(t, "standing by")
 	p1.stop(t)
 	p2.log.readyLine(t)
+	if l := p2.log.find("stopped renewing its claim"); l != "" {
+		t.Fatalf("the standby waited out the claim's ttl; the stop should have released it:\n%s", l)
+	}
 	var info subjects.QueueInfo
 	request(t, dial(t, s.URL()), "natstone.v1.info.jobs", `{}`, &info)
 	if info.Counts.Running != 1 {
