@@ -47,8 +47,9 @@ type claimer struct {
 
 	// mu guards the fields below.
 	mu     sync.Mutex
-	rev    uint64    // the claim's revision; 0 until acquired
-	lastOK time.Time // when the last renewal that was stored was sent
+	stored chan struct{} // closed, and replaced, when a renewal is stored
+	rev    uint64        // the claim's revision; 0 until acquired
+	lastOK time.Time     // when the last renewal that was stored was sent
 	timer  clock.Timer
 	ended  bool // released or lost: nothing renews it any more
 }
@@ -56,9 +57,10 @@ type claimer struct {
 func newClaimer(b *Broker) *claimer {
 	host, _ := os.Hostname()
 	c := &claimer{
-		b:     b,
-		ttl:   b.cfg.ClaimTTL,
-		clock: clock.Real(),
+		stored: make(chan struct{}),
+		b:      b,
+		ttl:    b.cfg.ClaimTTL,
+		clock:  clock.Real(),
 		mine: kv.Claim{
 			Broker:    nuid.Next(),
 			Host:      host,
@@ -81,12 +83,37 @@ func (c *claimer) held() bool {
 func (c *claimer) renewed(rev uint64, sent time.Time) {
 	c.rev, c.lastOK = rev, sent
 	c.until.Store(int64(sent.Sub(c.base) + c.ttl/2))
+	close(c.stored)
+	c.stored = make(chan struct{})
+}
+
+// waitHeld returns once the claim holds, after the renewal that makes it hold again if need be;
+// errClaimRanOut if it was lost or ctx ends first.
+func (c *claimer) waitHeld(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		ended, stored := c.ended, c.stored
+		c.mu.Unlock()
+		switch {
+		case ended:
+			return errClaimRanOut
+		case c.held():
+			return nil
+		}
+		select {
+		case <-stored:
+		case <-ctx.Done():
+			return errClaimRanOut
+		}
+	}
 }
 
 // end stops renewing. The caller holds c.mu.
 func (c *claimer) end() {
 	c.ended = true
 	c.until.Store(0)
+	close(c.stored) // waitHeld sees it ended
+	c.stored = make(chan struct{})
 	if c.timer != nil {
 		c.timer.Stop()
 	}
@@ -118,6 +145,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		seen   uint64    // the holder's revision last read
 		seenAt time.Time // when it was first read
 		holder string    // the broker standing by was last told about
+		tried  time.Time // when the last take was sent
 	)
 	for {
 		cur, rev, err := c.b.store.GetClaim(ctx)
@@ -133,6 +161,13 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 				return fmt.Errorf("natstone: wait for the store's claim: %w", ctx.Err())
 			}
 			c.b.log.Warn("could not read the store's claim", "err", err)
+		case cur.Broker == c.mine.Broker && !tried.IsZero():
+			// A take whose answer was lost was stored after all.
+			c.mu.Lock()
+			c.renewed(rev, tried)
+			c.timer = c.clock.AfterFunc(c.every(), c.renew)
+			c.mu.Unlock()
+			return nil
 		default:
 			if rev != seen {
 				seen, seenAt = rev, now
@@ -152,7 +187,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		}
 		if take {
 			sent := c.clock.Now()
-			c.mine.Since = sent
+			c.mine.Since, tried = sent, sent
 			rev, err = c.b.store.PutClaim(ctx, &c.mine, rev)
 			if err == nil {
 				c.mu.Lock()
@@ -200,9 +235,17 @@ func (c *claimer) renew() {
 	next, err := c.b.store.PutClaim(ctx, &c.mine, rev)
 	if errors.Is(err, kv.ErrConflict) {
 		// A renewal whose answer was lost may have been stored: then the claim is still this one's.
-		if cur, curRev, gerr := c.b.store.GetClaim(ctx); gerr == nil && cur.Broker == c.mine.Broker {
-			next, err = c.b.store.PutClaim(ctx, &c.mine, curRev)
+		// Only a claim read back as another broker's (or none) is lost; a read that fails is
+		// tried again at the next renewal.
+		gctx, gcancel := context.WithTimeout(context.Background(), c.every())
+		cur, curRev, gerr := c.b.store.GetClaim(gctx)
+		switch {
+		case gerr == nil && cur.Broker == c.mine.Broker:
+			next, err = c.b.store.PutClaim(gctx, &c.mine, curRev)
+		case gerr != nil && !errors.Is(gerr, kv.ErrNotFound):
+			err = gerr
 		}
+		gcancel()
 	}
 
 	c.mu.Lock()

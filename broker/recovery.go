@@ -42,8 +42,7 @@ func (b *Broker) recover(ctx context.Context) (int, error) {
 	}
 }
 
-// errClaimRanOut fails a start whose claim on the store ran out while it recovered: its process
-// was stopped long enough for a standby to take the store over, which the next renewal would say.
+// errClaimRanOut fails a start whose claim on the store was lost while it recovered.
 var errClaimRanOut = errors.New("natstone: the claim on the store ran out during recovery")
 
 // staleLoads bounds how many times recover reads storage when replicas behind their leaders
@@ -102,8 +101,8 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if !b.claim.held() { // what follows writes: not once another broker may serve the store
-		return 0, errClaimRanOut
+	if err := b.claim.waitHeld(ctx); err != nil { // what follows writes: not once another broker may serve the store
+		return 0, err
 	}
 	if n, err = b.dropCollected(ctx, bodies, loaded, n); err != nil {
 		return 0, err
@@ -129,8 +128,8 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 	if err == nil && b.loaded != nil {
 		err = b.loaded()
 	}
-	if err == nil && !b.claim.held() {
-		err = errClaimRanOut
+	if err == nil {
+		err = b.claim.waitHeld(ctx)
 	}
 	if err != nil {
 		return 0, err
@@ -256,8 +255,8 @@ func (b *Broker) dropOrphans(ctx context.Context, bodies *kv.Bodies, lastBody ui
 		if err != nil || ref {
 			return err
 		}
-		if !b.claim.held() { // another broker may serve the store, and store payloads, by now
-			return errClaimRanOut
+		if err := b.claim.waitHeld(ctx); err != nil { // another broker may serve the store by now
+			return err
 		}
 		deleted[i] = true
 		return b.store.DeleteBody(ctx, candidates[i])
