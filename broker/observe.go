@@ -23,8 +23,11 @@ type Observer interface {
 
 // Snapshot is the broker's state at one moment, for metrics and dashboards.
 type Snapshot struct {
-	Queues []QueueSnapshot
-	Events EventsSnapshot
+	// Serving is true while the broker answers requests: started, not stopped, its claim on the
+	// store held. A standby, or a broker still recovering, reports nothing else.
+	Serving bool
+	Queues  []QueueSnapshot
+	Events  EventsSnapshot
 }
 
 // QueueSnapshot is one queue's state.
@@ -48,12 +51,16 @@ type EventsSnapshot struct {
 // publisher's state. It takes each queue's lock briefly, one at a time.
 func (b *Broker) Snapshot() Snapshot {
 	b.mu.Lock()
+	if !b.started || b.closed {
+		b.mu.Unlock()
+		return Snapshot{}
+	}
 	qs := make([]*queue, 0, len(b.queues))
 	for _, q := range b.queues {
 		qs = append(qs, q)
 	}
 	b.mu.Unlock()
-	var s Snapshot
+	s := Snapshot{Serving: b.claim.held()}
 	for _, q := range qs {
 		q.mu.Lock()
 		if q.closed == nil {

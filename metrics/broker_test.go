@@ -131,6 +131,9 @@ func TestBroker(t *testing.T) {
 	if got := f.gauge(t, "natstone_events_enabled"); got != 1 {
 		t.Errorf("natstone_events_enabled = %v, want 1", got)
 	}
+	if got := f.gauge(t, "natstone_broker_serving"); got != 1 {
+		t.Errorf("natstone_broker_serving = %v, want 1", got)
+	}
 	if got := f.gauge(t, "natstone_queue_blocked", "queue=jobs", "direction=enqueue"); got != 0 {
 		t.Errorf("natstone_queue_blocked{queue=jobs,direction=enqueue} = %v, want 0", got)
 	}

@@ -27,6 +27,8 @@ var (
 		"Events waiting to be published.", nil, nil)
 	eventsEnabledDesc = prometheus.NewDesc("natstone_events_enabled",
 		"1 if the broker publishes events, else 0.", nil, nil)
+	servingDesc = prometheus.NewDesc("natstone_broker_serving",
+		"1 while the broker answers requests (it holds the store's claim), 0 while it stands by, recovers or has stopped.", nil, nil)
 )
 
 // snapshotCollector turns the snapshot of the watched broker into metrics, calling it once per
@@ -50,7 +52,7 @@ func (m *Metrics) Watch(snapshot func() broker.Snapshot) {
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		queueMessagesDesc, queueOldestPendingDesc, queueBlockedDesc,
-		eventsPublishedDesc, eventsDroppedDesc, eventsBufferedDesc, eventsEnabledDesc,
+		eventsPublishedDesc, eventsDroppedDesc, eventsBufferedDesc, eventsEnabledDesc, servingDesc,
 	} {
 		ch <- d
 	}
@@ -63,6 +65,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	s := (*fn)()
+	ch <- constMetric(servingDesc, prometheus.GaugeValue, flag(s.Serving))
 	for i := range s.Queues {
 		collectQueue(ch, &s.Queues[i])
 	}

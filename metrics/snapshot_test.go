@@ -101,6 +101,9 @@ func TestWatchReplaceAndStop(t *testing.T) {
 	if got := f.gauge(t, "natstone_events_enabled"); got != 0 {
 		t.Errorf("natstone_events_enabled = %v, want 0", got)
 	}
+	if got := f.gauge(t, "natstone_broker_serving"); got != 0 {
+		t.Errorf("natstone_broker_serving = %v, want 0", got)
+	}
 
 	m.Watch(nil)
 	f = scrape(t, m.Handler())

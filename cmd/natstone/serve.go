@@ -258,29 +258,28 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		nc.Close()
 		return err
 	}
-	// Wait for the store's claim first, for as long as another broker serves it: StartTimeout
-	// bounds the start that follows.
-	if err := b.Claim(ctx); err != nil {
-		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
-		defer cancel()
-		err = errors.Join(err, b.Stop(stopCtx))
-		nc.Close()
-		return interrupted(ctx, log, err)
-	}
-	if err := startBroker(ctx, b); err != nil {
-		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
-		defer cancel()
-		err = errors.Join(err, b.Stop(stopCtx))
-		nc.Close()
-		return interrupted(ctx, log, err)
-	}
+	// The HTTP listener first: a standby answers /healthz, and /metrics says it does not serve
+	// (natstone_broker_serving); the dashboard talks to whichever broker serves.
 	httpAttrs, stopHTTP, err := startHTTP(cfg, b, m, func() (*nats.Conn, error) {
 		return nats.Connect(cfg.natsURL, nats.Name(connName+"-http"), nats.MaxReconnects(-1))
 	}, log)
 	if err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 		defer cancel()
-		return errors.Join(err, b.Stop(stopCtx), drain(stopCtx, nc, closed), drain(stopCtx, storeNC, storeClosed))
+		return errors.Join(err, drain(stopCtx, nc, closed), drain(stopCtx, storeNC, storeClosed))
+	}
+	// Wait for the store's claim, for as long as another broker serves it: StartTimeout bounds
+	// the start that follows.
+	err = b.Claim(ctx)
+	if err == nil {
+		err = startBroker(ctx, b)
+	}
+	if err != nil {
+		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		err = errors.Join(err, stopHTTP(stopCtx), b.Stop(stopCtx))
+		nc.Close()
+		return interrupted(ctx, log, err)
 	}
 	log.Info("natstone ready", append([]any{"prefix", cfg.prefix, "store_prefix", cfg.storePrefix, "nats_url", redactURL(cfg.natsURL)}, httpAttrs...)...)
 

@@ -2,12 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // httpGet fetches url and returns its status and body.
@@ -109,4 +111,33 @@ func TestServeNoEvents(t *testing.T) {
 	if c := exitCode(t, code); c != exitOK {
 		t.Fatalf("exit code after cancel = %d, want 0", c)
 	}
+}
+
+// TestServeStandbyHTTP: a standby's HTTP listener answers while it stands by: /healthz is ok,
+// /metrics says it does not serve, and the dashboard's API answers through the broker that does.
+// Once it has taken over, /metrics says it serves.
+func TestServeStandbyHTTP(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t, nil)
+	p1 := startServe(t, "--nats-url", s.URL())
+	roundTrip(t, s.URL())
+	port := freePort(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	p2 := startProc(t, "serve", "--nats-url", s.URL(), "--http", fmt.Sprintf("127.0.0.1:%d", port))
+	p2.log.waitLine(t, "standing by")
+	if status, body := httpGet(t, base+"/healthz"); status != http.StatusOK {
+		t.Errorf("GET /healthz of the standby: %d %s, want ok", status, body)
+	}
+	if status, body := httpGet(t, base+"/metrics"); status != http.StatusOK || !strings.Contains(body, "natstone_broker_serving 0") {
+		t.Errorf("GET /metrics of the standby: %d, want natstone_broker_serving 0", status)
+	}
+	if status, body := httpGet(t, base+"/api/queues"); status != http.StatusOK || !strings.Contains(body, `"jobs"`) {
+		t.Errorf("GET /api/queues of the standby: %d %s, want queue jobs", status, body)
+	}
+	p1.stop(t)
+	p2.log.readyLine(t)
+	if status, body := httpGet(t, base+"/metrics"); status != http.StatusOK || !strings.Contains(body, "natstone_broker_serving 1") {
+		t.Errorf("GET /metrics after the take-over: %d, want natstone_broker_serving 1", status)
+	}
+	p2.stop(t)
 }
