@@ -21,7 +21,7 @@ func TestFaultsCluster(t *testing.T) {
 	t.Parallel()
 	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{SyncAlways: []int{2}})
 	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4}, srvs[0].URL(),
-		[]string{"serve", "--nats-url", srvs[0].URL(), "--replicas", "3", "--claim-ttl", "1s"})
+		[]string{"serve", "--nats-url", srvs[0].URL(), "--replicas", "3", "--claim-ttl", "2s"})
 }
 
 // TestFaultsClusterServers keeps natstone running and restarts, instead, the servers of its

@@ -54,7 +54,7 @@ func TestFaultsBrokerOnly(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
 	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4}, srv.URL(),
-		[]string{"serve", "--nats-url", srv.URL(), "--claim-ttl", "1s"})
+		[]string{"serve", "--nats-url", srv.URL(), "--claim-ttl", "2s"})
 }
 
 // TestFaultsStandby runs two brokers on one NATS server (in this process), one serving and one
@@ -65,7 +65,7 @@ func TestFaultsStandby(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
 	check(t, faultConfig{kills: kills(t, 4), external: true, standby: true, producers: 2, workers: 4}, srv.URL(),
-		[]string{"serve", "--nats-url", srv.URL(), "--claim-ttl", "1s"})
+		[]string{"serve", "--nats-url", srv.URL(), "--claim-ttl", "2s"})
 }
 
 // TestFaultsRetentionZero is TestFaults on queues that keep nothing that ended: a message is
