@@ -214,6 +214,9 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the broker did not reconnect within 10s")
 	}
+	if err := a.cfg.Conn.Flush(); err != nil { // the server has its subscriptions again
+		t.Fatal(err)
+	}
 	nc := srv.Connect(t)
 	list := a.space.Subject(subjects.OpList, "")
 	reply, err := nc.Request(list, nil, 10*time.Second)
