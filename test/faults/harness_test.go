@@ -367,18 +367,19 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 			restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
 			continue
 		}
-		procMu.Lock()
-		killed := time.Now()
-		proc.kill()
-		select {
-		case line := <-proc.bad:
-			procMu.Unlock()
-			fatalWithLog(t, logPath, "natstone reported %q", line)
-		default:
-		}
-		proc = startNatstone(t, args, logPath)
-		restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
-		procMu.Unlock()
+		func() {
+			procMu.Lock()
+			defer procMu.Unlock() // also when the test fails: the cleanups take it
+			killed := time.Now()
+			proc.kill()
+			select {
+			case line := <-proc.bad:
+				fatalWithLog(t, logPath, "natstone reported %q", line)
+			default:
+			}
+			proc = startNatstone(t, args, logPath)
+			restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
+		}()
 	}
 	<-time.After(500 * time.Millisecond) // some load after the last restart
 	close(stop)
@@ -428,20 +429,23 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 			t.Fatalf("final get %s: %s %s\n%s", key, o, code, tail(string(b), 60))
 		}
 	}
-	procMu.Lock()
-	select {
-	case line := <-proc.bad:
-		t.Errorf("natstone reported %q; see %s", line, logPath)
-	default:
-	}
-	if standby != nil {
-		standby.stop(t)
-	}
-	proc.stop(t)
-	// A start deletes the payloads that the kills left without a record; after it, the bodies
-	// stream holds one payload per message (or fewer, for a moment, while one is collected).
-	proc = startNatstone(t, args, logPath)
-	procMu.Unlock()
+	func() {
+		procMu.Lock()
+		defer procMu.Unlock() // also when the test fails: the cleanups take it
+		select {
+		case line := <-proc.bad:
+			t.Errorf("natstone reported %q; see %s", line, logPath)
+		default:
+		}
+		if standby != nil {
+			standby.stop(t)
+		}
+		proc.stop(t)
+		// A start deletes the payloads that the kills left without a record; after it, the
+		// bodies stream holds one payload per message (or fewer, for a moment, while one is
+		// collected).
+		proc = startNatstone(t, args, logPath)
+	}()
 	payloadsMatch(t, admin, specs)
 	procMu.Lock()
 	proc.stop(t)
