@@ -51,7 +51,11 @@ type claimer struct {
 	rev    uint64        // the claim's revision; 0 until acquired
 	lastOK time.Time     // when the last renewal that was stored was sent
 	timer  clock.Timer
-	ended  bool // released or lost: nothing renews it any more
+	// next is what the renewal timer reaches the claimer through; end clears it. A stopped timer
+	// can stay in the runtime's timer heap until it would have fired, and must not keep the
+	// stopped broker's memory alive that long (S5 measures it right after a stop).
+	next  *atomic.Pointer[claimer]
+	ended bool // released or lost: nothing renews it any more
 }
 
 func newClaimer(b *Broker) *claimer {
@@ -115,8 +119,21 @@ func (c *claimer) end() {
 	close(c.stored) // waitHeld sees it ended
 	c.stored = make(chan struct{})
 	if c.timer != nil {
+		c.next.Store(nil)
 		c.timer.Stop()
 	}
+}
+
+// arm schedules the next renewal. The caller holds c.mu.
+func (c *claimer) arm() {
+	next := new(atomic.Pointer[claimer])
+	next.Store(c)
+	c.next = next
+	c.timer = c.clock.AfterFunc(c.every(), func() {
+		if c := next.Load(); c != nil {
+			c.renew()
+		}
+	})
 }
 
 // every is how often the holder renews the claim and a standby looks at it.
@@ -165,7 +182,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			// A take whose answer was lost was stored after all.
 			c.mu.Lock()
 			c.renewed(rev, tried)
-			c.timer = c.clock.AfterFunc(c.every(), c.renew)
+			c.arm()
 			c.mu.Unlock()
 			return nil
 		default:
@@ -192,7 +209,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			if err == nil {
 				c.mu.Lock()
 				c.renewed(rev, sent)
-				c.timer = c.clock.AfterFunc(c.every(), c.renew)
+				c.arm()
 				c.mu.Unlock()
 				return nil
 			}
@@ -268,7 +285,7 @@ func (c *claimer) renew() {
 		// that lands later, at the same revision, proves that no standby took over meanwhile.
 		c.b.log.Warn("could not renew the store's claim", "err", err, "unrenewed_for", c.clock.Now().Sub(c.lastOK))
 	}
-	c.timer = c.clock.AfterFunc(c.every(), c.renew)
+	c.arm()
 }
 
 // abandon stops renewing the claim, and leaves it to expire.
