@@ -20,7 +20,7 @@ import (
 const DefaultClaimTTL = 10 * time.Second
 
 // ErrClaimLost is what Err returns once the broker has stopped because it lost its claim on the
-// store: another broker took the store over, or the broker could not renew its claim in time.
+// store: another broker took the store over.
 var ErrClaimLost = errors.New("natstone: the broker lost its claim on the store")
 
 // A claimer takes and keeps the store's claim: one broker serves a store at a time, and others
@@ -60,25 +60,24 @@ type claimer struct {
 
 func newClaimer(b *Broker) *claimer {
 	host, _ := os.Hostname()
-	c := &claimer{
-		stored: make(chan struct{}),
-		b:      b,
-		ttl:    b.cfg.ClaimTTL,
-		clock:  clock.Real(),
+	return &claimer{
+		b:     b,
+		ttl:   b.cfg.ClaimTTL,
+		clock: clock.Real(),
 		mine: kv.Claim{
 			Broker:    nuid.Next(),
 			Host:      host,
 			PID:       os.Getpid(),
 			TTLMillis: b.cfg.ClaimTTL.Milliseconds(),
 		},
+		stored: make(chan struct{}),
 	}
-	return c
 }
 
 // held says whether the claim holds now: it was renewed less than ttl/2 ago, so no standby can
-// have taken the store over yet. A reply that says something was done is sent only if it holds
-// once that was stored: a broker that was stopped past its claim (a pause of its process, say)
-// and goes on must not acknowledge writes that another broker serving the store does not know of.
+// have taken the store over yet. A reply is sent only if it holds once the request's writes were
+// stored: a broker that was stopped past its claim (a pause of its process, say) and goes on must
+// not acknowledge writes that another broker serving the store does not know of.
 func (c *claimer) held() bool {
 	return c.clock.Now().Sub(c.base) < time.Duration(c.until.Load())
 }

@@ -486,11 +486,18 @@ func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
+poll:
 	for {
 		messages := 0
 		for name := range specs {
 			var d subjects.DepthReply
 			if o, code := admin.call(subjects.OpDepth, name, nil, &d); o != OK {
+				// On a cluster, the server the admin is connected to may not know the restarted
+				// broker's subscriptions yet.
+				if (o == Unknown || code == "no_responders") && time.Now().Before(deadline) {
+					<-time.After(50 * time.Millisecond)
+					continue poll
+				}
 				t.Fatalf("depth %s: %s %s", name, o, code)
 			}
 			c := d.Counts
