@@ -92,6 +92,29 @@ func standingBy(t *testing.T, standby *Broker, clk *clock.Fake, started <-chan e
 	}
 }
 
+// running fails the test if b has stopped.
+func running(t *testing.T, b *Broker) {
+	t.Helper()
+	select {
+	case <-b.Done():
+		t.Fatalf("the broker stopped: %v", b.Err())
+	default:
+	}
+}
+
+// stopsOnItsOwn waits up to 10 s for b to stop, its claim lost.
+func stopsOnItsOwn(t *testing.T, b *Broker) {
+	t.Helper()
+	select {
+	case <-b.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the broker still serves, its claim taken")
+	}
+	if err := b.Err(); !errors.Is(err, ErrClaimLost) {
+		t.Fatalf("Err() = %v, want ErrClaimLost", err)
+	}
+}
+
 // holder returns the broker id the store's claim names.
 func holder(t *testing.T, b *Broker) string {
 	t.Helper()
@@ -166,20 +189,9 @@ func TestStandbyTakesOverAfterTheTTL(t *testing.T) {
 		t.Fatalf("the claim names %s, want the standby %s", got, b.claim.mine.Broker)
 	}
 
-	select {
-	case <-a.Done():
-		t.Fatal("the first broker stopped before it tried to renew")
-	default:
-	}
+	running(t, a)
 	ca.Advance(DefaultClaimTTL / 5) // it renews, and finds the standby's claim
-	select {
-	case <-a.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first broker still serves, its claim taken")
-	}
-	if err := a.Err(); !errors.Is(err, ErrClaimLost) {
-		t.Fatalf("Err() = %v, want ErrClaimLost", err)
-	}
+	stopsOnItsOwn(t, a)
 	if got := holder(t, b); got != b.claim.mine.Broker {
 		t.Fatalf("after the first broker stopped, the claim names %s, want %s", got, b.claim.mine.Broker)
 	}
@@ -233,14 +245,13 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 	if !a.claim.held() {
 		t.Fatal("the claim does not hold after a renewal stored")
 	}
-	if reply, err = nc.Request(list, nil, 10*time.Second); err != nil || strings.Contains(string(reply.Data), "error") {
-		t.Fatalf("a request after the renewal: %v %s", err, reply.Data)
+	if reply, err = nc.Request(list, nil, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	select {
-	case <-a.Done():
-		t.Fatalf("the broker stopped: %v", a.Err())
-	default:
+	if strings.Contains(string(reply.Data), "error") {
+		t.Fatalf("a request after the renewal: %s", reply.Data)
 	}
+	running(t, a)
 }
 
 // TestRenewalAfterALostAnswer: a renewal stored whose answer never came leaves the broker with an
@@ -268,11 +279,7 @@ func TestRenewalAfterALostAnswer(t *testing.T) {
 	if after != rev+2 {
 		t.Fatalf("the claim's revision is %d after the renewal, want %d", after, rev+2)
 	}
-	select {
-	case <-a.Done():
-		t.Fatalf("the broker stopped: %v", a.Err())
-	default:
-	}
+	running(t, a)
 }
 
 // TestTakeOverClaim: a broker configured to take the claim at start does not wait for the holder,
@@ -287,11 +294,7 @@ func TestTakeOverClaim(t *testing.T) {
 	b := claimBroker(t, srv, cb, func(c *Config) { c.TakeOverClaim = true })
 	waitStarted(t, startAsync(b))
 	ca.Advance(DefaultClaimTTL / 5)
-	select {
-	case <-a.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first broker still serves, its claim taken")
-	}
+	stopsOnItsOwn(t, a)
 	if got := holder(t, b); got != b.claim.mine.Broker {
 		t.Fatalf("the claim names %s, want %s", got, b.claim.mine.Broker)
 	}

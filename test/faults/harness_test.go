@@ -133,7 +133,7 @@ func (n *natstone) pauseUntil(t *testing.T, logPath string, standby *natstone) {
 	}
 }
 
-// kill sends SIGKILL and waits for the process to be gone.
+// kill sends SIGKILL and waits for the process to be gone; at once if it is.
 func (n *natstone) kill() {
 	_ = n.cmd.Process.Signal(syscall.SIGKILL)
 	<-n.done
@@ -264,14 +264,14 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats := &runStats{}
 
 	proc := startNatstone(t, args, logPath)
-	var procMu sync.Mutex // guards proc
+	var standby *natstone // cfg.standby's
+	var procMu sync.Mutex // guards proc and standby
 	t.Cleanup(func() {
 		procMu.Lock()
 		defer procMu.Unlock()
-		select {
-		case <-proc.done:
-		default:
-			proc.kill()
+		proc.kill() // at once if it has exited
+		if standby != nil {
+			standby.kill()
 		}
 	})
 	connect := func(name string) *client {
@@ -327,18 +327,8 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		}()
 	}
 
-	var standby *natstone
 	if cfg.standby {
 		standby = startStandby(t, args, logPath)
-		t.Cleanup(func() {
-			procMu.Lock()
-			defer procMu.Unlock()
-			select {
-			case <-standby.done:
-			default:
-				standby.kill()
-			}
-		})
 	}
 	var restarts []Restart
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
