@@ -166,15 +166,28 @@ func New(cfg *Config) (*Broker, error) {
 	return b, nil
 }
 
-// Claim opens the storage and returns once the broker holds the store's claim: at once, unless
-// another broker serves the store. Then it waits as a standby, until that broker releases the claim
-// (it stops) or stops renewing it for ClaimTTL (it died), or until ctx ends. Start claims the store
-// itself; call Claim first to wait for it under a context of its own.
+// Claim returns once the broker holds the store's claim: at once, unless another broker serves the
+// store. Then it waits as a standby, until that broker releases the claim (it stops) or stops
+// renewing it for ClaimTTL (it died), or until ctx ends. Start claims the store itself; call Claim
+// first to wait for it under a context of its own. It opens the claims bucket only: the rest of
+// the storage, whose settings a start may change, is opened by Start once the claim is held.
 func (b *Broker) Claim(ctx context.Context) error {
-	if b.store == nil {
-		if err := b.open(ctx); err != nil {
+	if b.claim.claims == nil {
+		// On the request connection: a renewal must not wait behind the writes in flight.
+		js, err := jetstream.New(b.cfg.Conn, jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout))
+		if err != nil {
+			return fmt.Errorf("natstone: jetstream: %w", err)
+		}
+		claims, err := kv.OpenClaims(ctx, &kv.Config{
+			JS:            js,
+			Prefix:        b.cfg.StorePrefix,
+			Replicas:      b.cfg.Replicas,
+			MemoryStorage: b.cfg.MemoryStorage,
+		})
+		if err != nil {
 			return err
 		}
+		b.claim.claims = claims
 	}
 	b.claim.mu.Lock()
 	held := b.claim.rev != 0
@@ -185,18 +198,16 @@ func (b *Broker) Claim(ctx context.Context) error {
 	return b.claim.acquire(ctx, b.cfg.TakeOverClaim)
 }
 
-// Start claims the store (see Claim), rebuilds every queue's indexes from it, reconciles
-// exclusivity locks, and only then starts answering requests.
+// Start claims the store (see Claim), opens the storage, rebuilds every queue's indexes from it,
+// reconciles exclusivity locks, and only then starts answering requests.
 func (b *Broker) Start(ctx context.Context) error {
 	if err := b.Claim(ctx); err != nil {
-		if b.events != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.WriteTimeout)
-			defer cancel()
-			err = errors.Join(err, b.events.close(cctx))
-		}
 		return err
 	}
-	err := b.start(ctx)
+	err := b.open(ctx)
+	if err == nil {
+		err = b.start(ctx)
+	}
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.WriteTimeout)
 		defer cancel()

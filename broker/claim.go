@@ -30,9 +30,10 @@ var ErrClaimLost = errors.New("natstone: the broker lost its claim on the store"
 // stored (held), until a renewal is stored again, and stops when a renewal finds another broker's
 // claim.
 type claimer struct {
-	b    *Broker
-	ttl  time.Duration
-	mine kv.Claim
+	b      *Broker
+	claims *kv.Claims // set by Broker.Claim
+	ttl    time.Duration
+	mine   kv.Claim
 	// clock is real time, not Config.Clock: the claim is a lease between processes, whereas
 	// Config.Clock is the queues' time (tests move it by hours). Tests of the claim replace it.
 	clock clock.Clock
@@ -150,7 +151,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		default:
 		}
 	}
-	sub, err := c.b.cfg.Conn.Subscribe(c.b.store.ClaimSubject(), func(*nats.Msg) { poke() })
+	sub, err := c.b.cfg.Conn.Subscribe(c.claims.Subject(), func(*nats.Msg) { poke() })
 	if err != nil {
 		return fmt.Errorf("natstone: watch the store's claim: %w", err)
 	}
@@ -164,7 +165,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		tried  time.Time // when the last take was sent
 	)
 	for {
-		cur, rev, err := c.b.store.GetClaim(ctx)
+		cur, rev, err := c.claims.Get(ctx)
 		// After the read: the holder may have renewed while it was on its way, and a standby must
 		// not count that time as the claim's.
 		now := c.clock.Now()
@@ -204,7 +205,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		if take {
 			sent := c.clock.Now()
 			c.mine.Since, tried = sent, sent
-			rev, err = c.b.store.PutClaim(ctx, &c.mine, rev)
+			rev, err = c.claims.Put(ctx, &c.mine, rev)
 			if err == nil {
 				c.mu.Lock()
 				c.renewed(rev, sent)
@@ -248,16 +249,16 @@ func (c *claimer) renew() {
 	sent := c.clock.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), c.every())
 	defer cancel()
-	next, err := c.b.store.PutClaim(ctx, &c.mine, rev)
+	next, err := c.claims.Put(ctx, &c.mine, rev)
 	if errors.Is(err, kv.ErrConflict) {
 		// A renewal whose answer was lost may have been stored: then the claim is still this one's.
 		// Only a claim read back as another broker's (or none) is lost; a read that fails is
 		// tried again at the next renewal.
 		gctx, gcancel := context.WithTimeout(context.Background(), c.every())
-		cur, curRev, gerr := c.b.store.GetClaim(gctx)
+		cur, curRev, gerr := c.claims.Get(gctx)
 		switch {
 		case gerr == nil && cur.Broker == c.mine.Broker:
-			next, err = c.b.store.PutClaim(gctx, &c.mine, curRev)
+			next, err = c.claims.Put(gctx, &c.mine, curRev)
 		case gerr != nil && !errors.Is(gerr, kv.ErrNotFound):
 			err = gerr
 		}
@@ -313,7 +314,7 @@ func (c *claimer) release(ctx context.Context) {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, c.every())
 	defer cancel()
-	if err := c.b.store.ReleaseClaim(ctx, rev); err != nil && !errors.Is(err, kv.ErrConflict) {
+	if err := c.claims.Release(ctx, rev); err != nil && !errors.Is(err, kv.ErrConflict) {
 		c.b.log.Warn("the store's claim was not released: a standby takes over once its ttl is up", "err", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"weak"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/kv"
@@ -118,7 +119,7 @@ func stopsOnItsOwn(t *testing.T, b *Broker) {
 // holder returns the broker id the store's claim names.
 func holder(t *testing.T, b *Broker) string {
 	t.Helper()
-	c, _, err := b.store.GetClaim(context.Background())
+	c, _, err := b.claim.claims.Get(context.Background())
 	if err != nil {
 		t.Fatalf("read the claim: %v", err)
 	}
@@ -264,15 +265,15 @@ func TestRenewalAfterALostAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	_, rev, err := a.store.GetClaim(ctx)
+	_, rev, err := a.claim.claims.Get(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.store.PutClaim(ctx, &a.claim.mine, rev); err != nil { // as a renewal would
+	if _, err := a.claim.claims.Put(ctx, &a.claim.mine, rev); err != nil { // as a renewal would
 		t.Fatal(err)
 	}
 	ca.Advance(DefaultClaimTTL / 5)
-	_, after, err := a.store.GetClaim(ctx)
+	_, after, err := a.claim.claims.Get(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +309,7 @@ func TestFailedStartReleasesTheClaim(t *testing.T) {
 	if err := a.Start(context.Background()); err == nil {
 		t.Fatal("Start succeeded")
 	}
-	if _, _, err := a.store.GetClaim(context.Background()); !errors.Is(err, kv.ErrNotFound) {
+	if _, _, err := a.claim.claims.Get(context.Background()); !errors.Is(err, kv.ErrNotFound) {
 		t.Fatalf("the claim after a failed start: %v, want none", err)
 	}
 }
@@ -340,11 +341,11 @@ func TestClaimLostDuringRecovery(t *testing.T) {
 	other := kv.Claim{Broker: "other", TTLMillis: DefaultClaimTTL.Milliseconds()}
 	a.loaded = func() error {
 		ctx := context.Background()
-		_, rev, err := a.store.GetClaim(ctx)
+		_, rev, err := a.claim.claims.Get(ctx)
 		if err != nil {
 			return err
 		}
-		if _, err := a.store.PutClaim(ctx, &other, rev); err != nil {
+		if _, err := a.claim.claims.Put(ctx, &other, rev); err != nil {
 			return err
 		}
 		ca.Advance(DefaultClaimTTL / 5) // a's renewal finds the claim taken
@@ -384,5 +385,41 @@ func TestStoppedBrokerIsFreed(t *testing.T) {
 	runtime.GC()
 	if w.Value() != nil {
 		t.Fatal("the stopped broker is still reachable")
+	}
+}
+
+// TestStandbyChangesNoSettings: a standby started with other settings (here the events' max age)
+// leaves the store's streams as the serving broker set them until it takes over.
+func TestStandbyChangesNoSettings(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb, func(c *Config) { c.EventsMaxAge = time.Hour })
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxAge := func() time.Duration {
+		t.Helper()
+		st, err := js.Stream(context.Background(), "natstone-events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CachedInfo().Config.MaxAge
+	}
+	if got := maxAge(); got != DefaultEventsMaxAge {
+		t.Fatalf("events max age while the standby waits: %v, want the serving broker's %v", got, DefaultEventsMaxAge)
+	}
+	if err := a.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitStarted(t, started)
+	if got := maxAge(); got != time.Hour {
+		t.Fatalf("events max age once the standby serves: %v, want its 1h", got)
 	}
 }

@@ -7,7 +7,9 @@
 // than by round trips. Time-driven transitions (invisibility ending, lease expiry, garbage
 // collection) run from one timer per kind of deadline per queue, on an injected clock.
 //
-// On Start the broker rebuilds every index from storage and reconciles exclusivity locks before it
-// answers any request; a broker can therefore be killed at any moment and restarted on the same
-// storage. docs/design.md explains the storage layout and the write order that makes that safe.
+// On Start the broker takes the store's claim, waiting as a standby while another broker serves
+// it, then rebuilds every index from storage and reconciles exclusivity locks before it answers any
+// request; a broker can therefore be killed at any moment and restarted on the same storage, or
+// replaced by its standby. docs/design.md explains the storage layout, the claim and the write order
+// that make that safe.
 package broker

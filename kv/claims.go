@@ -34,44 +34,70 @@ type Claim struct {
 // TTL returns c.TTLMillis as a duration.
 func (c *Claim) TTL() time.Duration { return time.Duration(c.TTLMillis) * time.Millisecond }
 
-// ClaimSubject is the subject the claim's writes are published on: a plain subscription to it
-// sees them as they happen.
-func (s *Store) ClaimSubject() string { return s.claimSubj }
+// claimsDescription is the claims bucket's description.
+const claimsDescription = "natstone broker claims"
 
-// GetClaim reads the store's claim with its revision, from the leader. No claim, or a released
-// one, is ErrNotFound.
-func (s *Store) GetClaim(ctx context.Context) (Claim, uint64, error) {
-	data, rev, err := s.getKey(ctx, s.claims, claimKey)
+// Claims is the store's claim: which broker serves the store. A broker opens it before anything
+// else, and waits for the claim before it opens the rest (Open), which may change the buckets'
+// settings: a standby, with settings of its own, must not change them under the broker serving.
+// It is safe for concurrent use.
+type Claims struct {
+	s    *Store // its claims bucket only
+	kv   jetstream.KeyValue
+	subj string // "$KV.<prefix>-claims.broker": the claim's key subject
+}
+
+// OpenClaims opens the claims bucket, creating it if need be; an existing one is used as it is.
+func OpenClaims(ctx context.Context, cfg *Config) (*Claims, error) {
+	s, err := newStore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := s.bucket(ctx, cfg, "claims", claimsDescription, false, false)
+	if err != nil {
+		return nil, err
+	}
+	return &Claims{s: s, kv: kv, subj: "$KV." + s.prefix + "-claims." + claimKey}, nil
+}
+
+// Subject is the subject the claim's writes are published on: a plain subscription to it sees
+// them as they happen.
+func (c *Claims) Subject() string { return c.subj }
+
+// Get reads the store's claim with its revision, from the leader. No claim, or a released one, is
+// ErrNotFound.
+func (c *Claims) Get(ctx context.Context) (Claim, uint64, error) {
+	data, rev, err := c.s.getKey(ctx, c.kv, claimKey)
 	if err != nil {
 		return Claim{}, 0, err
 	}
-	var c Claim
-	if err := json.Unmarshal(data, &c); err != nil {
+	var cl Claim
+	if err := json.Unmarshal(data, &cl); err != nil {
 		return Claim{}, 0, fmt.Errorf("kv: decode the claim: %w", err)
 	}
-	return c, rev, nil
+	return cl, rev, nil
 }
 
-// PutClaim stores c as the store's claim if the key's revision is still expect (0: no claim, or a
+// Put stores cl as the store's claim if the key's revision is still expect (0: no claim, or a
 // released one). ErrConflict says another write came first.
-func (s *Store) PutClaim(ctx context.Context, c *Claim, expect uint64) (uint64, error) {
-	data, err := json.Marshal(c)
+func (c *Claims) Put(ctx context.Context, cl *Claim, expect uint64) (uint64, error) {
+	data, err := json.Marshal(cl)
 	if err != nil {
 		return 0, err
 	}
-	rev, err := s.publish(s.claimSubj, data, expect).Wait(ctx)
+	rev, err := c.s.publish(c.subj, data, expect).Wait(ctx)
 	if expect == 0 && errors.Is(err, ErrConflict) {
-		return s.createOverMarker(ctx, s.streams[s.claims], s.claimSubj, data, err)
+		return c.s.createOverMarker(ctx, c.s.streams[c.kv], c.subj, data, err)
 	}
 	return rev, err
 }
 
-// ReleaseClaim removes the store's claim, with a delete marker, if its revision is still expect.
-func (s *Store) ReleaseClaim(ctx context.Context, expect uint64) error {
-	msg := &nats.Msg{Subject: s.claimSubj, Header: nats.Header{}}
+// Release removes the store's claim, with a delete marker, if its revision is still expect.
+func (c *Claims) Release(ctx context.Context, expect uint64) error {
+	msg := &nats.Msg{Subject: c.subj, Header: nats.Header{}}
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	msg.Header.Set(kvOperationHeader, kvDelete)
-	f, err := s.js.PublishMsgAsync(msg)
+	f, err := c.s.js.PublishMsgAsync(msg)
 	_, err = Write{f: f, err: err}.Wait(ctx)
 	return err
 }

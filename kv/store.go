@@ -58,14 +58,12 @@ type Store struct {
 	queues   jetstream.KeyValue
 	messages jetstream.KeyValue
 	locks    jetstream.KeyValue
-	claims   jetstream.KeyValue
 	bodies   jetstream.Stream
 	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
 
 	msgSubj   string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
 	queueSubj string // "$KV.<prefix>-queues."
 	lockSubj  string
-	claimSubj string // "$KV.<prefix>-claims.broker": the claim's key subject
 	bodySubj  string // "<prefix>.body."
 
 	// Set by tests only. scanStarted is called by scan once its consumer exists, before it reads;
@@ -81,91 +79,101 @@ type Store struct {
 }
 
 // Open creates (or updates) the buckets and the bodies stream and returns a Store over them.
-// It is idempotent: every broker calls it at start.
+// It is idempotent: every broker calls it at start, once it holds the store's claim (OpenClaims).
 func Open(ctx context.Context, cfg *Config) (*Store, error) {
-	if cfg == nil || cfg.JS == nil {
-		return nil, errors.New("kv: Config.JS is required")
-	}
-	prefix := cmp.Or(cfg.Prefix, DefaultPrefix)
-	replicas := cmp.Or(cfg.Replicas, 1)
-	storage := jetstream.FileStorage
-	if cfg.MemoryStorage {
-		storage = jetstream.MemoryStorage
-	}
-	s := &Store{js: cfg.JS, prefix: prefix}
-	s.streams = make(map[jetstream.KeyValue]jetstream.Stream, 4)
-	// bucket opens a bucket, creating it if need be. What natstone sets beyond a KeyValueConfig (a
-	// duplicate window; message TTLs on the messages bucket, for the markers CollectMessage writes)
-	// and what an operator may have changed since (replicas) are set by updating the stream from
-	// its own config, which keeps everything else: JetStream refuses to turn message TTLs off once
-	// they are on, so the bucket is never rewritten from a KeyValueConfig. A bucket already as
-	// configured is used as it is, with no update.
-	bucket := func(name, desc string, ttls bool) (jetstream.KeyValue, error) {
-		full := prefix + "-" + name
-		st, err := cfg.JS.Stream(ctx, "KV_"+full)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			_, err = cfg.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-				Bucket:      full,
-				Description: desc,
-				History:     1,
-				Storage:     storage,
-				Replicas:    replicas,
-			})
-			if err == nil || errors.Is(err, jetstream.ErrBucketExists) { // another broker may have made it meanwhile
-				st, err = cfg.JS.Stream(ctx, "KV_"+full)
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
-		}
-		have := st.CachedInfo().Config
-		want := have
-		want.Description, want.MaxMsgsPerSubject, want.Storage, want.Replicas = desc, 1, storage, replicas
-		want.Duplicates, want.AllowMsgTTL = dedupeWindow, have.AllowMsgTTL || ttls
-		if want.Description != have.Description || want.MaxMsgsPerSubject != have.MaxMsgsPerSubject || want.Storage != have.Storage ||
-			want.Replicas != have.Replicas || want.Duplicates != have.Duplicates || want.AllowMsgTTL != have.AllowMsgTTL {
-			if st, err = cfg.JS.UpdateStream(ctx, want); err != nil {
-				return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
-			}
-		}
-		kv, err := cfg.JS.KeyValue(ctx, full)
-		if err != nil {
-			return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
-		}
-		s.streams[kv] = st
-		return kv, nil
-	}
-	var err error
-	if s.queues, err = bucket("queues", "natstone queue configs", false); err != nil {
+	s, err := newStore(cfg)
+	if err != nil {
 		return nil, err
 	}
-	if s.messages, err = bucket("messages", "natstone message records", true); err != nil {
+	if s.queues, err = s.bucket(ctx, cfg, "queues", "natstone queue configs", false, true); err != nil {
 		return nil, err
 	}
-	if s.locks, err = bucket("locks", "natstone exclusivity locks", false); err != nil {
+	if s.messages, err = s.bucket(ctx, cfg, "messages", "natstone message records", true, true); err != nil {
 		return nil, err
 	}
-	if s.claims, err = bucket("claims", "natstone broker claims", false); err != nil {
+	if s.locks, err = s.bucket(ctx, cfg, "locks", "natstone exclusivity locks", false, true); err != nil {
 		return nil, err
 	}
+	if _, err = s.bucket(ctx, cfg, "claims", claimsDescription, false, true); err != nil { // its settings
+		return nil, err
+	}
+	storage, replicas := cfg.storage()
 	s.bodies, err = ensureStream(ctx, cfg.JS, jetstream.StreamConfig{
-		Name:        prefix + "-bodies",
+		Name:        s.prefix + "-bodies",
 		Description: "natstone message payloads",
-		Subjects:    []string{prefix + ".body.>"},
+		Subjects:    []string{s.prefix + ".body.>"},
 		Storage:     storage,
 		Replicas:    replicas,
 		AllowDirect: true,
 		Duplicates:  dedupeWindow,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", prefix, err)
+		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", s.prefix, err)
 	}
-	s.msgSubj = "$KV." + prefix + "-messages."
-	s.queueSubj = "$KV." + prefix + "-queues."
-	s.lockSubj = "$KV." + prefix + "-locks."
-	s.claimSubj = "$KV." + prefix + "-claims." + claimKey
-	s.bodySubj = prefix + ".body."
+	s.msgSubj = "$KV." + s.prefix + "-messages."
+	s.queueSubj = "$KV." + s.prefix + "-queues."
+	s.lockSubj = "$KV." + s.prefix + "-locks."
+	s.bodySubj = s.prefix + ".body."
 	return s, nil
+}
+
+func newStore(cfg *Config) (*Store, error) {
+	if cfg == nil || cfg.JS == nil {
+		return nil, errors.New("kv: Config.JS is required")
+	}
+	return &Store{js: cfg.JS, prefix: cmp.Or(cfg.Prefix, DefaultPrefix), streams: make(map[jetstream.KeyValue]jetstream.Stream, 3)}, nil
+}
+
+// storage returns the storage type and the replicas cfg asks for.
+func (cfg *Config) storage() (jetstream.StorageType, int) {
+	if cfg.MemoryStorage {
+		return jetstream.MemoryStorage, cmp.Or(cfg.Replicas, 1)
+	}
+	return jetstream.FileStorage, cmp.Or(cfg.Replicas, 1)
+}
+
+// bucket opens a bucket, creating it if need be. What natstone sets beyond a KeyValueConfig (a
+// duplicate window; message TTLs on the messages bucket, for the markers CollectMessage writes)
+// and what an operator may have changed since (replicas) are set by updating the stream from its
+// own config, which keeps everything else: JetStream refuses to turn message TTLs off once they
+// are on, so the bucket is never rewritten from a KeyValueConfig. A bucket already as configured
+// is used as it is, with no update; so is any bucket that existed unless update is set.
+func (s *Store) bucket(ctx context.Context, cfg *Config, name, desc string, ttls, update bool) (jetstream.KeyValue, error) {
+	storage, replicas := cfg.storage()
+	full := s.prefix + "-" + name
+	st, err := cfg.JS.Stream(ctx, "KV_"+full)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = cfg.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      full,
+			Description: desc,
+			History:     1,
+			Storage:     storage,
+			Replicas:    replicas,
+		})
+		if err == nil || errors.Is(err, jetstream.ErrBucketExists) { // another broker may have made it meanwhile
+			st, err = cfg.JS.Stream(ctx, "KV_"+full)
+		}
+		update = true // made now, by this call or another broker's: it needs what KeyValueConfig cannot set
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
+	}
+	have := st.CachedInfo().Config
+	want := have
+	want.Description, want.MaxMsgsPerSubject, want.Storage, want.Replicas = desc, 1, storage, replicas
+	want.Duplicates, want.AllowMsgTTL = dedupeWindow, have.AllowMsgTTL || ttls
+	if update && (want.Description != have.Description || want.MaxMsgsPerSubject != have.MaxMsgsPerSubject || want.Storage != have.Storage ||
+		want.Replicas != have.Replicas || want.Duplicates != have.Duplicates || want.AllowMsgTTL != have.AllowMsgTTL) {
+		if st, err = cfg.JS.UpdateStream(ctx, want); err != nil {
+			return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
+		}
+	}
+	kv, err := cfg.JS.KeyValue(ctx, full)
+	if err != nil {
+		return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
+	}
+	s.streams[kv] = st
+	return kv, nil
 }
 
 // ensureStream creates or updates the stream want describes, unless it exists with every setting

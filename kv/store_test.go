@@ -412,45 +412,49 @@ func TestStreamsHaveTheShortestDuplicateWindow(t *testing.T) {
 // a later create replaces.
 func TestClaim(t *testing.T) {
 	t.Parallel()
-	s, _ := open(t)
+	_, srv := open(t)
 	ctx := context.Background()
-	if _, _, err := s.GetClaim(ctx); !errors.Is(err, kv.ErrNotFound) {
-		t.Fatalf("GetClaim on a new store: %v, want ErrNotFound", err)
+	s, err := kv.OpenClaims(ctx, &kv.Config{JS: jsOn(t, srv)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("Get on a new store: %v, want ErrNotFound", err)
 	}
 	a := kv.Claim{Broker: "a", Host: "h", PID: 7, Since: time.UnixMilli(1_700_000_000_000).UTC(), TTLMillis: 10_000}
-	rev, err := s.PutClaim(ctx, &a, 0)
+	rev, err := s.Put(ctx, &a, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := kv.Claim{Broker: "b", TTLMillis: 10_000}
-	if _, err := s.PutClaim(ctx, &b, 0); !errors.Is(err, kv.ErrConflict) {
+	if _, err := s.Put(ctx, &b, 0); !errors.Is(err, kv.ErrConflict) {
 		t.Fatalf("a second create: %v, want ErrConflict", err)
 	}
-	renewed, err := s.PutClaim(ctx, &a, rev)
+	renewed, err := s.Put(ctx, &a, rev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.PutClaim(ctx, &b, rev); !errors.Is(err, kv.ErrConflict) {
+	if _, err := s.Put(ctx, &b, rev); !errors.Is(err, kv.ErrConflict) {
 		t.Fatalf("a take-over at a superseded revision: %v, want ErrConflict", err)
 	}
-	got, gotRev, err := s.GetClaim(ctx)
+	got, gotRev, err := s.Get(ctx)
 	if err != nil || got != a || gotRev != renewed || a.TTL() != 10*time.Second {
-		t.Fatalf("GetClaim = %+v, %d, %v; want %+v, %d (TTL %v)", got, gotRev, err, a, renewed, a.TTL())
+		t.Fatalf("Get = %+v, %d, %v; want %+v, %d (TTL %v)", got, gotRev, err, a, renewed, a.TTL())
 	}
-	if err := s.ReleaseClaim(ctx, rev); !errors.Is(err, kv.ErrConflict) {
+	if err := s.Release(ctx, rev); !errors.Is(err, kv.ErrConflict) {
 		t.Fatalf("a release at a superseded revision: %v, want ErrConflict", err)
 	}
-	if err := s.ReleaseClaim(ctx, renewed); err != nil {
+	if err := s.Release(ctx, renewed); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.GetClaim(ctx); !errors.Is(err, kv.ErrNotFound) {
-		t.Fatalf("GetClaim after the release: %v, want ErrNotFound", err)
+	if _, _, err := s.Get(ctx); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("Get after the release: %v, want ErrNotFound", err)
 	}
-	if _, err := s.PutClaim(ctx, &b, 0); err != nil {
+	if _, err := s.Put(ctx, &b, 0); err != nil {
 		t.Fatalf("a create over the released claim: %v", err)
 	}
-	if got, _, err := s.GetClaim(ctx); err != nil || got.Broker != "b" {
-		t.Fatalf("GetClaim = %+v, %v; want broker b", got, err)
+	if got, _, err := s.Get(ctx); err != nil || got.Broker != "b" {
+		t.Fatalf("Get = %+v, %v; want broker b", got, err)
 	}
 }
 

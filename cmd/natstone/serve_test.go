@@ -147,15 +147,15 @@ func TestServeExitsWhenItsClaimIsTaken(t *testing.T) {
 	}
 	ctx, stop := context.WithTimeout(context.Background(), deadline)
 	defer stop()
-	st, err := kv.Open(ctx, &kv.Config{JS: js})
+	claims, err := kv.OpenClaims(ctx, &kv.Config{JS: js})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rev, err := st.GetClaim(ctx)
+	_, rev, err := claims.Get(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.PutClaim(ctx, &kv.Claim{Broker: "another", TTLMillis: 1000}, rev); err != nil {
+	if _, err := claims.Put(ctx, &kv.Claim{Broker: "another", TTLMillis: 1000}, rev); err != nil {
 		t.Fatal(err)
 	}
 	if c := exitCode(t, code); c != exitError {
