@@ -184,6 +184,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			c.renewed(rev, tried)
 			c.arm()
 			c.mu.Unlock()
+			c.b.log.Info("took the store's claim", "broker", c.mine.Broker)
 			return nil
 		default:
 			if rev != seen {
@@ -211,6 +212,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 				c.renewed(rev, sent)
 				c.arm()
 				c.mu.Unlock()
+				c.b.log.Info("took the store's claim", "broker", c.mine.Broker)
 				return nil
 			}
 			if errors.Is(err, kv.ErrConflict) {

@@ -34,6 +34,7 @@ type natstone struct {
 	cmd   *exec.Cmd
 	done  chan struct{} // closed when the process has exited
 	ready chan struct{} // closed when it logged "natstone ready"
+	took  chan struct{} // closed when it logged that it took the store's claim
 	log   *os.File
 	bad   chan string // a data race or panic seen in its output
 }
@@ -63,7 +64,7 @@ func startUntil(t *testing.T, args []string, logPath, until string) *natstone {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &natstone{cmd: cmd, done: make(chan struct{}), ready: make(chan struct{}), log: f, bad: make(chan string, 1)}
+	n := &natstone{cmd: cmd, done: make(chan struct{}), ready: make(chan struct{}), took: make(chan struct{}), log: f, bad: make(chan string, 1)}
 	reached := make(chan struct{})
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func startUntil(t *testing.T, args []string, logPath, until string) *natstone {
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		var readyOnce, reachedOnce sync.Once
+		var readyOnce, reachedOnce, tookOnce sync.Once
 		for sc.Scan() {
 			line := sc.Text()
 			fmt.Fprintln(f, line)
@@ -80,6 +81,9 @@ func startUntil(t *testing.T, args []string, logPath, until string) *natstone {
 			}
 			if strings.Contains(line, until) {
 				reachedOnce.Do(func() { close(reached) })
+			}
+			if strings.Contains(line, "took the store's claim") {
+				tookOnce.Do(func() { close(n.took) })
 			}
 			if strings.Contains(line, "DATA RACE") || strings.HasPrefix(line, "panic:") {
 				select {
@@ -121,6 +125,12 @@ func (n *natstone) pauseUntil(t *testing.T, logPath string, standby *natstone) {
 	t.Helper()
 	_ = n.cmd.Process.Signal(syscall.SIGSTOP)
 	standby.takeOver(t, logPath)
+	n.resumeToExit(t, logPath)
+}
+
+// resumeToExit resumes n (SIGCONT), which must find its claim taken and exit with an error.
+func (n *natstone) resumeToExit(t *testing.T, logPath string) {
+	t.Helper()
 	_ = n.cmd.Process.Signal(syscall.SIGCONT)
 	select {
 	case <-n.done:
@@ -339,12 +349,34 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 				procMu.Lock()
 				defer procMu.Unlock() // also when the test fails: the cleanups take it
 				killed := time.Now()
-				if rng.IntN(2) == 0 {
+				switch rng.IntN(3) {
+				case 0:
 					proc.kill()
 					standby.takeOver(t, logPath)
-				} else {
+				case 1:
 					stats.add(func(s *runStats) { s.paused++ })
 					proc.pauseUntil(t, logPath, standby)
+				default:
+					// Two standbys; the one that takes the claim is paused at once, in its start,
+					// until the other has taken over from it, and then resumed: it must not write
+					// (its start's deletions) or serve.
+					second := startStandby(t, args, logPath)
+					t.Cleanup(second.kill) // at once if it has exited
+					proc.kill()
+					first := standby
+					select {
+					case <-first.took:
+					case <-second.took:
+						first, second = second, first
+					case <-time.After(60 * time.Second):
+						second.kill()
+						fatalWithLog(t, logPath, "no standby took the claim within 60s")
+					}
+					_ = first.cmd.Process.Signal(syscall.SIGSTOP)
+					stats.add(func(s *runStats) { s.pausedStarting++ })
+					second.takeOver(t, logPath)
+					first.resumeToExit(t, logPath)
+					standby = second
 				}
 				proc, standby = standby, startStandby(t, args, logPath)
 				restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
@@ -448,6 +480,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats.orphans = orphansDeleted(string(b))
 	stats.stale = strings.Count(string(b), "served the load; reading again")
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
+	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
 	if t.Failed() && len(b) > 0 {
 		t.Logf("natstone log tail:\n%s", tail(string(b), 40))
 	}
@@ -517,6 +550,8 @@ type runStats struct {
 	orphans                                int // payloads without a record that starts deleted
 	stale                                  int // loads that starts read again (a replica behind)
 	paused                                 int // brokers paused past their claim (standby runs)
+	pausedStarting                         int // brokers paused in their start, once they took the claim
+	startsLost                             int // starts that failed, their claim lost meanwhile
 	replaced                               int // records without payload that enqueues replaced
 }
 
