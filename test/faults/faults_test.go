@@ -101,6 +101,7 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	}
 	if len(violations) > 0 {
 		saveRun(t, run)
+		saveLog(t, stats.log)
 	}
 	for i, v := range violations {
 		if i == 50 {
@@ -109,6 +110,17 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 		}
 		t.Error(v)
 	}
+}
+
+// saveLog keeps natstone's log of a run with violations beside its history (see saveRun).
+func saveLog(t *testing.T, log string) {
+	dir := cmp.Or(os.Getenv("NATSTONE_FAULT_HISTORY_DIR"), os.TempDir())
+	path := filepath.Join(dir, fmt.Sprintf("natstone-%s-%d.log", t.Name(), time.Now().UnixNano()))
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Errorf("natstone's log was not saved: %v", err)
+		return
+	}
+	t.Logf("natstone's log is in %s", path)
 }
 
 // saveRun keeps a failed run's history where the test's own directories do not remove it:

@@ -484,6 +484,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	if t.Failed() && len(b) > 0 {
 		t.Logf("natstone log tail:\n%s", tail(string(b), 40))
 	}
+	stats.log = string(b)
 	return run, stats
 }
 
@@ -547,12 +548,13 @@ poll:
 type runStats struct {
 	mu                                     sync.Mutex
 	kills, enqueued, leased, completed, ex int
-	orphans                                int // payloads without a record that starts deleted
-	stale                                  int // loads that starts read again (a replica behind)
-	paused                                 int // brokers paused past their claim (standby runs)
-	pausedStarting                         int // brokers paused in their start, once they took the claim
-	startsLost                             int // starts that failed, their claim lost meanwhile
-	replaced                               int // records without payload that enqueues replaced
+	orphans                                int    // payloads without a record that starts deleted
+	stale                                  int    // loads that starts read again (a replica behind)
+	paused                                 int    // brokers paused past their claim (standby runs)
+	pausedStarting                         int    // brokers paused in their start, once they took the claim
+	startsLost                             int    // starts that failed, their claim lost meanwhile
+	log                                    string // natstone's log, every run of it
+	replaced                               int    // records without payload that enqueues replaced
 }
 
 func (s *runStats) add(f func(*runStats)) {
