@@ -178,12 +178,7 @@ func (b *Broker) Claim(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("natstone: jetstream: %w", err)
 		}
-		claims, err := kv.OpenClaims(ctx, &kv.Config{
-			JS:            js,
-			Prefix:        b.cfg.StorePrefix,
-			Replicas:      b.cfg.Replicas,
-			MemoryStorage: b.cfg.MemoryStorage,
-		})
+		claims, err := kv.OpenClaims(ctx, b.kvConfig(js))
 		if err != nil {
 			return err
 		}
@@ -217,6 +212,11 @@ func (b *Broker) Start(ctx context.Context) error {
 	return err
 }
 
+// kvConfig is the storage's configuration, through js.
+func (b *Broker) kvConfig(js jetstream.JetStream) *kv.Config {
+	return &kv.Config{JS: js, Prefix: b.cfg.StorePrefix, Replicas: b.cfg.Replicas, MemoryStorage: b.cfg.MemoryStorage}
+}
+
 // open opens the storage: the buckets, the bodies stream and the events stream.
 func (b *Broker) open(ctx context.Context) error {
 	// Many writes are in flight at once (every request's, and batches of them): allow far more
@@ -226,12 +226,7 @@ func (b *Broker) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
-	store, err := kv.Open(ctx, &kv.Config{
-		JS:            js,
-		Prefix:        b.cfg.StorePrefix,
-		Replicas:      b.cfg.Replicas,
-		MemoryStorage: b.cfg.MemoryStorage,
-	})
+	store, err := kv.Open(ctx, b.kvConfig(js))
 	if err != nil {
 		return err
 	}

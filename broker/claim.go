@@ -179,12 +179,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			}
 			c.b.log.Warn("could not read the store's claim", "err", err)
 		case cur.Broker == c.mine.Broker && !tried.IsZero():
-			// A take whose answer was lost was stored after all.
-			c.mu.Lock()
-			c.renewed(rev, tried)
-			c.arm()
-			c.mu.Unlock()
-			c.b.log.Info("took the store's claim", "broker", c.mine.Broker)
+			c.took(rev, tried) // a take whose answer was lost was stored after all
 			return nil
 		default:
 			if rev != seen {
@@ -208,11 +203,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			c.mine.Since, tried = sent, sent
 			rev, err = c.claims.Put(ctx, &c.mine, rev)
 			if err == nil {
-				c.mu.Lock()
-				c.renewed(rev, sent)
-				c.arm()
-				c.mu.Unlock()
-				c.b.log.Info("took the store's claim", "broker", c.mine.Broker)
+				c.took(rev, sent)
 				return nil
 			}
 			if errors.Is(err, kv.ErrConflict) {
@@ -233,6 +224,15 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			return fmt.Errorf("natstone: wait for the store's claim: %w", ctx.Err())
 		}
 	}
+}
+
+// took records the claim taken at revision rev by a write sent at sent, and arms its renewals.
+func (c *claimer) took(rev uint64, sent time.Time) {
+	c.mu.Lock()
+	c.renewed(rev, sent)
+	c.arm()
+	c.mu.Unlock()
+	c.b.log.Info("took the store's claim", "broker", c.mine.Broker)
 }
 
 // renew rewrites the claim, and arms the next renewal; it gives the claim up, and stops the
