@@ -81,6 +81,23 @@ func AppendDequeueReply(b []byte, r *DequeueReply) ([]byte, error) {
 	return append(b, "]}"...), nil
 }
 
+// AppendSettleReply appends the JSON of r to b, as json.Marshal(r) would; see AppendMessage.
+func AppendSettleReply(b []byte, r *SettleReply) ([]byte, error) {
+	if !r.plain() || r.Next == nil || r.Next.Messages == nil || r.Next.Error != nil {
+		data, err := json.Marshal(r) // rare: only a failed next has an error
+		return append(b, data...), err
+	}
+	b, err := AppendMessage(b, &r.Message)
+	if err != nil {
+		return b, err
+	}
+	b = append(b[:len(b)-1], `,"next":`...) // in place of the message's closing brace
+	if b, err = AppendDequeueReply(b, &DequeueReply{Messages: r.Next.Messages}); err != nil {
+		return b, err
+	}
+	return append(b, '}'), nil
+}
+
 // plain reports whether AppendMessage can write m directly: its times are plainTime.
 func (m *Message) plain() bool {
 	return plainTime(m.EnqueuedAt) && plainTime(m.VisibleAt) && plainTime(m.UpdatedAt) &&

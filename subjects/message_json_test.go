@@ -19,8 +19,8 @@ func leasedMessage() subjects.Message {
 		UpdatedAt: time.UnixMilli(1_790_000_000_123).UTC()}
 }
 
-// FuzzAppendMessage holds AppendMessage and AppendDequeueReply to json.Marshal: the same bytes for
-// every message, whether it takes the direct path or falls back.
+// FuzzAppendMessage holds AppendMessage, AppendDequeueReply and AppendSettleReply to json.Marshal:
+// the same bytes for every message, whether it takes the direct path or falls back.
 func FuzzAppendMessage(f *testing.F) {
 	f.Add("01JD42", "orders", "running", "region", "eu", "hello", []byte(nil), "L1", uint64(3), 1, 2, int64(-5),
 		int64(1_790_000_000_123), int64(1_790_000_030_123), byte(0x07), byte(0))
@@ -86,6 +86,21 @@ func FuzzAppendMessage(f *testing.F) {
 		}
 		if err == nil && string(got) != string(want) {
 			t.Fatalf("reply:\n got %s\nwant %s", got, want)
+		}
+
+		// The settled message first, then what its next dequeue leased (or why it failed).
+		s := subjects.SettleReply{Message: leasedMessage(), Next: &subjects.NextReply{Messages: r.Messages}}
+		if flags&0x40 != 0 {
+			s = subjects.SettleReply{Message: m, Next: &subjects.NextReply{Messages: []subjects.Message{},
+				Error: subjects.Errorf(subjects.CodeQueueBlocked, "%s", payload)}}
+		}
+		want, wantErr = json.Marshal(&s)
+		got, err = subjects.AppendSettleReply([]byte("prefix"), &s)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("settle: error %v, json.Marshal says %v", err, wantErr)
+		}
+		if err == nil && string(got) != "prefix"+string(want) {
+			t.Fatalf("settle:\n got %s\nwant prefix%s", got, want)
 		}
 	})
 }

@@ -23,14 +23,20 @@ func DecodeLease(data []byte) (LeaseRequest, error) {
 	return r, err
 }
 
-func fastDequeue(data []byte) (r DequeueRequest, ok bool) {
+func fastDequeue(data []byte) (DequeueRequest, bool) {
 	o := flatObject{data: data}
+	r := o.dequeue()
+	return r, o.ok
+}
+
+// dequeue reads the object as a DequeueRequest.
+func (o *flatObject) dequeue() (r DequeueRequest) {
 	for o.next() {
 		switch string(o.key) {
 		case "batch":
 			batch := o.int(0)
 			if r.Batch = int(batch); int64(r.Batch) != batch {
-				return r, false
+				o.ok = false
 			}
 		case "lease_ms":
 			r.LeaseMS = o.int(1)
@@ -41,10 +47,10 @@ func fastDequeue(data []byte) (r DequeueRequest, ok bool) {
 		case "worker":
 			r.Worker = o.str(4)
 		default:
-			return r, false
+			o.ok = false
 		}
 	}
-	return r, o.ok
+	return r
 }
 
 func fastLease(data []byte) (r LeaseRequest, ok bool) {
@@ -55,6 +61,8 @@ func fastLease(data []byte) (r LeaseRequest, ok bool) {
 			r.ID = o.str(0)
 		case "lease_id":
 			r.LeaseID = o.str(1)
+		case "next":
+			r.Next = o.object(2)
 		default:
 			return r, false
 		}
@@ -63,7 +71,7 @@ func fastLease(data []byte) (r LeaseRequest, ok bool) {
 }
 
 // flatObject reads data as one JSON object of plain keys and values, with white space around it
-// and nothing after it. next moves to each key in turn; the caller reads its value with int or str,
+// and nothing after it (unless inner: then it is a value within data, from p on). next moves to each key in turn; the caller reads its value with int or str,
 // which give it a field number (below 8). After the last key ok says whether the whole object was
 // read: a value that is not plain, a field seen twice (encoding/json keeps the last; Decode is left
 // to do that) or anything unexpected makes it false.
@@ -73,6 +81,7 @@ type flatObject struct {
 	key     []byte // the current key, unescaped: a slice of data
 	seen    uint8
 	started bool
+	inner   bool // an object within another: it ends at its closing brace
 	ok      bool // the object so far is as expected; after the last next, read whole
 }
 
@@ -82,12 +91,13 @@ func (o *flatObject) next() bool {
 	d := o.data
 	if !o.started {
 		o.started = true
-		o.p, o.ok = expect(d, skip(d, 0), '{')
+		o.p, o.ok = expect(d, skip(d, o.p), '{')
 		if !o.ok {
 			return false
 		}
 		if o.p = skip(d, o.p); o.p < len(d) && d[o.p] == '}' {
-			o.ok = skip(d, o.p+1) == len(d)
+			o.p++
+			o.ok = o.inner || skip(d, o.p) == len(d)
 			return false
 		}
 	} else {
@@ -99,7 +109,7 @@ func (o *flatObject) next() bool {
 			o.p = skip(d, o.p+1)
 		} else {
 			o.p, o.ok = expect(d, o.p, '}')
-			o.ok = o.ok && skip(d, o.p) == len(d)
+			o.ok = o.ok && (o.inner || skip(d, o.p) == len(d))
 			return false
 		}
 	}
@@ -141,4 +151,16 @@ func (o *flatObject) str(n int) string {
 	var s string
 	s, o.p, o.ok = plainString(o.data, o.p)
 	return s
+}
+
+// object reads the current value, field n, as a flat dequeue request (the next of a lease
+// operation's body).
+func (o *flatObject) object(n int) *DequeueRequest {
+	if !o.field(n) {
+		return nil
+	}
+	in := flatObject{data: o.data, p: o.p, inner: true}
+	r := in.dequeue()
+	o.p, o.ok = in.p, in.ok
+	return &r
 }

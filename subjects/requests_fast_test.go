@@ -46,6 +46,18 @@ var requestBodies = []string{
 	`{"id":"m","lease_id":null}`,
 	`{"Id":"m"}`,
 	`{"id":"m","lease_id":"L","delay_ms":5}`,
+	`{"id":"m","lease_id":"L","next":{"batch":1}}`,
+	`{"id":"m","lease_id":"L","next":{}}`,
+	` {"next" : { } , "id":"m"} `,
+	`{"id":"m","next":{"batch":2,"lease_ms":60000,"request_id":"r","worker":"w"},"lease_id":"L"}`,
+	`{"id":"m","next":{"batch":1,"filter":{"k":"v"}}}`,
+	`{"id":"m","next":{"batch":1}}}`,
+	`{"id":"m","next":{"batch":1},"next":{"worker":"w"}}`,
+	`{"id":"m","next":null}`,
+	`{"id":"m","next":{"batch":1,"batch":2}}`,
+	`{"id":"m","next":{"bogus":1}}`,
+	`{"id":"m","next":{"batch":1}`,
+	`{"id":"m","next":[]}`,
 }
 
 // FuzzDecodeRequests: DecodeDequeue and DecodeLease must agree with Decode (encoding/json) on every
@@ -86,6 +98,14 @@ func TestDecodeRequestsFastPath(t *testing.T) {
 	}
 	if _, err := subjects.DecodeLease([]byte(`{"id":"m","bogus":1}`)); err == nil {
 		t.Fatal("an unknown field decoded without error")
+	}
+	next := []byte(`{"id":"01JD42","lease_id":"01JDLEASE","next":{"batch":1,"worker":"host:42"}}`)
+	n, err := subjects.DecodeLease(next)
+	if err != nil || !reflect.DeepEqual(n, subjects.LeaseRequest{ID: "01JD42", LeaseID: "01JDLEASE", Next: &subjects.DequeueRequest{Batch: 1, Worker: "host:42"}}) {
+		t.Fatalf("DecodeLease with next: %+v, %v", n, err)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { _, _ = subjects.DecodeLease(next) }); allocs > 4 {
+		t.Errorf("DecodeLease with next: %.0f allocations, want at most 4 (its three strings and next)", allocs)
 	}
 }
 

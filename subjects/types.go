@@ -159,8 +159,9 @@ type DequeueReply struct {
 // LeaseRequest is the body of complete and cancel (where LeaseID may be empty to cancel
 // unconditionally), and the base of extend and release.
 type LeaseRequest struct {
-	ID      string `json:"id"`
-	LeaseID string `json:"lease_id,omitempty"`
+	ID      string          `json:"id"`
+	LeaseID string          `json:"lease_id,omitempty"`
+	Next    *DequeueRequest `json:"next,omitempty"` // a dequeue to run once the message is settled (see SettleReply)
 }
 
 // ExtendRequest is the body of extend: the lease then ends LeaseMS from now (default the message's
@@ -173,9 +174,26 @@ type ExtendRequest struct {
 
 // ReleaseRequest is the body of release: the message is pending again at once, or invisible for DelayMS.
 type ReleaseRequest struct {
-	ID      string `json:"id"`
-	LeaseID string `json:"lease_id"`
-	DelayMS int64  `json:"delay_ms,omitempty"`
+	ID      string          `json:"id"`
+	LeaseID string          `json:"lease_id"`
+	DelayMS int64           `json:"delay_ms,omitempty"`
+	Next    *DequeueRequest `json:"next,omitempty"` // as LeaseRequest's
+}
+
+// SettleReply is the reply of a complete, release or cancel whose request carried next: the settled
+// message (without payload), and what the dequeue in next did. That dequeue runs only once the
+// settle is stored, and cannot long-poll (its wait_ms must be 0). Its failure does not undo the
+// settle: the reply then succeeds, with Next.Error set and no messages.
+type SettleReply struct {
+	Message
+	Next *NextReply `json:"next"`
+}
+
+// NextReply is what the dequeue of a SettleReply leased, in EDF order (possibly none), or why it
+// failed.
+type NextReply struct {
+	Messages []Message `json:"messages"`
+	Error    *Error    `json:"error,omitempty"`
 }
 
 // GetRequest is the body of get.
