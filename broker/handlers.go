@@ -59,8 +59,8 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 	})
 }
 
-// encodeReply returns the JSON of a reply. Messages, the replies of every dequeue and complete, are
-// written without reflection (subjects.AppendMessage); the rest go through encoding/json.
+// encodeReply returns the JSON of a reply. Messages, the replies of every dequeue and complete
+// (with or without next), are written without reflection (subjects.AppendMessage); the rest go through encoding/json.
 func encodeReply(reply any) ([]byte, error) {
 	switch r := reply.(type) {
 	case subjects.DequeueReply:
@@ -71,6 +71,12 @@ func encodeReply(reply any) ([]byte, error) {
 		return subjects.AppendDequeueReply(make([]byte, 0, n), &r)
 	case subjects.Message:
 		return subjects.AppendMessage(make([]byte, 0, replySize(&r)), &r)
+	case subjects.SettleReply:
+		n := 64 + replySize(&r.Message)
+		for i := range r.Next.Messages {
+			n += replySize(&r.Next.Messages[i])
+		}
+		return subjects.AppendSettleReply(make([]byte, 0, n), &r)
 	}
 	return json.Marshal(reply)
 }
@@ -188,7 +194,7 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if err != nil {
 			return nil, err
 		}
-		return q.complete(ctx, r)
+		return q.andNext(ctx, r.Next, func() (subjects.Message, error) { return q.complete(ctx, r) })
 	case subjects.OpExtend:
 		var r subjects.ExtendRequest
 		if err := subjects.Decode(data, &r); err != nil {
@@ -200,13 +206,13 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if err := subjects.Decode(data, &r); err != nil {
 			return nil, err
 		}
-		return q.release(ctx, r)
+		return q.andNext(ctx, r.Next, func() (subjects.Message, error) { return q.release(ctx, r) })
 	case subjects.OpCancel:
 		r, err := subjects.DecodeLease(data)
 		if err != nil {
 			return nil, err
 		}
-		return q.cancel(ctx, r)
+		return q.andNext(ctx, r.Next, func() (subjects.Message, error) { return q.cancel(ctx, r) })
 	case subjects.OpGet:
 		var r subjects.GetRequest
 		if err := subjects.Decode(data, &r); err != nil {

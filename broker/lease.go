@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -253,4 +254,43 @@ func addCount(c *subjects.Counts, s subjects.State, n int) {
 	case subjects.StateErrored:
 		c.Errored += n
 	}
+}
+
+// andNext runs settle — a complete, release or cancel — and then, if the request asked for one, the
+// dequeue in next, so that a worker finishes a message and gets its next one in one round trip.
+// A bad next is refused before anything is written. Once the settle is stored its reply stands: a
+// dequeue that fails then says so in the reply's next, beside the settled message.
+func (q *queue) andNext(ctx context.Context, next *subjects.DequeueRequest, settle func() (subjects.Message, error)) (any, error) {
+	if next == nil {
+		return settle()
+	}
+	if next.WaitMS != 0 {
+		return nil, subjects.Errorf(subjects.CodeOutOfRange, "next: wait_ms must be 0 (a settle's dequeue does not long-poll), got %d", next.WaitMS)
+	}
+	r := *next
+	if _, err := validateDequeue(&r); err != nil {
+		var e *subjects.Error
+		if errors.As(err, &e) {
+			err = subjects.Errorf(e.Code, "next: %s", e.Message)
+		}
+		return nil, err
+	}
+	m, err := settle()
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := q.dequeue(ctx, r)
+	reply := subjects.SettleReply{Message: m, Next: &subjects.NextReply{Messages: msgs}}
+	if msgs == nil {
+		reply.Next.Messages = []subjects.Message{}
+	}
+	if err != nil {
+		var e *subjects.Error
+		if !errors.As(err, &e) {
+			q.log().Error("next dequeue failed", "error", err)
+			e = subjects.Errorf(subjects.CodeInternal, "%v", err)
+		}
+		reply.Next.Error = e
+	}
+	return reply, nil
 }
