@@ -206,6 +206,43 @@ func TestMessageLifecycle(t *testing.T) {
 	}
 }
 
+// TestSettleNext: CompleteNext and ReleaseNext settle a message and return what their dequeue
+// leased; a dequeue that fails after the settle is Settled.NextErr, a bad next the call's error.
+func TestSettleNext(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	for i, id := range []string{"a", "b", "c"} {
+		e.enqueue("q", "p-"+id, &workers.EnqueueOpts{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"n": id}})
+	}
+	a := dequeueOne(t, e, "q")
+	s, err := e.c.CompleteNext(c, "q", a.ID, a.LeaseID, &workers.DequeueOpts{Filter: map[string]string{"n": "c"}, Lease: 30 * time.Second})
+	if err != nil || s.Message.State != subjects.StateCompleted || s.NextErr != nil || len(s.Next) != 1 {
+		t.Fatalf("CompleteNext = %+v, %v", s, err)
+	}
+	if n := s.Next[0]; n.ID != "c" || string(n.Payload) != "p-c" || n.LeaseExpiresAt.Sub(n.UpdatedAt) != 30*time.Second {
+		t.Fatalf("next %+v, want c with its payload and a 30s lease", n)
+	}
+	s, err = e.c.ReleaseNext(c, "q", "c", s.Next[0].LeaseID, time.Hour, nil)
+	if err != nil || s.Message.State != subjects.StateInvisible || len(s.Next) != 1 || s.Next[0].ID != "b" {
+		t.Fatalf("ReleaseNext = %+v, %v; want c invisible, then b", s, err)
+	}
+	b := s.Next[0]
+	if _, err := e.c.CompleteNext(c, "q", b.ID, b.LeaseID, &workers.DequeueOpts{Wait: time.Second}); !errors.Is(err, workers.ErrOutOfRange) {
+		t.Fatalf("CompleteNext with a wait: %v, want ErrOutOfRange", err)
+	}
+	if m := e.get("q", "b"); m.State != subjects.StateRunning {
+		t.Fatalf("b is %s after a refused CompleteNext, want running", m.State)
+	}
+	if _, err := e.c.UpdateQueue(c, "q", &workers.QueueUpdate{DequeueBlocked: ptr(true)}); err != nil {
+		t.Fatal(err)
+	}
+	s, err = e.c.CompleteNext(c, "q", b.ID, b.LeaseID, nil)
+	if err != nil || s.Message.State != subjects.StateCompleted || len(s.Next) != 0 || !errors.Is(s.NextErr, workers.ErrQueueBlocked) {
+		t.Fatalf("CompleteNext with dequeues blocked = %+v, %v; want completed, and NextErr ErrQueueBlocked", s, err)
+	}
+}
+
 func dequeueOne(t *testing.T, e *env, queue string) workers.Message {
 	t.Helper()
 	msgs, err := e.c.Dequeue(ctx(t), queue, nil)

@@ -28,7 +28,7 @@ var t0 = time.UnixMilli(1_700_000_000_000).UTC()
 
 // env is one test's natstone: an in-process JetStream server, a broker and a client.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	srv   *natstest.Server
 	clk   *clock.Fake // nil unless the broker runs on a fake clock
 	c     *workers.Client
@@ -41,13 +41,19 @@ func setup(t *testing.T) *env {
 	return start(t, nil)
 }
 
+// setupB is setup for a benchmark.
+func setupB(b *testing.B) *env {
+	b.Helper()
+	return start(b, nil)
+}
+
 // setupFake starts a server and a broker on a fake clock, and a client.
 func setupFake(t *testing.T) *env {
 	t.Helper()
 	return start(t, clock.NewFake(t0))
 }
 
-func start(t *testing.T, clk *clock.Fake) *env {
+func start(t testing.TB, clk *clock.Fake) *env {
 	t.Helper()
 	e := &env{t: t, srv: natstest.Start(t, nil), clk: clk}
 	cfg := &broker.Config{
@@ -90,7 +96,7 @@ func (e *env) client(cfg *workers.Config) *workers.Client {
 }
 
 // ctx returns a context bounded by waitTimeout.
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(t.Context(), waitTimeout)
 	t.Cleanup(cancel)
 	return c
@@ -162,7 +168,7 @@ func (e *env) count(op subjects.Op, queue string) *counter {
 // n returns how many requests have been seen. A round trip on the counting connection first makes
 // sure every request sent before the call is in the channel: a channel subscription is fed by the
 // connection's reader, in order, before the round trip's answer.
-func (c *counter) n(t *testing.T) int {
+func (c *counter) n(t testing.TB) int {
 	t.Helper()
 	if err := c.nc.Flush(); err != nil {
 		t.Fatal(err)
@@ -178,7 +184,7 @@ func (c *counter) n(t *testing.T) int {
 }
 
 // wait waits until at least n requests have been seen and returns the first n.
-func (c *counter) wait(t *testing.T, n int) []*nats.Msg {
+func (c *counter) wait(t testing.TB, n int) []*nats.Msg {
 	t.Helper()
 	deadline := time.NewTimer(waitTimeout)
 	defer deadline.Stop()
@@ -194,7 +200,7 @@ func (c *counter) wait(t *testing.T, n int) []*nats.Msg {
 }
 
 // waitFor polls cond until it holds, failing the test after waitTimeout.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(waitTimeout)
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -226,7 +232,7 @@ func (e *env) startWorker(cfg *workers.WorkerConfig, h workers.Handler) *workers
 }
 
 // startWorker starts a worker on c and stops it at the end of the test.
-func startWorker(t *testing.T, c *workers.Client, cfg *workers.WorkerConfig, h workers.Handler) *workers.Worker {
+func startWorker(t testing.TB, c *workers.Client, cfg *workers.WorkerConfig, h workers.Handler) *workers.Worker {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = discard()

@@ -202,11 +202,24 @@ type DequeueOpts struct {
 // end. Errors: ErrQueueNotFound, ErrQueueBlocked, ErrOutOfRange, ErrInvalidMetadata, ErrBadRequest
 // (a bad RequestID).
 func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) ([]Message, error) {
-	var o DequeueOpts
-	if opts != nil {
-		o = *opts
+	req := opts.request()
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("natstone: dequeue %s: encode request: %w", queue, err)
 	}
-	req := subjects.DequeueRequest{
+	var r subjects.DequeueReply
+	if err := c.send(ctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
+		return nil, err
+	}
+	return newMessages(r.Messages), nil
+}
+
+// request returns the wire form of o (nil: the defaults).
+func (o *DequeueOpts) request() subjects.DequeueRequest {
+	if o == nil {
+		return subjects.DequeueRequest{}
+	}
+	return subjects.DequeueRequest{
 		Batch:     o.Batch,
 		LeaseMS:   ms(o.Lease),
 		WaitMS:    ms(o.Wait),
@@ -214,19 +227,27 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 		RequestID: o.RequestID,
 		Worker:    o.Worker,
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("natstone: dequeue %s: encode request: %w", queue, err)
+}
+
+func newMessages(ms []subjects.Message) []Message {
+	out := make([]Message, len(ms))
+	for i := range ms {
+		out[i] = newMessage(&ms[i])
 	}
-	var r subjects.DequeueReply
-	if err := c.send(ctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(o.Wait, 0), &r); err != nil {
-		return nil, err
-	}
-	out := make([]Message, len(r.Messages))
-	for i := range r.Messages {
-		out[i] = newMessage(&r.Messages[i])
-	}
-	return out, nil
+	return out
+}
+
+// Settled is what CompleteNext and ReleaseNext return: the settled message, and what the dequeue
+// that ran after it leased.
+type Settled struct {
+	// Message is the settled message, without payload.
+	Message Message
+	// Next are the messages the dequeue leased, in earliest-deadline-first order; none when none
+	// was eligible, or when the dequeue failed.
+	Next []Message
+	// NextErr is why the dequeue failed (an *APIError: ErrQueueBlocked, ErrUnavailable, …), or nil.
+	// The message was settled all the same.
+	NextErr error
 }
 
 // Complete moves a running message to completed. Completing it again with the same lease succeeds.
@@ -234,6 +255,39 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 // (e.g. released or canceled), ErrMessageNotFound, ErrBadRequest (empty leaseID).
 func (c *Client) Complete(ctx context.Context, queue, id, leaseID string) (Message, error) {
 	return c.leaseOp(ctx, subjects.OpComplete, queue, subjects.LeaseRequest{ID: id, LeaseID: leaseID})
+}
+
+// CompleteNext completes a running message as Complete does and, once that is stored, dequeues as
+// Dequeue would with next (nil: one message with the defaults) — one round trip instead of two, for
+// a worker that goes on to its next message. next.Wait must be 0: the dequeue does not long-poll.
+// The error is the complete's (as Complete's, or ErrOutOfRange and the like for a bad next, which
+// then completes nothing); a failed dequeue is Settled.NextErr. A retry after a timeout should reuse
+// next.RequestID, to get back the leases the first try may have taken.
+func (c *Client) CompleteNext(ctx context.Context, queue, id, leaseID string, next *DequeueOpts) (Settled, error) {
+	n := next.request()
+	return c.settleNext(ctx, subjects.OpComplete, queue, subjects.LeaseRequest{ID: id, LeaseID: leaseID, Next: &n})
+}
+
+// ReleaseNext releases a running message as Release does, then dequeues as CompleteNext does.
+func (c *Client) ReleaseNext(ctx context.Context, queue, id, leaseID string, delay time.Duration, next *DequeueOpts) (Settled, error) {
+	n := next.request()
+	return c.settleNext(ctx, subjects.OpRelease, queue, subjects.ReleaseRequest{ID: id, LeaseID: leaseID, DelayMS: ms(delay), Next: &n})
+}
+
+// settleNext sends a settle whose body carries next.
+func (c *Client) settleNext(ctx context.Context, op subjects.Op, queue string, body any) (Settled, error) {
+	var r subjects.SettleReply
+	if err := c.request(ctx, op, queue, body, &r); err != nil {
+		return Settled{}, err
+	}
+	s := Settled{Message: newMessage(&r.Message)}
+	if r.Next != nil {
+		s.Next = newMessages(r.Next.Messages)
+		if r.Next.Error != nil {
+			s.NextErr = apiError(r.Next.Error)
+		}
+	}
+	return s, nil
 }
 
 // Extend makes the lease end lease from now (0: the message's lease, else the queue's). Errors: as

@@ -217,17 +217,25 @@ func (w *Worker) Stop(ctx context.Context) error {
 	return fmt.Errorf("natstone: worker stop: %w", ctx.Err())
 }
 
-// slot is one handler slot: poll for a message, run it, repeat until the polls are stopped.
+// slot is one handler slot: poll for a message, run it, repeat until the polls are stopped. A
+// message is settled together with the dequeue of the slot's next one (CompleteNext, ReleaseNext):
+// the slot long-polls only when that dequeue found nothing.
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	failures := 0 // consecutive polls that failed or came back suspiciously early
 	for pollCtx.Err() == nil {
 		began := time.Now()
 		msgs, err := w.poll(pollCtx)
-		for i := range msgs {
-			w.process(jobCtx, &msgs[i])
+		got := len(msgs) > 0
+		for len(msgs) > 0 {
+			if pollCtx.Err() != nil {
+				w.giveBack(jobCtx, msgs) // leased by a settle as the worker began to stop
+				return
+			}
+			m := msgs[0]
+			msgs = append(msgs[1:], w.process(pollCtx, jobCtx, &m)...)
 		}
 		switch {
-		case len(msgs) > 0:
+		case got:
 			failures = 0
 			continue
 		case pollCtx.Err() != nil:
@@ -254,6 +262,27 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	}
 }
 
+// giveBack releases msgs at once, unprocessed (each has spent an attempt).
+func (w *Worker) giveBack(jobCtx context.Context, msgs []Message) {
+	for _, m := range msgs {
+		log := w.log.With("queue", m.Queue, "message_id", m.ID, "lease_id", m.LeaseID)
+		log.Info("message released unprocessed: worker stopped")
+		expires := time.Now().Add(m.LeaseExpiresAt.Sub(m.UpdatedAt)) // as process reckons it
+		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
+			_, err := w.client.Release(ctx, m.Queue, m.ID, m.LeaseID, 0)
+			return err
+		})
+	}
+}
+
+// next returns the dequeue a settle carries: the slot's next message, unless the worker is stopping.
+func (w *Worker) next(pollCtx context.Context) *DequeueOpts {
+	if pollCtx.Err() != nil {
+		return nil
+	}
+	return &DequeueOpts{Batch: 1, Lease: w.cfg.Lease, Filter: w.cfg.Filter, RequestID: nuid.Next(), Worker: w.cfg.Name}
+}
+
 // poll long-polls for one message. A dequeue that timed out may have leased a message whose reply
 // was lost, so it is retried once with the same request id: the broker then returns the same lease
 // instead of leasing another message.
@@ -277,8 +306,8 @@ func (w *Worker) poll(ctx context.Context) ([]Message, error) {
 // process runs the handler on m while extending its lease, then settles m. The slot's goroutine
 // supervises its own job: each job has exactly one extension timer, and the extensions of different
 // jobs never wait for one another (a shared ticker would serialise them behind the slowest request).
-// It returns once the handler has returned.
-func (w *Worker) process(jobCtx context.Context, m *Message) {
+// It returns once the handler has returned, with the messages the settle leased for the slot.
+func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message) []Message {
 	received := time.Now()
 	lease := w.cfg.Lease
 	if lease == 0 {
@@ -306,13 +335,11 @@ func (w *Worker) process(jobCtx context.Context, m *Message) {
 	for {
 		select {
 		case err := <-result:
-			w.settle(jobCtx, hctx, job, err, expires, log)
-			return
+			return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
 		case <-jobCtx.Done():
 			select {
 			case err := <-result: // finished just in time
-				w.settle(jobCtx, hctx, job, err, expires, log)
-				return
+				return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
 			default:
 			}
 			// Stop gave up waiting: hand the message back now rather than when the handler returns.
@@ -324,14 +351,14 @@ func (w *Worker) process(jobCtx context.Context, m *Message) {
 			}
 			err := <-result
 			log.Info("handler interrupted: worker stopped", "error", err)
-			return
+			return nil
 		case <-timer.C:
 			next, lost := w.extend(jobCtx, job, lease, every, &expires, log)
 			if lost {
 				cancel(ErrLeaseLost)
 				err := <-result
 				log.Warn("handler result ignored: lease lost", "error", err)
-				return
+				return nil
 			}
 			if next > 0 {
 				timer.Reset(next)
@@ -384,16 +411,30 @@ func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Dura
 	return max(retry, time.Millisecond), false
 }
 
-// settle completes, cancels or releases job by the handler's result err.
-func (w *Worker) settle(jobCtx, hctx context.Context, job *Job, err error, expires time.Time, log *slog.Logger) {
+// settle completes, cancels or releases job by the handler's result err. A complete, and the release
+// of a failed attempt, also dequeue the slot's next message (see next), which settle returns.
+func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err error, expires time.Time, log *slog.Logger) []Message {
 	if job.isSettled() {
 		log.Debug("handler canceled the message", "error", err)
-		return
+		return nil
+	}
+	next := w.next(pollCtx) // one request id for every try
+	var got []Message
+	keep := func(s Settled) {
+		got = s.Next
+		if s.NextErr != nil {
+			log.Debug("dequeue after the settle failed; the slot polls", "error", s.NextErr)
+		}
 	}
 	switch {
 	case err == nil:
 		w.finish(jobCtx, "complete", expires, log, func(ctx context.Context) error {
-			_, err := w.client.Complete(ctx, job.Queue, job.ID, job.LeaseID)
+			if next == nil {
+				_, err := w.client.Complete(ctx, job.Queue, job.ID, job.LeaseID)
+				return err
+			}
+			s, err := w.client.CompleteNext(ctx, job.Queue, job.ID, job.LeaseID, next)
+			keep(s)
 			return err
 		})
 	case errors.Is(err, ErrDiscard):
@@ -417,10 +458,16 @@ func (w *Worker) settle(jobCtx, hctx context.Context, job *Job, err error, expir
 			log.Warn("handler failed; message released", "error", err, "retry_in", delay)
 		}
 		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-			_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, delay)
+			if next == nil {
+				_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, delay)
+				return err
+			}
+			s, err := w.client.ReleaseNext(ctx, job.Queue, job.ID, job.LeaseID, delay, next)
+			keep(s)
 			return err
 		})
 	}
+	return got
 }
 
 // finish runs op (a complete, release or cancel of the job's lease) and retries it a few times while

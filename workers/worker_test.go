@@ -645,3 +645,108 @@ func awaitGate(ctx context.Context, gate <-chan struct{}) {
 }
 
 func slogTo(b *logBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+
+// TestWorkerTakesNextWithItsSettle: a slot gets its next message in the reply of the complete (or
+// the release of a failed attempt) of the one before, in earliest-deadline-first order; it
+// long-polls only at its start and once the queue is empty.
+func TestWorkerTakesNextWithItsSettle(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	const n = 20
+	for i := n; i >= 1; i-- {
+		e.enqueue("q", "x", &workers.EnqueueOpts{ID: fmt.Sprintf("m%02d", i), Priority: ptr(int64(i))})
+	}
+	dequeues := e.count(subjects.OpDequeue, "q")
+	completes := e.count(subjects.OpComplete, "q")
+	releases := e.count(subjects.OpRelease, "q")
+	var mu sync.Mutex
+	var seen []string
+	e.startWorker(&workers.WorkerConfig{Queue: "q", BackoffFunc: func(int) time.Duration { return 0 }},
+		workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, job.ID)
+			if job.ID == "m05" && job.Attempts == 1 {
+				return errors.New("first attempt fails")
+			}
+			return nil
+		}))
+	completes.wait(t, n)
+	dequeues.wait(t, 2) // the first poll, and the long poll once the queue is empty
+	for i := 1; i <= n; i++ {
+		if m := e.get("q", fmt.Sprintf("m%02d", i)); m.State != subjects.StateCompleted {
+			t.Fatalf("%s is %s, want completed", m.ID, m.State)
+		}
+	}
+	if d, c, r := dequeues.n(t), completes.n(t), releases.n(t); d != 2 || c != n || r != 1 {
+		t.Fatalf("%d dequeues, %d completes, %d releases; want 2, %d, 1", d, c, r, n)
+	}
+	for _, m := range completes.msgs[:n-1] {
+		if !strings.Contains(string(m.Data), `"next":`) {
+			t.Fatalf("a complete without next: %s", m.Data)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"m01", "m02", "m03", "m04", "m05", "m05"}
+	for i := 6; i <= n; i++ {
+		want = append(want, fmt.Sprintf("m%02d", i))
+	}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("handled %v, want %v", seen, want)
+	}
+}
+
+// TestWorkerGivesBackNextWhenStopping: a message that a settle leased as the worker began to stop
+// is released at once, not handled.
+func TestWorkerGivesBackNextWhenStopping(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1", Priority: ptr(int64(1))})
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m2", Priority: ptr(int64(2))})
+
+	// The worker talks to the broker through a relay that holds the reply of the complete until the
+	// test has stopped the worker's polls.
+	runCtx, stopPolls := context.WithCancel(t.Context())
+	defer stopPolls()
+	relay := e.srv.Connect(t)
+	sub, err := relay.Subscribe("relay.>", func(m *nats.Msg) {
+		out := &nats.Msg{Subject: "natstone.v1." + strings.TrimPrefix(m.Subject, "relay."), Data: m.Data}
+		reply, err := relay.RequestMsg(out, waitTimeout)
+		if err != nil {
+			t.Errorf("relay %s: %v", m.Subject, err)
+			return
+		}
+		if strings.HasPrefix(m.Subject, "relay.complete.") {
+			stopPolls() // as Stop starts: cancels the polls at once
+		}
+		if err := m.RespondMsg(&nats.Msg{Data: reply.Data, Header: reply.Header}); err != nil {
+			t.Errorf("relay %s: %v", m.Subject, err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	c := e.client(&workers.Config{Prefix: "relay"})
+
+	var handled atomic.Int32
+	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", Logger: discard()}, workers.HandlerFunc(func(context.Context, *workers.Job) error {
+		handled.Add(1)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(runCtx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState("q", "m1", subjects.StateCompleted)
+	m2 := e.waitState("q", "m2", subjects.StatePending)
+	stop(t, w)
+	if m2.Attempts != 1 || handled.Load() != 1 {
+		t.Fatalf("m2 pending after %d attempts, %d messages handled; want it leased once by the complete's next, then given back unhandled", m2.Attempts, handled.Load())
+	}
+}
