@@ -555,6 +555,7 @@ type runStats struct {
 	startsLost                             int    // starts that failed, their claim lost meanwhile
 	log                                    string // natstone's log, every run of it
 	replaced                               int    // records without payload that enqueues replaced
+	nextLeased                             int    // messages leased by the dequeues that completes carried
 }
 
 func (s *runStats) add(f func(*runStats)) {
@@ -639,9 +640,13 @@ func produce(c *client, stop <-chan struct{}, stats *runStats, enqueued chan<- e
 }
 
 // work dequeues until stop and then completes, extends, releases or abandons (a crash mid-lease)
-// what it got. A dequeue of unknown outcome is retried with the same request id.
+// what it got. A dequeue of unknown outcome is retried with the same request id. Half of its
+// completes carry the dequeue of its next messages (next); it then works on what they leased
+// before it dequeues again.
 func work(c *client, stop <-chan struct{}, stats *runStats) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(len(c.name))+99))
+	var carried []subjects.Message // leased by the completes' next dequeues
+	carriedFrom := ""
 	for n := 0; ; n++ {
 		select {
 		case <-stop:
@@ -652,37 +657,22 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 		if rng.IntN(2) == 0 {
 			queue = "exclusive"
 		}
-		req := subjects.DequeueRequest{Batch: 1 + rng.IntN(3), WaitMS: 100, RequestID: fmt.Sprintf("%s-%d", c.name, n)}
-		if rng.IntN(4) == 0 {
-			req.Filter = map[string]string{"k": "a"}
-		}
 		var got []subjects.Message
-		for try := 0; try < 5; try++ {
-			op := Op{Kind: Dequeue, Queue: queue, Client: c.name, RequestID: req.RequestID, Batch: req.Batch, Filter: req.Filter, Start: time.Now()}
-			var r subjects.DequeueReply
-			op.Outcome, op.Code = c.call(subjects.OpDequeue, queue, req, &r)
-			op.End = time.Now()
-			if op.Outcome == OK {
-				for _, m := range r.Messages {
-					op.Leases = append(op.Leases, leaseOf(m, queueSpecs[queue].Key))
+		if len(carried) > 0 {
+			queue, got, carried = carriedFrom, carried, nil
+		} else {
+			got = dequeue(c, rng, queue, fmt.Sprintf("%s-%d", c.name, n))
+			if len(got) == 0 {
+				// Nothing, or no broker (NATS up, natstone restarting): don't spin.
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
 				}
-				got = r.Messages
-			}
-			c.h.Add(op)
-			if op.Outcome != Unknown {
-				break
-			}
-		}
-		if len(got) == 0 {
-			// Nothing, or no broker (NATS up, natstone restarting): don't spin.
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
 			}
 		}
 		stats.add(func(s *runStats) { s.leased += len(got) })
-		for _, m := range got {
+		for i, m := range got {
 			lease := subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}
 			record := func(kind Kind, body, out any) Op {
 				op := Op{Kind: kind, Queue: queue, Client: c.name, MessageID: m.ID, LeaseID: m.LeaseID, Start: time.Now()}
@@ -698,6 +688,20 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 				return op
 			}
 			switch r := rng.IntN(20); {
+			case r < 7:
+				// Complete, and dequeue in the same request.
+				next := dequeueRequest(rng, fmt.Sprintf("%s-%d-%d", c.name, n, i))
+				next.WaitMS = 0
+				lease.Next = &next
+				var rep subjects.SettleReply
+				op := record(Complete, lease, &rep)
+				if op.Outcome == OK {
+					stats.add(func(s *runStats) { s.completed++ })
+				}
+				if leased := recordNext(c, op, next, &rep); len(leased) > 0 {
+					carried, carriedFrom = append(carried, leased...), queue
+					stats.add(func(s *runStats) { s.nextLeased += len(leased) })
+				}
 			case r < 13:
 				if record(Complete, lease, &subjects.Message{}).Outcome == OK {
 					stats.add(func(s *runStats) { s.completed++ })
@@ -722,6 +726,66 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 			}
 		}
 	}
+}
+
+// dequeueRequest is a worker's dequeue: a batch of 1 to 3, a quarter of them filtered.
+func dequeueRequest(rng *rand.Rand, requestID string) subjects.DequeueRequest {
+	req := subjects.DequeueRequest{Batch: 1 + rng.IntN(3), WaitMS: 100, RequestID: requestID}
+	if rng.IntN(4) == 0 {
+		req.Filter = map[string]string{"k": "a"}
+	}
+	return req
+}
+
+// dequeue runs a worker's dequeue on queue, retrying it with the same request id while its outcome
+// is unknown, and returns what it leased.
+func dequeue(c *client, rng *rand.Rand, queue, requestID string) []subjects.Message {
+	req := dequeueRequest(rng, requestID)
+	for try := 0; try < 5; try++ {
+		op := Op{Kind: Dequeue, Queue: queue, Client: c.name, RequestID: req.RequestID, Batch: req.Batch, Filter: req.Filter, Start: time.Now()}
+		var r subjects.DequeueReply
+		op.Outcome, op.Code = c.call(subjects.OpDequeue, queue, req, &r)
+		op.End = time.Now()
+		if op.Outcome == OK {
+			for _, m := range r.Messages {
+				op.Leases = append(op.Leases, leaseOf(m, queueSpecs[queue].Key))
+			}
+		}
+		c.h.Add(op)
+		if op.Outcome != Unknown {
+			return r.Messages
+		}
+	}
+	return nil
+}
+
+// recordNext records the dequeue that the complete op carried (next), as an operation of its own
+// over the same time, and returns what it leased. Its outcome is the complete's, unless the
+// complete was acknowledged and the dequeue failed after it; a refused complete ran no dequeue.
+func recordNext(c *client, complete Op, next subjects.DequeueRequest, rep *subjects.SettleReply) []subjects.Message {
+	if complete.Outcome == Failed {
+		return nil
+	}
+	op := Op{Kind: Dequeue, Queue: complete.Queue, Client: c.name, RequestID: next.RequestID, Batch: next.Batch, Filter: next.Filter,
+		Start: complete.Start, End: complete.End, Outcome: complete.Outcome, Code: complete.Code}
+	var leased []subjects.Message
+	switch {
+	case complete.Outcome != OK:
+	case rep.Next == nil:
+		op.Outcome, op.Code = Unknown, "no next in the reply"
+	case rep.Next.Error != nil:
+		op.Outcome, op.Code = Failed, string(rep.Next.Error.Code)
+		if rep.Next.Error.Code == subjects.CodeUnavailable || rep.Next.Error.Code == subjects.CodeInternal {
+			op.Outcome = Unknown
+		}
+	default:
+		leased = rep.Next.Messages
+		for _, m := range leased {
+			op.Leases = append(op.Leases, leaseOf(m, queueSpecs[complete.Queue].Key))
+		}
+	}
+	c.h.Add(op)
+	return leased
 }
 
 func ptr[T any](v T) *T { return &v }
