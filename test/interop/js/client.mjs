@@ -339,6 +339,25 @@ async function run(nc, q) {
   eq([del.name, del.messages], [aux, 1], "delete aux");
   done("invalid_config, payload_too_large, lease_expired, queue_blocked, revision_mismatch; deleted");
 
+  step("complete with next");
+  const nq = `${q}-next`;
+  await ok(nc, "enqueue", nq, { id: "n-1", priority: 1 });
+  await ok(nc, "enqueue", nq, { id: "n-2", priority: 2, payload: "second" });
+  dq = await ok(nc, "dequeue", nq, {});
+  eq(dq.messages.map((x) => x.id), ["n-1"], "dequeue next queue");
+  await expectError(nc, "complete", nq, { id: "n-1", lease_id: dq.messages[0].lease_id, next: { wait_ms: 1000 } }, "out_of_range", 400);
+  let s = await ok(nc, "complete", nq, { id: "n-1", lease_id: dq.messages[0].lease_id, next: { batch: 5 } });
+  checkMessage(s, nq, "n-1", "completed", "complete n-1 with next");
+  noPayload(s, "complete n-1 with next");
+  check(s.next && Array.isArray(s.next.messages) && s.next.error === undefined, `complete n-1 with next: next ${JSON.stringify(s.next)}`);
+  eq(s.next.messages.map((x) => x.id), ["n-2"], "complete n-1 with next: next messages");
+  checkMessage(s.next.messages[0], nq, "n-2", "running", "next n-2");
+  eq(s.next.messages[0].payload, "second", "next n-2: payload");
+  s = await ok(nc, "release", nq, { id: "n-2", lease_id: s.next.messages[0].lease_id, delay_ms: 60000, next: {} });
+  eq([s.state, s.next.messages.length], ["invisible", 0], "release n-2 with next: invisible, nothing next");
+  await ok(nc, "delete", nq);
+  done("complete with next leased n-2 with its payload; release with next found nothing; next with wait_ms: out_of_range");
+
   step("list");
   const list = await ok(nc, "list");
   check(Array.isArray(list.queues), "list: queues");
