@@ -241,6 +241,14 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 	if !strings.Contains(string(reply.Data), `"code":"unavailable"`) || !strings.Contains(string(reply.Data), "claim") {
 		t.Fatalf("a request while the claim has run out: %s, want unavailable", reply.Data)
 	}
+	// Nor is a write run: another broker may serve the store by now.
+	enqueue := a.space.Subject(subjects.OpEnqueue, "q")
+	if reply, err = nc.Request(enqueue, []byte(`{"id":"m"}`), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(reply.Data), `"code":"unavailable"`) {
+		t.Fatalf("an enqueue while the claim has run out: %s, want unavailable", reply.Data)
+	}
 
 	ca.Advance(DefaultClaimTTL / 5) // the renewal lands
 	if !a.claim.held() {
@@ -251,6 +259,9 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 	}
 	if strings.Contains(string(reply.Data), "error") {
 		t.Fatalf("a request after the renewal: %s", reply.Data)
+	}
+	if string(reply.Data) != `{"queues":[]}` {
+		t.Fatalf("queues after the refused enqueue: %s, want none (it was not run)", reply.Data)
 	}
 	running(t, a)
 }

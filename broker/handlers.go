@@ -32,8 +32,16 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		defer b.wg.Done()
 		ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
 		defer cancel()
-		reply, err := b.handle(ctx, ep.op, msg)
-		if !b.claim.held() { // an error from stale indexes would not be true either
+		// Without the claim, another broker may serve the store: a request is not run (a broker
+		// resumed after a pause would otherwise work through the requests queued up meanwhile, on
+		// stale indexes), nor answered with what it did (an error from stale indexes would not be
+		// true either).
+		var reply any
+		var err error
+		if b.claim.held() {
+			reply, err = b.handle(ctx, ep.op, msg)
+		}
+		if !b.claim.held() {
 			err = subjects.Errorf(subjects.CodeUnavailable, "the broker's claim on the store ran out: another broker may serve it")
 		}
 		var out *nats.Msg
