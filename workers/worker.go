@@ -193,7 +193,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // The broker does not learn that a long poll was abandoned: a message that becomes pending before
 // that poll's wait is over can still be leased to it. Such a message is not lost, but it stays
 // running, unprocessed, until its lease ends (and that attempt is spent). A shorter PollWait narrows
-// the window.
+// the window. A message that a slot's complete leased for it (see CompleteNext) as Stop began is
+// released at once, unprocessed (that attempt is spent too).
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	started, stopPoll, stopJobs, done := w.started, w.stopPoll, w.stopJobs, w.done
