@@ -13,7 +13,8 @@ func DecodeDequeue(data []byte) (DequeueRequest, error) {
 	return r, err
 }
 
-// DecodeLease decodes the body of complete or cancel, as Decode would; see DecodeDequeue.
+// DecodeLease decodes the body of complete or cancel, as Decode would; see DecodeDequeue. A next
+// of plain fields (no filter) stays on the fast path.
 func DecodeLease(data []byte) (LeaseRequest, error) {
 	if r, ok := fastLease(data); ok {
 		return r, nil
@@ -71,10 +72,11 @@ func fastLease(data []byte) (r LeaseRequest, ok bool) {
 }
 
 // flatObject reads data as one JSON object of plain keys and values, with white space around it
-// and nothing after it (unless inner: then it is a value within data, from p on). next moves to each key in turn; the caller reads its value with int or str,
-// which give it a field number (below 8). After the last key ok says whether the whole object was
-// read: a value that is not plain, a field seen twice (encoding/json keeps the last; Decode is left
-// to do that) or anything unexpected makes it false.
+// and nothing after it (unless inner: then it is a value within data, from p on). next moves to
+// each key in turn; the caller reads its value with int, str or object, which give it a field
+// number (below 8). After the last key ok says whether the whole object was read: a value that is
+// not plain, a field seen twice (encoding/json keeps the last; Decode is left to do that) or
+// anything unexpected makes it false.
 type flatObject struct {
 	data    []byte
 	p       int
