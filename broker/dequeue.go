@@ -82,6 +82,11 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 	if err != nil {
 		return nil, err
 	}
+	return q.leaseBest(ctx, r, filter)
+}
+
+// leaseBest is dequeue once r is validated (with its defaults) and its filter built.
+func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter index.Filter) ([]subjects.Message, error) {
 	q.mu.Lock()
 	if err := q.usable(); err != nil {
 		q.mu.Unlock()

@@ -268,7 +268,8 @@ func (q *queue) andNext(ctx context.Context, next *subjects.DequeueRequest, sett
 		return nil, subjects.Errorf(subjects.CodeOutOfRange, "next: wait_ms must be 0 (a settle's dequeue does not long-poll), got %d", next.WaitMS)
 	}
 	r := *next
-	if _, err := validateDequeue(&r); err != nil {
+	filter, err := validateDequeue(&r)
+	if err != nil {
 		var e *subjects.Error
 		if errors.As(err, &e) {
 			err = subjects.Errorf(e.Code, "next: %s", e.Message)
@@ -279,7 +280,7 @@ func (q *queue) andNext(ctx context.Context, next *subjects.DequeueRequest, sett
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := q.dequeue(ctx, r)
+	msgs, err := q.leaseBest(ctx, r, filter)
 	reply := subjects.SettleReply{Message: m, Next: &subjects.NextReply{Messages: msgs}}
 	if msgs == nil {
 		reply.Next.Messages = []subjects.Message{}
