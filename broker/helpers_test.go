@@ -108,6 +108,32 @@ func (e *env) jetStream() jetstream.JetStream {
 }
 
 // waitStreamMsgs waits, up to 10 s, until stream holds n messages.
+// waitNoKeys waits, up to 10 s, until stream holds no subject matching filter: a removed record's
+// purge marker stays a second (its TTL, on the server's clock).
+func (e *env) waitNoKeys(stream, filter string) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		st, err := e.jetStream().Stream(ctx, stream)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if len(info.State.Subjects) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			e.t.Fatalf("%s still holds %v", stream, info.State.Subjects)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 func (e *env) waitStreamMsgs(stream string, n uint64) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -66,8 +66,9 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 	}
 	loaded := make(map[string]*recovering, len(b.queues))
 	var last *recovering // the queue of the record before, which the next one most likely shares
-	n, orphans := 0, 0
-	var unloaded []uint64 // the payloads of the records of unknown queues
+	n := 0
+	var unloaded []uint64                // the payloads of the records of unknown queues
+	unknown := make(map[string][]*entry) // those records, by queue: only what removing them needs
 	err = b.store.LoadMessages(ctx, "", func(name string, r kv.Record, rev uint64, bad error) error {
 		if bad != nil {
 			// One corrupted value must not keep every queue down: report it and go on.
@@ -78,8 +79,10 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 			if last = loaded[name]; last == nil {
 				q := b.queues[name]
 				if q == nil {
-					orphans++ // a queue deleted part way; deleting it again removes them
 					unloaded = append(unloaded, r.BodySeq)
+					e := &entry{ID: r.ID, rev: rev, heapIdx: -1}
+					e.Seq = r.BodySeq
+					unknown[name] = append(unknown[name], e)
 					return nil
 				}
 				last = &recovering{q: q}
@@ -93,9 +96,6 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if orphans > 0 {
-		b.log.Warn("message records of unknown queues ignored", "records", orphans)
-	}
 	// Read after the records: every loaded record's payload was stored before this state.
 	bodies, err := b.store.ReadBodies(ctx)
 	if err != nil {
@@ -105,6 +105,9 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if n, err = b.dropCollected(ctx, bodies, loaded, n); err != nil {
+		return 0, err
+	}
+	if err := b.dropDeleted(ctx, bodies, unknown); err != nil {
 		return 0, err
 	}
 	b.dropOrphans(ctx, bodies, lastBody, loaded, unloaded)
@@ -191,6 +194,42 @@ func (b *Broker) dropCollected(ctx context.Context, bodies *kv.Bodies, loaded ma
 		b.log.Warn("records of collected messages removed (collections a crash interrupted, or records the server brought back)", "records", removed)
 	}
 	return n - removed, nil
+}
+
+// dropDeleted removes the records of queues that are gone whose payloads are gone too: records
+// that JetStream brought back after an unclean stop (nats-server#8505), from a queue that was
+// deleted. A queue's delete purges its records, but a revision that a later write of the same key
+// had superseded was removed without a tombstone, and a block rebuilt after the stop can hold it
+// again. Left there, it would come back at every unclean restart, stay in storage for good (the
+// queue's delete cannot be repeated once its config is gone), and be found by an enqueue of its id
+// if the queue is created again. Its payload went first with the delete, and is asked of the
+// stream's leader again before the record goes, as in dropCollected. A record whose payload is
+// stored is left, and logged: natstone writes none (a queue's config goes last in its delete).
+func (b *Broker) dropDeleted(ctx context.Context, bodies *kv.Bodies, unknown map[string][]*entry) error {
+	removed, kept := 0, 0
+	for name, es := range unknown {
+		var candidates []*entry
+		for _, e := range es {
+			if bodies.Gone(e.Seq) {
+				candidates = append(candidates, e)
+			}
+		}
+		if len(candidates) > 0 {
+			drop, err := b.confirmGone(ctx, name, candidates)
+			if err != nil {
+				return err
+			}
+			removed += len(drop)
+		}
+		kept += len(es) - len(candidates)
+	}
+	if removed > 0 {
+		b.log.Warn("records of deleted queues removed (records the server brought back)", "records", removed)
+	}
+	if kept > 0 {
+		b.log.Warn("message records of unknown queues ignored (their payloads are stored)", "records", kept)
+	}
+	return nil
 }
 
 // dropOrphans deletes the payloads that no record references. An enqueue stores its payloads

@@ -128,6 +128,40 @@ func TestDeletedQueueStaysDeletedAfterUncleanRestart(t *testing.T) {
 	}
 }
 
+// TestDeletedQueuesRecordsGoAfterUncleanRestart: a queue's delete purges its records, but after an
+// unclean stop JetStream can bring back revisions of them that later writes superseded
+// (nats-server#8505): here a's record from before its lease and its complete. A start removes such
+// records of a queue that is gone (their payloads are), so that storage keeps nothing of it
+// whatever restarts follow, and a queue created again under its name starts empty.
+func TestDeletedQueuesRecordsGoAfterUncleanRestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.create("r", subjects.CreateQueueRequest{})
+	for _, id := range []string{"a", "b"} {
+		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr[int64](int64(id[0]))})
+	}
+	e.enqueue("r", subjects.EnqueueRequest{ID: "c"})
+	m := e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	must[subjects.DeleteReply](e, subjects.OpDelete, "q", nil)
+	e.waitNoKeys("KV_natstone-messages", "$KV.natstone-messages.q.>")
+
+	for range 2 {
+		e.restartAllUnclean()
+		e.waitNoKeys("KV_natstone-messages", "$KV.natstone-messages.q.>")
+	}
+	if info := e.create("q", subjects.CreateQueueRequest{}); info.Counts != (subjects.Counts{}) {
+		t.Fatalf("q created again: %+v", info.Counts)
+	}
+	if r := e.enqueue("q", subjects.EnqueueRequest{ID: "a"}); r.Duplicate {
+		t.Fatalf("a enqueued in the new q: %+v", r)
+	}
+	if c := e.depth("r", nil); c.Pending != 1 {
+		t.Fatalf("depth of r: %+v", c)
+	}
+}
+
 // TestCollectedStaysCollectedAfterUncleanRestart: JetStream may bring back an earlier revision of
 // a record that was removed, when the server rebuilds its blocks after an unclean stop
 // (nats-server issue 8505). A collected message must stay collected all the same: not running,
