@@ -89,14 +89,14 @@ func TestFaultsSyncAlways(t *testing.T) {
 
 func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	run, stats := runFaults(t, cfg, url, args)
-	violations := Check(run)
+	violations := append(Check(run), stats.churnViolations...)
 	leases := 0
 	for _, op := range run.Ops {
 		leases += len(op.Leases)
 	}
-	t.Logf("kills=%d paused=%d paused_starting=%d starts_lost=%d ops=%d messages=%d enqueued=%d leases=%d completed=%d leased_by_next=%d extended=%d orphan_payloads_deleted=%d records_replaced=%d stale_loads_read_again=%d violations=%d",
-		stats.kills, stats.paused, stats.pausedStarting, stats.startsLost, len(run.Ops), len(run.Final), stats.enqueued, leases, stats.completed, stats.nextLeased, stats.ex, stats.orphans, stats.replaced, stats.stale, len(violations))
-	if stats.completed == 0 || stats.enqueued == 0 {
+	t.Logf("kills=%d paused=%d paused_starting=%d starts_lost=%d ops=%d messages=%d enqueued=%d leases=%d completed=%d leased_by_next=%d extended=%d orphan_payloads_deleted=%d records_replaced=%d stale_loads_read_again=%d queues_deleted=%d deleted_queue_records_removed=%d violations=%d",
+		stats.kills, stats.paused, stats.pausedStarting, stats.startsLost, len(run.Ops), len(run.Final), stats.enqueued, leases, stats.completed, stats.nextLeased, stats.ex, stats.orphans, stats.replaced, stats.stale, stats.churned, stats.ghosts, len(violations))
+	if stats.completed == 0 || stats.enqueued == 0 || stats.churned == 0 {
 		t.Errorf("the run did no work: %+v", stats)
 	}
 	if len(violations) > 0 {

@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -328,6 +330,12 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		defer wg.Done()
 		cancelSome(operator, stop, enqueued)
 	}()
+	churnOperator := connect("churner")
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		churn(churnOperator, stop, stats)
+	}()
 	for w := range cfg.workers {
 		c := connect(fmt.Sprintf("worker-%d", w))
 		wg.Add(1)
@@ -477,7 +485,8 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	if err != nil {
 		t.Fatal(err)
 	}
-	stats.orphans = orphansDeleted(string(b))
+	stats.orphans = logged(string(b), orphanLine)
+	stats.ghosts = logged(string(b), ghostLine)
 	stats.stale = strings.Count(string(b), "served the load; reading again")
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
 	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
@@ -488,13 +497,17 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	return run, stats
 }
 
+// ghostLine matches the line a start logs when it removed records of deleted queues that the
+// server brought back (Broker.dropDeleted).
+var ghostLine = regexp.MustCompile(`msg="records of deleted queues removed[^"]*".*? records=(\d+)`)
+
 // orphanLine matches the line a start logs when it deleted payloads that no record referenced.
 var orphanLine = regexp.MustCompile(`msg="payloads without a record deleted[^"]*".*? payloads=(\d+)`)
 
-// orphansDeleted sums the payloads without a record that natstone's starts deleted, from its log.
-func orphansDeleted(log string) int {
+// logged sums the counts of the lines that line matches in natstone's log.
+func logged(log string, line *regexp.Regexp) int {
 	n := 0
-	for _, m := range orphanLine.FindAllStringSubmatch(log, -1) {
+	for _, m := range line.FindAllStringSubmatch(log, -1) {
 		k, _ := strconv.Atoi(m[1])
 		n += k
 	}
@@ -502,7 +515,8 @@ func orphansDeleted(log string) int {
 }
 
 // payloadsMatch checks, waiting up to 10 s, that the bodies stream holds as many payloads as the
-// queues hold messages: none was left behind by an enqueue that a kill interrupted.
+// queues hold messages (the churn queue's, if it is there): none was left behind by an enqueue
+// that a kill interrupted, nor by a queue's delete.
 func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 	t.Helper()
 	js, err := jetstream.New(admin.nc)
@@ -513,9 +527,13 @@ func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 poll:
 	for {
 		messages := 0
-		for name := range specs {
+		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue) {
 			var d subjects.DepthReply
-			if o, code := admin.call(subjects.OpDepth, name, nil, &d); o != OK {
+			o, code := admin.call(subjects.OpDepth, name, nil, &d)
+			if name == churnQueue && code == string(subjects.CodeQueueNotFound) {
+				continue
+			}
+			if o != OK {
 				// On a cluster, the server the admin is connected to may not know the restarted
 				// broker's subscriptions yet.
 				if (o == Unknown || code == "no_responders") && time.Now().Before(deadline) {
@@ -556,6 +574,9 @@ type runStats struct {
 	log                                    string // natstone's log, every run of it
 	replaced                               int    // records without payload that enqueues replaced
 	nextLeased                             int    // messages leased by the dequeues that completes carried
+	churned                                int    // generations of the churn queue created and deleted
+	churnViolations                        []Violation
+	ghosts                                 int // records of deleted queues that starts removed
 }
 
 func (s *runStats) add(f func(*runStats)) {

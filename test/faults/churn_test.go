@@ -1,0 +1,268 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// churnQueue is the queue that churn creates, fills and deletes, over and over.
+const churnQueue = "churn"
+
+// churnMessages is how many messages each generation of churnQueue is filled with. Every
+// generation uses the same ids, churnID(0) to churnID(churnMessages-1).
+const churnMessages = 12
+
+func churnID(i int) string { return fmt.Sprintf("m%d", i) }
+
+// churnPayload is message i's payload in generation gen: what names the generation a dequeue or
+// a get returns.
+func churnPayload(gen, i int) string { return fmt.Sprintf("generation %d message %d", gen, i) }
+
+// churner is an operator who creates a queue (simple and exclusive in turn), fills it, leases and completes some of its
+// messages, and deletes it with messages still running, over and over, under the run's kills.
+// Each generation of the queue reuses the message ids of the one before, with payloads that name
+// their generation. It checks, and reports a violation otherwise:
+//   - a deleted queue stays deleted: after a delete is acknowledged, the queue is not found until
+//     it is created again;
+//   - nothing of a deleted generation comes back: an enqueue of a reused id stores a new message
+//     (it is no duplicate, unless an earlier try of that same enqueue had an unknown outcome), and
+//     every message a dequeue or a get returns carries this generation's payload;
+//   - nothing acknowledged is lost before the delete: the queue holds every message enqueued, and
+//     the delete's reply counts them;
+//   - an acknowledged delete leaves nothing of the queue in storage: no payload, record or lock.
+//
+// Its requests are not in the run's history: the checker would count the deleted messages lost.
+// payloadsMatch, at the end of the run, checks that the deletes left no payload behind.
+type churner struct {
+	c     *client
+	js    jetstream.JetStream
+	rng   *rand.Rand
+	stop  <-chan struct{}
+	stats *runStats
+	gen   int
+}
+
+// churn runs a churner until stop.
+func churn(c *client, stop <-chan struct{}, stats *runStats) {
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		panic(err)
+	}
+	ch := &churner{c: c, js: js, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11)), stop: stop, stats: stats}
+	for ch.gen = 1; ch.generation(); ch.gen++ {
+		stats.add(func(s *runStats) { s.churned++ })
+	}
+}
+
+// violation records what the churner saw go wrong.
+func (ch *churner) violation(format string, args ...any) {
+	v := Violation{Rule: "queue-delete", Detail: fmt.Sprintf("generation %d: ", ch.gen) + fmt.Sprintf(format, args...)}
+	ch.stats.add(func(s *runStats) { s.churnViolations = append(s.churnViolations, v) })
+}
+
+// call sends a request until its outcome is known, as a client retries one whose outcome is
+// unknown or that nobody received (natstone restarting). It reports whether any try's outcome was
+// unknown, and ok false if the run stopped first.
+func (ch *churner) call(op subjects.Op, body, out any) (o Outcome, code string, unsure, ok bool) {
+	for {
+		o, code = ch.c.call(op, churnQueue, body, out)
+		if o != Unknown && code != "no_responders" {
+			return o, code, unsure, true
+		}
+		unsure = unsure || o == Unknown
+		select {
+		case <-ch.stop:
+			return o, code, unsure, false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// pause waits up to maxMS milliseconds, so that the kills land in every step of a generation. It
+// reports false if the run stopped.
+func (ch *churner) pause(maxMS int) bool {
+	select {
+	case <-ch.stop:
+		return false
+	case <-time.After(time.Duration(ch.rng.IntN(maxMS)) * time.Millisecond):
+		return true
+	}
+}
+
+// generation runs one generation of the queue: it checks the queue is gone, creates it, fills it,
+// works on some of its messages and deletes it. It reports false once the run stops.
+func (ch *churner) generation() bool {
+	var d subjects.DepthReply
+	o, code, _, ok := ch.call(subjects.OpDepth, nil, &d)
+	switch {
+	case !ok:
+		return false
+	case o == OK && ch.gen > 1:
+		ch.violation("the queue deleted before is there again, holding %+v", d.Counts)
+	case o == Failed && code != string(subjects.CodeQueueNotFound):
+		ch.violation("depth before the create: %s", code)
+	}
+
+	retention := time.Hour.Milliseconds()
+	create := subjects.CreateQueueRequest{LeaseMS: 800, MaxAttempts: 3, RetentionMS: &retention}
+	if ch.gen%2 == 0 {
+		create.Type, create.ExclusivityKey = subjects.Exclusive, "p" // its locks go with it too
+	}
+	if o, code, _, ok = ch.call(subjects.OpCreate, create, &subjects.QueueInfo{}); !ok {
+		return false
+	} else if o != OK {
+		ch.violation("create: %s", code)
+		return true
+	}
+
+	enqueued := 0
+	for i := range churnMessages {
+		req := subjects.EnqueueRequest{ID: churnID(i), Priority: ptr(int64(i)), Payload: churnPayload(ch.gen, i),
+			Metadata: map[string]string{"p": fmt.Sprintf("v%d", i%4)}}
+		var r subjects.EnqueueReply
+		o, code, unsure, ok := ch.call(subjects.OpEnqueue, req, &r)
+		switch {
+		case !ok:
+			return false
+		case o != OK:
+			ch.violation("enqueue %s: %s", req.ID, code)
+			continue
+		case r.Duplicate && !unsure:
+			ch.violation("enqueue %s: a duplicate, on its first try: a deleted generation's message is back", req.ID)
+		}
+		enqueued++
+	}
+	if !ch.pause(100) {
+		return false
+	}
+
+	var dr subjects.DequeueReply
+	o, code, _, ok = ch.call(subjects.OpDequeue, subjects.DequeueRequest{Batch: 1 + ch.rng.IntN(5), RequestID: fmt.Sprintf("churn-%d", ch.gen)}, &dr)
+	if !ok {
+		return false
+	}
+	if o != OK {
+		ch.violation("dequeue: %s", code)
+	}
+	for _, m := range dr.Messages {
+		ch.checkPayload("dequeue", m)
+		if ch.rng.IntN(2) == 0 {
+			continue // left running through the delete
+		}
+		if o, code, _, ok := ch.call(subjects.OpComplete, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, &subjects.Message{}); !ok {
+			return false
+		} else if o != OK && !leaseRanOut(code) {
+			ch.violation("complete %s: %s", m.ID, code)
+		}
+	}
+	var m subjects.Message
+	id := churnID(ch.rng.IntN(churnMessages))
+	if o, code, _, ok = ch.call(subjects.OpGet, subjects.GetRequest{ID: id}, &m); !ok {
+		return false
+	} else if o != OK {
+		ch.violation("get %s: %s", id, code)
+	} else {
+		ch.checkPayload("get", m)
+	}
+	if o, code, _, ok = ch.call(subjects.OpDepth, nil, &d); !ok {
+		return false
+	} else if c := d.Counts; o != OK {
+		ch.violation("depth: %s", code)
+	} else if n := c.Invisible + c.Pending + c.Running + c.Completed + c.Canceled + c.Errored; n != enqueued {
+		ch.violation("the queue holds %d messages (%+v), %d were enqueued", n, c, enqueued)
+	}
+	if !ch.pause(100) {
+		return false
+	}
+
+	var del subjects.DeleteReply
+	o, code, unsure, ok := ch.call(subjects.OpDelete, nil, &del)
+	switch {
+	case !ok:
+		return false
+	case o == OK && !unsure && del.Messages != enqueued:
+		ch.violation("the delete counted %d messages, %d were enqueued", del.Messages, enqueued)
+	case o == Failed && (unsure && code == string(subjects.CodeQueueNotFound)):
+		// An earlier try deleted it.
+	case o == Failed:
+		ch.violation("delete: %s", code)
+	}
+	if o == OK || code == string(subjects.CodeQueueNotFound) {
+		for _, in := range [][2]string{
+			{"natstone-bodies", "natstone.body." + churnQueue},
+			{"KV_natstone-messages", "$KV.natstone-messages." + churnQueue + ".>"},
+			{"KV_natstone-locks", "$KV.natstone-locks." + churnQueue + ".>"},
+		} {
+			if !ch.leftNothing(in[0], in[1]) {
+				return false
+			}
+		}
+	}
+	return ch.pause(100)
+}
+
+// leftNothing checks that stream holds nothing on subject, asking until the server answers. A
+// start in between may have removed records that JetStream brought back (dropDeleted), whose purge
+// markers stay a second: what is there is asked again for up to 5 s before it is reported. It
+// reports false if the run stopped first.
+func (ch *churner) leftNothing(stream, subject string) bool {
+	var deadline time.Time
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		st, err := ch.js.Stream(ctx, stream)
+		var info *jetstream.StreamInfo
+		if err == nil {
+			info, err = st.Info(ctx, jetstream.WithSubjectFilter(subject))
+		}
+		cancel()
+		if err == nil {
+			n := len(info.State.Subjects)
+			if n == 0 {
+				return true
+			}
+			if deadline.IsZero() {
+				deadline = time.Now().Add(5 * time.Second)
+			} else if time.Now().After(deadline) {
+				ch.violation("the acknowledged delete left %d subjects of %s in %s (still at try %d, at %s): %v", n, subject, stream, try, ts(time.Now()), info.State.Subjects)
+				return true
+			}
+		}
+		select {
+		case <-ch.stop:
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// leaseRanOut reports whether code is how a complete is refused once its lease ran out (a kill
+// can outlast a lease), and maybe another lease took the message.
+func leaseRanOut(code string) bool {
+	switch subjects.Code(code) {
+	case subjects.CodeLeaseExpired, subjects.CodeLeaseMismatch, subjects.CodeInvalidState:
+		return true
+	}
+	return false
+}
+
+// checkPayload reports a message that is not this generation's.
+func (ch *churner) checkPayload(what string, m subjects.Message) {
+	var i int
+	if _, err := fmt.Sscanf(m.ID, "m%d", &i); err != nil {
+		ch.violation("%s returned message %q, which was never enqueued", what, m.ID)
+		return
+	}
+	if want := churnPayload(ch.gen, i); m.Payload == nil || *m.Payload != want {
+		got := "no payload"
+		if m.Payload != nil {
+			got = fmt.Sprintf("%q", *m.Payload)
+		}
+		ch.violation("%s returned %s with %s, not %q: a deleted generation's message", what, m.ID, got, want)
+	}
+}
