@@ -577,6 +577,7 @@ type runStats struct {
 	churned                                int    // generations of the churn queue created and deleted
 	churnViolations                        []Violation
 	ghosts                                 int // records of deleted queues that starts removed
+	batches                                int // enqueue_batch requests acknowledged
 }
 
 func (s *runStats) add(f func(*runStats)) {
@@ -610,10 +611,12 @@ func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 	}
 }
 
-// produce enqueues until stop, retrying an enqueue of unknown outcome with the same id.
+// produce enqueues until stop, retrying an enqueue of unknown outcome with the same ids. One
+// request in four is a batch of 2 to 5 messages (enqueue_batch), all or nothing: each of its
+// messages is recorded as an enqueue with the request's outcome.
 func produce(c *client, stop <-chan struct{}, stats *runStats, enqueued chan<- enqueuedID) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(len(c.name))))
-	for n := 0; ; n++ {
+	for n := 0; ; {
 		select {
 		case <-stop:
 			return
@@ -623,32 +626,52 @@ func produce(c *client, stop <-chan struct{}, stats *runStats, enqueued chan<- e
 		if rng.IntN(2) == 0 {
 			queue = "exclusive"
 		}
-		req := subjects.EnqueueRequest{
-			ID:       fmt.Sprintf("%s-%d", c.name, n),
-			Priority: ptr(int64(rng.IntN(1000))),
-			Metadata: map[string]string{"p": fmt.Sprintf("v%d", rng.IntN(6)), "k": []string{"a", "b"}[rng.IntN(2)]},
-			Payload:  fmt.Sprintf("payload %d of %s", n, c.name),
+		size := 1
+		if rng.IntN(4) == 0 {
+			size = 2 + rng.IntN(4)
 		}
-		if rng.IntN(10) == 0 {
-			req.InvisibleMS = ptr(int64(100 + rng.IntN(200)))
+		reqs := make([]subjects.EnqueueRequest, size)
+		for i := range reqs {
+			reqs[i] = subjects.EnqueueRequest{
+				ID:       fmt.Sprintf("%s-%d", c.name, n),
+				Priority: ptr(int64(rng.IntN(1000))),
+				Metadata: map[string]string{"p": fmt.Sprintf("v%d", rng.IntN(6)), "k": []string{"a", "b"}[rng.IntN(2)]},
+				Payload:  fmt.Sprintf("payload %d of %s", n, c.name),
+			}
+			if rng.IntN(10) == 0 {
+				reqs[i].InvisibleMS = ptr(int64(100 + rng.IntN(200)))
+			}
+			n++
 		}
 		for try := 0; try < 20; try++ {
-			op := Op{Kind: Enqueue, Queue: queue, Client: c.name, MessageID: req.ID, Priority: *req.Priority, Metadata: req.Metadata, Start: time.Now()}
-			if req.InvisibleMS != nil {
-				op.InvisibleMS = *req.InvisibleMS
+			start := time.Now()
+			var o Outcome
+			var code string
+			if size == 1 {
+				o, code = c.call(subjects.OpEnqueue, queue, reqs[0], &subjects.EnqueueReply{})
+			} else {
+				o, code = c.call(subjects.OpEnqueueBatch, queue, subjects.EnqueueBatchRequest{Messages: reqs}, &subjects.EnqueueBatchReply{})
 			}
-			var r subjects.EnqueueReply
-			op.Outcome, op.Code = c.call(subjects.OpEnqueue, queue, req, &r)
-			op.End = time.Now()
-			c.h.Add(op)
-			if op.Outcome == OK {
-				stats.add(func(s *runStats) { s.enqueued++ })
-				select {
-				case enqueued <- enqueuedID{queue, req.ID}:
-				default:
+			end := time.Now()
+			for _, req := range reqs {
+				op := Op{Kind: Enqueue, Queue: queue, Client: c.name, MessageID: req.ID, Priority: *req.Priority, Metadata: req.Metadata,
+					Start: start, End: end, Outcome: o, Code: code}
+				if req.InvisibleMS != nil {
+					op.InvisibleMS = *req.InvisibleMS
+				}
+				c.h.Add(op)
+				if o == OK {
+					stats.add(func(s *runStats) { s.enqueued++ })
+					select {
+					case enqueued <- enqueuedID{queue, req.ID}:
+					default:
+					}
 				}
 			}
-			if op.Outcome != Unknown && op.Code != "no_responders" {
+			if o == OK && size > 1 {
+				stats.add(func(s *runStats) { s.batches++ })
+			}
+			if o != Unknown && code != "no_responders" {
 				break
 			}
 			select {
