@@ -24,12 +24,13 @@ func churnID(i int) string { return fmt.Sprintf("m%d", i) }
 // a get returns.
 func churnPayload(gen, i int) string { return fmt.Sprintf("generation %d message %d", gen, i) }
 
-// churner is an operator who creates a queue (simple and exclusive in turn), fills it, leases and completes some of its
-// messages, and deletes it with messages still running, over and over, under the run's kills.
-// Each generation of the queue reuses the message ids of the one before, with payloads that name
+// churner is an operator who creates a queue (simple and exclusive in turn), updates its config
+// twice, fills it, leases and completes some of its messages, and deletes it with messages still
+// running, over and over, under the run's kills. Each generation of the queue reuses the message ids of the one before, with payloads that name
 // their generation. It checks, and reports a violation otherwise:
 //   - a deleted queue stays deleted: after a delete is acknowledged, the queue is not found until
-//     it is created again;
+//     it is created again, and then with the config it is created with, not one it had before;
+//   - an acknowledged update stays;
 //   - nothing of a deleted generation comes back: an enqueue of a reused id stores a new message
 //     (it is no duplicate, unless an earlier try of that same enqueue had an unknown outcome), and
 //     every message a dequeue or a get returns carries this generation's payload;
@@ -114,11 +115,22 @@ func (ch *churner) generation() bool {
 	if ch.gen%2 == 0 {
 		create.Type, create.ExclusivityKey = subjects.Exclusive, "p" // its locks go with it too
 	}
-	if o, code, _, ok = ch.call(subjects.OpCreate, create, &subjects.QueueInfo{}); !ok {
+	var info subjects.QueueInfo
+	if o, code, _, ok = ch.call(subjects.OpCreate, create, &info); !ok {
 		return false
 	} else if o != OK {
 		ch.violation("create: %s", code)
 		return true
+	} else if info.Config.LeaseMS != 800 || info.Config.MaxAttempts != 3 {
+		ch.violation("created with lease_ms 800 and max_attempts 3, the queue has %d and %d", info.Config.LeaseMS, info.Config.MaxAttempts)
+	}
+	// Two updates, so that the config has superseded revisions when it is deleted.
+	for _, u := range []subjects.UpdateQueueRequest{{MaxAttempts: ptr(5)}, {LeaseMS: ptr[int64](900)}} {
+		if o, code, _, ok = ch.call(subjects.OpUpdate, u, &subjects.QueueInfo{}); !ok {
+			return false
+		} else if o != OK {
+			ch.violation("update: %s", code)
+		}
 	}
 
 	enqueued := 0
@@ -176,6 +188,13 @@ func (ch *churner) generation() bool {
 		ch.violation("depth: %s", code)
 	} else if n := c.Invisible + c.Pending + c.Running + c.Completed + c.Canceled + c.Errored; n != enqueued {
 		ch.violation("the queue holds %d messages (%+v), %d were enqueued", n, c, enqueued)
+	}
+	if o, code, _, ok = ch.call(subjects.OpInfo, nil, &info); !ok {
+		return false
+	} else if o != OK {
+		ch.violation("info: %s", code)
+	} else if info.Config.LeaseMS != 900 || info.Config.MaxAttempts != 5 {
+		ch.violation("updated to lease_ms 900 and max_attempts 5, the queue has %d and %d", info.Config.LeaseMS, info.Config.MaxAttempts)
 	}
 	if !ch.pause(100) {
 		return false
