@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -352,6 +353,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	for range cfg.kills {
 		<-time.After(time.Duration(300+rng.IntN(700)) * time.Millisecond)
+		stats.faults.Add(1) // odd from here until natstone serves again
 		if cfg.standby {
 			func() {
 				procMu.Lock()
@@ -389,12 +391,14 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 				proc, standby = standby, startStandby(t, args, logPath)
 				restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
 			}()
+			stats.faults.Add(1)
 			continue
 		}
 		if cfg.restartServer != nil {
 			killed := time.Now()
 			cfg.restartServer(rng)
 			restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
+			stats.faults.Add(1)
 			continue
 		}
 		func() {
@@ -410,6 +414,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 			proc = startNatstone(t, args, logPath)
 			restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
 		}()
+		stats.faults.Add(1)
 	}
 	<-time.After(500 * time.Millisecond) // some load after the last restart
 	close(stop)
@@ -575,9 +580,12 @@ type runStats struct {
 	replaced                               int    // records without payload that enqueues replaced
 	nextLeased                             int    // messages leased by the dequeues that completes carried
 	churned                                int    // generations of the churn queue created and deleted
+	churnUnchecked                         int    // deletes whose storage a kill made it too late to check
 	churnViolations                        []Violation
 	ghosts                                 int // records of deleted queues that starts removed
 	batches                                int // enqueue_batch requests acknowledged
+
+	faults atomic.Int64 // the kills begun and the restarts done: odd while one is under way
 }
 
 func (s *runStats) add(f func(*runStats)) {
