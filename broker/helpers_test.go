@@ -107,7 +107,6 @@ func (e *env) jetStream() jetstream.JetStream {
 	return js
 }
 
-// waitStreamMsgs waits, up to 10 s, until stream holds n messages.
 // waitNoKeys waits, up to 10 s, until stream holds no subject matching filter: a removed record's
 // purge marker stays a second (its TTL, on the server's clock).
 func (e *env) waitNoKeys(stream, filter string) {
@@ -134,6 +133,7 @@ func (e *env) waitNoKeys(stream, filter string) {
 	}
 }
 
+// waitStreamMsgs waits, up to 10 s, until stream holds n messages.
 func (e *env) waitStreamMsgs(stream string, n uint64) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

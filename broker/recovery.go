@@ -200,11 +200,13 @@ func (b *Broker) dropCollected(ctx context.Context, bodies *kv.Bodies, loaded ma
 // that JetStream brought back after an unclean stop (nats-server#8505), from a queue that was
 // deleted. A queue's delete purges its records, but a revision that a later write of the same key
 // had superseded was removed without a tombstone, and a block rebuilt after the stop can hold it
-// again. Left there, it would come back at every unclean restart, stay in storage for good (the
-// queue's delete cannot be repeated once its config is gone), and be found by an enqueue of its id
-// if the queue is created again. Its payload went first with the delete, and is asked of the
-// stream's leader again before the record goes, as in dropCollected. A record whose payload is
-// stored is left, and logged: natstone writes none (a queue's config goes last in its delete).
+// again. Left there, it would stay in storage for good (the queue's delete cannot be repeated once
+// its config is gone) and be found by an enqueue of its id if the queue is created again. Removed,
+// it still comes back at the next unclean restart (a purge marker does not hold against the
+// rebuild either, and a KV stream denies deletes by sequence), to be removed again by that start.
+// Its payload went first with the delete, and is asked of the stream's leader again before the
+// record goes, as in dropCollected. A record whose payload is stored is left, and logged: natstone
+// writes none (a queue's config goes last in its delete).
 func (b *Broker) dropDeleted(ctx context.Context, bodies *kv.Bodies, unknown map[string][]*entry) error {
 	removed, kept := 0, 0
 	for name, es := range unknown {

@@ -130,9 +130,10 @@ func TestDeletedQueueStaysDeletedAfterUncleanRestart(t *testing.T) {
 
 // TestDeletedQueuesRecordsGoAfterUncleanRestart: a queue's delete purges its records, but after an
 // unclean stop JetStream can bring back revisions of them that later writes superseded
-// (nats-server#8505): here a's record from before its lease and its complete. A start removes such
-// records of a queue that is gone (their payloads are), so that storage keeps nothing of it
-// whatever restarts follow, and a queue created again under its name starts empty.
+// (nats-server#8505): here a's record from before its lease and its complete, which comes back at
+// every unclean restart. Each start removes such records of a queue that is gone (their payloads
+// are) before it serves, so that storage keeps nothing of it, and a queue created again under its
+// name starts empty.
 func TestDeletedQueuesRecordsGoAfterUncleanRestart(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -27,8 +27,9 @@ func churnPayload(gen, i int) string { return fmt.Sprintf("generation %d message
 
 // churner is an operator who creates a queue (simple and exclusive in turn), updates its config
 // twice, fills it, leases and completes some of its messages, and deletes it with messages still
-// running, over and over, under the run's kills. Each generation of the queue reuses the message ids of the one before, with payloads that name
-// their generation. It checks, and reports a violation otherwise:
+// running, over and over, under the run's kills. Each generation of the queue reuses the message
+// ids of the one before, with payloads that name their generation. It checks, and reports a
+// violation otherwise:
 //   - a deleted queue stays deleted: after a delete is acknowledged, the queue is not found until
 //     it is created again, and then with the config it is created with, not one it had before;
 //   - an acknowledged update stays;
@@ -210,7 +211,7 @@ func (ch *churner) generation() bool {
 		return false
 	case o == OK && !unsure && del.Messages != enqueued:
 		ch.violation("the delete counted %d messages, %d were enqueued", del.Messages, enqueued)
-	case o == Failed && (unsure && code == string(subjects.CodeQueueNotFound)):
+	case o == Failed && unsure && code == string(subjects.CodeQueueNotFound):
 		// An earlier try deleted it.
 	case o == Failed:
 		ch.violation("delete: %s", code)
