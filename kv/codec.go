@@ -32,14 +32,18 @@ var stateCodes = []subjects.State{
 
 // EncodeRecord encodes r for storage.
 func EncodeRecord(r *Record) ([]byte, error) {
+	return AppendRecord(make([]byte, 0, 96+len(r.ID)+len(r.LeaseID)+len(r.RequestID)+metadataSize(r.Metadata)), r)
+}
+
+// AppendRecord appends r, encoded for storage, to b. On an error b is returned as it was.
+func AppendRecord(b []byte, r *Record) ([]byte, error) {
 	state := slices.Index(stateCodes, r.State)
 	if state < 0 {
-		return nil, fmt.Errorf("kv: encode record %q: unknown state %q", r.ID, r.State)
+		return b, fmt.Errorf("kv: encode record %q: unknown state %q", r.ID, r.State)
 	}
 	if r.Attempts < 0 || r.MaxAttempts < 0 || r.PayloadSize < 0 {
-		return nil, fmt.Errorf("kv: encode record %q: negative count", r.ID)
+		return b, fmt.Errorf("kv: encode record %q: negative count", r.ID)
 	}
-	b := make([]byte, 0, 96+len(r.ID)+len(r.LeaseID)+len(r.RequestID)+metadataSize(r.Metadata))
 	b = append(b, recordV1)
 	b = appendString(b, r.ID)
 	b = append(b, byte(state))

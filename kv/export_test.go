@@ -1,5 +1,7 @@
 package kv
 
+import "io"
+
 // SetScanStarted makes scan call f once its consumer exists, before it reads anything.
 func (s *Store) SetScanStarted(f func()) { s.scanStarted = f }
 
@@ -15,3 +17,8 @@ func (s *Store) SetScanLeaderLast(f func(last uint64) uint64) { s.scanLeaderLast
 
 // SetScanRead makes scan call f once it has read everything, before it checks with the leader.
 func (s *Store) SetScanRead(f func()) { s.scanRead = f }
+
+// EncodeSnapshot writes a snapshot of records records, which fill writes, to out.
+func EncodeSnapshot(out io.Writer, records uint64, fill func(w *SnapshotWriter) error) error {
+	return encodeSnapshot(out, records, fill)
+}

@@ -61,6 +61,8 @@ type Store struct {
 	bodies   jetstream.Stream
 	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
 
+	snapshots jetstream.ObjectStore // the records at the last clean stop (snapshot.go)
+
 	msgSubj   string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
 	queueSubj string // "$KV.<prefix>-queues."
 	lockSubj  string
@@ -109,6 +111,9 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", s.prefix, err)
+	}
+	if s.snapshots, err = s.snapshotStore(ctx, cfg); err != nil {
+		return nil, err
 	}
 	s.msgSubj = "$KV." + s.prefix + "-messages."
 	s.queueSubj = "$KV." + s.prefix + "-queues."
