@@ -68,6 +68,9 @@ type Config struct {
 	// requests unavailable while it has not renewed it for ClaimTTL/2. Default DefaultClaimTTL; at
 	// least a second.
 	ClaimTTL time.Duration
+	// DisableSnapshot makes a clean stop write no snapshot of the message records, and a start read
+	// none: every start then reads every record of the messages bucket, as one after a crash does.
+	DisableSnapshot bool
 	// TakeOverClaim makes the broker take the store's claim at start from whichever broker holds
 	// it, instead of waiting for it as a standby. Only for a broker no other broker can share its
 	// storage with while it starts, such as one on a NATS server its own process started just before
@@ -107,6 +110,8 @@ type Broker struct {
 	closed  bool
 	started bool  // Start succeeded
 	lost    error // why the claim was lost, if it was
+
+	snapshotBroken bool // a start found the snapshot unreadable: its loads read every record
 
 	// Set by tests only: called by each attempt of recover once it has loaded everything, before
 	// it arms anything; an error is that of the last load (kv.ErrStale: read again).
@@ -261,7 +266,7 @@ func (b *Broker) start(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(b.ctx, cancel)() // the claim lost: stop recovering
-	n, err := b.recover(ctx)
+	n, from, err := b.recover(ctx)
 	if lost := b.lostErr(); lost != nil {
 		err = lost
 	}
@@ -278,7 +283,7 @@ func (b *Broker) start(ctx context.Context) error {
 		}
 		return err
 	}
-	b.log.Info("recovered", "queues", len(b.queues), "messages", n, "took", time.Since(start).Round(time.Millisecond))
+	b.log.Info("recovered", "queues", len(b.queues), "messages", n, "from", from, "took", time.Since(start).Round(time.Millisecond))
 	err = b.serve()
 	if err == nil {
 		// A round trip makes sure the server has the endpoints' subscriptions: once Start returns,
@@ -364,6 +369,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 	if cerr := b.events.close(ctx); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("natstone: stop: events not all published: %w", cerr))
 	}
+	b.writeSnapshot(ctx)
 	// Nothing writes any more: a standby may take over.
 	b.claim.release(ctx)
 	close(b.done)

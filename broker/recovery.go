@@ -15,28 +15,46 @@ import (
 
 // recover rebuilds every queue from storage: configs, then message records into the indexes and
 // deadline heaps, then exclusivity locks, reconciled with the messages' states. It returns how many
-// messages it loaded. Leases and invisibility windows that ended while no broker ran are due at once
-// and handled by the timers as soon as they are armed.
+// messages it loaded, and from where: "snapshot" (that of the last clean stop, when storage is
+// still as that stop left it) or "records". Leases and invisibility windows that ended while no
+// broker ran are due at once and handled by the timers as soon as they are armed.
 //
 // The message records are read first, each decoded into its entry as it arrives, and indexed once
 // all are in (see recovering.index): a million random insertions into the pending index cost more
 // than reading the records.
 //
 // A load that a replica behind its leader served (kv.ErrStale) may have missed records or read
-// older ones, so everything is read again, up to staleLoads times, a moment later each time.
-func (b *Broker) recover(ctx context.Context) (int, error) {
+// older ones, so everything is read again, up to staleLoads times, a moment later each time; one
+// that found the snapshot broken part way reads every record at once instead.
+func (b *Broker) recover(ctx context.Context) (int, string, error) {
 	wait := 100 * time.Millisecond
 	for try := 1; ; try++ {
-		n, err := b.load(ctx)
+		n, snapshot, err := b.load(ctx)
+		if errors.Is(err, errSnapshotBroken) {
+			b.log.Warn("the snapshot could not be read; reading every record", "error", err)
+			b.snapshotBroken = true
+			b.queues = make(map[string]*queue)
+			try--
+			continue
+		}
+		if err == nil && snapshot {
+			// Storage no longer needs it: the next clean stop writes another, and a crash before
+			// then leaves storage as it is now, which the fence would no longer match anyway once
+			// anything is written.
+			if derr := b.store.DeleteSnapshot(ctx); derr != nil {
+				b.log.Warn("the snapshot read could not be deleted", "error", derr)
+			}
+			return n, "snapshot", nil
+		}
 		if !errors.Is(err, kv.ErrStale) || try == staleLoads {
-			return n, err
+			return n, "records", err
 		}
 		b.log.Warn("a replica behind its leader served the load; reading again", "error", err, "attempt", try)
 		b.queues = make(map[string]*queue)
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, "", ctx.Err()
 		}
 		wait = min(2*wait, 2*time.Second)
 	}
@@ -50,26 +68,26 @@ var errClaimRanOut = errors.New("natstone: the claim on the store ran out during
 const staleLoads = 10
 
 // load is one attempt of recover. Anything it writes (dropCollected, dropOrphans, reconcile) is
-// written after the loads it depends on were checked against their leaders.
-func (b *Broker) load(ctx context.Context) (int, error) {
-	err := b.store.LoadQueues(ctx, func(name string, rec kv.QueueRecord, rev uint64) error {
+// written after the loads it depends on were checked against their leaders. It reports whether the
+// records came from the snapshot.
+func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
+	err = b.store.LoadQueues(ctx, func(name string, rec kv.QueueRecord, rev uint64) error {
 		b.queues[name] = newQueue(b, name, rec, rev)
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, snapshot, err
 	}
 	// Every payload of the records about to be read was stored before this (see dropOrphans).
 	lastBody, err := b.store.LastBodySeq(ctx)
 	if err != nil {
-		return 0, err
+		return 0, snapshot, err
 	}
 	loaded := make(map[string]*recovering, len(b.queues))
-	var last *recovering // the queue of the record before, which the next one most likely shares
-	n := 0
+	var last *recovering                 // the queue of the record before, which the next one most likely shares
 	var unloaded []uint64                // the payloads of the records of unknown queues
 	unknown := make(map[string][]*entry) // those records, by queue: only what removing them needs
-	err = b.store.LoadMessages(ctx, "", func(name string, r kv.Record, rev uint64, bad error) error {
+	snapshot, err = b.loadRecords(ctx, func(name string, r kv.Record, rev uint64, bad error) error {
 		if bad != nil {
 			// One corrupted value must not keep every queue down: report it and go on.
 			b.log.Error("unreadable message record skipped", "queue", name, "error", bad)
@@ -94,21 +112,21 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, snapshot, err
 	}
 	// Read after the records: every loaded record's payload was stored before this state.
 	bodies, err := b.store.ReadBodies(ctx)
 	if err != nil {
-		return 0, err
+		return 0, snapshot, err
 	}
 	if err := b.claim.waitHeld(ctx); err != nil { // what follows writes: not once another broker may serve the store
-		return 0, err
+		return 0, snapshot, err
 	}
 	if n, err = b.dropCollected(ctx, bodies, loaded, n); err != nil {
-		return 0, err
+		return 0, snapshot, err
 	}
 	if err := b.dropDeleted(ctx, bodies, unknown); err != nil {
-		return 0, err
+		return 0, snapshot, err
 	}
 	b.dropOrphans(ctx, bodies, lastBody, loaded, unloaded)
 	running := make(map[string][]*entry, len(loaded))
@@ -135,7 +153,7 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 		err = b.claim.waitHeld(ctx)
 	}
 	if err != nil {
-		return 0, err
+		return 0, snapshot, err
 	}
 	for name, q := range b.queues {
 		q.mu.Lock()
@@ -144,10 +162,10 @@ func (b *Broker) load(ctx context.Context) (int, error) {
 		q.settle()
 		q.mu.Unlock()
 		if err != nil {
-			return 0, err
+			return 0, snapshot, err
 		}
 	}
-	return n, nil
+	return n, snapshot, nil
 }
 
 // dropCollected removes, from storage and from what was loaded, the records whose payload is gone:

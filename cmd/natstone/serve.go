@@ -56,6 +56,7 @@ type serveConfig struct {
 	replicas          int
 	disableAutoCreate bool
 	noEvents          bool
+	noSnapshot        bool
 	eventsMaxAge      time.Duration
 	eventsMaxBytes    int64
 	httpAddr          string // empty: no HTTP listener
@@ -115,6 +116,7 @@ Flags:
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas of every bucket and stream (above 1 needs a clustered --nats-url)")
 	fs.BoolVar(&cfg.disableAutoCreate, "no-auto-create", false, "fail an enqueue to an unknown queue instead of creating it")
 	fs.BoolVar(&cfg.noEvents, "no-events", false, "publish no transition events (history then answers unavailable)")
+	fs.BoolVar(&cfg.noSnapshot, "no-snapshot", false, "write no snapshot of the message records at a clean stop, and read none at start: every start reads every record")
 	fs.DurationVar(&cfg.eventsMaxAge, "events-max-age", broker.DefaultEventsMaxAge, "how long the events stream keeps an event")
 	fs.Int64Var(&cfg.eventsMaxBytes, "events-max-bytes", broker.DefaultEventsMaxBytes, "`bytes` the events stream may take before its oldest events go, younger than --events-max-age or not (-1: no bound)")
 	fs.DurationVar(&cfg.claimTTL, "claim-ttl", broker.DefaultClaimTTL, "how long a standby broker waits, seeing the store's claim unchanged, before it takes the store over (at least 1s)")
@@ -225,6 +227,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		Replicas:          cfg.replicas,
 		DisableAutoCreate: cfg.disableAutoCreate,
 		DisableEvents:     cfg.noEvents,
+		DisableSnapshot:   cfg.noSnapshot,
 		EventsMaxAge:      cfg.eventsMaxAge,
 		EventsMaxBytes:    cfg.eventsMaxBytes,
 		ClaimTTL:          cfg.claimTTL,

@@ -1,0 +1,173 @@
+package broker
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/natstone/natstone/kv"
+)
+
+// A clean stop writes a snapshot of every message record the broker's memory holds, and the next
+// start reads it instead of every record of the messages bucket when storage is still as the stop
+// left it (kv.Store.WriteSnapshot; design.md, "Recovery"). What a start does with the records is the
+// same either way: the checks against the bodies stream, the locks' reconciliation and the
+// indexes.
+
+// writeSnapshot writes the snapshot of a clean stop. Stop calls it once no request, timer or
+// collection runs any more and before it releases the claim. It writes none when memory may not be
+// what storage holds — a write whose outcome is unknown, a message still busy — or when the claim no
+// longer holds, since another broker may serve the store by then. A snapshot not written only
+// makes the next start read every record.
+func (b *Broker) writeSnapshot(ctx context.Context) {
+	if b.cfg.DisableSnapshot || b.store == nil {
+		return
+	}
+	b.mu.Lock()
+	started := b.started
+	qs := make([]*queue, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	b.mu.Unlock()
+	if !started {
+		return
+	}
+	slices.SortFunc(qs, func(a, b *queue) int { return cmp.Compare(a.name, b.name) })
+	counts := make([]int, len(qs))
+	for i, q := range qs {
+		q.mu.Lock()
+		n, why := q.snapshotCount()
+		q.mu.Unlock()
+		if why != "" {
+			b.log.Warn("no snapshot written: the next start reads every record", "queue", q.name, "reason", why)
+			return
+		}
+		counts[i] = n
+	}
+	if !b.claim.held() {
+		b.log.Warn("no snapshot written: the claim on the store ran out")
+		return
+	}
+	// Nothing writes any more: the streams' state now is what the entries reflect.
+	fence, _, err := b.store.Fence(ctx)
+	if err != nil {
+		b.log.Warn("no snapshot written", "error", err)
+		return
+	}
+	start := time.Now()
+	var records uint64
+	for _, n := range counts {
+		records += uint64(n)
+	}
+	info, err := b.store.WriteSnapshot(ctx, fence, records, b.claim.mine.Broker, func(w *kv.SnapshotWriter) error {
+		for i, q := range qs {
+			q.mu.Lock()
+			err := q.snapshot(w, counts[i])
+			q.mu.Unlock()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.log.Warn("no snapshot written", "error", err)
+		return
+	}
+	b.log.Info("snapshot written", "queues", len(qs), "messages", records, "bytes", info.Size,
+		"took", time.Since(start).Round(time.Millisecond))
+}
+
+// snapshotCount returns how many entries the queue's snapshot holds, or why it cannot be written.
+// Called with q.mu held.
+func (q *queue) snapshotCount() (int, string) {
+	if len(q.doubtful) > 0 {
+		return 0, fmt.Sprintf("%d writes of unknown outcome", len(q.doubtful))
+	}
+	n := 0
+	for e := range q.entries.all() {
+		if e.busy() {
+			return 0, fmt.Sprintf("message %q has a write in flight", e.ID)
+		}
+		if e.rev > 0 {
+			n++
+		}
+	}
+	return n, ""
+}
+
+// snapshot writes the queue's n stored entries (snapshotCount) to w. Called with q.mu held.
+func (q *queue) snapshot(w *kv.SnapshotWriter, n int) error {
+	if err := w.Queue(q.name, n); err != nil {
+		return err
+	}
+	for e := range q.entries.all() {
+		if e.rev == 0 {
+			continue // never stored: storage has no record of it
+		}
+		r := e.record()
+		if err := w.Record(&r, e.rev); err != nil {
+			return fmt.Errorf("queue %s: %w", q.name, err)
+		}
+	}
+	return nil
+}
+
+// errSnapshotBroken fails a load that read part of a snapshot: recover reads every record instead.
+var errSnapshotBroken = errors.New("natstone: the snapshot could not be read")
+
+// loadRecords calls fn for every message record: from the snapshot of the last clean stop if
+// storage is still as that stop left it, otherwise from the messages bucket (kv.Store.LoadMessages).
+// It reports which.
+func (b *Broker) loadRecords(ctx context.Context, fn func(name string, r kv.Record, rev uint64, bad error) error) (snapshot bool, err error) {
+	if !b.cfg.DisableSnapshot && !b.snapshotBroken {
+		use, err := b.snapshotCurrent(ctx)
+		if err != nil {
+			return false, err
+		}
+		if use {
+			_, err := b.store.ReadSnapshot(ctx, func(name string, r kv.Record, rev uint64) error { return fn(name, r, rev, nil) })
+			if errors.Is(err, kv.ErrSnapshotBroken) {
+				return true, fmt.Errorf("%w: %w", errSnapshotBroken, err)
+			}
+			return true, err
+		}
+	}
+	return false, b.store.LoadMessages(ctx, "", fn)
+}
+
+// snapshotCurrent reports whether there is a snapshot taken at the streams' present state. Besides
+// the fence, the messages bucket's stream must hold as many messages as the snapshot has records:
+// after an unclean stop of its server, JetStream can bring back revisions of records that later
+// writes had superseded, or records that were collected (nats-server#8505), without a write of its
+// own, and a start must see and remove those (dropCollected, dropDeleted). A collection's marker
+// that has not expired yet also makes the counts differ: the start then reads every record too.
+func (b *Broker) snapshotCurrent(ctx context.Context) (bool, error) {
+	info, err := b.store.SnapshotInfo(ctx)
+	switch {
+	case errors.Is(err, kv.ErrNoSnapshot):
+		return false, nil
+	case err != nil:
+		b.log.Warn("the snapshot is not read: reading every record", "error", err)
+		return false, nil
+	}
+	fence, stored, err := b.store.Fence(ctx)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case fence != info.Fence:
+		b.log.Info("the snapshot is not read: storage was written since it was taken; reading every record",
+			"snapshot_written_at", info.WrittenAt, "snapshot_fence", info.Fence.String(), "fence", fence.String())
+		return false, nil
+	case stored != info.Records:
+		b.log.Info("the snapshot is not read: the messages bucket holds other messages than its records; reading every record",
+			"snapshot_written_at", info.WrittenAt, "snapshot_records", info.Records, "stored", stored)
+		return false, nil
+	}
+	return true, nil
+}
