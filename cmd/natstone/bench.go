@@ -40,6 +40,8 @@ const (
 var (
 	benchScenarios = []string{"S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "EV", "S9"}
 	benchBaselines = []string{"B-CAS", "B-WQ", "B-PUT", "B-REQ", "B-LOAD"}
+	// benchProfilePhases are the phases --profile-phase may name.
+	benchProfilePhases = []string{"S1", "S2", "S6", "S6-records", "S7-simple", "S7"}
 )
 
 // benchConfig is the parsed command line of bench.
@@ -56,6 +58,7 @@ type benchConfig struct {
 	cpuProfile   string
 	blockProfile string
 	memProfile   string
+	profilePhase string // the phase the profiles cover
 	conns        int
 	reqRate      float64
 	retention    time.Duration
@@ -136,9 +139,10 @@ Flags:
 	fs.IntVar(&cfg.payload, "payload", DefaultBenchPayload, "payload and value `bytes` (S3 and B-PUT use 2048, S5 16)")
 	fs.StringVar(&syncMode, "sync", "default", "JetStream sync `mode` of the main run: always or default (S9 always uses always)")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to `file`")
-	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of S1's measured phase to `file`")
-	fs.StringVar(&cfg.blockProfile, "blockprofile", "", "write a block profile (where goroutines wait) of S1's measured phase to `file`")
-	fs.StringVar(&cfg.memProfile, "memprofile", "", "write the allocations of S1's measured phase to `file` (and those before it to file.base: go tool pprof -base file.base file)")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the --profile-phase to `file`")
+	fs.StringVar(&cfg.blockProfile, "blockprofile", "", "write a block profile (where goroutines wait) of the --profile-phase to `file`")
+	fs.StringVar(&cfg.memProfile, "memprofile", "", "write the allocations of the --profile-phase to `file` (and those before it to file.base: go tool pprof -base file.base file)")
+	fs.StringVar(&cfg.profilePhase, "profile-phase", "S1", "the `phase` that --cpuprofile, --blockprofile and --memprofile cover: the measured phase of "+strings.Join(benchProfilePhases, ", ")+" (S6 and S6-records: the stop, the restart and the first dequeue)")
 	fs.IntVar(&cfg.conns, "conns", DefaultBenchConns, "client connections the workers share")
 	fs.Float64Var(&cfg.reqRate, "req-rate", DefaultBenchReqRate, "requests per second of B-REQ (S4's baseline is measured again at S4's rate)")
 	fs.DurationVar(&cfg.retention, "retention", 0, "retention of the bench queues: 0 collects each completed message at once (within about 100 ms), in the measured phase")
@@ -160,6 +164,11 @@ Flags:
 	}
 	if cfg.baselines, err = benchPickList(baselines, benchBaselines, "B-"); err != nil {
 		return usageErr("--baselines: %v", err)
+	}
+	if i := slices.IndexFunc(benchProfilePhases, func(p string) bool { return strings.EqualFold(p, cfg.profilePhase) }); i >= 0 {
+		cfg.profilePhase = benchProfilePhases[i]
+	} else {
+		return usageErr("--profile-phase must be one of %s, not %q", strings.Join(benchProfilePhases, ", "), cfg.profilePhase)
 	}
 	if (cfg.has(cfg.scenarios, "S4") || cfg.has(cfg.scenarios, "S7")) && !cfg.has(cfg.scenarios, "S1") {
 		cfg.scenarios = append([]string{"S1"}, cfg.scenarios...)

@@ -33,6 +33,7 @@ type benchEnv struct {
 	conns      int
 	retention  time.Duration // of every queue created
 	noEvents   bool          // the broker runs without the events stream
+	noSnapshot bool          // the broker neither reads nor writes a snapshot of the records
 	space      subjects.Space
 	log        *slog.Logger
 
@@ -63,7 +64,7 @@ func (e *benchEnv) start(ctx context.Context) (time.Duration, error) {
 		DataDir:    e.dir,
 		NoListen:   true,
 		SyncAlways: e.syncAlways,
-		Broker:     &broker.Config{Logger: slog.New(e.recovery), DisableEvents: e.noEvents},
+		Broker:     &broker.Config{Logger: slog.New(e.recovery), DisableEvents: e.noEvents, DisableSnapshot: e.noSnapshot},
 		Logger:     e.log,
 	})
 	if err != nil {
@@ -246,12 +247,13 @@ func benchSplitmix64(x uint64) uint64 {
 func benchDiscardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // benchRecoveryLog is the broker's logger in the bench: it drops every line but keeps how long the
-// broker's recovery took, from its "recovered" line (info level, attribute took), so S6 can tell
-// the broker's share of a restart from the server's.
+// broker's recovery took and what it read, from its "recovered" line (info level, attributes took
+// and from), so S6 can tell the broker's share of a restart from the server's.
 type benchRecoveryLog struct {
-	// mu guards took.
+	// mu guards took and from.
 	mu   sync.Mutex
 	took time.Duration // 0 until the line is seen
+	from string        // "snapshot" or "records"
 }
 
 func (h *benchRecoveryLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
@@ -260,12 +262,14 @@ func (h *benchRecoveryLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "recovered" {
 		return nil
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "took" && a.Value.Kind() == slog.KindDuration {
-			h.mu.Lock()
+		switch {
+		case a.Key == "took" && a.Value.Kind() == slog.KindDuration:
 			h.took = a.Value.Duration()
-			h.mu.Unlock()
-			return false
+		case a.Key == "from":
+			h.from = a.Value.String()
 		}
 		return true
 	})
@@ -274,6 +278,13 @@ func (h *benchRecoveryLog) Handle(_ context.Context, r slog.Record) error {
 
 func (h *benchRecoveryLog) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *benchRecoveryLog) WithGroup(string) slog.Handler      { return h }
+
+// From returns what the recovery of the last "recovered" line read: "snapshot" or "records".
+func (h *benchRecoveryLog) From() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.from
+}
 
 // Took returns the recovery time of the last "recovered" line, or 0.
 func (h *benchRecoveryLog) Took() time.Duration {

@@ -125,7 +125,11 @@ func (b *bench) cycleScenario(ctx context.Context, env *benchEnv, name string, b
 	if err := env.fill(ctx, b.p, name+" fill", queue, b.cfg.pending, gen); err != nil {
 		return benchResult{}, err
 	}
-	r, err := b.cycles(ctx, env, name, queue, batch)
+	var r benchResult
+	err := b.profiled(name, func() (err error) {
+		r, err = b.cycles(ctx, env, name, queue, batch)
+		return err
+	})
 	if err != nil {
 		return r, err
 	}
@@ -179,23 +183,31 @@ func (b *bench) dropSharedQueue(ctx context.Context, env *benchEnv) error {
 }
 
 // sharedCycles runs cycles on the shared queue.
-func (b *bench) sharedCycles(ctx context.Context, env *benchEnv, name string, batch int, profile bool) (benchResult, error) {
+func (b *bench) sharedCycles(ctx context.Context, env *benchEnv, name string, batch int) (benchResult, error) {
 	queue, err := b.sharedQueue(ctx, env, name)
 	if err != nil {
 		return benchResult{}, err
 	}
-	if profile {
-		stop, err := benchStartProfiles(b.cfg.cpuProfile, b.cfg.blockProfile, b.cfg.memProfile)
-		if err != nil {
-			return benchResult{}, err
-		}
-		r, err := b.cycles(ctx, env, name, queue, batch)
-		b.main.consumed += int(r.ops)
-		return r, errors.Join(err, stop())
-	}
-	r, err := b.cycles(ctx, env, name, queue, batch)
+	var r benchResult
+	err = b.profiled(name, func() (err error) {
+		r, err = b.cycles(ctx, env, name, queue, batch)
+		return err
+	})
 	b.main.consumed += int(r.ops)
 	return r, err
+}
+
+// profiled runs phase, under the profilers that the command line asks for if it is their
+// --profile-phase.
+func (b *bench) profiled(phase string, run func() error) error {
+	if phase != b.cfg.profilePhase {
+		return run()
+	}
+	stop, err := benchStartProfiles(b.cfg.cpuProfile, b.cfg.blockProfile, b.cfg.memProfile)
+	if err != nil {
+		return err
+	}
+	return errors.Join(run(), stop())
 }
 
 // benchBlockProfileRate is the block profile's sampling: about one event per this many nanoseconds
@@ -271,7 +283,7 @@ func (b *bench) cycleNotes(batch int) string {
 
 // s1 is S1: dequeue batch 1 + complete, against B-WQ(1).
 func (b *bench) s1(ctx context.Context, env *benchEnv) error {
-	r, err := b.sharedCycles(ctx, env, "S1", 1, true)
+	r, err := b.sharedCycles(ctx, env, "S1", 1)
 	if err != nil {
 		return err
 	}
@@ -284,7 +296,7 @@ func (b *bench) s1(ctx context.Context, env *benchEnv) error {
 
 // s2 is S2: dequeue batch 10 + complete, against B-CAS/2.
 func (b *bench) s2(ctx context.Context, env *benchEnv) error {
-	r, err := b.sharedCycles(ctx, env, "S2", 10, false)
+	r, err := b.sharedCycles(ctx, env, "S2", 10)
 	if err != nil {
 		return err
 	}
@@ -488,7 +500,10 @@ func (b *bench) startS5Broker(ctx context.Context, env *benchEnv) (stop func() e
 		}
 		conns = append(conns, nc)
 	}
-	br, err := broker.New(&broker.Config{Conn: conns[0], StoreConn: conns[1], Prefix: benchS5Prefix, StorePrefix: benchS5StorePrefix, Logger: b.log})
+	// Its stop writes no snapshot of the records: S5 reads the heap right after the stop, and the
+	// server would hold what it just stored of a snapshot of millions of records.
+	br, err := broker.New(&broker.Config{Conn: conns[0], StoreConn: conns[1], Prefix: benchS5Prefix, StorePrefix: benchS5StorePrefix,
+		Logger: b.log, DisableSnapshot: true})
 	if err != nil {
 		closeAll()
 		return nil, err
@@ -516,41 +531,69 @@ func benchLiveHeap() int64 {
 }
 
 // s6 is S6: restart with --pending pending messages (the shared queue, topped up); the time from
-// Start (server and broker) until the first dequeue is served, against B-LOAD.
+// Start (server and broker) until the first dequeue is served, against B-LOAD. The broker stops
+// cleanly, so its start reads the snapshot it wrote. S6-records, a reference row, then restarts
+// with the snapshot off, so the broker reads every record, as after a crash.
 func (b *bench) s6(ctx context.Context, env *benchEnv) error {
 	queue, err := b.sharedQueue(ctx, env, "S6")
 	if err != nil {
 		return err
 	}
-	if err := env.stop(ctx); err != nil {
-		return err
+	for _, name := range []string{"S6", "S6-records"} {
+		env.noSnapshot = name == "S6-records"
+		took, notes, err := b.restartToDequeue(ctx, env, name, queue)
+		if err != nil {
+			return err
+		}
+		row := &benchRow{Name: name, Kind: benchKindScenario, Figure: took.Seconds(), Unit: "s", Seconds: took.Seconds(), Notes: notes}
+		if name == "S6" {
+			b.compare(row, "B-LOAD", 1, benchAtMost(1.5))
+		} else {
+			row.Kind = benchKindReference
+			b.compare(row, "B-LOAD", 1, benchTarget{})
+		}
+		b.add(row)
 	}
-	t0 := time.Now()
-	startTook, err := env.start(ctx)
+	env.noSnapshot = false
+	return nil
+}
+
+// restartToDequeue stops env and starts it again, and returns the time from the start until a
+// dequeue of queue is served, with a note on where it went; phase names it for the profilers.
+func (b *bench) restartToDequeue(ctx context.Context, env *benchEnv, phase, queue string) (time.Duration, string, error) {
+	var (
+		took, startTook time.Duration
+		rep             subjects.DequeueReply
+	)
+	err := b.profiled(phase, func() error {
+		if err := env.stop(ctx); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		var err error
+		if startTook, err = env.start(ctx); err != nil {
+			return err
+		}
+		if err := env.call(ctx, env.conn(0), subjects.OpDequeue, queue, subjects.DequeueRequest{}, &rep); err != nil {
+			return err
+		}
+		took = time.Since(t0)
+		return nil
+	})
 	if err != nil {
-		return err
+		return 0, "", err
 	}
-	var rep subjects.DequeueReply
-	if err := env.call(ctx, env.conn(0), subjects.OpDequeue, queue, subjects.DequeueRequest{}, &rep); err != nil {
-		return err
-	}
-	took := time.Since(t0)
 	if len(rep.Messages) != 1 {
-		return fmt.Errorf("S6: the first dequeue after the restart returned %d messages", len(rep.Messages))
+		return 0, "", fmt.Errorf("%s: the first dequeue after the restart returned %d messages", phase, len(rep.Messages))
 	}
 	m := rep.Messages[0]
 	if err := env.call(ctx, env.conn(0), subjects.OpComplete, queue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, nil); err != nil {
-		return err
+		return 0, "", err
 	}
 	b.main.consumed++
-	row := &benchRow{
-		Name: "S6", Kind: benchKindScenario, Figure: took.Seconds(), Unit: "s", Seconds: took.Seconds(),
-		Notes: fmt.Sprintf("%d pending; embedded.Start (server, JetStream, broker) took %.3fs, of which the broker's recovery %.3fs (its log), then the first dequeue; %s",
-			b.cfg.pending, startTook.Seconds(), env.recovery.Took().Seconds(), env.eventsRetained(ctx)),
-	}
-	b.compare(row, "B-LOAD", 1, benchAtMost(1.5))
-	b.add(row)
-	return nil
+	notes := fmt.Sprintf("%d pending; embedded.Start (server, JetStream, broker) took %.3fs, of which the broker's recovery %.3fs (its log, from the %s), then the first dequeue; %s",
+		b.cfg.pending, startTook.Seconds(), env.recovery.Took().Seconds(), env.recovery.From(), env.eventsRetained(ctx))
+	return took, notes, nil
 }
 
 // eventsRetained describes what the events stream holds, which the server indexes when it starts.
