@@ -359,11 +359,17 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 				procMu.Lock()
 				defer procMu.Unlock() // also when the test fails: the cleanups take it
 				killed := time.Now()
-				switch rng.IntN(3) {
+				switch rng.IntN(4) {
 				case 0:
 					proc.kill()
 					standby.takeOver(t, logPath)
 				case 1:
+					// A clean stop: it writes its snapshot and releases the claim, and the standby
+					// takes over at once, from the snapshot.
+					stats.add(func(s *runStats) { s.cleanStops++ })
+					proc.stop(t)
+					standby.takeOver(t, logPath)
+				case 2:
 					stats.add(func(s *runStats) { s.paused++ })
 					proc.pauseUntil(t, logPath, standby)
 				default:
@@ -405,7 +411,13 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 			procMu.Lock()
 			defer procMu.Unlock() // also when the test fails: the cleanups take it
 			killed := time.Now()
-			proc.kill()
+			if rng.IntN(4) == 0 {
+				// A clean stop, after which the start reads the snapshot it wrote.
+				stats.add(func(s *runStats) { s.cleanStops++ })
+				proc.stop(t)
+			} else {
+				proc.kill()
+			}
 			select {
 			case line := <-proc.bad:
 				fatalWithLog(t, logPath, "natstone reported %q", line)
@@ -495,6 +507,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats.stale = strings.Count(string(b), "served the load; reading again")
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
 	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
+	stats.snapshotStarts = strings.Count(string(b), ` from=snapshot `)
 	if t.Failed() && len(b) > 0 {
 		t.Logf("natstone log tail:\n%s", tail(string(b), 40))
 	}
@@ -584,6 +597,8 @@ type runStats struct {
 	churnViolations                        []Violation
 	ghosts                                 int // records of deleted queues that starts removed
 	batches                                int // enqueue_batch requests acknowledged
+	cleanStops                             int // stops by SIGTERM instead of SIGKILL, during the run
+	snapshotStarts                         int // starts that read the snapshot of a clean stop
 
 	faults atomic.Int64 // the kills begun and the restarts done: odd while one is under way
 }
