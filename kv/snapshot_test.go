@@ -350,7 +350,12 @@ func TestFenceMovesWithEveryWrite(t *testing.T) {
 		name  string
 		write func() error
 	}{
-		{"record", func() error { r.Version++; var err error; rev, err = s.WriteMessage("q", &r, rev).Wait(ctx); return err }},
+		{"record", func() error {
+			r.Version++
+			var err error
+			rev, err = s.WriteMessage("q", &r, rev).Wait(ctx)
+			return err
+		}},
 		{"lock", func() error { _, err := s.WriteLock("q", "v", kv.Lock{MessageID: "a"}, 0).Wait(ctx); return err }},
 		{"config", func() error { _, err := s.PutQueue(ctx, "q2", kv.QueueRecord{}, 0); return err }},
 		{"payload", func() error { _, err := s.WriteBody("q", "b", []byte("p")).Wait(ctx); return err }},
