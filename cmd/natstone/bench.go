@@ -29,6 +29,7 @@ import (
 const (
 	DefaultBenchPending   = 200_000
 	DefaultBenchS5Pending = 1_000_000
+	DefaultBenchS6Pending = 1_000_000
 	DefaultBenchWorkers   = 64
 	DefaultBenchDuration  = 10 * time.Second
 	DefaultBenchPayload   = 200
@@ -50,6 +51,7 @@ type benchConfig struct {
 	baselines    []string
 	pending      int
 	s5Pending    int
+	s6Pending    int
 	workers      int
 	duration     time.Duration
 	payload      int
@@ -74,7 +76,7 @@ type bench struct {
 	p       *benchProgress
 	log     *slog.Logger
 	payload string          // --payload bytes of text
-	main    *benchMainQueue // the queue S1, S2, S4 and S6 share; nil when there is none
+	main    *benchMainQueue // the queue S1, S2 and S4 share; nil when there is none
 	rows    []*benchRow
 }
 
@@ -132,8 +134,9 @@ Flags:
 	var scenarios, baselines, syncMode string
 	fs.StringVar(&scenarios, "scenarios", strings.Join(benchScenarios, ","), "comma-separated `list` of scenarios to run (S4 and S7 also run S1)")
 	fs.StringVar(&baselines, "baselines", strings.Join(benchBaselines, ","), "comma-separated `list` of baselines to run, or none (B-WQ is fetch 1 and fetch 10)")
-	fs.IntVar(&cfg.pending, "pending", DefaultBenchPending, "pending messages of S1, S2, S4, S6, S7, S8, S9, keys of B-CAS and B-LOAD, messages of B-WQ, B-PUT and S3")
+	fs.IntVar(&cfg.pending, "pending", DefaultBenchPending, "pending messages of S1, S2, S4, S7, S8, S9, keys of B-CAS, messages of B-WQ, B-PUT and S3")
 	fs.IntVar(&cfg.s5Pending, "s5-pending", DefaultBenchS5Pending, "pending messages of S5 (PERFORMANCE.md: 10000000)")
+	fs.IntVar(&cfg.s6Pending, "s6-pending", DefaultBenchS6Pending, "pending messages of S6 and keys of B-LOAD (PERFORMANCE.md: 1000000)")
 	fs.IntVar(&cfg.workers, "workers", DefaultBenchWorkers, "concurrent workers or clients")
 	fs.DurationVar(&cfg.duration, "duration", DefaultBenchDuration, "longest measured phase")
 	fs.IntVar(&cfg.payload, "payload", DefaultBenchPayload, "payload and value `bytes` (S3 and B-PUT use 2048, S5 16)")
@@ -185,6 +188,8 @@ Flags:
 		return usageErr("--pending must be at least 1")
 	case cfg.s5Pending < 1:
 		return usageErr("--s5-pending must be at least 1")
+	case cfg.s6Pending < 1:
+		return usageErr("--s6-pending must be at least 1")
 	case cfg.workers < 1:
 		return usageErr("--workers must be at least 1")
 	case cfg.duration <= 0:
@@ -234,7 +239,7 @@ func benchPickList(s string, all []string, prefix string) ([]string, error) {
 const benchStopTimeout = time.Minute
 
 // run runs the selected baselines and scenarios: the baselines and S1–S8 on one server, except S5
-// (memory) on a server of its own, and S9 on a third with sync always.
+// (memory) and S6 (restart) on servers of their own, and S9 on another with sync always.
 func (b *bench) run(ctx context.Context) (err error) {
 	dir, err := os.MkdirTemp("", "natstone-bench-")
 	if err != nil {
@@ -243,7 +248,7 @@ func (b *bench) run(ctx context.Context) (err error) {
 	defer os.RemoveAll(dir)
 	var main []string
 	for _, s := range b.cfg.scenarios {
-		if s != "S5" && s != "S9" {
+		if s != "S5" && s != "S6" && s != "S9" {
 			main = append(main, s)
 		}
 	}
@@ -255,6 +260,11 @@ func (b *bench) run(ctx context.Context) (err error) {
 	if b.cfg.has(b.cfg.scenarios, "S5") {
 		if err := b.s5(ctx, filepath.Join(dir, "s5")); err != nil {
 			return fmt.Errorf("S5: %w", err)
+		}
+	}
+	if b.cfg.has(b.cfg.scenarios, "S6") {
+		if err := b.s6(ctx, filepath.Join(dir, "s6")); err != nil {
+			return fmt.Errorf("S6: %w", err)
 		}
 	}
 	if b.cfg.has(b.cfg.scenarios, "S9") {
@@ -280,13 +290,13 @@ func (b *bench) runMain(ctx context.Context, dir string, scenarios []string) (er
 		}
 	}
 	run := map[string]func(context.Context, *benchEnv) error{
-		"S1": b.s1, "S2": b.s2, "S3": b.s3, "S4": b.s4, "S6": b.s6, "S7": b.s7, "S8": b.s8, "EV": b.ev,
+		"S1": b.s1, "S2": b.s2, "S3": b.s3, "S4": b.s4, "S7": b.s7, "S8": b.s8, "EV": b.ev,
 	}
 	for _, name := range scenarios {
 		if err := run[name](ctx, env); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		if name == "S6" {
+		if name == "S4" {
 			// The last user of the shared queue.
 			if err := b.dropSharedQueue(ctx, env); err != nil {
 				return err

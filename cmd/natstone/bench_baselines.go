@@ -379,8 +379,8 @@ func benchSampleRecord(id string, seq uint64, payloadSize int, now int64) *kv.Re
 	}
 }
 
-// baselineLOAD is B-LOAD: the time to read a bucket of --pending message-sized records with an
-// ordered consumer (a KV watcher, as recovery reads the messages bucket).
+// baselineLOAD is B-LOAD: the time to read a bucket of --s6-pending message-sized records with an
+// ordered consumer (a KV watcher; recovery reads the messages bucket through a pull consumer).
 func (b *bench) baselineLOAD(ctx context.Context, env *benchEnv) (*benchRow, error) {
 	const name = "B-LOAD"
 	nc, js, err := env.pipelined("natstone-bench-load")
@@ -393,7 +393,7 @@ func (b *bench) baselineLOAD(ctx context.Context, env *benchEnv) (*benchRow, err
 		return nil, err
 	}
 	defer func() { _ = js.DeleteKeyValue(context.WithoutCancel(ctx), benchLOADBucket) }()
-	n := b.cfg.pending
+	n := b.cfg.s6Pending
 	now := time.Now().UnixMilli()
 	value, err := kv.EncodeRecord(benchSampleRecord("0123456789012345678901", 123456, b.cfg.payload, now))
 	if err != nil {

@@ -136,7 +136,7 @@ func (b *bench) cycleScenario(ctx context.Context, env *benchEnv, name string, b
 	return r, env.deleteQueue(ctx, queue)
 }
 
-// benchMainQueue is the simple queue S1, S2, S4 and S6 share, so that it is filled once: before each of
+// benchMainQueue is the simple queue S1, S2 and S4 share, so that it is filled once: before each of
 // them it is topped up to --pending pending messages with what the one before consumed.
 type benchMainQueue struct {
 	name     string
@@ -530,13 +530,26 @@ func benchLiveHeap() int64 {
 	return int64(benchMS.HeapAlloc)
 }
 
-// s6 is S6: restart with --pending pending messages (the shared queue, topped up); the time from
-// Start (server and broker) until the first dequeue is served, against B-LOAD. The broker stops
-// cleanly, so its start reads the snapshot it wrote. S6-records, a reference row, then restarts
-// with the snapshot off, so the broker reads every record, as after a crash.
-func (b *bench) s6(ctx context.Context, env *benchEnv) error {
-	queue, err := b.sharedQueue(ctx, env, "S6")
+// s6 is S6, on a server of its own storing in dir: a queue of --s6-pending pending messages (each
+// enqueue an event, as in the other scenarios), then a restart, and the time from Start (server and
+// broker) until the first dequeue is served, against B-LOAD. The broker stops cleanly, so its start
+// reads the snapshot it wrote. S6-records, a reference row, then restarts with the snapshot off, so
+// that the broker reads every record, as after a crash.
+func (b *bench) s6(ctx context.Context, dir string) (err error) {
+	env, err := startEnv(ctx, dir, b.cfg.syncAlways, b.cfg.conns, b.cfg.retention, b.log)
 	if err != nil {
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), benchStopTimeout)
+		defer cancel()
+		err = errors.Join(err, env.stop(stopCtx), os.RemoveAll(dir))
+	}()
+	queue := benchQueueName("S6")
+	if err := env.createQueue(ctx, queue, subjects.CreateQueueRequest{}); err != nil {
+		return err
+	}
+	if err := env.fill(ctx, b.p, "S6 fill", queue, b.cfg.s6Pending, b.pendingMessage); err != nil {
 		return err
 	}
 	for _, name := range []string{"S6", "S6-records"} {
@@ -554,7 +567,6 @@ func (b *bench) s6(ctx context.Context, env *benchEnv) error {
 		}
 		b.add(row)
 	}
-	env.noSnapshot = false
 	return nil
 }
 
@@ -590,9 +602,8 @@ func (b *bench) restartToDequeue(ctx context.Context, env *benchEnv, phase, queu
 	if err := env.call(ctx, env.conn(0), subjects.OpComplete, queue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, nil); err != nil {
 		return 0, "", err
 	}
-	b.main.consumed++
 	notes := fmt.Sprintf("%d pending; embedded.Start (server, JetStream, broker) took %.3fs, of which the broker's recovery %.3fs (its log, from the %s), then the first dequeue; %s",
-		b.cfg.pending, startTook.Seconds(), env.recovery.Took().Seconds(), env.recovery.From(), env.eventsRetained(ctx))
+		b.cfg.s6Pending, startTook.Seconds(), env.recovery.Took().Seconds(), env.recovery.From(), env.eventsRetained(ctx))
 	return took, notes, nil
 }
 

@@ -27,7 +27,7 @@ func TestBenchTiny(t *testing.T) {
 	jsonFile := filepath.Join(dir, "bench.json")
 	cpuFile, blockFile := filepath.Join(dir, "s1.cpu"), filepath.Join(dir, "s1.block")
 	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"bench", "--pending", "2000", "--s5-pending", "2000",
+	code := run(context.Background(), []string{"bench", "--pending", "2000", "--s5-pending", "2000", "--s6-pending", "2000",
 		"--duration", "300ms", "--workers", "4", "--json", jsonFile, "--cpuprofile", cpuFile, "--blockprofile", blockFile}, &stdout, &stderr)
 	if code != exitOK {
 		t.Fatalf("exit code %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
@@ -83,6 +83,14 @@ func TestBenchTiny(t *testing.T) {
 	if rep.Machine == nil || rep.Machine.Cores < 1 || rep.Machine.GoVersion == "" || rep.Machine.NATSServerVersion == "" {
 		t.Errorf("JSON machine info %+v", rep.Machine)
 	}
+	// S6 restarts from the snapshot of its clean stop, S6-records from the records.
+	for _, r := range rep.Rows {
+		switch {
+		case r.Name == "S6" && !strings.Contains(r.Notes, "from the snapshot"),
+			r.Name == "S6-records" && !strings.Contains(r.Notes, "from the records"):
+			t.Errorf("%s: %s", r.Name, r.Notes)
+		}
+	}
 	if rep.Flags["pending"] != "2000" || rep.Date == "" || rep.Error != "" {
 		t.Errorf("JSON flags %v, date %q, error %q", rep.Flags, rep.Date, rep.Error)
 	}
@@ -100,6 +108,8 @@ func TestBenchUsage(t *testing.T) {
 		{"bench", "--baselines", "B-NOPE"},
 		{"bench", "--sync", "sometimes"},
 		{"bench", "--pending", "0"},
+		{"bench", "--s6-pending", "0"},
+		{"bench", "--profile-phase", "S9"},
 		{"bench", "extra"},
 	} {
 		var stdout, stderr bytes.Buffer

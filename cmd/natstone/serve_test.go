@@ -79,6 +79,7 @@ func TestServeEmbeddedSurvivesRestart(t *testing.T) {
 
 	port = freePort(t)
 	p = startServe(t, "--data", data, "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	p.log.waitLine(t, "from=snapshot") // what the clean stop wrote
 	var info subjects.QueueInfo
 	request(t, dial(t, fmt.Sprintf("nats://127.0.0.1:%d", port)), "natstone.v1.info.jobs", `{}`, &info)
 	if info.Name != "jobs" || info.Counts.Running != 1 {
@@ -87,12 +88,36 @@ func TestServeEmbeddedSurvivesRestart(t *testing.T) {
 	p.stop(t)
 }
 
-func TestServeNATSURL(t *testing.T) {
+// TestServeNoSnapshot: with --no-snapshot a clean stop writes no snapshot and a start reads none;
+// without it, a clean stop writes one, which the next start reads if nothing was written since.
+func TestServeNoSnapshot(t *testing.T) {
 	t.Parallel()
-	s := natstest.Start(t, nil)
-	p := startServe(t, "--nats-url", s.URL())
-	roundTrip(t, s.URL())
+	data := t.TempDir()
+	serve := func(extra ...string) (*proc, string) {
+		port := freePort(t)
+		p := startServe(t, append([]string{"--data", data, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}, extra...)...)
+		return p, fmt.Sprintf("nats://127.0.0.1:%d", port)
+	}
+	p, url := serve("--no-snapshot")
+	roundTrip(t, url)
 	p.stop(t)
+	for _, start := range []struct {
+		flags []string
+		from  string
+	}{
+		{nil, "from=records"},                       // the stop before wrote none
+		{[]string{"--no-snapshot"}, "from=records"}, // there is one, from the stop before; it is not read
+		{nil, "from=snapshot"},                      // that one still: nothing was written since
+	} {
+		p, url = serve(start.flags...)
+		p.log.waitLine(t, start.from)
+		var info subjects.QueueInfo
+		request(t, dial(t, url), "natstone.v1.info.jobs", `{}`, &info)
+		if info.Counts.Running != 1 {
+			t.Fatalf("info after a start with %v: %+v, want the message running", start.flags, info)
+		}
+		p.stop(t)
+	}
 }
 
 // TestServeStandby: a second serve on the same NATS server stands by until the first stops, then
@@ -106,6 +131,7 @@ func TestServeStandby(t *testing.T) {
 	p2.log.waitLine(t, "standing by")
 	p1.stop(t)
 	p2.log.readyLine(t)
+	p2.log.waitLine(t, "from=snapshot") // the one the first wrote as it stopped
 	if l := p2.log.find("stopped renewing its claim"); l != "" {
 		t.Fatalf("the standby waited out the claim's ttl; the stop should have released it:\n%s", l)
 	}
