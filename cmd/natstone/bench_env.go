@@ -250,30 +250,45 @@ func benchDiscardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.
 // broker's recovery took and what it read, from its "recovered" line (info level, attributes took
 // and from), so S6 can tell the broker's share of a restart from the server's.
 type benchRecoveryLog struct {
-	// mu guards took and from.
+	// mu guards the fields below.
 	mu   sync.Mutex
 	took time.Duration // 0 until the line is seen
 	from string        // "snapshot" or "records"
+	// The broker's "snapshot written" line, at its stop: how long it took and its size.
+	snapshotTook  time.Duration
+	snapshotBytes int64
 }
 
 func (h *benchRecoveryLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
 
 func (h *benchRecoveryLog) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != "recovered" {
+	if r.Message != "recovered" && r.Message != "snapshot written" {
 		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	snapshot := r.Message == "snapshot written"
 	r.Attrs(func(a slog.Attr) bool {
 		switch {
+		case a.Key == "took" && a.Value.Kind() == slog.KindDuration && snapshot:
+			h.snapshotTook = a.Value.Duration()
 		case a.Key == "took" && a.Value.Kind() == slog.KindDuration:
 			h.took = a.Value.Duration()
+		case a.Key == "bytes" && snapshot && a.Value.Kind() == slog.KindUint64:
+			h.snapshotBytes = int64(a.Value.Uint64())
 		case a.Key == "from":
 			h.from = a.Value.String()
 		}
 		return true
 	})
 	return nil
+}
+
+// Snapshot returns how long writing the last snapshot took, and its size (0 if none was written).
+func (h *benchRecoveryLog) Snapshot() (time.Duration, int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.snapshotTook, h.snapshotBytes
 }
 
 func (h *benchRecoveryLog) WithAttrs([]slog.Attr) slog.Handler { return h }
