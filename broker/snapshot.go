@@ -74,7 +74,10 @@ func (b *Broker) writeSnapshot(ctx context.Context) {
 		}
 		return nil
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, kv.ErrSnapshotLeftovers):
+		b.log.Warn("chunks of an earlier snapshot left in storage", "error", err)
+	case err != nil:
 		b.log.Warn("no snapshot written", "error", err)
 		return
 	}

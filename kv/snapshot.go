@@ -167,7 +167,17 @@ func (s *Store) SnapshotInfo(ctx context.Context) (SnapshotInfo, error) {
 // WriteSnapshot writes a snapshot of records records taken at fence by broker, replacing the one
 // stored: fill writes them, while no write moves the fence. A snapshot is stored whole or not at
 // all.
+//
+// Chunks that an earlier write left behind, stopped part way (its deadline passed, say) before it
+// could remove them, are removed once this one is stored: every chunk stored before it began, but
+// its own (only the broker holding the store's claim writes snapshots). When that fails the
+// snapshot is stored all the same, and the error is ErrSnapshotLeftovers.
 func (s *Store) WriteSnapshot(ctx context.Context, fence Fence, records uint64, broker string, fill func(w *SnapshotWriter) error) (SnapshotInfo, error) {
+	st, err := s.snapshotStream.Info(ctx)
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("kv: write the snapshot: %w", err)
+	}
+	before := st.State.LastSeq
 	pr, pw := io.Pipe()
 	filled := make(chan error, 1)
 	go func() {
@@ -194,8 +204,17 @@ func (s *Store) WriteSnapshot(ctx context.Context, fence Fence, records uint64, 
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("kv: write the snapshot: %w", err)
 	}
-	return SnapshotInfo{Fence: fence, Records: records, Broker: broker, WrittenAt: now, Size: info.Size}, nil
+	written := SnapshotInfo{Fence: fence, Records: records, Broker: broker, WrittenAt: now, Size: info.Size}
+	chunks := "$O." + s.prefix + "-snapshots.C.>"
+	if err := s.snapshotStream.Purge(ctx, jetstream.WithPurgeSubject(chunks), jetstream.WithPurgeSequence(before+1)); err != nil {
+		return written, fmt.Errorf("%w: %w", ErrSnapshotLeftovers, err)
+	}
+	return written, nil
 }
+
+// ErrSnapshotLeftovers is returned by WriteSnapshot when the snapshot was stored but chunks an
+// earlier write left behind could not be removed.
+var ErrSnapshotLeftovers = errors.New("kv: the snapshot is written, but earlier chunks are left")
 
 // DeleteSnapshot removes the snapshot, if there is one.
 func (s *Store) DeleteSnapshot(ctx context.Context) error {
@@ -416,6 +435,7 @@ func (s *Store) snapshotStore(ctx context.Context, cfg *Config) (jetstream.Objec
 	if err != nil {
 		return nil, fmt.Errorf("kv: open object store %s: %w", name, err)
 	}
+	s.snapshotStream = st
 	if have := st.CachedInfo().Config; have.Duplicates != dedupeWindow || have.Replicas != replicas {
 		want := have
 		want.Duplicates, want.Replicas = dedupeWindow, replicas

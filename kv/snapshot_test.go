@@ -70,7 +70,7 @@ func readSnapshot(ctx context.Context, t *testing.T, s *kv.Store) ([]snapRecord,
 // count; writing another replaces it; deleting it leaves none.
 func TestSnapshotRoundTrip(t *testing.T) {
 	t.Parallel()
-	s, _ := open(t)
+	s, srv := open(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := s.SnapshotInfo(ctx); !errors.Is(err, kv.ErrNoSnapshot) {
@@ -108,10 +108,25 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("read back:\n%+v\nwant\n%+v", read, recs)
 	}
 
-	// Another replaces it whole.
+	// Another replaces it whole, and takes with it the chunks a write stopped part way left.
+	js := jsOn(t, srv)
+	if _, err := js.Publish(ctx, "$O.natstone-snapshots.C.leftover", []byte("a chunk nobody references")); err != nil {
+		t.Fatal(err)
+	}
 	fence.Messages++
 	if _, err := s.WriteSnapshot(ctx, fence, 1, "broker-2", fillWith(recs[2:])); err != nil {
 		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "OBJ_natstone-snapshots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := st.Info(ctx, jetstream.WithSubjectFilter("$O.natstone-snapshots.C.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(chunks.State.Subjects); n != 1 {
+		t.Fatalf("chunk subjects after the second snapshot: %v, want only its own", chunks.State.Subjects)
 	}
 	if got, err := s.SnapshotInfo(ctx); err != nil || got.Fence != fence || got.Broker != "broker-2" {
 		t.Fatalf("second snapshot's info %+v, %v", got, err)

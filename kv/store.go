@@ -61,7 +61,8 @@ type Store struct {
 	bodies   jetstream.Stream
 	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
 
-	snapshots jetstream.ObjectStore // the records at the last clean stop (snapshot.go)
+	snapshots      jetstream.ObjectStore // the records at the last clean stop (snapshot.go)
+	snapshotStream jetstream.Stream      // its stream
 
 	msgSubj   string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
 	queueSubj string // "$KV.<prefix>-queues."
