@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -258,9 +260,39 @@ func (ch *churner) leftNothing(faults int64) bool {
 	case faults%2 == 1 || ch.stats.faults.Load() != faults:
 		ch.stats.add(func(s *runStats) { s.churnUnchecked++ })
 	case len(left) > 0:
-		ch.violation("the acknowledged delete left %v", left)
+		ch.violation("the acknowledged delete left %v: %s", left, ch.describe(left))
 	}
 	return true
+}
+
+// describe says what the streams hold on the subjects left: each one's last message (its sequence,
+// time and headers), or why it could not be read — a count of the server's per-subject state that
+// no message backs is not the same finding as a message.
+func (ch *churner) describe(left map[string]uint64) string {
+	var out []string
+	for subj := range left {
+		stream := "KV_natstone-messages"
+		switch {
+		case strings.HasPrefix(subj, "natstone.body."):
+			stream = "natstone-bodies"
+		case strings.HasPrefix(subj, "$KV.natstone-locks."):
+			stream = "KV_natstone-locks"
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		st, err := ch.js.Stream(ctx, stream)
+		var m *jetstream.RawStreamMsg
+		if err == nil {
+			m, err = st.GetLastMsgForSubject(ctx, subj)
+		}
+		cancel()
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: not read (%v)", subj, err))
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: seq %d at %s, headers %v, %d bytes", subj, m.Sequence, m.Time.Format(time.RFC3339Nano), m.Header, len(m.Data)))
+	}
+	slices.Sort(out)
+	return strings.Join(out, "; ")
 }
 
 // leaseRanOut reports whether code is how a complete is refused once its lease ran out (a kill
