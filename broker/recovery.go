@@ -46,6 +46,9 @@ func (b *Broker) recover(ctx context.Context) (int, string, error) {
 			}
 			return n, "snapshot", nil
 		}
+		if err == nil {
+			b.dropUnreadSnapshot(ctx)
+		}
 		if !errors.Is(err, kv.ErrStale) || try == staleLoads {
 			return n, "records", err
 		}

@@ -280,6 +280,9 @@ func TestSnapshotNotReadOnceStorageChanged(t *testing.T) {
 			if got := log.from(); got != "records" || !log.said("the snapshot is not read: storage was written since it was taken; reading every record") {
 				t.Fatalf("the start read the %q (log: %v)", got, log.lines)
 			}
+			if _, err := s.SnapshotInfo(ctx); !errors.Is(err, kv.ErrNoSnapshot) {
+				t.Fatalf("the stale snapshot is still there after the start: %v", err)
+			}
 			c.check(e)
 		})
 	}
@@ -359,6 +362,9 @@ func TestBrokenSnapshotIsNotRead(t *testing.T) {
 	e.startBroker()
 	if got := log.from(); got != "records" || !log.said("the snapshot could not be read; reading every record") {
 		t.Fatalf("the start read the %q (log: %v)", got, log.lines)
+	}
+	if _, err := obs.GetInfo(ctx, kv.SnapshotObject); !errors.Is(err, jetstream.ErrObjectNotFound) {
+		t.Fatalf("the broken snapshot is still there after the start: %v", err)
 	}
 	if after := e.view(all); !reflect.DeepEqual(after, before) {
 		t.Fatalf("after a start from the records:\n%+v\nbefore:\n%+v", after, before)
