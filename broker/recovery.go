@@ -38,9 +38,8 @@ func (b *Broker) recover(ctx context.Context) (int, string, error) {
 			continue
 		}
 		if err == nil && snapshot {
-			// Storage no longer needs it: the next clean stop writes another, and a crash before
-			// then leaves storage as it is now, which the fence would no longer match anyway once
-			// anything is written.
+			// Once the broker writes, it could never be read again: the next clean stop writes
+			// another.
 			if derr := b.store.DeleteSnapshot(ctx); derr != nil {
 				b.log.Warn("the snapshot read could not be deleted", "error", derr)
 			}
