@@ -87,6 +87,20 @@ func (e *env) restartBroker() {
 	e.startBroker()
 }
 
+// cleanRestarts runs test, in parallel subtests, with each way of restarting cleanly: the broker
+// alone (restartBroker), and the broker with the NATS server (restartAll).
+func cleanRestarts(t *testing.T, test func(t *testing.T, restart func(e *env))) {
+	for name, restart := range map[string]func(e *env){
+		"broker only":     (*env).restartBroker,
+		"broker and NATS": (*env).restartAll,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, restart)
+		})
+	}
+}
+
 // restartAll stops the broker and the NATS server, then starts both again on the same data dir.
 func (e *env) restartAll() {
 	e.t.Helper()

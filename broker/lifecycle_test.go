@@ -324,51 +324,40 @@ func TestDeleteQueue(t *testing.T) {
 // order, leases, locks and pending timers.
 func TestRestartKeepsEverything(t *testing.T) {
 	t.Parallel()
-	for _, full := range []bool{false, true} {
-		name := "broker only"
-		if full {
-			name = "broker and NATS"
+	cleanRestarts(t, func(t *testing.T, restart func(e *env)) {
+		e := setup(t)
+		e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 10_000})
+		for i, v := range []string{"a", "a", "b", "c"} {
+			e.enqueue("x", subjects.EnqueueRequest{ID: string(rune('0' + i)), Priority: ptr(int64(10 - i)), Metadata: map[string]string{"p": v}, Payload: "payload-" + v})
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := setup(t)
-			e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 10_000})
-			for i, v := range []string{"a", "a", "b", "c"} {
-				e.enqueue("x", subjects.EnqueueRequest{ID: string(rune('0' + i)), Priority: ptr(int64(10 - i)), Metadata: map[string]string{"p": v}, Payload: "payload-" + v})
-			}
-			e.enqueue("x", subjects.EnqueueRequest{ID: "inv", Priority: ptr[int64](0), InvisibleMS: ptr[int64](5_000), Metadata: map[string]string{"p": "d"}})
-			held := e.dequeueOne("x") // "3" (c, prio 7)
-			if held.ID != "3" {
-				t.Fatalf("dequeued %s", held.ID)
-			}
-			before := e.depth("x", nil)
+		e.enqueue("x", subjects.EnqueueRequest{ID: "inv", Priority: ptr[int64](0), InvisibleMS: ptr[int64](5_000), Metadata: map[string]string{"p": "d"}})
+		held := e.dequeueOne("x") // "3" (c, prio 7)
+		if held.ID != "3" {
+			t.Fatalf("dequeued %s", held.ID)
+		}
+		before := e.depth("x", nil)
 
-			if full {
-				e.restartAll()
-			} else {
-				e.restartBroker()
-			}
+		restart(e)
 
-			if got := e.depth("x", nil); got != before {
-				t.Fatalf("depth after restart %+v, want %+v", got, before)
-			}
-			m := e.get("x", "3")
-			if m.State != subjects.StateRunning || m.LeaseID != held.LeaseID || m.Version != held.Version {
-				t.Fatalf("lease after restart: %+v", m)
-			}
-			// c is still locked; EDF over the rest: 2 (b, prio 8), then 1 (a, prio 9) — a's 0 waits for 1.
-			got := e.dequeue("x", subjects.DequeueRequest{Batch: 10})
-			if !slices.Equal(ids(got), []string{"2", "1"}) || *got[0].Payload != "payload-b" {
-				t.Fatalf("after restart dequeued %v", ids(got))
-			}
-			must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: "3", LeaseID: held.LeaseID})
-			// The invisibility window still ends on time (timers re-armed from the records).
-			e.advance(5 * time.Second)
-			if got := e.get("x", "inv").State; got != subjects.StatePending {
-				t.Fatalf("invisible after restart: %s", got)
-			}
-		})
-	}
+		if got := e.depth("x", nil); got != before {
+			t.Fatalf("depth after restart %+v, want %+v", got, before)
+		}
+		m := e.get("x", "3")
+		if m.State != subjects.StateRunning || m.LeaseID != held.LeaseID || m.Version != held.Version {
+			t.Fatalf("lease after restart: %+v", m)
+		}
+		// c is still locked; EDF over the rest: 2 (b, prio 8), then 1 (a, prio 9) — a's 0 waits for 1.
+		got := e.dequeue("x", subjects.DequeueRequest{Batch: 10})
+		if !slices.Equal(ids(got), []string{"2", "1"}) || *got[0].Payload != "payload-b" {
+			t.Fatalf("after restart dequeued %v", ids(got))
+		}
+		must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: "3", LeaseID: held.LeaseID})
+		// The invisibility window still ends on time (timers re-armed from the records).
+		e.advance(5 * time.Second)
+		if got := e.get("x", "inv").State; got != subjects.StatePending {
+			t.Fatalf("invisible after restart: %s", got)
+		}
+	})
 }
 
 // TestRestartHandlesDeadlinesThatPassedWhileDown: a lease and an invisibility window that ended while

@@ -16,6 +16,7 @@ import (
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // startLog is a broker's logger that keeps what its starts and stops said about the snapshot:
@@ -126,77 +127,66 @@ func fillForSnapshot(e *env) (map[string][]string, []subjects.Message) {
 // once it has been read.
 func TestSnapshotGivesWhatTheRecordsGive(t *testing.T) {
 	t.Parallel()
-	for _, full := range []bool{false, true} {
-		name := "broker only"
-		if full {
-			name = "broker and NATS"
+	cleanRestarts(t, func(t *testing.T, restart func(e *env)) {
+		e, log := setupLogged(t)
+		all, running := fillForSnapshot(e)
+		before := e.view(all)
+		restart(e)
+		if got := log.from(); got != "snapshot" || !log.said("snapshot written") {
+			t.Fatalf("the clean restart read the %q (log: %v)", got, log.lines)
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e, log := setupLogged(t)
-			all, running := fillForSnapshot(e)
-			before := e.view(all)
-			if full {
-				e.restartAll()
-			} else {
-				e.restartBroker()
-			}
-			if got := log.from(); got != "snapshot" || !log.said("snapshot written") {
-				t.Fatalf("the clean restart read the %q (log: %v)", got, log.lines)
-			}
-			fromSnapshot := e.view(all)
-			if !reflect.DeepEqual(fromSnapshot, before) {
-				t.Fatalf("after a start from the snapshot:\n%+v\nbefore:\n%+v", fromSnapshot, before)
-			}
-			js := e.jetStream()
-			obs, err := js.ObjectStore(context.Background(), "natstone-snapshots")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := obs.GetInfo(context.Background(), kv.SnapshotObject); !errors.Is(err, jetstream.ErrObjectNotFound) {
-				t.Fatalf("the snapshot read is still there: %v", err)
-			}
+		fromSnapshot := e.view(all)
+		if !reflect.DeepEqual(fromSnapshot, before) {
+			t.Fatalf("after a start from the snapshot:\n%+v\nbefore:\n%+v", fromSnapshot, before)
+		}
+		js := e.jetStream()
+		obs, err := js.ObjectStore(context.Background(), "natstone-snapshots")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := obs.GetInfo(context.Background(), kv.SnapshotObject); !errors.Is(err, jetstream.ErrObjectNotFound) {
+			t.Fatalf("the snapshot read is still there: %v", err)
+		}
 
-			// The same store read record by record gives the same.
-			e.cfg.DisableSnapshot = true
-			e.restartBroker()
-			if got := log.from(); got != "records" {
-				t.Fatalf("a start with the snapshot off read the %q", got)
-			}
-			if fromRecords := e.view(all); !reflect.DeepEqual(fromRecords, before) {
-				t.Fatalf("after a start from the records:\n%+v\nbefore:\n%+v", fromRecords, before)
-			}
-			// That broker writes no snapshot at its stop, and the one written before it started is
-			// stale once anything is written.
-			e.enqueue("s", subjects.EnqueueRequest{ID: "late"})
-			e.cfg.DisableSnapshot = false
-			e.restartBroker()
-			if got := log.from(); got != "records" {
-				t.Fatalf("a start after a stop with the snapshot off read the %q", got)
-			}
-			e.restartBroker()
-			if got := log.from(); got != "snapshot" {
-				t.Fatalf("the second clean restart read the %q", got)
-			}
+		// The same store read record by record gives the same.
+		e.cfg.DisableSnapshot = true
+		e.restartBroker()
+		if got := log.from(); got != "records" {
+			t.Fatalf("a start with the snapshot off read the %q", got)
+		}
+		if fromRecords := e.view(all); !reflect.DeepEqual(fromRecords, before) {
+			t.Fatalf("after a start from the records:\n%+v\nbefore:\n%+v", fromRecords, before)
+		}
+		// That broker writes no snapshot at its stop, and the one written before it started is
+		// stale once anything is written.
+		e.enqueue("s", subjects.EnqueueRequest{ID: "late"})
+		e.cfg.DisableSnapshot = false
+		e.restartBroker()
+		if got := log.from(); got != "records" {
+			t.Fatalf("a start after a stop with the snapshot off read the %q", got)
+		}
+		e.restartBroker()
+		if got := log.from(); got != "snapshot" {
+			t.Fatalf("the second clean restart read the %q", got)
+		}
 
-			// What the snapshot restored works: the leases, the retried dequeue, the value held, the
-			// timers.
-			again := e.dequeue("s", subjects.DequeueRequest{Batch: 3, RequestID: "req-1"})
-			if !slices.Contains(ids(again), running[0].ID) {
-				t.Fatalf("retried dequeue after the restart: %v, want the lease of %s back", ids(again), running[0].ID)
-			}
-			for _, m := range running {
-				must[subjects.Message](e, subjects.OpComplete, m.Queue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
-			}
-			if got := ids(e.dequeue("x", subjects.DequeueRequest{Batch: 10})); !slices.Equal(got, []string{"x1", "x2"}) {
-				t.Fatalf("exclusive dequeue once x0 completed: %v", got)
-			}
-			e.advance(30 * time.Second)
-			if got := e.get("s", "inv").State; got != subjects.StatePending {
-				t.Fatalf("invisible message 30 s on: %s", got)
-			}
-		})
-	}
+		// What the snapshot restored works: the leases, the retried dequeue, the value held, the
+		// timers.
+		again := e.dequeue("s", subjects.DequeueRequest{Batch: 3, RequestID: "req-1"})
+		if !slices.Contains(ids(again), running[0].ID) {
+			t.Fatalf("retried dequeue after the restart: %v, want the lease of %s back", ids(again), running[0].ID)
+		}
+		for _, m := range running {
+			must[subjects.Message](e, subjects.OpComplete, m.Queue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+		}
+		if got := ids(e.dequeue("x", subjects.DequeueRequest{Batch: 10})); !slices.Equal(got, []string{"x1", "x2"}) {
+			t.Fatalf("exclusive dequeue once x0 completed: %v", got)
+		}
+		e.advance(30 * time.Second)
+		if got := e.get("s", "inv").State; got != subjects.StatePending {
+			t.Fatalf("invisible message 30 s on: %s", got)
+		}
+	})
 }
 
 // TestSnapshotNotReadOnceStorageChanged: a snapshot is read only if storage is as the stop left
@@ -327,41 +317,16 @@ func TestBrokenSnapshotIsNotRead(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js := e.jetStream()
-	obs, err := js.ObjectStore(ctx, "natstone-snapshots")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := obs.GetInfo(ctx, kv.SnapshotObject)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.Stream(ctx, "OBJ_natstone-snapshots")
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunkSubj := "$O.natstone-snapshots.C." + info.NUID
-	chunk, err := st.GetLastMsgForSubject(ctx, chunkSubj)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The last message id's first letter: the records before it are read before the digest fails.
-	data := bytes.Clone(chunk.Data)
-	at := bytes.LastIndex(data, []byte("x2"))
-	if at < 0 {
-		t.Fatal("message x2 not found in the snapshot's bytes")
-	}
-	data[at] = 'y'
-	if err := st.DeleteMsg(ctx, chunk.Sequence); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(ctx, chunkSubj, data); err != nil {
-		t.Fatal(err)
-	}
+	natstest.ChangeObjectByte(t, e.jetStream(), "natstone-snapshots", kv.SnapshotObject, []byte("x2"), 'y')
 
 	e.startBroker()
 	if got := log.from(); got != "records" || !log.said("the snapshot could not be read; reading every record") {
 		t.Fatalf("the start read the %q (log: %v)", got, log.lines)
+	}
+	obs, err := e.jetStream().ObjectStore(ctx, "natstone-snapshots")
+	if err != nil {
+		t.Fatal(err)
 	}
 	if _, err := obs.GetInfo(ctx, kv.SnapshotObject); !errors.Is(err, jetstream.ErrObjectNotFound) {
 		t.Fatalf("the broken snapshot is still there after the start: %v", err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // snapRecord is a record of a snapshot as ReadSnapshot gives it back.
@@ -211,38 +212,8 @@ func TestSnapshotBrokenIsReported(t *testing.T) {
 	if _, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 1}, uint64(len(recs)), "b", fillWith(recs)); err != nil {
 		t.Fatal(err)
 	}
-	obs, err := jsOn(t, srv).ObjectStore(ctx, "natstone-snapshots")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Change one byte of the object's only chunk, keeping its size and its meta (and so its digest).
-	js := jsOn(t, srv)
-	st, err := js.Stream(ctx, "OBJ_natstone-snapshots")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := obs.GetInfo(ctx, kv.SnapshotObject)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunkSubj := "$O.natstone-snapshots.C." + info.NUID
-	chunk, err := st.GetLastMsgForSubject(ctx, chunkSubj)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A letter of a message id: the snapshot still decodes, only its digest tells.
-	data := bytes.Clone(chunk.Data)
-	at := bytes.Index(data, []byte("m2 é"))
-	if at < 0 {
-		t.Fatal("message m2 not found in the snapshot's bytes")
-	}
-	data[at] = 'n'
-	if err := st.DeleteMsg(ctx, chunk.Sequence); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(ctx, chunkSubj, data); err != nil {
-		t.Fatal(err)
-	}
+	natstest.ChangeObjectByte(t, jsOn(t, srv), "natstone-snapshots", kv.SnapshotObject, []byte("m2 é"), 'n')
 	if _, err := s.SnapshotInfo(ctx); err != nil {
 		t.Fatalf("info of the changed snapshot: %v", err)
 	}
@@ -251,6 +222,10 @@ func TestSnapshotBrokenIsReported(t *testing.T) {
 	}
 
 	// Another format's snapshot is none.
+	obs, err := jsOn(t, srv).ObjectStore(ctx, "natstone-snapshots")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := obs.Put(ctx, jetstream.ObjectMeta{Name: kv.SnapshotObject, Metadata: map[string]string{"format": "0"}}, bytes.NewReader([]byte("x"))); err != nil {
 		t.Fatal(err)
 	}
