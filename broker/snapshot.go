@@ -52,17 +52,17 @@ func (b *Broker) writeSnapshot(ctx context.Context) {
 		b.log.Warn("no snapshot written: the claim on the store ran out")
 		return
 	}
-	// Nothing writes any more: the streams' state now is what the entries reflect.
-	fence, _, err := b.store.Fence(ctx)
-	if err != nil {
-		b.log.Warn("no snapshot written", "error", err)
-		return
-	}
-	start := time.Now()
 	var records uint64
 	for _, n := range counts {
 		records += uint64(n)
 	}
+	// Nothing writes any more: the streams' state now is what the entries reflect.
+	fence, err := b.settledFence(ctx, records)
+	if err != nil {
+		b.log.Warn("no snapshot written: the next start reads every record", "error", err)
+		return
+	}
+	start := time.Now()
 	info, err := b.store.WriteSnapshot(ctx, fence, records, b.claim.mine.Broker, func(w *kv.SnapshotWriter) error {
 		for i, q := range qs {
 			q.mu.Lock()
@@ -83,6 +83,33 @@ func (b *Broker) writeSnapshot(ctx context.Context) {
 	}
 	b.log.Info("snapshot written", "queues", len(qs), "messages", records, "bytes", info.Size,
 		"took", time.Since(start).Round(time.Millisecond))
+}
+
+// settledFence returns the streams' state for a snapshot of records records, once the messages
+// bucket holds just those: the collections' markers go a second after they were written, and a
+// start reads the snapshot only if the bucket holds as many messages as it has records
+// (snapshotCurrent). Under a steady load with retention 0 a stop always finds some; without this
+// wait the start after it would read every record. It waits for at most two of the markers' lives,
+// and fails if the bucket still holds other messages then (records that no queue of the broker's
+// has, say), when the snapshot could never be read.
+func (b *Broker) settledFence(ctx context.Context, records uint64) (kv.Fence, error) {
+	deadline := time.Now().Add(2 * kv.MarkerTTL)
+	for {
+		fence, stored, err := b.store.Fence(ctx)
+		switch {
+		case err != nil:
+			return kv.Fence{}, err
+		case stored == records:
+			return fence, nil
+		case time.Now().After(deadline):
+			return kv.Fence{}, fmt.Errorf("the messages bucket holds %d messages, the broker %d records", stored, records)
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return kv.Fence{}, ctx.Err()
+		}
+	}
 }
 
 // snapshotCount returns how many entries the queue's snapshot holds, or why it cannot be written.

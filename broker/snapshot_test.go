@@ -335,3 +335,26 @@ func TestBrokenSnapshotIsNotRead(t *testing.T) {
 		t.Fatalf("after a start from the records:\n%+v\nbefore:\n%+v", after, before)
 	}
 }
+
+// TestSnapshotAfterCollections: a stop right after collections (retention 0) waits for their
+// markers to go before it takes the snapshot, so that the start after it can read it.
+func TestSnapshotAfterCollections(t *testing.T) {
+	t.Parallel()
+	e, log := setupLogged(t)
+	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](0)})
+	for _, id := range []string{"a", "b", "c"} {
+		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr[int64](int64(id[0]))})
+	}
+	for range 2 {
+		m := e.dequeueOne("q")
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	}
+	e.advance(0) // collects a and b: their markers stay a second
+	e.restartBroker()
+	if got := log.from(); got != "snapshot" {
+		t.Fatalf("the start right after collections read the %q (log: %v)", got, log.lines)
+	}
+	if ms := e.dequeue("q", subjects.DequeueRequest{Batch: 10}); !slices.Equal(ids(ms), []string{"c"}) {
+		t.Fatalf("dequeued %v after the restart, want [c]", ids(ms))
+	}
+}

@@ -323,6 +323,10 @@ func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint6
 // collectMarkerTTL is how long the marker CollectMessage leaves stays: JetStream's least TTL.
 const collectMarkerTTL = "1s"
 
+// MarkerTTL is collectMarkerTTL as a duration: how long the messages bucket may hold a collected
+// message's marker.
+const MarkerTTL = time.Second
+
 // CollectMessage removes message id of queue if the key's revision is still expect, with one
 // stored write instead of a JetStream API request: a KV purge marker that rolls the record up (the
 // server drops it) and that the server removes a second later (its Nats-TTL), leaving neither a
