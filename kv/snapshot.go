@@ -301,7 +301,7 @@ func DecodeSnapshot(r io.ByteReader, fn func(queue string, rec Record, rev uint6
 			switch _, err := r.ReadByte(); {
 			case err == nil:
 				return int(n), broken("bytes after its end")
-			case err != io.EOF: // a reader that checks a digest at the end fails there
+			case !errors.Is(err, io.EOF): // a reader that checks a digest at the end fails there
 				return int(n), fmt.Errorf("%w: at its end: %w", ErrSnapshotBroken, err)
 			}
 			return int(n), nil
