@@ -3,7 +3,10 @@ package kv
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 // A broker that stops cleanly writes a snapshot: every message record its memory holds, each with
@@ -186,7 +191,7 @@ func (s *Store) WriteSnapshot(ctx context.Context, fence Fence, records uint64, 
 		filled <- err
 	}()
 	now := time.Now().UTC()
-	info, err := s.snapshots.Put(ctx, jetstream.ObjectMeta{
+	info, err := s.putObject(ctx, jetstream.ObjectMeta{
 		Name:        SnapshotObject,
 		Description: "natstone: every message record at a clean stop",
 		Metadata: map[string]string{
@@ -210,6 +215,79 @@ func (s *Store) WriteSnapshot(ctx context.Context, fence Fence, records uint64, 
 		return written, fmt.Errorf("%w: %w", ErrSnapshotLeftovers, err)
 	}
 	return written, nil
+}
+
+// snapshotChunk is the size of a snapshot's chunks: the object store's default.
+const snapshotChunk = 128 << 10
+
+// putObject stores what r reads as the object meta.Name of the snapshots object store, as
+// jetstream.ObjectStore.Put does (ADR-20: chunks on a subject of their own, then the object's meta,
+// with its size and SHA-256 digest, rolling up the one before), through the store's own JetStream
+// context. Put makes a JetStream context of its own for each call, and in nats.go 1.55 the
+// goroutine that context starts to watch for reconnections can be left waiting forever: Put's
+// cleanup clears the channel it waits on, and when the cleanup runs first, the goroutine reads the
+// cleared (nil) channel. A broker writes a snapshot at every stop; goleak caught the leak in CI
+// (the web and workers tests). The chunks of the object this replaces are left to WriteSnapshot's
+// removal of earlier chunks.
+func (s *Store) putObject(ctx context.Context, meta jetstream.ObjectMeta, r io.Reader) (*jetstream.ObjectInfo, error) {
+	bucket := s.prefix + "-snapshots"
+	info := &jetstream.ObjectInfo{ObjectMeta: meta, Bucket: bucket, NUID: nuid.Next()}
+	chunkSubj := "$O." + bucket + ".C." + info.NUID
+	h := sha256.New()
+	buf := make([]byte, snapshotChunk)
+	var acks []jetstream.PubAckFuture
+	wait := func() error {
+		for _, a := range acks {
+			select {
+			case <-a.Ok():
+			case err := <-a.Err():
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		acks = acks[:0]
+		return nil
+	}
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			h.Write(buf[:n])
+			a, err := s.js.PublishAsync(chunkSubj, buf[:n]) // the data is copied out before it returns
+			if err != nil {
+				return nil, err
+			}
+			acks = append(acks, a)
+			info.Size += uint64(n)
+			info.Chunks++
+			if len(acks) == 256 {
+				if err := wait(); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			break
+		}
+		if rerr != nil {
+			return nil, rerr
+		}
+	}
+	if err := wait(); err != nil {
+		return nil, err
+	}
+	info.Digest = jetstream.GetObjectDigestValue(h)
+	data, err := json.Marshal(info)
+	if err != nil {
+		return nil, err
+	}
+	m := nats.NewMsg("$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(meta.Name)))
+	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	m.Data = data
+	if _, err := s.js.PublishMsg(ctx, m); err != nil {
+		return nil, err
+	}
+	return info, nil
 }
 
 // ErrSnapshotLeftovers is returned by WriteSnapshot when the snapshot was stored but chunks an
