@@ -63,6 +63,9 @@ func churn(c *client, stop <-chan struct{}, stats *runStats) {
 	ch := &churner{c: c, js: js, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11)), stop: stop, stats: stats}
 	for ch.gen = 1; ch.generation(); ch.gen++ {
 		stats.add(func(s *runStats) { s.churned++ })
+		if ch.gen == 1 {
+			close(stats.churnedOnce)
+		}
 	}
 }
 
