@@ -320,11 +320,8 @@ func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint6
 	return r, rev, err
 }
 
-// collectMarkerTTL is how long the marker CollectMessage leaves stays: JetStream's least TTL.
-const collectMarkerTTL = "1s"
-
-// MarkerTTL is collectMarkerTTL as a duration: how long the messages bucket may hold a collected
-// message's marker.
+// MarkerTTL is how long the marker CollectMessage leaves stays, and so how long the messages bucket
+// may hold a collected message's marker: JetStream's least TTL.
 const MarkerTTL = time.Second
 
 // CollectMessage removes message id of queue if the key's revision is still expect, with one
@@ -337,7 +334,7 @@ func (s *Store) CollectMessage(queue, id string, expect uint64) Write {
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	msg.Header.Set(kvOperationHeader, kvPurge)
 	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
-	msg.Header.Set(jetstream.MsgTTLHeader, collectMarkerTTL)
+	msg.Header.Set(jetstream.MsgTTLHeader, MarkerTTL.String())
 	f, err := s.js.PublishMsgAsync(msg)
 	return Write{f: f, err: err}
 }
