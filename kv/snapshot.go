@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"strconv"
 	"strings"
@@ -183,111 +184,118 @@ func (s *Store) WriteSnapshot(ctx context.Context, fence Fence, records uint64, 
 		return SnapshotInfo{}, fmt.Errorf("kv: write the snapshot: %w", err)
 	}
 	before := st.State.LastSeq
-	pr, pw := io.Pipe()
-	filled := make(chan error, 1)
-	go func() {
-		err := encodeSnapshot(pw, records, fill)
-		pw.CloseWithError(err) // nil: io.EOF for the reader
-		filled <- err
-	}()
 	now := time.Now().UTC()
-	info, err := s.putObject(ctx, jetstream.ObjectMeta{
-		Name:        SnapshotObject,
-		Description: "natstone: every message record at a clean stop",
-		Metadata: map[string]string{
-			snapshotFormatKey: snapshotFormat,
-			snapshotFenceKey:  fence.String(),
-			snapshotCountKey:  strconv.FormatUint(records, 10),
-			snapshotBrokerKey: broker,
-			snapshotTimeKey:   now.Format(time.RFC3339Nano),
-		},
-	}, pr)
-	pr.CloseWithError(errors.New("kv: the snapshot's upload ended")) // unblocks fill if Put stopped reading
-	if ferr := <-filled; ferr != nil && err == nil {
-		err = ferr
+	up := s.newUpload(ctx)
+	err = encodeSnapshot(up, records, fill)
+	if err == nil {
+		err = up.finish(jetstream.ObjectMeta{
+			Name:        SnapshotObject,
+			Description: "natstone: every message record at a clean stop",
+			Metadata: map[string]string{
+				snapshotFormatKey: snapshotFormat,
+				snapshotFenceKey:  fence.String(),
+				snapshotCountKey:  strconv.FormatUint(records, 10),
+				snapshotBrokerKey: broker,
+				snapshotTimeKey:   now.Format(time.RFC3339Nano),
+			},
+		})
 	}
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("kv: write the snapshot: %w", err)
 	}
-	written := SnapshotInfo{Fence: fence, Records: records, Broker: broker, WrittenAt: now, Size: info.Size}
-	chunks := "$O." + s.prefix + "-snapshots.C.>"
+	written := SnapshotInfo{Fence: fence, Records: records, Broker: broker, WrittenAt: now, Size: up.info.Size}
+	chunks := "$O." + s.snapshotBucket() + ".C.>"
 	if err := s.snapshotStream.Purge(ctx, jetstream.WithPurgeSubject(chunks), jetstream.WithPurgeSequence(before+1)); err != nil {
 		return written, fmt.Errorf("%w: %w", ErrSnapshotLeftovers, err)
 	}
 	return written, nil
 }
 
+// snapshotBucket is the name of the snapshots object store.
+func (s *Store) snapshotBucket() string { return s.prefix + "-snapshots" }
+
 // snapshotChunk is the size of a snapshot's chunks: the object store's default.
 const snapshotChunk = 128 << 10
 
-// putObject stores what r reads as the object meta.Name of the snapshots object store, as
-// jetstream.ObjectStore.Put does (ADR-20: chunks on a subject of their own, then the object's meta,
-// with its size and SHA-256 digest, rolling up the one before), through the store's own JetStream
-// context. Put makes a JetStream context of its own for each call, and in nats.go 1.55 the
-// goroutine that context starts to watch for reconnections can be left waiting forever: Put's
-// cleanup clears the channel it waits on, and when the cleanup runs first, the goroutine reads the
-// cleared (nil) channel. A broker writes a snapshot at every stop; goleak caught the leak in CI
-// (the web and workers tests). The chunks of the object this replaces are left to WriteSnapshot's
-// removal of earlier chunks.
-func (s *Store) putObject(ctx context.Context, meta jetstream.ObjectMeta, r io.Reader) (*jetstream.ObjectInfo, error) {
-	bucket := s.prefix + "-snapshots"
-	info := &jetstream.ObjectInfo{ObjectMeta: meta, Bucket: bucket, NUID: nuid.Next()}
-	chunkSubj := "$O." + bucket + ".C." + info.NUID
-	h := sha256.New()
-	buf := make([]byte, snapshotChunk)
-	var acks []jetstream.PubAckFuture
-	wait := func() error {
-		for _, a := range acks {
-			select {
-			case <-a.Ok():
-			case err := <-a.Err():
-				return err
-			case <-ctx.Done():
-				return ctx.Err()
+// upload stores an object of the snapshots object store as jetstream.ObjectStore.Put does (ADR-20:
+// chunks on a subject of their own, then the object's meta, with its size and SHA-256 digest,
+// rolling up the one before), through the store's own JetStream context: each Write publishes
+// chunks, finish the meta. Put makes a JetStream context of its own for each call, and in nats.go
+// 1.55 the goroutine that context starts to watch for reconnections can be left waiting forever:
+// Put's cleanup clears the channel it waits on, and when the cleanup runs first, the goroutine
+// reads the cleared (nil) channel. A broker writes a snapshot at every stop; goleak caught the leak
+// in CI (the web and workers tests). The chunks of the object an upload replaces are left to
+// WriteSnapshot's removal of earlier chunks.
+type upload struct {
+	ctx     context.Context
+	js      jetstream.JetStream
+	info    jetstream.ObjectInfo
+	subject string // the chunks'
+	h       hash.Hash
+	acks    []jetstream.PubAckFuture
+}
+
+func (s *Store) newUpload(ctx context.Context) *upload {
+	u := &upload{ctx: ctx, js: s.js, h: sha256.New()}
+	u.info.Bucket, u.info.NUID = s.snapshotBucket(), nuid.Next()
+	u.subject = "$O." + u.info.Bucket + ".C." + u.info.NUID
+	return u
+}
+
+// Write publishes p as chunks of at most snapshotChunk bytes (encodeSnapshot's buffer hands it one
+// at a time).
+func (u *upload) Write(p []byte) (int, error) {
+	for off := 0; off < len(p); off += snapshotChunk {
+		chunk := p[off:min(off+snapshotChunk, len(p))]
+		u.h.Write(chunk)
+		a, err := u.js.PublishAsync(u.subject, chunk) // the data is copied out before it returns
+		if err != nil {
+			return off, err
+		}
+		u.acks = append(u.acks, a)
+		u.info.Size += uint64(len(chunk))
+		u.info.Chunks++
+		if len(u.acks) == 256 {
+			if err := u.wait(); err != nil {
+				return off + len(chunk), err
 			}
 		}
-		acks = acks[:0]
-		return nil
 	}
-	for {
-		n, rerr := io.ReadFull(r, buf)
-		if n > 0 {
-			h.Write(buf[:n])
-			a, err := s.js.PublishAsync(chunkSubj, buf[:n]) // the data is copied out before it returns
-			if err != nil {
-				return nil, err
-			}
-			acks = append(acks, a)
-			info.Size += uint64(n)
-			info.Chunks++
-			if len(acks) == 256 {
-				if err := wait(); err != nil {
-					return nil, err
-				}
-			}
-		}
-		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
-			break
-		}
-		if rerr != nil {
-			return nil, rerr
+	return len(p), nil
+}
+
+// wait waits for the chunks published so far to be stored.
+func (u *upload) wait() error {
+	for _, a := range u.acks {
+		select {
+		case <-a.Ok():
+		case err := <-a.Err():
+			return err
+		case <-u.ctx.Done():
+			return u.ctx.Err()
 		}
 	}
-	if err := wait(); err != nil {
-		return nil, err
+	u.acks = u.acks[:0]
+	return nil
+}
+
+// finish stores the object's meta once its chunks are: the object then replaces the one of that
+// name.
+func (u *upload) finish(meta jetstream.ObjectMeta) error {
+	if err := u.wait(); err != nil {
+		return err
 	}
-	info.Digest = jetstream.GetObjectDigestValue(h)
-	data, err := json.Marshal(info)
+	u.info.ObjectMeta = meta
+	u.info.Digest = jetstream.GetObjectDigestValue(u.h)
+	data, err := json.Marshal(&u.info)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	m := nats.NewMsg("$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(meta.Name)))
+	m := nats.NewMsg("$O." + u.info.Bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(meta.Name)))
 	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
 	m.Data = data
-	if _, err := s.js.PublishMsg(ctx, m); err != nil {
-		return nil, err
-	}
-	return info, nil
+	_, err = u.js.PublishMsg(u.ctx, m)
+	return err
 }
 
 // ErrSnapshotLeftovers is returned by WriteSnapshot when the snapshot was stored but chunks an
@@ -319,7 +327,10 @@ func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record
 // DecodeSnapshot reads a snapshot's bytes from r and calls fn for each record, with its queue's
 // name and its revision. It reads r to its end, so that a reader that checks a digest there can
 // fail it; any error but fn's is ErrSnapshotBroken.
-func DecodeSnapshot(r io.ByteReader, fn func(queue string, rec Record, rev uint64) error) (int, error) {
+func DecodeSnapshot(r interface {
+	io.Reader
+	io.ByteReader
+}, fn func(queue string, rec Record, rev uint64) error) (int, error) {
 	broken := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", ErrSnapshotBroken, fmt.Sprintf(format, a...))
 	}
@@ -390,29 +401,18 @@ func DecodeSnapshot(r io.ByteReader, fn func(queue string, rec Record, rev uint6
 }
 
 // readBytes reads n bytes from r into buf's array, growing it if need be.
-func readBytes(r io.ByteReader, buf []byte, n int) ([]byte, error) {
-	buf = buf[:0]
+func readBytes(r io.Reader, buf []byte, n int) ([]byte, error) {
 	if cap(buf) < n {
-		buf = make([]byte, 0, n)
+		buf = make([]byte, n)
 	}
-	if br, ok := r.(io.Reader); ok {
-		buf = buf[:n]
-		_, err := io.ReadFull(br, buf)
-		return buf, err
-	}
-	for range n {
-		c, err := r.ReadByte()
-		if err != nil {
-			return buf, err
-		}
-		buf = append(buf, c)
-	}
-	return buf, nil
+	buf = buf[:n]
+	_, err := io.ReadFull(r, buf)
+	return buf, err
 }
 
 // encodeSnapshot writes to out a snapshot of records records, which fill writes.
 func encodeSnapshot(out io.Writer, records uint64, fill func(w *SnapshotWriter) error) error {
-	w := &SnapshotWriter{w: bufio.NewWriterSize(out, 256<<10)}
+	w := &SnapshotWriter{w: bufio.NewWriterSize(out, snapshotChunk)}
 	err := w.start()
 	if err == nil {
 		err = fill(w)
@@ -493,7 +493,7 @@ func (w *SnapshotWriter) close(records uint64) error {
 // snapshot was written would read the whole snapshot back before anything could start.
 func (s *Store) snapshotStore(ctx context.Context, cfg *Config) (jetstream.ObjectStore, error) {
 	storage, replicas := cfg.storage()
-	name := s.prefix + "-snapshots"
+	name := s.snapshotBucket()
 	obs, err := cfg.JS.ObjectStore(ctx, name)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		obs, err = cfg.JS.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -369,5 +370,52 @@ func TestFenceMovesWithEveryWrite(t *testing.T) {
 			t.Errorf("%s: the fence stayed %v", w.name, before)
 		}
 		before = after
+	}
+}
+
+// TestSnapshotOfManyChunks: a snapshot larger than a chunk is stored in several, and read back
+// whole.
+func TestSnapshotOfManyChunks(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recs []snapRecord
+	for i := range 5000 {
+		r := snapshotRecords()[i%3]
+		r.Queue = fmt.Sprintf("q%d", i/1000)
+		r.Rec.ID = fmt.Sprintf("message-%06d", i)
+		r.Rev = uint64(i + 1)
+		recs = append(recs, r)
+	}
+	info, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 5000}, uint64(len(recs)), "b", fillWith(recs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := jsOn(t, srv).ObjectStore(ctx, "natstone-snapshots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oi, err := obs.GetInfo(ctx, kv.SnapshotObject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if oi.Chunks < 2 || oi.Size != info.Size {
+		t.Fatalf("object of %d chunks and %d bytes, want several chunks and %d bytes", oi.Chunks, oi.Size, info.Size)
+	}
+	read, err := readSnapshot(ctx, t, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range read {
+		if len(read[i].Rec.Metadata) == 0 {
+			read[i].Rec.Metadata = nil
+		}
+		if len(recs[i].Rec.Metadata) == 0 {
+			recs[i].Rec.Metadata = nil
+		}
+	}
+	if !reflect.DeepEqual(read, recs) {
+		t.Fatalf("read back %d records, want the %d written", len(read), len(recs))
 	}
 }
