@@ -37,16 +37,15 @@ func (b *Broker) recover(ctx context.Context) (int, string, error) {
 			try--
 			continue
 		}
-		if err == nil && snapshot {
-			// Once the broker writes, it could never be read again: the next clean stop writes
-			// another.
+		if err == nil && !b.cfg.DisableSnapshot {
+			// Read or not (stale, broken), a snapshot could never be read again once the broker
+			// writes: the next clean stop writes another. A broker with the snapshot off leaves it.
 			if derr := b.store.DeleteSnapshot(ctx); derr != nil {
-				b.log.Warn("the snapshot read could not be deleted", "error", derr)
+				b.log.Warn("the snapshot could not be deleted", "error", derr)
 			}
-			return n, "snapshot", nil
 		}
-		if err == nil {
-			b.dropUnreadSnapshot(ctx)
+		if err == nil && snapshot {
+			return n, "snapshot", nil
 		}
 		if !errors.Is(err, kv.ErrStale) || try == staleLoads {
 			return n, "records", err

@@ -13,9 +13,9 @@ import (
 
 // A clean stop writes a snapshot of every message record the broker's memory holds, and the next
 // start reads it instead of every record of the messages bucket when storage is still as the stop
-// left it (kv.Store.WriteSnapshot; design.md, "After a clean stop"). What a start does with the records is the
-// same either way: the checks against the bodies stream, the locks' reconciliation and the
-// indexes.
+// left it (kv.Store.WriteSnapshot; design.md, "After a clean stop"). What a start does with the
+// records is the same either way: the checks against the bodies stream, the locks'
+// reconciliation and the indexes.
 
 // writeSnapshot writes the snapshot of a clean stop. Stop calls it once no request, timer or
 // collection runs any more and before it releases the claim. It writes none when memory may not be
@@ -200,18 +200,4 @@ func (b *Broker) snapshotCurrent(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	return true, nil
-}
-
-// dropUnreadSnapshot deletes the snapshot a start found but did not read (stale, or broken): the
-// broker is about to write, after which it could never be read, and it takes room.
-func (b *Broker) dropUnreadSnapshot(ctx context.Context) {
-	if b.cfg.DisableSnapshot {
-		return // a broker with the snapshot off leaves it alone
-	}
-	if _, err := b.store.SnapshotInfo(ctx); errors.Is(err, kv.ErrNoSnapshot) {
-		return
-	}
-	if err := b.store.DeleteSnapshot(ctx); err != nil {
-		b.log.Warn("the snapshot not read could not be deleted", "error", err)
-	}
 }
