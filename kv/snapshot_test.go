@@ -55,6 +55,24 @@ func fillWith(recs []snapRecord) func(w *kv.SnapshotWriter) error {
 	}
 }
 
+// sameRecords reports whether a and b hold the same records, an empty metadata map and none being
+// the same (they encode alike).
+func sameRecords(a, b []snapRecord) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if len(x.Rec.Metadata) == 0 && len(y.Rec.Metadata) == 0 {
+			x.Rec.Metadata, y.Rec.Metadata = nil, nil
+		}
+		if !reflect.DeepEqual(x, y) {
+			return false
+		}
+	}
+	return true
+}
+
 func readSnapshot(ctx context.Context, t *testing.T, s *kv.Store) ([]snapRecord, error) {
 	t.Helper()
 	var got []snapRecord
@@ -304,15 +322,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		}); err != nil {
 			t.Fatalf("re-encoded snapshot does not decode: %v", err)
 		}
-		for i := range got {
-			if len(got[i].Rec.Metadata) == 0 {
-				got[i].Rec.Metadata = nil
-			}
-			if len(back[i].Rec.Metadata) == 0 {
-				back[i].Rec.Metadata = nil
-			}
-		}
-		if !reflect.DeepEqual(back, got) {
+		if !sameRecords(back, got) {
 			t.Fatalf("decode(encode(records)) != records:\n%+v\n%+v", back, got)
 		}
 	})
@@ -407,15 +417,7 @@ func TestSnapshotOfManyChunks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range read {
-		if len(read[i].Rec.Metadata) == 0 {
-			read[i].Rec.Metadata = nil
-		}
-		if len(recs[i].Rec.Metadata) == 0 {
-			recs[i].Rec.Metadata = nil
-		}
-	}
-	if !reflect.DeepEqual(read, recs) {
+	if !sameRecords(read, recs) {
 		t.Fatalf("read back %d records, want the %d written", len(read), len(recs))
 	}
 }
