@@ -150,26 +150,27 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		m.rec.BodySeq = seq
 	}
 	if bodyErr != nil {
-		// Nothing is written for a request that fails: the payloads stored are deleted (one whose
-		// write's outcome is unknown is left to the next start, Broker.dropOrphans), also when the
-		// request's own time is what ran out.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.b.cfg.WriteTimeout)
-		defer cancel()
-		for _, m := range ms {
-			if m.rec.BodySeq != 0 {
-				if err := q.b.store.DeleteBody(dctx, m.rec.BodySeq); err != nil {
-					q.log().Warn("payload of a failed enqueue not deleted", "body_seq", m.rec.BodySeq, "error", err)
-				}
-			}
-		}
+		q.dropBodies(ctx, storedBodies(ms))
 		return nil, unavailable("store payload", bodyErr)
+	}
+	if q.testAfterBodies != nil {
+		q.testAfterBodies()
 	}
 
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	if err := q.usable(); err != nil {
+	err = q.usable()
+	for _, m := range ms {
+		if err == nil && m.dup && m.dupOf < 0 && q.entries.get(m.rec.ID) == nil {
+			// It existed a moment ago (so no payload was written for it) and was collected since.
+			err = subjects.Errorf(subjects.CodeUnavailable, "message %q was garbage-collected during this enqueue; retry", m.rec.ID)
+		}
+	}
+	if err != nil {
+		q.mu.Unlock()
+		q.dropBodies(ctx, storedBodies(ms))
 		return nil, err
 	}
+	defer q.mu.Unlock()
 	var cs []*change
 	var orphans []uint64
 	for _, m := range ms {
@@ -183,10 +184,6 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			}
 			m.e, m.dup = e, true
 			continue
-		}
-		if m.dup {
-			// It existed a moment ago (so no payload was written for it) and was collected since.
-			return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q was garbage-collected during this enqueue; retry", m.rec.ID)
 		}
 		e := &entry{ID: m.rec.ID, heapIdx: -1} // not stored yet (no state), and not placed until it is
 		q.setItem(e, &m.rec)
@@ -231,12 +228,38 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	}
 	if len(orphans) > 0 {
 		q.mu.Unlock()
-		for _, seq := range orphans {
-			if err := q.b.store.DeleteBody(ctx, seq); err != nil {
-				q.log().Warn("orphan payload not deleted", "body_seq", seq, "error", err)
-			}
-		}
+		q.dropBodies(ctx, orphans)
 		q.mu.Lock()
 	}
 	return replies, nil
+}
+
+// storedBodies lists the payloads an enqueue stored: those of its messages that were neither
+// duplicates of a stored message nor of an earlier one in the batch.
+func storedBodies(ms []*enqueued) []uint64 {
+	var seqs []uint64
+	for _, m := range ms {
+		if m.dupOf < 0 && m.rec.BodySeq != 0 {
+			seqs = append(seqs, m.rec.BodySeq)
+		}
+	}
+	return seqs
+}
+
+// dropBodies deletes payloads an enqueue stored but no record will reference: all of them when
+// the request fails (nothing is written for a request that fails, also when the request's own
+// time is what ran out), and those of messages a concurrent request created first. One that
+// cannot be deleted now, or whose write's outcome was unknown, is left to the next start
+// (Broker.dropOrphans).
+func (q *queue) dropBodies(ctx context.Context, seqs []uint64) {
+	if len(seqs) == 0 {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.b.cfg.WriteTimeout)
+	defer cancel()
+	for _, seq := range seqs {
+		if err := q.b.store.DeleteBody(dctx, seq); err != nil {
+			q.log().Warn("payload no record references not deleted", "body_seq", seq, "error", err)
+		}
+	}
 }

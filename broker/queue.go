@@ -56,6 +56,10 @@ type queue struct {
 	totals  subjects.Totals // transitions since the broker started
 	rates   rateWindow      // transitions over the last minute
 	waiting waitingAges     // pending entries by the second they became pending
+
+	// testAfterBodies, when a test sets it, runs after an enqueue has stored its payloads and
+	// before it takes mu again to store the records. Nil outside tests.
+	testAfterBodies func()
 }
 
 const numStates = 6

@@ -1,0 +1,80 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// TestEnqueueFailingAfterItsPayloadsWritesNothing: an enqueue that fails once its payloads are
+// stored deletes them and leaves no entry behind, whether its queue was deleted meanwhile or a
+// message it found already stored was collected meanwhile.
+func TestEnqueueFailingAfterItsPayloadsWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		// meanwhile runs between the payloads' writes and the records'.
+		meanwhile func(t *testing.T, b *Broker, q *queue)
+		want      subjects.Code
+	}{
+		{"queue deleted", func(t *testing.T, b *Broker, q *queue) {
+			if _, err := b.deleteQueue(ctx, q); err != nil {
+				t.Error(err)
+			}
+		}, subjects.CodeQueueNotFound},
+		{"stored message collected", func(t *testing.T, b *Broker, q *queue) {
+			q.mu.Lock() // what a collection of D does to the queue's entries
+			q.entries.remove("D")
+			q.mu.Unlock()
+		}, subjects.CodeUnavailable},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := internalBroker(t)
+			q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "D", Payload: "stored before"}}); err != nil {
+				t.Fatal(err)
+			}
+			before, err := b.store.ReadBodies(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran := false
+			q.testAfterBodies = func() {
+				ran = true
+				tc.meanwhile(t, b, q)
+			}
+			_, err = q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Payload: "a"}, {ID: "D", Payload: "again"}, {ID: "B", Payload: "b"}})
+			if !ran {
+				t.Fatal("the hook did not run")
+			}
+			if !errors.Is(err, &subjects.Error{Code: tc.want}) {
+				t.Fatalf("enqueue: got %v, want %s", err, tc.want)
+			}
+			after, err := b.store.ReadBodies(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.Last != before.Last+2 {
+				t.Fatalf("bodies stream's last sequence %d, want %d: the enqueue stored A's and B's payloads", after.Last, before.Last+2)
+			}
+			for seq := before.Last + 1; seq <= after.Last; seq++ {
+				if gone, err := b.store.BodyGone(ctx, seq); err != nil || !gone {
+					t.Errorf("payload %d of the failed enqueue: gone %v, %v", seq, gone, err)
+				}
+			}
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			for _, id := range []string{"A", "B"} {
+				if q.entries.get(id) != nil {
+					t.Errorf("the failed enqueue left an entry for %s", id)
+				}
+			}
+		})
+	}
+}
