@@ -205,6 +205,7 @@ func TestErrMalformedJSON(t *testing.T) {
 		`nul`,
 		`{"a":}`,
 		"\x00",
+		"{\"id\":\"m\xff1\"}", // not UTF-8: read as another id were it decoded anyway
 	}
 	ops := []subjects.Op{
 		subjects.OpCreate, subjects.OpInfo, subjects.OpUpdate, subjects.OpDelete,
@@ -310,6 +311,8 @@ func TestErrRawEnqueueHeaders(t *testing.T) {
 		{"metadata trailing", "q", map[string]string{subjects.HeaderMetadata: `{"a":"b"} x`}, subjects.CodeBadRequest},
 		{"metadata not JSON", "q", map[string]string{subjects.HeaderMetadata: `a=b`}, subjects.CodeBadRequest},
 		{"bad header, good others", "q", map[string]string{subjects.HeaderID: "m1", subjects.HeaderPriority: "5", subjects.HeaderLeaseMS: "x"}, subjects.CodeBadRequest},
+		{"misspelled header", "q", map[string]string{"Natstone-Lease": "5000"}, subjects.CodeBadRequest},
+		{"metadata not UTF-8", "q", map[string]string{subjects.HeaderMetadata: "{\"a\":\"\xff\"}"}, subjects.CodeBadRequest},
 		{"bad header unknown queue", "fresh", map[string]string{subjects.HeaderPriority: "x"}, subjects.CodeBadRequest},
 		{"metadata control char", "q", map[string]string{subjects.HeaderMetadata: `{"a\u0001":"v"}`}, subjects.CodeInvalidMetadata},
 		{"metadata too many pairs", "q", map[string]string{subjects.HeaderMetadata: `{"a":"1","b":"2","c":"3"}`}, subjects.CodeInvalidMetadata},

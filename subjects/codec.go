@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -20,11 +21,20 @@ const (
 	HeaderLeaseMS     = "Natstone-Lease-Ms"     // int64 ms, decimal
 )
 
-// Decode strictly decodes a JSON request body into v: one object, no unknown fields, nothing after it.
-// An empty (or all white space) body leaves v at its zero value. Errors are *Error with CodeBadRequest.
+// rawHeaders are the headers enqueue_raw reads.
+var rawHeaders = []string{HeaderID, HeaderPriority, HeaderMetadata, HeaderInvisibleMS, HeaderLeaseMS}
+
+// Decode strictly decodes a JSON request body into v: one object of valid UTF-8, no unknown fields,
+// nothing after it. An empty (or all white space) body, or null, leaves v at its zero value. Errors
+// are *Error with CodeBadRequest.
 func Decode(data []byte, v any) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
+	}
+	if !utf8.Valid(data) {
+		// encoding/json would replace each invalid byte with U+FFFD: an id or payload other than
+		// the one sent.
+		return Errorf(CodeBadRequest, "malformed JSON body: not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -38,36 +48,41 @@ func Decode(data []byte, v any) error {
 }
 
 // DecodeRawEnqueue builds an EnqueueRequest from the enqueue_raw form: body is the payload, the
-// attributes come from the Natstone-* headers (missing headers leave fields unset).
+// attributes come from the Natstone-* headers (missing headers leave fields unset). Header names
+// are matched case-insensitively; an unknown Natstone-* name or one given twice is an error, as an
+// unknown field of a JSON body is. Other headers are left to whoever sent them.
 func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, error) {
 	req := EnqueueRequest{PayloadBase64: body}
 	if req.PayloadBase64 == nil {
 		req.PayloadBase64 = []byte{}
 	}
-	get := func(name string) (string, bool) {
-		vs, ok := header[name]
-		if !ok {
-			// NATS headers keep the sender's case; match names case-insensitively.
-			for k, v := range header {
-				if strings.EqualFold(k, name) {
-					vs, ok = v, true
-					break
-				}
-			}
+	values := map[string]string{} // by the name of its constant
+	for k, vs := range header {
+		const prefix = "Natstone-"
+		if len(k) < len(prefix) || !strings.EqualFold(k[:len(prefix)], prefix) {
+			continue
 		}
-		if !ok || len(vs) == 0 {
-			return "", false
+		i := slices.IndexFunc(rawHeaders, func(name string) bool { return strings.EqualFold(k, name) })
+		if i < 0 {
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: unknown; enqueue_raw takes %s", k, strings.Join(rawHeaders, ", "))
 		}
-		return vs[0], true
+		name := rawHeaders[i]
+		if _, dup := values[name]; dup || len(vs) > 1 {
+			// NATS headers keep the sender's case, so one name can also come under two spellings.
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: given more than once", name)
+		}
+		if len(vs) == 1 {
+			values[name] = vs[0]
+		}
 	}
-	if v, ok := get(HeaderID); ok {
+	if v, ok := values[HeaderID]; ok {
 		req.ID = v
 	}
 	for _, h := range []struct {
 		name string
 		dst  **int64
 	}{{HeaderPriority, &req.Priority}, {HeaderInvisibleMS, &req.InvisibleMS}, {HeaderLeaseMS, &req.LeaseMS}} {
-		v, ok := get(h.name)
+		v, ok := values[h.name]
 		if !ok {
 			continue
 		}
@@ -77,7 +92,10 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 		}
 		*h.dst = &n
 	}
-	if v, ok := get(HeaderMetadata); ok {
+	if v, ok := values[HeaderMetadata]; ok {
+		if !utf8.ValidString(v) {
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: not valid UTF-8", HeaderMetadata)
+		}
 		if err := json.Unmarshal([]byte(v), &req.Metadata); err != nil {
 			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: want a JSON object of strings: %v", HeaderMetadata, err)
 		}

@@ -2,6 +2,7 @@ package subjects_test
 
 import (
 	"bytes"
+	"errors"
 	"encoding/json"
 	"net/textproto"
 	"reflect"
@@ -65,6 +66,11 @@ func TestDecodeStrict(t *testing.T) {
 		{"array filter", `{"filter":["a"]}`, func() any { return new(subjects.DepthRequest) }},
 		{"bad base64", `{"payload_base64":"!!!"}`, func() any { return new(subjects.EnqueueRequest) }},
 		{"object messages", `{"messages":{}}`, func() any { return new(subjects.EnqueueBatchRequest) }},
+		// encoding/json alone would replace each invalid byte with U+FFFD.
+		{"invalid UTF-8 in an id", "{\"id\":\"a\xffb\"}", func() any { return new(subjects.GetRequest) }},
+		{"invalid UTF-8 in a payload", "{\"payload\":\"x\xfey\"}", func() any { return new(subjects.EnqueueRequest) }},
+		{"invalid UTF-8 in a key", "{\"metadata\":{\"k\xff\":\"v\"}}", func() any { return new(subjects.EnqueueRequest) }},
+		{"invalid UTF-8 between fields", "{\"id\":\"a\"\xc0}", func() any { return new(subjects.GetRequest) }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -241,13 +247,25 @@ func TestDecodeRawEnqueueMissingHeaders(t *testing.T) {
 	}
 }
 
-func TestDecodeRawEnqueueFirstValueWins(t *testing.T) {
-	req, err := subjects.DecodeRawEnqueue(map[string][]string{subjects.HeaderPriority: {"1", "not a number"}}, nil)
-	if err != nil {
-		t.Fatal(err)
+// TestDecodeRawEnqueueRejectsUnclearHeaders: a header of natstone's that the request cannot mean
+// is refused, as an unknown field of a JSON body is, rather than ignored or picked from.
+func TestDecodeRawEnqueueRejectsUnclearHeaders(t *testing.T) {
+	for name, h := range map[string]map[string][]string{
+		"misspelled":               {"Natstone-Lease": {"5000"}},
+		"unknown, other case":      {"natstone-invisible": {"10000"}},
+		"repeated":                 {subjects.HeaderPriority: {"1", "2"}},
+		"repeated in another case": {subjects.HeaderPriority: {"1"}, "natstone-priority": {"2"}},
+		"metadata not UTF-8":       {subjects.HeaderMetadata: {"{\"k\":\"v\xff\"}"}},
+	} {
+		_, err := subjects.DecodeRawEnqueue(h, []byte("p"))
+		if !errors.Is(err, &subjects.Error{Code: subjects.CodeBadRequest}) {
+			t.Errorf("%s: DecodeRawEnqueue(%v) = %v, want bad_request", name, h, err)
+		}
 	}
-	if req.Priority == nil || *req.Priority != 1 {
-		t.Fatalf("Priority = %v, want 1", req.Priority)
+	// Headers outside natstone's own are the sender's business.
+	req, err := subjects.DecodeRawEnqueue(map[string][]string{"Nats-Msg-Id": {"x"}, "Traceparent": {"00-1"}, "Natstone": {"x"}}, []byte("p"))
+	if err != nil || !reflect.DeepEqual(req, subjects.EnqueueRequest{PayloadBase64: []byte("p")}) {
+		t.Errorf("other headers: %+v, %v", req, err)
 	}
 }
 
