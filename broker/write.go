@@ -198,8 +198,7 @@ type lockWrite struct {
 	truth  *kv.Lock // on a conflict: what storage holds (nil: no key)
 }
 
-// writeLocks writes the locks, resolving unknown outcomes and conflicts like resolve does.
-// Called without q.mu.
+// writeLocks writes the locks, resolving unknown outcomes and conflicts. Called without q.mu.
 func (q *queue) writeLocks(ws []*lockWrite) {
 	ctx := context.Background()
 	pending := make([]kv.Write, len(ws))
@@ -208,31 +207,36 @@ func (q *queue) writeLocks(ws []*lockWrite) {
 	}
 	for i, w := range ws {
 		w.rev, w.err = pending[i].Wait(ctx)
-		for try := 0; w.err != nil; try++ {
-			if !errors.Is(w.err, kv.ErrConflict) {
-				if try >= rewrites {
-					break
-				}
-				w.rev, w.err = q.b.store.WriteLock(q.name, w.value, w.want, w.expect).Wait(ctx)
-				continue
+		q.resolveLock(ctx, w)
+	}
+}
+
+// resolveLock learns the outcome of a lock write that failed, as resolve does a message write's.
+func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
+	for try := 0; w.err != nil; try++ {
+		if !errors.Is(w.err, kv.ErrConflict) {
+			if try >= rewrites {
+				return // unknown it stays
 			}
-			l, rev, err := q.b.store.GetLock(ctx, q.name, w.value)
-			switch {
-			case errors.Is(err, kv.ErrNotFound):
-				w.truth, w.rev = nil, 0
-			case err != nil:
-				w.err = err
-				if try >= rewrites {
-					return
-				}
-				continue
-			case l == w.want:
-				w.rev, w.err = rev, nil
-			default:
-				w.truth, w.rev = &l, rev
-			}
-			break
+			w.rev, w.err = q.b.store.WriteLock(q.name, w.value, w.want, w.expect).Wait(ctx)
+			continue
 		}
+		l, rev, err := q.b.store.GetLock(ctx, q.name, w.value)
+		switch {
+		case errors.Is(err, kv.ErrNotFound):
+			w.truth, w.rev = nil, 0
+		case err != nil:
+			w.err = err // the read failed: unknown
+			if try >= rewrites {
+				return
+			}
+			continue
+		case l == w.want:
+			w.rev, w.err = rev, nil
+		default:
+			w.truth, w.rev = &l, rev
+		}
+		return
 	}
 }
 

@@ -330,3 +330,51 @@ func testCollectionTakesAnotherRevision(t *testing.T, unreadable bool) {
 		t.Fatalf("the record after the collection: %v, want ErrNotFound", err)
 	}
 }
+
+// TestLockWritesResolvedOneByOne: a lock write whose outcome stays unknown (here: its key holds
+// what no lock decodes from, so every read back fails) does not keep the batch's other lock writes
+// from being waited for. It once did: they counted as taken at revision 0, whatever storage said.
+func TestLockWritesResolvedOneByOne(t *testing.T) {
+	b, _ := internalBroker(t)
+	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, two := int64(1), int64(2)
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{
+		{ID: "A", Priority: &one, Metadata: map[string]string{"g": "v1"}},
+		{ID: "B", Priority: &two, Metadata: map[string]string{"g": "v2"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locks, err := js.KeyValue(ctx, kv.DefaultPrefix+"-locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locks.Put(ctx, kv.LockKey("q", "v1"), []byte("not a lock")); err != nil {
+		t.Fatal(err)
+	}
+
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{Batch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0].ID != "B" {
+		t.Fatalf("dequeued %+v, want B alone: A's lock was not taken", ms)
+	}
+	_, rev, err := b.store.GetLock(ctx, "q", "v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.mu.Lock()
+	got := *q.lockOf("v2")
+	q.mu.Unlock()
+	if got.rev != rev || got.holder != "B" {
+		t.Fatalf("v2's lock as the broker knows it: %+v; storage has revision %d", got, rev)
+	}
+}
