@@ -258,8 +258,17 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 		q.deleted = q.entries.len()
 		q.close(subjects.Errorf(subjects.CodeUnavailable, "queue %s is being deleted", q.name))
 	}
-	// Let writes in flight land first, so none lands after the purge. (Waiting releases q.mu, and
-	// the writes that land may change q.entries: walk a copy.)
+	// Let writes in flight land first, so none lands after the purge. Those of unknown outcome are
+	// asked about now, since the closed queue's doubt timer no longer does: once storage answers,
+	// none of them can land later (its revision is taken, or it is known to have landed).
+	if q.doubts() {
+		q.resolveDoubts()
+		if n := len(q.doubtful) + len(q.doubtfulLocks); n > 0 {
+			q.mu.Unlock()
+			return subjects.DeleteReply{}, subjects.Errorf(subjects.CodeUnavailable, "delete queue %s: storage has not told the outcome of %d writes; retry", q.name, n)
+		}
+	}
+	// (Waiting releases q.mu, and the writes that land may change q.entries: walk a copy.)
 	for _, e := range slices.Collect(q.entries.all()) {
 		if err := q.waitIdle(ctx, e); err != nil {
 			q.mu.Unlock()

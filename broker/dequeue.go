@@ -165,7 +165,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		case c.err == nil:
 			held = append(held, leaseRef{e: c.e, leaseID: c.next.LeaseID})
 			heldBodies = append(heldBodies, bodies[i])
-		case !errors.Is(c.err, kv.ErrConflict):
+		case !c.skipped && !errors.Is(c.err, kv.ErrConflict):
 			maybe = append(maybe, leaseRef{e: c.e, leaseID: c.next.LeaseID}) // outcome unknown
 		}
 	}

@@ -36,22 +36,23 @@ type queue struct {
 	deleting  bool  // a delete has started (it may be retried until storage has forgotten the queue)
 	deleted   int   // how many messages the delete removes
 
-	entries    idTable
-	pending    *index.Index[*entry]
-	counts     [numStates]int
-	invisible  deadlines     // invisible entries by VisibleAt
-	leases     deadlines     // running entries by LeaseExpires
-	gc         deadlines     // terminal entries by EndedAt + retention
-	collecting bool          // a garbage collection is in flight; the gc timer waits for its end
-	idle       chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
-	locks      map[string]*lock
-	waiters    []*waiter
-	requests   map[string]*dequeueRecord // dequeue request id → its leases
-	doubtful   []*change                 // writes of unknown outcome, their entries kept busy
-	doubt      clock.Timer               // issues the doubtful writes again
-	doubtArmed bool
-	ids        *nuid.NUID // message and lease ids; the package's global one is behind a lock
-	reqOrder   []reqStamp // request ids by time, for expiry
+	entries       idTable
+	pending       *index.Index[*entry]
+	counts        [numStates]int
+	invisible     deadlines     // invisible entries by VisibleAt
+	leases        deadlines     // running entries by LeaseExpires
+	gc            deadlines     // terminal entries by EndedAt + retention
+	collecting    bool          // a garbage collection is in flight; the gc timer waits for its end
+	idle          chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
+	locks         map[string]*lock
+	waiters       []*waiter
+	requests      map[string]*dequeueRecord // dequeue request id → its leases
+	doubtful      []*change                 // writes of unknown outcome, their entries kept busy
+	doubtfulLocks []*lockWrite              // lock writes of unknown outcome, for leases not written; their values kept held
+	doubt         clock.Timer               // issues the doubtful writes again
+	doubtArmed    bool
+	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
+	reqOrder      []reqStamp // request ids by time, for expiry
 
 	totals  subjects.Totals // transitions since the broker started
 	rates   rateWindow      // transitions over the last minute
@@ -203,7 +204,7 @@ func (q *queue) settle() {
 	if q.closed != nil {
 		return
 	}
-	if len(q.doubtful) > 0 && !q.doubtArmed {
+	if q.doubts() && !q.doubtArmed {
 		q.doubtArmed = true
 		if q.doubt == nil {
 			q.doubt = q.b.clock.AfterFunc(doubtRetry, q.fireDoubt)

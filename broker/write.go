@@ -11,15 +11,16 @@ import (
 
 // change is one record write: e's record becomes next.
 type change struct {
-	e      *entry
-	next   kv.Record
-	prev   subjects.State // e's state before the change
-	expect uint64         // e's revision before the change: the write's compare-and-swap
-	create bool           // the message is new (expect was 0 when the write was first issued)
-	rev    uint64         // the stored revision, when err is nil
-	err    error          // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
-	truth  *kv.Record     // on a conflict: what storage holds instead (nil: the key is gone)
-	worker string         // a lease's: the dequeue's worker, for its event
+	e       *entry
+	next    kv.Record
+	prev    subjects.State // e's state before the change
+	expect  uint64         // e's revision before the change: the write's compare-and-swap
+	create  bool           // the message is new (expect was 0 when the write was first issued)
+	rev     uint64         // the stored revision, when err is nil
+	err     error          // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
+	truth   *kv.Record     // on a conflict: what storage holds instead (nil: the key is gone)
+	worker  string         // a lease's: the dequeue's worker, for its event
+	skipped bool           // never issued: its exclusivity lock was not taken (err says why)
 }
 
 // rewrites bounds how often a write whose outcome is unknown is issued again (each waits up to the
@@ -121,17 +122,33 @@ func (q *queue) fireDoubt() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.doubtArmed = false
-	if q.closed != nil || len(q.doubtful) == 0 || !q.b.track() {
+	if q.closed != nil || !q.doubts() || !q.b.track() {
 		return
 	}
 	defer q.b.wg.Done()
-	cs := q.doubtful
-	q.doubtful = nil
+	q.resolveDoubts()
+}
+
+// doubts reports whether writes of unknown outcome wait to be issued again. Called with q.mu held.
+func (q *queue) doubts() bool { return len(q.doubtful) > 0 || len(q.doubtfulLocks) > 0 }
+
+// resolveDoubts issues the doubtful writes again and applies what storage says; those whose
+// outcome is still unknown stay doubtful. Called and returns with q.mu held, released meanwhile.
+func (q *queue) resolveDoubts() {
+	cs, ws := q.doubtful, q.doubtfulLocks
+	q.doubtful, q.doubtfulLocks = nil, nil
 	q.mu.Unlock()
+	ctx := context.Background()
 	for _, c := range cs {
 		q.resolve(c)
 	}
+	for _, w := range ws {
+		q.resolveLock(ctx, w)
+	}
 	q.mu.Lock()
+	for _, w := range ws {
+		q.dropLock(w)
+	}
 	q.finish(cs)
 }
 
@@ -276,28 +293,11 @@ func (q *queue) takeLocks(cs []*change) []*change {
 			continue
 		}
 		q.log().Warn("exclusivity lock not taken", "value", c.e.Value(), "message_id", c.next.ID, "error", w.err)
-		c.err = w.err
+		c.err, c.skipped = w.err, true
 		dropped[c] = true
 		q.apply(c.e, c.e.record(), c.e.rev) // back to pending
 		q.endWrite(c.e)
-		switch {
-		case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
-			l.rev, l.holder = 0, ""
-		case errors.Is(w.err, kv.ErrConflict):
-			// Another writer wrote the lock. It holds nothing if it names a message that has
-			// ended here, since an ended message never runs again. Otherwise whether its holder
-			// runs is known only from storage's messages, which a restart's reconcile reads:
-			// until then the value stays held.
-			l.rev, l.holder = w.rev, w.truth.MessageID
-			if h := q.entries.get(l.holder); h != nil && h.State().Terminal() {
-				l.holder = ""
-			}
-		default:
-			continue // unknown: keep the value held; a restart reconciles it
-		}
-		if l.holder == "" {
-			q.pending.Release(c.e.Value())
-		}
+		q.dropLock(w)
 	}
 	kept := make([]*change, 0, len(cs)-len(dropped))
 	for _, c := range cs {
@@ -306,6 +306,34 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		}
 	}
 	return kept
+}
+
+// dropLock settles the value of a take whose lease is not written, from what its lock write did.
+// A lock that landed names a lease that never ran, so it holds nothing. A lock another writer wrote
+// holds nothing if it names a message that has ended here, since an ended message never runs again;
+// otherwise whether its holder runs is known only from storage's messages, which a restart's
+// reconcile reads, and until then the value stays held. While the write's outcome is unknown the
+// value stays held and the write is doubtful: the doubt timer asks storage again. Called with q.mu
+// held.
+func (q *queue) dropLock(w *lockWrite) {
+	l := q.lockOf(w.value)
+	switch {
+	case w.err == nil:
+		l.rev, l.holder = w.rev, ""
+	case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
+		l.rev, l.holder = 0, ""
+	case errors.Is(w.err, kv.ErrConflict):
+		l.rev, l.holder = w.rev, w.truth.MessageID
+		if h := q.entries.get(l.holder); h != nil && h.State().Terminal() {
+			l.holder = ""
+		}
+	default:
+		q.doubtfulLocks = append(q.doubtfulLocks, w)
+		return
+	}
+	if l.holder == "" {
+		q.pending.Release(w.value)
+	}
 }
 
 // freeLocks frees the exclusivity values of entries that are no longer running and releases them in

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -376,5 +377,105 @@ func TestLockWritesResolvedOneByOne(t *testing.T) {
 	q.mu.Unlock()
 	if got.rev != rev || got.holder != "B" {
 		t.Fatalf("v2's lock as the broker knows it: %+v; storage has revision %d", got, rev)
+	}
+}
+
+// TestUnknownLockWriteAskedAgain: a take whose lock write's outcome stays unknown leases nothing and
+// keeps its value held, and the doubt timer asks storage again: once storage shows the lock landed
+// (naming a lease that never ran), the value is free, and a retry of the dequeue with the same
+// request id leases. Both once waited for a restart.
+func TestUnknownLockWriteAskedAgain(t *testing.T) {
+	b, _ := internalBroker(t)
+	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Metadata: map[string]string{"g": "v1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locks, err := js.KeyValue(ctx, kv.DefaultPrefix+"-locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := kv.LockKey("q", "v1")
+	if _, err := locks.Put(ctx, key, []byte("not a lock")); err != nil { // every read back fails
+		t.Fatal(err)
+	}
+
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r1"})
+	if !errors.Is(err, &subjects.Error{Code: subjects.CodeUnavailable}) {
+		t.Fatalf("dequeue: %+v, %v; want unavailable", ms, err)
+	}
+	q.mu.Lock()
+	doubtful, armed := slices.Clone(q.doubtfulLocks), q.doubtArmed
+	q.mu.Unlock()
+	if len(doubtful) != 1 || !armed {
+		t.Fatalf("doubtful lock writes %d, timer armed %v; want 1 and armed", len(doubtful), armed)
+	}
+	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{}); err != nil || len(ms) != 0 {
+		t.Fatalf("dequeue while the lock is in doubt: %+v, %v; want nothing", ms, err)
+	}
+
+	// Storage answers again, and shows that the first write landed.
+	if _, err := locks.Put(ctx, key, kv.EncodeLock(doubtful[0].want)); err != nil {
+		t.Fatal(err)
+	}
+	q.fireDoubt() // what the timer does when it fires
+	q.mu.Lock()
+	left := len(q.doubtfulLocks)
+	q.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d lock writes still in doubt", left)
+	}
+	ms, err = q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r1"})
+	if err != nil || len(ms) != 1 || ms[0].ID != "A" {
+		t.Fatalf("the dequeue's retry: %+v, %v; want A", ms, err)
+	}
+}
+
+// TestDeleteAsksAboutWritesInDoubt: a queue whose write's outcome is unknown can be deleted: the
+// delete asks storage about the write itself (the closed queue's timer no longer does) rather than
+// wait for the write's entry until it times out, at every retry.
+func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
+	b, _ := internalBroker(t)
+	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %+v, %v", ms, err)
+	}
+	// A complete whose write landed but whose acknowledgement was lost.
+	q.mu.Lock()
+	e := q.entries.get("M")
+	next := e.record()
+	next.State, next.EndedAt = subjects.StateCompleted, next.UpdatedAt
+	next.Version++
+	c := &change{e: e, next: next, prev: subjects.StateRunning, expect: e.rev, err: errors.New("nats: timeout")}
+	e.setBusy(true)
+	q.doubtful = append(q.doubtful, c)
+	q.mu.Unlock()
+	if _, err := b.store.WriteMessage("q", &next, c.expect).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rep, err := b.deleteQueue(dctx, q)
+	if err != nil || rep.Messages != 1 {
+		t.Fatalf("delete: %+v, %v", rep, err)
+	}
+	if _, _, err := b.store.GetMessage(ctx, "q", "M"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("M after the delete: %v, want not found", err)
 	}
 }
