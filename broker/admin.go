@@ -205,36 +205,61 @@ func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subj
 	if r.Revision != 0 && r.Revision != q.cfgRev {
 		return subjects.QueueInfo{}, subjects.Errorf(subjects.CodeRevisionMismatch, "queue %s is at revision %d, not %d", q.name, q.cfgRev, r.Revision)
 	}
-	c := q.cfg
-	setIf(&c.LeaseMS, r.LeaseMS)
-	setIf(&c.InvisibleMS, r.InvisibleMS)
-	setIf(&c.MaxAttempts, r.MaxAttempts)
-	setIf(&c.RetentionMS, r.RetentionMS)
-	setIf(&c.MaxPayloadBytes, r.MaxPayloadBytes)
-	setIf(&c.MaxMetadataPairs, r.MaxMetadataPairs)
-	setIf(&c.EnqueueBlocked, r.EnqueueBlocked)
-	setIf(&c.DequeueBlocked, r.DequeueBlocked)
-	if err := validateConfig(&c); err != nil {
-		return subjects.QueueInfo{}, err
+	for again := false; ; again = true {
+		c := q.cfg
+		setIf(&c.LeaseMS, r.LeaseMS)
+		setIf(&c.InvisibleMS, r.InvisibleMS)
+		setIf(&c.MaxAttempts, r.MaxAttempts)
+		setIf(&c.RetentionMS, r.RetentionMS)
+		setIf(&c.MaxPayloadBytes, r.MaxPayloadBytes)
+		setIf(&c.MaxMetadataPairs, r.MaxMetadataPairs)
+		setIf(&c.EnqueueBlocked, r.EnqueueBlocked)
+		setIf(&c.DequeueBlocked, r.DequeueBlocked)
+		if err := validateConfig(&c); err != nil {
+			return subjects.QueueInfo{}, err
+		}
+		if c == q.cfg {
+			return q.info(), nil
+		}
+		// Held across the write: config changes are rare and must not interleave with each other.
+		want := kv.QueueRecord{Config: c, CreatedAt: q.createdAt}
+		rev, err := q.b.store.PutQueue(ctx, q.name, want, q.cfgRev)
+		for try := 0; err != nil && !errors.Is(err, kv.ErrConflict) && try < rewrites; try++ {
+			// Unknown: the same write again, which its expected revision makes idempotent.
+			rev, err = q.b.store.PutQueue(ctx, q.name, want, q.cfgRev)
+		}
+		if err == nil {
+			q.setConfig(c, rev)
+			return q.info(), nil
+		}
+		if !errors.Is(err, kv.ErrConflict) {
+			return subjects.QueueInfo{}, unavailable("store queue", err)
+		}
+		// An earlier attempt of this change landed (its acknowledgement lost, here or in an earlier
+		// request), or another writer's did: storage's config is the queue's from now on.
+		stored, srev, err := q.b.store.GetQueue(ctx, q.name)
+		if err != nil {
+			return subjects.QueueInfo{}, unavailable("read queue", err)
+		}
+		q.setConfig(stored.Config, srev)
+		switch {
+		case stored == want:
+			return q.info(), nil
+		case r.Revision != 0 || again:
+			return subjects.QueueInfo{}, subjects.Errorf(subjects.CodeRevisionMismatch, "queue %s changed in storage; get it and retry", q.name)
+		}
+		// Without a revision the update applies whatever the config: once more, onto storage's.
 	}
-	if c == q.cfg {
-		return q.info(), nil
-	}
-	// Held across the write: config changes are rare and must not interleave with each other.
-	rev, err := q.b.store.PutQueue(ctx, q.name, kv.QueueRecord{Config: c, CreatedAt: q.createdAt}, q.cfgRev)
-	if errors.Is(err, kv.ErrConflict) {
-		return subjects.QueueInfo{}, subjects.Errorf(subjects.CodeRevisionMismatch, "queue %s changed in storage; get it and retry", q.name)
-	}
-	if err != nil {
-		return subjects.QueueInfo{}, unavailable("store queue", err)
-	}
+}
+
+// setConfig makes c, stored at revision rev, the queue's config. Called with q.mu held.
+func (q *queue) setConfig(c subjects.QueueConfig, rev uint64) {
 	retention := c.RetentionMS != q.cfg.RetentionMS
 	q.cfg, q.cfgRev = c, rev
 	if retention {
 		q.gc.armedAt = 0 // every gc deadline moved by the same amount: the order holds
 	}
 	q.settle()
-	return q.info(), nil
 }
 
 func setIf[T any](dst *T, v *T) {

@@ -479,3 +479,65 @@ func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
 		t.Fatalf("M after the delete: %v, want not found", err)
 	}
 }
+
+// TestUpdateLearnsStoragesConfig: an update whose write landed though its acknowledgement was lost
+// left the broker's config and revision behind storage's, and every later update then conflicted,
+// and so did its retry at the revision info showed. The next update now reads storage's config on
+// a conflict: the same change succeeds, another with a revision gets revision_mismatch with the
+// revision a retry needs, and one without a revision applies onto storage's config.
+func TestUpdateLearnsStoragesConfig(t *testing.T) {
+	b, _ := internalBroker(t)
+	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	landed := func(change func(*subjects.QueueConfig)) uint64 { // an update stored behind the broker's back
+		t.Helper()
+		stored, rev, err := b.store.GetQueue(ctx, "q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(&stored.Config)
+		rev, err = b.store.PutQueue(ctx, "q", stored, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+
+	rev := landed(func(c *subjects.QueueConfig) { c.DequeueBlocked = true })
+	got, err := q.update(ctx, subjects.UpdateQueueRequest{DequeueBlocked: ptrTo(true)})
+	if err != nil || !got.Config.DequeueBlocked || got.Revision != rev {
+		t.Fatalf("the update again: %+v, %v; want it blocked at revision %d", got, err, rev)
+	}
+
+	rev = landed(func(c *subjects.QueueConfig) { c.MaxAttempts = 7 })
+	_, err = q.update(ctx, subjects.UpdateQueueRequest{Revision: got.Revision, MaxAttempts: ptrTo(9)})
+	if !errors.Is(err, &subjects.Error{Code: subjects.CodeRevisionMismatch}) {
+		t.Fatalf("another update: %v, want revision_mismatch", err)
+	}
+	q.mu.Lock()
+	now := q.info()
+	q.mu.Unlock()
+	if now.Revision != rev || now.Config.MaxAttempts != 7 {
+		t.Fatalf("info after the conflict: revision %d, max_attempts %d; want %d and 7", now.Revision, now.Config.MaxAttempts, rev)
+	}
+	got, err = q.update(ctx, subjects.UpdateQueueRequest{Revision: now.Revision, MaxAttempts: ptrTo(9)})
+	if err != nil || got.Config.MaxAttempts != 9 {
+		t.Fatalf("the retry at the revision info showed: %+v, %v", got, err)
+	}
+
+	// Without a revision an update applies whatever the config, storage's too.
+	landed(func(c *subjects.QueueConfig) { c.LeaseMS = 45_000 })
+	got, err = q.update(ctx, subjects.UpdateQueueRequest{MaxAttempts: ptrTo(4)})
+	if err != nil || got.Config.MaxAttempts != 4 || got.Config.LeaseMS != 45_000 || !got.Config.DequeueBlocked {
+		t.Fatalf("an update without a revision: %+v, %v", got, err)
+	}
+	stored, rev, err := b.store.GetQueue(ctx, "q")
+	if err != nil || stored.Config != got.Config || rev != got.Revision {
+		t.Fatalf("stored: %+v at %d, %v; the reply: %+v", stored.Config, rev, err, got)
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
