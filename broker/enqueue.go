@@ -15,6 +15,7 @@ type enqueued struct {
 	payload []byte
 	dupOf   int      // index of an earlier message of the same request with this id, else -1
 	e       *entry   // the entry (new, or the existing one for a duplicate)
+	create  *change  // the record's write, for a new message
 	dup     bool     // the id already existed: nothing is written for it
 	body    kv.Write // the payload write in flight
 }
@@ -188,17 +189,22 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		e := &entry{ID: m.rec.ID, heapIdx: -1} // not stored yet (no state), and not placed until it is
 		q.setItem(e, &m.rec)
 		q.entries.put(e)
-		m.e = e
-		cs = append(cs, &change{e: e, next: m.rec})
+		m.e, m.create = e, &change{e: e, next: m.rec}
+		cs = append(cs, m.create)
 	}
 	q.commit(cs)
-	for _, c := range cs {
-		if c.err != nil {
-			if e := q.entries.get(c.next.ID); e != nil && e.rev != 0 {
-				continue // another writer created it: a duplicate
-			}
-			return nil, unavailable("store message", c.err)
+	for _, m := range ms {
+		if m.create == nil || m.create.err == nil {
+			continue
 		}
+		if e := q.entries.get(m.rec.ID); e != nil && e.rev != 0 {
+			// Another writer created it first, and its record was taken: a duplicate, whose
+			// payload is not needed.
+			m.e, m.dup = e, true
+			orphans = append(orphans, m.rec.BodySeq)
+			continue
+		}
+		return nil, unavailable("store message", m.create.err)
 	}
 	replies := make([]subjects.EnqueueReply, len(ms))
 	for i, m := range ms {

@@ -158,8 +158,11 @@ func TestConflictTakesOtherWritersRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := replies[0]; r.Priority != 5 || r.Version != 1 {
-		t.Errorf("enqueue reply %+v: want the stored record's priority 5, version 1", r)
+	if r := replies[0]; r.Priority != 5 || r.Version != 1 || !r.Duplicate {
+		t.Errorf("enqueue reply %+v: want the stored record's priority 5, version 1, a duplicate", r)
+	}
+	if gone, err := b.store.BodyGone(ctx, seq+1); err != nil || !gone {
+		t.Errorf("the payload the enqueue stored and no record references: gone %v, %v", gone, err)
 	}
 	ms, err := q.dequeue(ctx, subjects.DequeueRequest{Filter: map[string]string{"who": "them"}})
 	if err != nil {
