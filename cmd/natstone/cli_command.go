@@ -58,6 +58,9 @@ func printFlags(w io.Writer, fs *flag.FlagSet, include func(name string) bool) {
 			return
 		}
 		arg, text := flag.UnquoteUsage(f)
+		if _, ok := f.Value.(*msDuration); ok && arg == "value" {
+			arg = "duration"
+		}
 		line := "  --" + f.Name
 		if arg != "" {
 			line += " " + arg
@@ -207,4 +210,40 @@ func parseDeadline(s string, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("--deadline %q is neither an RFC 3339 time (2026-01-02T15:04:05Z) nor a duration from now (90m)", s)
 	}
 	return now.Add(d), nil
+}
+
+// msDuration is a duration flag that the protocol carries in whole milliseconds. A value that is not
+// a whole number of them, or lies outside min to max, is refused where it is given (exit 2), rather
+// than rounded (500us would become 0, the default) or left to the broker. Zero is the default.
+type msDuration struct {
+	d        time.Duration
+	min, max time.Duration
+}
+
+func (f *msDuration) String() string {
+	if f == nil {
+		return "0s"
+	}
+	return f.d.String()
+}
+
+func (f *msDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		return errors.New("not a duration (e.g. 90s, 5m, 1h30m)")
+	case d%time.Millisecond != 0:
+		return errors.New("not a whole number of milliseconds")
+	case d != 0 && (d < f.min || d > f.max):
+		return fmt.Errorf("must be %s to %s", fmtDuration(f.min), fmtDuration(f.max))
+	}
+	f.d = d
+	return nil
+}
+
+// duration declares a duration flag of at most max, at least min unless 0 (the default).
+func (c *clientCommand) duration(name string, min, max time.Duration, usage string) *time.Duration {
+	f := &msDuration{min: min, max: max}
+	c.fs.Var(f, name, usage)
+	return &f.d
 }

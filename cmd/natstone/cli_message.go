@@ -40,8 +40,8 @@ shows the progress.
 	deadline := c.fs.String("deadline", "", "the priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
 	var meta pairsFlag
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
-	invisible := c.fs.Duration("invisible", 0, "keep the message invisible this long before it is pending (default the queue's)")
-	lease := c.fs.Duration("lease", 0, "the message's lease when a dequeue does not ask for one (default the queue's)")
+	invisible := c.duration("invisible", time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending (default the queue's)")
+	lease := c.duration("lease", subjects.MinLease, subjects.MaxLease, "the message's lease when a dequeue does not ask for one (default the queue's)")
 	importFile := c.fs.String("import", "", "import JSON lines from `file` (- for stdin) instead of enqueueing one message")
 	inFlight := c.fs.Int("in-flight", importInFlight, "with --import: send `n` batches at once; 1 enqueues the messages without a priority in the file's order")
 	pos, err := c.parse(args, 1, 2)
@@ -77,9 +77,6 @@ shows the progress.
 		if opts.Deadline, err = parseDeadline(*deadline, time.Now()); err != nil {
 			return parseExit(c.usageError("%v", err))
 		}
-	}
-	if *invisible < 0 || *lease < 0 {
-		return parseExit(c.usageError("--invisible and --lease cannot be negative"))
 	}
 	if len(pos) == 2 && given["file"] {
 		return parseExit(c.usageError("give PAYLOAD or --file, not both"))
@@ -120,8 +117,8 @@ that long for a first message if none is pending. Exits 4 when it got no message
 ends when the queue is empty. --json prints the protocol's reply, {"messages": [...]}.
 `, stdout, stderr)
 	batch := c.fs.Int("batch", 1, "lease up to `n` messages (1 to 256)")
-	lease := c.fs.Duration("lease", 0, "lease duration (default each message's, else the queue's)")
-	wait := c.fs.Duration("wait", 0, "wait up to this long for a first message (at most 5m)")
+	lease := c.duration("lease", subjects.MinLease, subjects.MaxLease, "lease duration (default each message's, else the queue's)")
+	wait := c.duration("wait", time.Millisecond, subjects.MaxWait, "wait up to this long for a first message (at most 5m)")
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "lease only messages with metadata `key=value`, repeatable (all must match)")
 	requestID := c.fs.String("request-id", "", "makes the dequeue retry-safe: a retry with the same `id` within 5 minutes returns the same leases")
@@ -129,6 +126,12 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
 		return parseExit(err)
+	}
+	if *batch < 1 || *batch > subjects.MaxDequeueBatch {
+		return parseExit(c.usageError("--batch must be 1 to %d, not %d", subjects.MaxDequeueBatch, *batch))
+	}
+	if err := subjects.ValidateRequestID(*requestID); err != nil {
+		return parseExit(c.usageError("--request-id must be at most %d bytes of printable UTF-8", subjects.MaxRequestIDLen))
 	}
 	if err := subjects.ValidateWorker(*worker); err != nil {
 		return parseExit(c.usageError("--worker must be at most %d bytes of printable UTF-8", subjects.MaxWorkerLen))
@@ -188,7 +191,7 @@ func runExtend(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	c := newClientCommand("natstone extend", "QUEUE ID LEASE [flags]", `
 Extends lease LEASE of message ID: it then ends --lease from now.
 `, stdout, stderr)
-	lease := c.fs.Duration("lease", 0, "the lease ends this long from now (default the lease the message was dequeued with)")
+	lease := c.duration("lease", subjects.MinLease, subjects.MaxLease, "the lease ends this long from now (default the message's own lease, else the queue's)")
 	return runLeaseOp(ctx, c, args, 3, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
 		return cl.Extend(ctx, q, id, leaseID, *lease)
 	})
@@ -199,7 +202,7 @@ func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) in
 Gives message ID, leased as LEASE, back to the queue: pending at once, or invisible for --delay.
 The attempt stays spent; a message with no attempt left is errored.
 `, stdout, stderr)
-	delay := c.fs.Duration("delay", 0, "keep the message invisible this long before it is pending again")
+	delay := c.duration("delay", time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending again")
 	return runLeaseOp(ctx, c, args, 3, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
 		return cl.Release(ctx, q, id, leaseID, *delay)
 	})
