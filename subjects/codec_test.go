@@ -2,8 +2,8 @@ package subjects_test
 
 import (
 	"bytes"
-	"errors"
 	"encoding/json"
+	"errors"
 	"net/textproto"
 	"reflect"
 	"strings"
