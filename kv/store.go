@@ -821,12 +821,20 @@ func (s *Store) BodyGone(ctx context.Context, seq uint64) (bool, error) {
 }
 
 // DeleteBody removes the payload at seq. A missing body is not an error.
+//
+// nats.go reports every refusal of the server as ErrMsgDeleteUnsuccessful: a sequence already
+// gone, but also a store that failed to remove it. Only the first is success (a collection takes
+// a payload's absence as the proof that its record may go), so a refusal is checked with the
+// stream's leader.
 func (s *Store) DeleteBody(ctx context.Context, seq uint64) error {
 	err := s.bodies.DeleteMsg(ctx, seq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
-		return nil
+	if !errors.Is(err, jetstream.ErrMsgNotFound) && !errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		return err
 	}
-	return err
+	if gone, gerr := s.BodyGone(ctx, seq); gerr != nil || !gone {
+		return fmt.Errorf("kv: delete payload %d: %w", seq, err)
+	}
+	return nil
 }
 
 // GetQueue reads a queue's record with its revision.

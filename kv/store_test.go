@@ -846,3 +846,46 @@ func TestLoadFailsWhenABatchStalls(t *testing.T) {
 		t.Fatalf("a load whose batch stalled: %v, want an error", err)
 	}
 }
+
+// TestDeleteBodyFailsUnlessGone: a payload deleted twice is no error, but a delete the server
+// refuses while the payload stays (here: the stream denies deletes) is one. nats.go reports both
+// the same way, and both once counted as done, which let a collection remove a record whose
+// payload was still stored.
+func TestDeleteBodyFailsUnlessGone(t *testing.T) {
+	s, srv := open(t)
+	js := jsOn(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gone, err := s.WriteBody("q", "gone", []byte("x")).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := s.DeleteBody(ctx, gone); err != nil {
+			t.Fatalf("DeleteBody of a payload deleted already: %v", err)
+		}
+	}
+	if err := s.DeleteBody(ctx, gone+1000); err != nil {
+		t.Fatalf("DeleteBody past the stream's last sequence: %v", err)
+	}
+
+	kept, err := s.WriteBody("q", "kept", []byte("y")).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, kv.DefaultPrefix+"-bodies")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.DenyDelete = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteBody(ctx, kept); err == nil {
+		t.Fatal("DeleteBody refused by the server reported success")
+	}
+	if isGone, err := s.BodyGone(ctx, kept); err != nil || isGone {
+		t.Fatalf("the payload after the refused delete: gone %v, %v", isGone, err)
+	}
+}
