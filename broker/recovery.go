@@ -89,6 +89,11 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 	var unloaded []uint64                // the payloads of the records of unknown queues
 	unknown := make(map[string][]*entry) // those records, by queue: only what removing them needs
 	snapshot, err = b.loadRecords(ctx, func(name string, r kv.Record, rev uint64, bad error) error {
+		if bad == nil && r.BodySeq == 0 {
+			// Every record natstone writes names its payload; the checks below would ask the
+			// bodies stream for sequence 0, which it refuses, at every start.
+			bad = fmt.Errorf("message %q names no payload", r.ID)
+		}
 		if bad != nil {
 			// One corrupted value must not keep every queue down: report it and go on.
 			b.log.Error("unreadable message record skipped", "queue", name, "error", bad)
@@ -135,10 +140,15 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 		running[name] = rq.index()
 	}
 	locks := make(map[string]map[string]kv.Lock)
-	err = b.store.LoadLocks(ctx, "", func(name, value string, l kv.Lock, rev uint64) error {
+	err = b.store.LoadLocks(ctx, "", func(name, value string, l kv.Lock, rev uint64, bad error) error {
 		q := b.queues[name]
 		if q == nil {
 			return nil
+		}
+		if bad != nil {
+			// It names no holder, so it holds nothing: the reconcile below, or the value's next
+			// take, overwrites it at its revision.
+			b.log.Error("unreadable exclusivity lock taken as free", "queue", name, "error", bad)
 		}
 		q.locks[value] = &lock{rev: rev, holder: l.MessageID}
 		if locks[name] == nil {

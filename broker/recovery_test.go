@@ -295,3 +295,76 @@ func TestRestartKeepsPayloadsWhenARecordIsUnreadable(t *testing.T) {
 	}
 	e.waitStreamMsgs("natstone-bodies", 2)
 }
+
+// TestRestartSkipsARecordWithoutPayload: a record that names no payload (body_seq 0: not one
+// natstone writes) is reported and skipped like an unreadable one. It once stopped every start: the
+// recovery's checks asked the bodies stream for sequence 0, which the server refuses.
+func TestRestartSkipsARecordWithoutPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js := e.jetStream()
+	for _, id := range []string{"pending", "completed"} {
+		r := kv.Record{ID: id, State: subjects.StatePending, Version: 1, MaxAttempts: 5}
+		if id == "completed" {
+			r.State, r.EndedAt = subjects.StateCompleted, 1
+		}
+		data, err := kv.EncodeRecord(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, "$KV.natstone-messages."+kv.MessageKey("q", id), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	e.restartAll()
+
+	if ms := e.dequeue("q", subjects.DequeueRequest{Batch: 10}); len(ms) != 1 || ms[0].ID != "a" {
+		t.Fatalf("dequeued %v after the restart, want [a]", ids(ms))
+	}
+}
+
+// TestRestartTakesAnUnreadableLockAsFree: a lock that does not decode names no holder, so a start
+// takes its value as free (held again if one of its messages runs) instead of failing, as it once
+// did at every start.
+func TestRestartTakesAnUnreadableLockAsFree(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a1", Priority: ptr(int64(1)), Metadata: map[string]string{"g": "v1"}})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a2", Priority: ptr(int64(2)), Metadata: map[string]string{"g": "v1"}})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b1", Priority: ptr(int64(3)), Metadata: map[string]string{"g": "v2"}})
+	running := e.dequeueOne("q")
+	if running.ID != "a1" {
+		t.Fatalf("dequeued %s, want a1", running.ID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js := e.jetStream()
+	for _, value := range []string{"v1", "v2"} {
+		if _, err := js.Publish(ctx, "$KV.natstone-locks."+kv.LockKey("q", value), []byte("not a lock")); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	e.restartAll()
+
+	// v1 stays held by a1, which still runs; v2 is free, and its take overwrites the bad lock.
+	if ms := e.dequeue("q", subjects.DequeueRequest{Batch: 10}); len(ms) != 1 || ms[0].ID != "b1" {
+		t.Fatalf("dequeued %v after the restart, want [b1]", ids(ms))
+	}
+	store, err := kv.Open(ctx, &kv.Config{JS: e.jetStream()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for value, holder := range map[string]string{"v1": "a1", "v2": "b1"} {
+		l, _, err := store.GetLock(ctx, "q", value)
+		if err != nil || l.MessageID != holder {
+			t.Errorf("lock of %s: %+v, %v; want it to name %s", value, l, err, holder)
+		}
+	}
+}

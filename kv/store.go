@@ -387,8 +387,9 @@ func (s *Store) GetLock(ctx context.Context, queue, value string) (Lock, uint64,
 	return l, rev, nil
 }
 
-// LoadLocks calls fn for every lock of queue ("" for every queue).
-func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, value string, l Lock, rev uint64) error) error {
+// LoadLocks calls fn for every lock of queue ("" for every queue). A lock that does not decode
+// comes as the empty Lock, which names no holder, with bad saying why.
+func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, value string, l Lock, rev uint64, bad error) error) error {
 	return s.load(ctx, s.locks, queue, func(q, tok string, data []byte, rev uint64) error {
 		value, err := decodeToken(tok)
 		if err != nil {
@@ -396,9 +397,9 @@ func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, valu
 		}
 		var l Lock
 		if err := json.Unmarshal(data, &l); err != nil {
-			return fmt.Errorf("kv: decode lock %s/%q: %w", q, value, err)
+			return fn(q, value, Lock{}, rev, fmt.Errorf("kv: decode lock %s/%q: %w", q, value, err))
 		}
-		return fn(q, value, l, rev)
+		return fn(q, value, l, rev, nil)
 	})
 }
 
