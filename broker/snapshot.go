@@ -62,6 +62,12 @@ func (b *Broker) writeSnapshot(ctx context.Context) {
 		b.log.Warn("no snapshot written: the next start reads every record", "error", err)
 		return
 	}
+	if !b.claim.held() {
+		// The fence may have been read after another broker took the store over and wrote.
+		// Held now, it was held when the fence was read: only this broker's writes are in it.
+		b.log.Warn("no snapshot written: the claim on the store ran out")
+		return
+	}
 	start := time.Now()
 	info, err := b.store.WriteSnapshot(ctx, fence, records, b.claim.mine.Broker, func(w *kv.SnapshotWriter) error {
 		for i, q := range qs {
