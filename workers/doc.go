@@ -8,6 +8,12 @@
 // slot's next message, in the same request ([Client.CompleteNext]): a slot costs one round trip per
 // message while the queue has work, and long-polls only when it has none.
 //
+// A Worker rides out a broker that is briefly gone or unavailable. A dequeue whose outcome is
+// unknown (no reply in time, or unavailable) is sent again with its request id, so the broker
+// returns any lease it took instead of leaving that message to expire unprocessed, and such a
+// message's lease is extended at once. A complete, release or cancel is sent again, with backoff,
+// for as long as the lease may hold (three times once the worker is stopping).
+//
 //	nc, _ := nats.Connect(nats.DefaultURL)
 //	c, _ := workers.NewClient(nc, nil)
 //	c.Enqueue(ctx, "emails", []byte("hello"), &workers.EnqueueOpts{Deadline: time.Now().Add(time.Hour)})

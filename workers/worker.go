@@ -23,8 +23,9 @@ const (
 	DefaultPollWait    = 20 * time.Second
 )
 
-// settleTries is how many times the worker tries to complete, release or cancel a message when the
-// broker cannot be reached or is unavailable. Each of these is idempotent for the same lease.
+// settleTries is how many times a stopping worker tries to complete, release or cancel a message when
+// the broker cannot be reached or is unavailable (a running one tries until the lease ends). Each of
+// these is idempotent for the same lease.
 const settleTries = 3
 
 // WorkerConfig configures a Worker. Only Queue is required.
@@ -222,19 +223,22 @@ func (w *Worker) Stop(ctx context.Context) error {
 // message is settled together with the dequeue of the slot's next one (CompleteNext, ReleaseNext):
 // the slot long-polls only when that dequeue found nothing.
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
-	failures := 0 // consecutive polls that failed or came back suspiciously early
+	failures := 0   // consecutive polls that failed or came back suspiciously early
+	uncertain := "" // the request id of the last dequeue whose outcome is unknown: the next poll's
 	for pollCtx.Err() == nil {
 		began := time.Now()
-		msgs, err := w.poll(pollCtx)
-		got := len(msgs) > 0
-		for len(msgs) > 0 {
+		d, err := w.poll(pollCtx, uncertain)
+		got := len(d.msgs) > 0
+		for len(d.msgs) > 0 {
 			if pollCtx.Err() != nil {
-				w.giveBack(jobCtx, msgs) // leased by a settle as the worker began to stop
+				w.giveBack(jobCtx, d.msgs) // leased by a settle as the worker began to stop
 				return
 			}
-			m := msgs[0]
-			msgs = append(msgs[1:], w.process(pollCtx, jobCtx, &m)...)
+			m, rest := d.msgs[0], d.msgs[1:]
+			d = w.process(pollCtx, jobCtx, &m, d.retried)
+			d.msgs = append(rest, d.msgs...)
 		}
+		uncertain = d.uncertain
 		switch {
 		case got:
 			failures = 0
@@ -284,31 +288,60 @@ func (w *Worker) next(pollCtx context.Context) *DequeueOpts {
 	return &DequeueOpts{Batch: 1, Lease: w.cfg.Lease, Filter: w.cfg.Filter, RequestID: nuid.Next(), Worker: w.cfg.Name}
 }
 
-// poll long-polls for one message. A dequeue that timed out may have leased a message whose reply
-// was lost, so it is retried once with the same request id: the broker then returns the same lease
-// instead of leasing another message.
-func (w *Worker) poll(ctx context.Context) ([]Message, error) {
+// dequeued is what a slot's dequeue (a poll, or the one a settle carries) gave.
+type dequeued struct {
+	msgs []Message
+	// retried: the messages came back to a dequeue sent again with its request id, so their leases
+	// may have run for a while already.
+	retried bool
+	// uncertain is the request id of a dequeue whose outcome is unknown (it timed out, or the broker
+	// answered unavailable): it may have leased a message whose reply was lost. The slot's next poll
+	// sends that id again, and the broker then returns that lease instead of leasing another message
+	// and leaving the first to expire unprocessed.
+	uncertain string
+}
+
+// poll long-polls for one message, with request id (a new one if empty). A dequeue whose outcome is
+// unknown is sent again at once with the same id; if that fails too, the id is returned as uncertain.
+func (w *Worker) poll(ctx context.Context, id string) (dequeued, error) {
+	d := dequeued{retried: id != ""}
+	if id == "" {
+		id = nuid.Next()
+	}
 	opts := &DequeueOpts{
 		Batch:     1,
 		Lease:     w.cfg.Lease,
 		Wait:      w.cfg.PollWait,
 		Filter:    w.cfg.Filter,
-		RequestID: nuid.Next(),
+		RequestID: id,
 		Worker:    w.cfg.Name,
 	}
-	msgs, err := w.client.Dequeue(ctx, w.cfg.Queue, opts)
-	if errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
-		w.log.Warn("dequeue timed out; retrying it", "queue", w.cfg.Queue, "request_id", opts.RequestID)
-		msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
+	var err error
+	d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
+	if unknownOutcome(err) && ctx.Err() == nil {
+		w.log.Warn("dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
+		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
+		d.retried = true
 	}
-	return msgs, err
+	if unknownOutcome(err) {
+		d.uncertain = id
+	}
+	return d, err
+}
+
+// unknownOutcome reports whether a dequeue that failed with err may have leased messages: no reply
+// in time, or a broker that answered unavailable (a write's outcome unknown, or a payload unread).
+func unknownOutcome(err error) bool {
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, ErrUnavailable)
 }
 
 // process runs the handler on m while extending its lease, then settles m. The slot's goroutine
 // supervises its own job: each job has exactly one extension timer, and the extensions of different
 // jobs never wait for one another (a shared ticker would serialise them behind the slowest request).
-// It returns once the handler has returned, with the messages the settle leased for the slot.
-func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message) []Message {
+// It returns once the handler has returned, with what the settle's dequeue of the slot's next message
+// gave. A message that came back to a retried dequeue (retried) has its lease extended at once: it
+// may have run for a while before the retry.
+func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bool) dequeued {
 	received := time.Now()
 	lease := w.cfg.Lease
 	if lease == 0 {
@@ -331,7 +364,11 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message) []Message 
 	result := make(chan error, 1)
 	go func() { result <- w.run(hctx, job, log) }()
 
-	timer := time.NewTimer(every)
+	first := every
+	if retried {
+		first = 0
+	}
+	timer := time.NewTimer(first)
 	defer timer.Stop()
 	for {
 		select {
@@ -352,14 +389,14 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message) []Message 
 			}
 			err := <-result
 			log.Info("handler interrupted: worker stopped", "error", err)
-			return nil
+			return dequeued{}
 		case <-timer.C:
 			next, lost := w.extend(jobCtx, job, lease, every, &expires, log)
 			if lost {
 				cancel(ErrLeaseLost)
 				err := <-result
 				log.Warn("handler result ignored: lease lost", "error", err)
-				return nil
+				return dequeued{}
 			}
 			if next > 0 {
 				timer.Reset(next)
@@ -395,7 +432,7 @@ func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Dura
 	switch {
 	case err == nil:
 		*expires = sent.Add(lease)
-		return every, false
+		return max(every-time.Since(sent), time.Millisecond), false // counted from when it was sent, as the lease is
 	case isLeaseLost(err):
 		log.Warn("lease lost", "error", err)
 		return 0, true
@@ -414,17 +451,22 @@ func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Dura
 
 // settle completes, cancels or releases job by the handler's result err. A complete, and the release
 // of a failed attempt, also dequeue the slot's next message (see next), which settle returns.
-func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err error, expires time.Time, log *slog.Logger) []Message {
+func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err error, expires time.Time, log *slog.Logger) dequeued {
 	if job.isSettled() {
 		log.Debug("handler canceled the message", "error", err)
-		return nil
+		return dequeued{}
 	}
 	next := w.next(pollCtx) // one request id for every try
-	var got []Message
-	keep := func(s Settled) {
-		got = s.Next
+	var got dequeued
+	tries := 0
+	keep := func(s Settled, err error) {
+		tries++
+		got = dequeued{msgs: s.Next, retried: tries > 1}
 		if s.NextErr != nil {
 			log.Debug("dequeue after the settle failed; the slot polls", "error", s.NextErr)
+		}
+		if unknownOutcome(err) || unknownOutcome(s.NextErr) {
+			got.uncertain = next.RequestID
 		}
 	}
 	switch {
@@ -435,7 +477,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 				return err
 			}
 			s, err := w.client.CompleteNext(ctx, job.Queue, job.ID, job.LeaseID, next)
-			keep(s)
+			keep(s, err)
 			return err
 		})
 	case errors.Is(err, ErrDiscard):
@@ -464,16 +506,17 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 				return err
 			}
 			s, err := w.client.ReleaseNext(ctx, job.Queue, job.ID, job.LeaseID, delay, next)
-			keep(s)
+			keep(s, err)
 			return err
 		})
 	}
 	return got
 }
 
-// finish runs op (a complete, release or cancel of the job's lease) and retries it a few times while
-// the broker cannot be reached and the lease may still be held. It runs even when the worker is
-// stopping: a finished handler's result is worth recording.
+// finish runs op (a complete, release or cancel of the job's lease) and retries it while the broker
+// cannot be reached and the lease may still be held (a broker's restart, or a standby taking over,
+// takes seconds), with the slot's backoff. It runs even when the worker is stopping, a finished
+// handler's result being worth recording, but then tries only settleTries times.
 func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, log *slog.Logger, op func(context.Context) error) {
 	ctx := context.WithoutCancel(jobCtx)
 	for try := 1; ; try++ {
@@ -484,8 +527,8 @@ func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, 
 		case isLeaseLost(err):
 			log.Warn(what+" refused: lease lost", "error", err)
 			return
-		case try < settleTries && retryable(err) && time.Now().Before(expires):
-			d := exponential(try, pollRetryBase, pollRetryMax)
+		case retryable(err) && time.Now().Before(expires) && (try < settleTries || jobCtx.Err() == nil):
+			d := min(exponential(try, pollRetryBase, pollRetryMax), max(time.Until(expires), time.Millisecond))
 			log.Warn(what+" failed; retrying", "error", err, "retry_in", d)
 			t := time.NewTimer(d)
 			<-t.C

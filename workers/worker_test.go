@@ -2,6 +2,7 @@ package workers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -632,6 +633,126 @@ func TestWorkerRetriesTimedOutDequeue(t *testing.T) {
 	}
 	if next.RequestID == first.RequestID {
 		t.Fatalf("the next poll reuses request id %q", next.RequestID)
+	}
+}
+
+// TestWorkerDequeueOfUnknownOutcome: a dequeue the broker answers unavailable may have leased a
+// message (a write of unknown outcome, a payload unread). The worker sends it again at once with the
+// same request id and, that failing too, its next poll uses the id again, so the broker can return
+// the lease instead of leaving the message to expire unprocessed. A message that comes back so has
+// been leased for a while: its lease is extended at once, not a third of the lease later.
+func TestWorkerDequeueOfUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	reqs := make(chan subjects.DequeueRequest, 16)
+	var n atomic.Int32
+	leased := time.Now().Add(-time.Minute).UTC()
+	expires := leased.Add(time.Hour)
+	msg := subjects.Message{ID: "m", Queue: "q", State: subjects.StateRunning, Attempts: 1, AttemptsLeft: 4,
+		LeaseID: "L", LeaseExpiresAt: &expires, EnqueuedAt: leased, VisibleAt: leased, UpdatedAt: leased}
+	reply, err := json.Marshal(subjects.DequeueReply{Messages: []subjects.Message{msg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		reqs <- decode[subjects.DequeueRequest](t, m.Data)
+		switch n.Add(1) {
+		case 1, 2:
+			_ = m.Respond([]byte(`{"error":{"code":"unavailable","message":"storage did not take the leases; retry"}}`))
+		case 3:
+			_ = m.Respond(reply)
+		default:
+			_ = m.Respond([]byte(`{"messages":[]}`))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	extended := make(chan subjects.ExtendRequest, 16)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpExtend, "q"), func(m *nats.Msg) {
+		extended <- decode[subjects.ExtendRequest](t, m.Data)
+		_ = m.Respond([]byte(`{"error":{"code":"lease_expired","message":"gone"}}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+		<-ctx.Done() // until the lease is lost
+		return ctx.Err()
+	}))
+	first, retry, next := recv(t, reqs), recv(t, reqs), recv(t, reqs)
+	if first.RequestID == "" || retry.RequestID != first.RequestID || next.RequestID != first.RequestID {
+		t.Fatalf("request ids %q, %q, %q: want the unavailable dequeue's sent again, then by the next poll", first.RequestID, retry.RequestID, next.RequestID)
+	}
+	if x := recv(t, extended); x.ID != "m" || x.LeaseID != "L" {
+		t.Fatalf("extend %+v, want m's lease L", x)
+	}
+	if after := recv(t, reqs); after.RequestID == first.RequestID {
+		t.Fatalf("the poll after the message reuses request id %q", after.RequestID)
+	}
+}
+
+// TestWorkerCompleteOutlastsABrokerOutage: a complete that gets no answer is sent again, with
+// backoff, for as long as the lease may hold, not three times (about 0.3 s): a broker's restart or a
+// standby's takeover takes seconds, and a complete given up on makes the message run again.
+func TestWorkerCompleteOutlastsABrokerOutage(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	leased := time.Now().UTC()
+	expires := leased.Add(time.Hour)
+	msg := subjects.Message{ID: "m", Queue: "q", State: subjects.StateRunning, Attempts: 1, AttemptsLeft: 4,
+		LeaseID: "L", LeaseExpiresAt: &expires, EnqueuedAt: leased, VisibleAt: leased, UpdatedAt: leased}
+	reply, err := json.Marshal(subjects.DequeueReply{Messages: []subjects.Message{msg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dequeues atomic.Int32
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		if dequeues.Add(1) == 1 {
+			_ = m.Respond(reply)
+			return
+		}
+		_ = m.Respond([]byte(`{"messages":[]}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	completes := make(chan subjects.LeaseRequest, 16)
+	var tries atomic.Int32
+	done := msg
+	done.State, done.LeaseID, done.LeaseExpiresAt = subjects.StateCompleted, "", nil
+	settled, err := json.Marshal(subjects.SettleReply{Message: done, Next: &subjects.NextReply{Messages: []subjects.Message{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
+		completes <- decode[subjects.LeaseRequest](t, m.Data)
+		if tries.Add(1) > 4 { // the broker is back at the fifth
+			_ = m.Respond(settled)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	for i := range 5 {
+		if r := recv(t, completes); r.ID != "m" || r.LeaseID != "L" {
+			t.Fatalf("complete %d: %+v, want m's lease L", i+1, r)
+		}
 	}
 }
 
