@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nuid"
 
@@ -218,6 +217,9 @@ func (q *queue) settle() {
 	q.serveWaiters()
 }
 
+// gcRetryMS is how long a collection that failed holds the next one back.
+const gcRetryMS = 1000
+
 // gcGapMS is the least time between two garbage collections of a queue that has caught up: what
 // comes due in between is collected together, up to gcGapMS late. Collecting in batches rather than
 // one message at a time matters to the server as much as to the broker: each collection deletes the
@@ -367,12 +369,9 @@ func (q *queue) collect(es []*entry) {
 	for i, e := range es {
 		if errs[i] != nil {
 			q.log().Warn("garbage collection failed; will retry", "message_id", e.ID, "error", errs[i])
-			// Push its deadline out so a storage outage does not spin the timer.
-			q.unplace(e)
-			r := e.record()
-			r.EndedAt = q.now() - q.cfg.RetentionMS + int64(time.Second/time.Millisecond)
-			e.set(&r)
-			q.place(e)
+			// Hold the next collection back so a storage outage does not spin the timer. (Its
+			// deadline stays: the record's ended_at is what storage has.)
+			q.gc.notBefore = max(q.gc.notBefore, q.now()+gcRetryMS)
 		} else {
 			q.unplace(e)
 			q.entries.remove(e.ID)

@@ -544,3 +544,53 @@ func TestUpdateLearnsStoragesConfig(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestFailedCollectionRetriedLater: a collection that storage refuses (here: the bodies stream
+// denies deletes) leaves the message as it was, ended_at included (it once showed a made-up time),
+// and the next collection waits gcRetryMS rather than spinning.
+func TestFailedCollectionRetriedLater(t *testing.T) {
+	b, clk := internalBroker(t)
+	ctx := context.Background()
+	q := zeroRetentionQueue(t, b, "A")
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %+v, %v", ms, err)
+	}
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, kv.DefaultPrefix+"-bodies")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.DenyDelete = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	done, err := q.complete(ctx, subjects.LeaseRequest{ID: "A", LeaseID: ms[0].LeaseID})
+	if err != nil || done.EndedAt == nil {
+		t.Fatalf("complete: %+v, %v", done, err)
+	}
+	for try, wait := range []time.Duration{0, gcRetryMS * time.Millisecond} {
+		clk.Advance(wait) // a collection, which fails
+		q.mu.Lock()
+		e := q.entries.get("A")
+		var m subjects.Message
+		if e != nil {
+			m = q.view(e)
+		}
+		armed, want := q.gc.armedAt, clk.Now().UnixMilli()+gcRetryMS
+		q.mu.Unlock()
+		if e == nil || m.EndedAt == nil || !m.EndedAt.Equal(*done.EndedAt) {
+			t.Fatalf("collection %d: A after it failed: %+v; want it there, ended at %v", try+1, m, done.EndedAt)
+		}
+		if armed != want {
+			t.Fatalf("collection %d: the next one is due at %d, want %d (gcRetryMS later)", try+1, armed, want)
+		}
+	}
+	if _, _, err := b.store.GetMessage(ctx, "q", "A"); err != nil {
+		t.Fatalf("A's record after failed collections: %v", err)
+	}
+}
