@@ -21,7 +21,8 @@ const DefaultListen = "127.0.0.1:4222"
 
 // Config configures an embedded natstone.
 type Config struct {
-	// DataDir is the JetStream store directory. Required.
+	// DataDir is the JetStream store directory. Required. A running natstone holds it locked (the
+	// file natstone.lock in it): a second Start on it fails rather than share the store.
 	DataDir string
 	// Listen is host:port for NATS clients ("host:0": any free port). Default DefaultListen.
 	// With NoListen the server accepts in-process connections only.
@@ -44,6 +45,7 @@ type Natstone struct {
 	conns  []*nats.Conn
 	closed []chan struct{}
 	log    *slog.Logger
+	unlock func() // releases the data directory
 }
 
 // Start starts the nats-server, connects the broker to it in-process (one connection for requests,
@@ -61,6 +63,10 @@ func Start(ctx context.Context, cfg *Config) (*Natstone, error) {
 	if err != nil {
 		return nil, err
 	}
+	unlock, err := lockDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	ns, err := startServer(&server.Options{
 		ServerName: "natstone",
 		Host:       host,
@@ -72,9 +78,10 @@ func Start(ctx context.Context, cfg *Config) (*Natstone, error) {
 		NoSigs:     true,
 	}, log.With("component", "nats-server"))
 	if err != nil {
+		unlock()
 		return nil, err
 	}
-	n := &Natstone{server: ns, log: log}
+	n := &Natstone{server: ns, log: log, unlock: unlock}
 	for _, name := range []string{"natstone-broker", "natstone-broker-store"} {
 		closed := make(chan struct{})
 		nc, err := nats.Connect("", nats.InProcessServer(ns), nats.Name(name),
@@ -91,7 +98,8 @@ func Start(ctx context.Context, cfg *Config) (*Natstone, error) {
 		bcfg = *cfg.Broker
 	}
 	bcfg.Conn, bcfg.StoreConn = n.conns[0], n.conns[1]
-	// The server just started on this process's store: a claim found there is a dead process's.
+	// The server just started on this process's store, which it holds locked: a claim found there
+	// is a dead process's.
 	bcfg.TakeOverClaim = true
 	if bcfg.Logger == nil {
 		bcfg.Logger = log
@@ -162,6 +170,7 @@ func (n *Natstone) Stop(ctx context.Context) error {
 	}
 	n.server.Shutdown()
 	n.server.WaitForShutdown()
+	n.unlock()
 	return err
 }
 
@@ -172,4 +181,5 @@ func (n *Natstone) shutdown() {
 	}
 	n.server.Shutdown()
 	n.server.WaitForShutdown()
+	n.unlock()
 }

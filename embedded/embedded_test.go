@@ -92,3 +92,34 @@ func Example() {
 	fmt.Println(r.ID, r.State)
 	// Output: hello pending
 }
+
+// TestDataDirIsLocked: a second natstone on a data directory in use fails to start, and writes
+// nothing there, rather than share the store (two nats-servers on one store corrupt it, and a
+// broker started there takes over the claim it finds). The directory is free again after Stop.
+func TestDataDirIsLocked(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	first, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true})
+	if err == nil {
+		_ = second.Stop(ctx)
+		_ = first.Stop(ctx)
+		t.Fatal("a second natstone started on a data directory in use")
+	}
+	if !strings.Contains(err.Error(), "in use by another natstone") {
+		t.Errorf("error %q does not say the directory is in use", err)
+	}
+	if err := first.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true})
+	if err != nil {
+		t.Fatalf("start after the first stopped: %v", err)
+	}
+	if err := again.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

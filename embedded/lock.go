@@ -1,0 +1,36 @@
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// lockName is the file in a data directory that a running natstone holds locked.
+const lockName = "natstone.lock"
+
+// errLocked is what lockFile returns when another process holds the lock.
+var errLocked = errors.New("locked by another process")
+
+// lockDir takes dir for this process: an exclusive lock on its lock file, held until unlock (or
+// until the process ends, whatever way it ends). nats-server does not lock its store, and two servers
+// on one store corrupt it; a broker started on it also takes over any claim it finds there.
+func lockDir(dir string) (unlock func(), err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("natstone: data directory: %w", err)
+	}
+	path := filepath.Join(dir, lockName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("natstone: data directory lock: %w", err)
+	}
+	if err := lockFile(f); err != nil {
+		f.Close()
+		if errors.Is(err, errLocked) {
+			return nil, fmt.Errorf("natstone: data directory %s is in use by another natstone (it holds %s locked)", dir, path)
+		}
+		return nil, fmt.Errorf("natstone: lock %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil // closing the file releases the lock
+}
