@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/brokertest"
 	"github.com/natstone/natstone/test/natstest"
 	"github.com/natstone/natstone/web"
 	"github.com/natstone/natstone/workers"
@@ -536,4 +538,70 @@ func kinds(events []subjects.HistoryEvent) string {
 
 func equalPtr[T comparable](a, b *T) bool {
 	return (a == nil) == (b == nil) && (a == nil || *a == *b)
+}
+
+// TestForeignRequestsRefused: a POST from a page of another origin is refused (cross-site request
+// forgery), and with Hosts set, so is any request naming another host (a page of another site
+// whose name was made to resolve to the listener's address: DNS rebinding). Neither reaches the
+// broker; the dashboard's own requests and clients without a browser's headers still work.
+func TestForeignRequestsRefused(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	brokertest.Start(t, srv, func(c *broker.Config) { c.MemoryStorage = true })
+	c, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateQueue(ctx(t), "q", nil); err != nil {
+		t.Fatal(err)
+	}
+	s, err := web.New(web.Config{Client: c, Logger: discard(), Hosts: []string{"localhost", "127.0.0.1", "::1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(method, host string, header map[string]string) int {
+		t.Helper()
+		var body io.Reader
+		if method == http.MethodPost {
+			body = strings.NewReader(`{"dequeue_blocked":true}`)
+		}
+		req := httptest.NewRequest(method, "http://"+host+"/api/queues/q", body)
+		if method == http.MethodPost {
+			req = httptest.NewRequest(method, "http://"+host+"/api/queues/q/blocked", body)
+			req.Header.Set("Content-Type", "application/json")
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		return rec.Code
+	}
+	for _, tc := range []struct {
+		name, method, host string
+		header             map[string]string
+		want               int
+	}{
+		{"rebound name", http.MethodGet, "attacker.example:8080", nil, http.StatusMisdirectedRequest},
+		{"rebound name, POST", http.MethodPost, "attacker.example:8080", map[string]string{"Sec-Fetch-Site": "same-origin"}, http.StatusMisdirectedRequest},
+		{"cross-site POST", http.MethodPost, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site"}, http.StatusForbidden},
+		{"cross-origin POST, older browser", http.MethodPost, "127.0.0.1:8080", map[string]string{"Origin": "http://attacker.example"}, http.StatusForbidden},
+		{"the dashboard's GET", http.MethodGet, "localhost:8080", map[string]string{"Sec-Fetch-Site": "same-origin"}, http.StatusOK},
+		{"IPv6 loopback", http.MethodGet, "[::1]:8080", nil, http.StatusOK},
+	} {
+		if got := send(tc.method, tc.host, tc.header); got != tc.want {
+			t.Errorf("%s: status %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	if q, err := c.Queue(ctx(t), "q"); err != nil || q.Config.DequeueBlocked {
+		t.Fatalf("after the refused POSTs: %+v, %v; want dequeue not blocked", q.Config, err)
+	}
+	for name, header := range map[string]map[string]string{
+		"the dashboard's POST": {"Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1:8080"},
+		"curl's POST":          nil,
+	} {
+		if got := send(http.MethodPost, "127.0.0.1:8080", header); got != http.StatusOK {
+			t.Errorf("%s: status %d, want 200", name, got)
+		}
+	}
 }

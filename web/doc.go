@@ -48,7 +48,13 @@
 //	     given, sent with Content-Type: application/json (a cross-site form cannot send that without
 //	     a CORS preflight, which this server never grants) and at most 1 KiB. Sets the queue's pause
 //	     flags; the reply is the queue's info as the broker's update returns it: {"name", "config",
-//	     "revision", "created_at", "counts"}.
+//	     "revision", "created_at", "counts"}. A POST from a page of another origin (Sec-Fetch-Site,
+//	     else Origin against Host: net/http's CrossOriginProtection) is refused with 403.
+//
+// With [Config.Hosts] set (natstone serve sets the loopback names when --http is a loopback
+// address), a request whose Host header names another host is answered 421: a page of a site whose
+// name was made to resolve to the listener's address (DNS rebinding) is same-origin to the browser
+// and would otherwise read the API and toggle the flags.
 //
 // # Errors
 //

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/natstone/natstone/workers"
 )
@@ -36,6 +39,11 @@ type Config struct {
 	// Logger receives the changes of blocked flags (level info) and the requests the broker did not
 	// answer (level warn). Default slog.Default().
 	Logger *slog.Logger
+	// Hosts, if set, are the host names (without port, case-insensitive) that a request's Host
+	// header may name; others get 421 Misdirected Request. For a listener on a loopback address,
+	// the loopback names: a page of another site whose name an attacker made resolve to 127.0.0.1
+	// (DNS rebinding) is then not answered, though to the browser it is same-origin.
+	Hosts []string
 }
 
 // Server is the HTTP side of natstone: the JSON API and the dashboard. It is safe for concurrent
@@ -85,8 +93,29 @@ func New(cfg Config) (*Server, error) {
 			mux.Handle("GET /"+f.Name(), dash)
 		}
 	}
-	s.handler = secure(mux)
+	// Cross-origin POSTs are refused (Sec-Fetch-Site, else Origin against Host): a page of another
+	// origin cannot toggle a queue's flags through the user's browser.
+	s.handler = secure(allowHosts(cfg.Hosts, http.NewCrossOriginProtection().Handler(mux)))
 	return s, nil
+}
+
+// allowHosts answers only requests whose Host names one of hosts (all of them if hosts is empty).
+func allowHosts(hosts []string, next http.Handler) http.Handler {
+	if len(hosts) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		if !slices.ContainsFunc(hosts, func(h string) bool { return strings.EqualFold(h, host) }) {
+			http.Error(w, fmt.Sprintf("natstone: this dashboard does not answer to host %q", r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Handler returns the handler of every route: the API under /api/, the dashboard at /, and

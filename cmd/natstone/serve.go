@@ -265,7 +265,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 	// (natstone_broker_serving); the dashboard talks to whichever broker serves.
 	httpAttrs, stopHTTP, err := startHTTP(cfg, b, m, func() (*nats.Conn, error) {
 		return nats.Connect(cfg.natsURL, nats.Name(connName+"-http"), nats.MaxReconnects(-1))
-	}, log)
+	}, storeNC, log)
 	if err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 		defer cancel()
@@ -329,7 +329,7 @@ func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, m
 	}
 	httpAttrs, stopHTTP, err := startHTTP(cfg, n.Broker(), m, func() (*nats.Conn, error) {
 		return n.Connect(nats.Name(connName + "-http"))
-	}, log)
+	}, nil, log)
 	if err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 		defer cancel()

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,12 +22,17 @@ import (
 // httpReadHeaderTimeout bounds how long a client may take to send its request's headers.
 const httpReadHeaderTimeout = 10 * time.Second
 
+// httpShutdownTimeout bounds how long a stop waits for the HTTP requests in flight, which it
+// cancels: the broker's stop, which comes next, must keep its time for the snapshot and the claim.
+const httpShutdownTimeout = 2 * time.Second
+
 // startHTTP starts the HTTP listener of --http, if given: the dashboard and its JSON API, /metrics
 // (m, which the broker was configured to report to) and /healthz. The dashboard talks to the broker
-// over NATS like any client, on a connection of its own that dial opens. The returned stop shuts
+// over NATS like any client, on a connection of its own that dial opens; /healthz checks JetStream
+// through storeNC, the broker's storage connection (nil: the dashboard's). The returned stop shuts
 // the listener down and closes that connection. attrs are the listener's address for the ready log
 // line (none without --http).
-func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func() (*nats.Conn, error), log *slog.Logger) (attrs []any, stop func(context.Context) error, err error) {
+func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func() (*nats.Conn, error), storeNC *nats.Conn, log *slog.Logger) (attrs []any, stop func(context.Context) error, err error) {
 	if cfg.httpAddr == "" {
 		return nil, func(context.Context) error { return nil }, nil
 	}
@@ -43,11 +50,12 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 		Client:  client,
 		Metrics: m.Handler(),
 		Health: metrics.Health(metrics.HealthConfig{
-			Conn:        nc,
+			Conn:        cmp.Or(storeNC, nc),
 			StorePrefix: cfg.storePrefix,
 			Events:      !cfg.noEvents,
 		}),
 		Logger: log,
+		Hosts:  loopbackHosts(cfg.httpAddr),
 	})
 	if err != nil {
 		nc.Close()
@@ -58,12 +66,19 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 		nc.Close()
 		return nil, nil, fmt.Errorf("--http: %w", err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: httpReadHeaderTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// Requests run under base, which a stop cancels: a dashboard request waiting on the broker must
+	// not hold the stop up.
+	base, cancelBase := context.WithCancel(context.Background())
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: httpReadHeaderTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context { return base }}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	addr := ln.Addr().String()
 	log.Info("http listening", "addr", addr, "dashboard", "http://"+addr+"/")
 	return []any{"http", addr}, func(ctx context.Context) error {
+		cancelBase()
+		ctx, cancel := context.WithTimeout(ctx, httpShutdownTimeout)
+		defer cancel()
 		err := hs.Shutdown(ctx)
 		if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
 			err = errors.Join(err, serr)
@@ -71,4 +86,18 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 		nc.Close()
 		return err
 	}, nil
+}
+
+// loopbackHosts returns the host names a dashboard listening on addr answers to: with a loopback
+// address, the loopback names (see web.Config.Hosts); otherwise any (nil), as the operator chose to
+// expose it.
+func loopbackHosts(addr string) []string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && !strings.EqualFold(host, "localhost") {
+		return nil
+	}
+	return []string{"localhost", "127.0.0.1", "::1", host}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -140,4 +141,22 @@ func TestServeStandbyHTTP(t *testing.T) {
 		t.Errorf("GET /metrics after the take-over: %d, want natstone_broker_serving 1", status)
 	}
 	p2.stop(t)
+}
+
+// TestLoopbackHosts: a dashboard on a loopback address answers to the loopback names only; one the
+// operator exposed on another address answers to any.
+func TestLoopbackHosts(t *testing.T) {
+	for addr, want := range map[string][]string{
+		"127.0.0.1:8080": {"localhost", "127.0.0.1", "::1", "127.0.0.1"},
+		"[::1]:0":        {"localhost", "127.0.0.1", "::1", "::1"},
+		"localhost:80":   {"localhost", "127.0.0.1", "::1", "localhost"},
+		"0.0.0.0:8080":   nil,
+		":8080":          nil,
+		"10.1.2.3:8080":  nil,
+		"dash.corp:8080": nil,
+	} {
+		if got := loopbackHosts(addr); !slices.Equal(got, want) {
+			t.Errorf("loopbackHosts(%q) = %q, want %q", addr, got, want)
+		}
+	}
 }
