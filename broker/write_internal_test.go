@@ -36,17 +36,41 @@ func internalBroker(t testing.TB) (*Broker, *clock.Fake) {
 	return b, clk
 }
 
+// internalQueue is internalBroker with queue "q" created by req.
+func internalQueue(t testing.TB, req subjects.CreateQueueRequest) (*Broker, *clock.Fake, *queue) {
+	t.Helper()
+	b, clk := internalBroker(t)
+	q, _, err := b.createQueue(context.Background(), "q", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, clk, q
+}
+
+// putLock stores data as the lock of value in queue q, behind the broker's back.
+func putLock(t testing.TB, b *Broker, value string, data []byte) {
+	t.Helper()
+	ctx := context.Background()
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locks, err := js.KeyValue(ctx, kv.DefaultPrefix+"-locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locks.Put(ctx, kv.LockKey("q", value), data); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestWaiterReservation: a message handed to a long-polling dequeue is reserved until the dequeue's
 // goroutine leases it. A cancel that comes in between waits, and then cancels the running message —
 // it must not be undone by the dequeue (it once was: the cancel was acknowledged and the message
 // came back running).
 func TestWaiterReservation(t *testing.T) {
-	b, clk := internalBroker(t)
+	b, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M", Metadata: map[string]string{"k": "b"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -95,12 +119,8 @@ func TestWaiterReservation(t *testing.T) {
 // timeout though it was stored) is settled by issuing it again — the conflict that follows shows
 // storage holds exactly what it wrote.
 func TestResolveLearnsAWriteThatLanded(t *testing.T) {
-	b, _ := internalBroker(t)
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := kv.Record{ID: "m", State: subjects.StatePending, Version: 1, UpdatedAt: 1}
 	rev, err := b.store.WriteMessage("q", &rec, 0).Wait(ctx)
 	if err != nil {
@@ -138,12 +158,8 @@ func TestResolveLearnsAWriteThatLanded(t *testing.T) {
 // broker must take the stored record whole — priority, payload and metadata included — rather than
 // keep what it meant to write: the reply, the dequeue and the next write all follow storage.
 func TestConflictTakesOtherWritersRecord(t *testing.T) {
-	b, clk := internalBroker(t)
+	b, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	seq, err := b.store.WriteBody("q", "x", []byte("theirs")).Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -339,12 +355,8 @@ func testCollectionTakesAnotherRevision(t *testing.T, unreadable bool) {
 // what no lock decodes from, so every read back fails) does not keep the batch's other lock writes
 // from being waited for. It once did: they counted as taken at revision 0, whatever storage said.
 func TestLockWritesResolvedOneByOne(t *testing.T) {
-	b, _ := internalBroker(t)
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	one, two := int64(1), int64(2)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{
 		{ID: "A", Priority: &one, Metadata: map[string]string{"g": "v1"}},
@@ -352,17 +364,7 @@ func TestLockWritesResolvedOneByOne(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(b.cfg.Conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	locks, err := js.KeyValue(ctx, kv.DefaultPrefix+"-locks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := locks.Put(ctx, kv.LockKey("q", "v1"), []byte("not a lock")); err != nil {
-		t.Fatal(err)
-	}
+	putLock(t, b, "v1", []byte("not a lock"))
 
 	ms, err := q.dequeue(ctx, subjects.DequeueRequest{Batch: 2})
 	if err != nil {
@@ -388,27 +390,12 @@ func TestLockWritesResolvedOneByOne(t *testing.T) {
 // (naming a lease that never ran), the value is free, and a retry of the dequeue with the same
 // request id leases. Both once waited for a restart.
 func TestUnknownLockWriteAskedAgain(t *testing.T) {
-	b, _ := internalBroker(t)
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Metadata: map[string]string{"g": "v1"}}}); err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(b.cfg.Conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	locks, err := js.KeyValue(ctx, kv.DefaultPrefix+"-locks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := kv.LockKey("q", "v1")
-	if _, err := locks.Put(ctx, key, []byte("not a lock")); err != nil { // every read back fails
-		t.Fatal(err)
-	}
+	putLock(t, b, "v1", []byte("not a lock")) // every read back fails
 
 	ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r1"})
 	if !errors.Is(err, &subjects.Error{Code: subjects.CodeUnavailable}) {
@@ -425,9 +412,7 @@ func TestUnknownLockWriteAskedAgain(t *testing.T) {
 	}
 
 	// Storage answers again, and shows that the first write landed.
-	if _, err := locks.Put(ctx, key, kv.EncodeLock(doubtful[0].want)); err != nil {
-		t.Fatal(err)
-	}
+	putLock(t, b, "v1", kv.EncodeLock(doubtful[0].want))
 	q.fireDoubt() // what the timer does when it fires
 	q.mu.Lock()
 	left := len(q.doubtfulLocks)
@@ -445,12 +430,8 @@ func TestUnknownLockWriteAskedAgain(t *testing.T) {
 // delete asks storage about the write itself (the closed queue's timer no longer does) rather than
 // wait for the write's entry until it times out, at every retry.
 func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
-	b, _ := internalBroker(t)
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -489,12 +470,8 @@ func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
 // a conflict: the same change succeeds, another with a revision gets revision_mismatch with the
 // revision a retry needs, and one without a revision applies onto storage's config.
 func TestUpdateLearnsStoragesConfig(t *testing.T) {
-	b, _ := internalBroker(t)
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	landed := func(change func(*subjects.QueueConfig)) uint64 { // an update stored behind the broker's back
 		t.Helper()
 		stored, rev, err := b.store.GetQueue(ctx, "q")
@@ -560,15 +537,7 @@ func TestFailedCollectionRetriedLater(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := js.Stream(ctx, kv.DefaultPrefix+"-bodies")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := st.CachedInfo().Config
-	cfg.DenyDelete = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	natstest.DenyDeletes(t, js, kv.DefaultPrefix+"-bodies")
 	done, err := q.complete(ctx, subjects.LeaseRequest{ID: "A", LeaseID: ms[0].LeaseID})
 	if err != nil || done.EndedAt == nil {
 		t.Fatalf("complete: %+v, %v", done, err)

@@ -873,15 +873,7 @@ func TestDeleteBodyFailsUnlessGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := js.Stream(ctx, kv.DefaultPrefix+"-bodies")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := st.CachedInfo().Config
-	cfg.DenyDelete = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	natstest.DenyDeletes(t, js, kv.DefaultPrefix+"-bodies")
 	if err := s.DeleteBody(ctx, kept); err == nil {
 		t.Fatal("DeleteBody refused by the server reported success")
 	}

@@ -619,14 +619,7 @@ func TestWorkerRetriesTimedOutDequeue(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	workerOnFake(t, srv, fake, 50*time.Millisecond, func(context.Context, *workers.Job) error { return nil })
 	first, retry, next := recv(t, reqs), recv(t, reqs), recv(t, reqs)
 	if first.RequestID == "" || retry.RequestID != first.RequestID {
 		t.Fatalf("retry request id %q, want the timed-out dequeue's %q", retry.RequestID, first.RequestID)
@@ -634,6 +627,36 @@ func TestWorkerRetriesTimedOutDequeue(t *testing.T) {
 	if next.RequestID == first.RequestID {
 		t.Fatalf("the next poll reuses request id %q", next.RequestID)
 	}
+}
+
+// workerOnFake starts a worker of queue q, polling without waiting, on a client whose requests time
+// out after timeout (0: the default), once fake, the fake broker's connection, has its
+// subscriptions in place.
+func workerOnFake(t *testing.T, srv *natstest.Server, fake *nats.Conn, timeout time.Duration, h workers.HandlerFunc) {
+	t.Helper()
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, h)
+}
+
+// leasedReply is a broker's dequeue reply, for a fake broker: message m of queue q, leased as L at
+// leased for an hour.
+func leasedReply(t *testing.T, leased time.Time) (subjects.Message, []byte) {
+	t.Helper()
+	leased = leased.UTC()
+	expires := leased.Add(time.Hour)
+	msg := subjects.Message{ID: "m", Queue: "q", State: subjects.StateRunning, Attempts: 1, AttemptsLeft: 4,
+		LeaseID: "L", LeaseExpiresAt: &expires, EnqueuedAt: leased, VisibleAt: leased, UpdatedAt: leased}
+	reply, err := json.Marshal(subjects.DequeueReply{Messages: []subjects.Message{msg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msg, reply
 }
 
 // TestWorkerDequeueOfUnknownOutcome: a dequeue the broker answers unavailable may have leased a
@@ -648,14 +671,7 @@ func TestWorkerDequeueOfUnknownOutcome(t *testing.T) {
 	fake := srv.Connect(t)
 	reqs := make(chan subjects.DequeueRequest, 16)
 	var n atomic.Int32
-	leased := time.Now().Add(-time.Minute).UTC()
-	expires := leased.Add(time.Hour)
-	msg := subjects.Message{ID: "m", Queue: "q", State: subjects.StateRunning, Attempts: 1, AttemptsLeft: 4,
-		LeaseID: "L", LeaseExpiresAt: &expires, EnqueuedAt: leased, VisibleAt: leased, UpdatedAt: leased}
-	reply, err := json.Marshal(subjects.DequeueReply{Messages: []subjects.Message{msg}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, reply := leasedReply(t, time.Now().Add(-time.Minute))
 	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
 		reqs <- decode[subjects.DequeueRequest](t, m.Data)
 		switch n.Add(1) {
@@ -676,17 +692,10 @@ func TestWorkerDequeueOfUnknownOutcome(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := workers.NewClient(srv.Connect(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+	workerOnFake(t, srv, fake, 0, func(ctx context.Context, _ *workers.Job) error {
 		<-ctx.Done() // until the lease is lost
 		return ctx.Err()
-	}))
+	})
 	first, retry, next := recv(t, reqs), recv(t, reqs), recv(t, reqs)
 	if first.RequestID == "" || retry.RequestID != first.RequestID || next.RequestID != first.RequestID {
 		t.Fatalf("request ids %q, %q, %q: want the unavailable dequeue's sent again, then by the next poll", first.RequestID, retry.RequestID, next.RequestID)
@@ -707,14 +716,7 @@ func TestWorkerCompleteOutlastsABrokerOutage(t *testing.T) {
 	srv := natstest.Start(t, nil)
 	space, _ := subjects.NewSpace("")
 	fake := srv.Connect(t)
-	leased := time.Now().UTC()
-	expires := leased.Add(time.Hour)
-	msg := subjects.Message{ID: "m", Queue: "q", State: subjects.StateRunning, Attempts: 1, AttemptsLeft: 4,
-		LeaseID: "L", LeaseExpiresAt: &expires, EnqueuedAt: leased, VisibleAt: leased, UpdatedAt: leased}
-	reply, err := json.Marshal(subjects.DequeueReply{Messages: []subjects.Message{msg}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	msg, reply := leasedReply(t, time.Now())
 	var dequeues atomic.Int32
 	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
 		if dequeues.Add(1) == 1 {
@@ -741,14 +743,7 @@ func TestWorkerCompleteOutlastsABrokerOutage(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	workerOnFake(t, srv, fake, 50*time.Millisecond, func(context.Context, *workers.Job) error { return nil })
 	for i := range 5 {
 		if r := recv(t, completes); r.ID != "m" || r.LeaseID != "L" {
 			t.Fatalf("complete %d: %+v, want m's lease L", i+1, r)
