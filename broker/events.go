@@ -52,8 +52,8 @@ type publisher struct {
 	mu       sync.Mutex
 	buf      []pendingEvent
 	spare    []pendingEvent // an empty array for buf to take when the run goroutine takes all of it
-	emitted  uint64         // events ever appended or dropped
-	handled  uint64         // events published or dropped, in order
+	emitted  uint64         // events ever appended to buf
+	handled  uint64         // events of buf published or dropped, in order
 	hurry    uint64         // publish without lingering until handled reaches it (someone waits)
 	progress chan struct{}  // closed and replaced whenever handled grows
 	wake     chan struct{}  // the buffer is no longer empty
@@ -93,13 +93,14 @@ func (p *publisher) emit(e pendingEvent) {
 		return
 	}
 	p.mu.Lock()
-	p.emitted++
 	if p.closing || len(p.buf) >= maxBufferedEvents {
-		p.handled++
+		// Not counted in emitted: handled counts the buffer's events in their order, and a sync
+		// waiting for the events buffered before it must not count this one instead.
 		p.mu.Unlock()
 		p.drop(1, "buffer full")
 		return
 	}
+	p.emitted++
 	p.buf = append(p.buf, e)
 	n := len(p.buf)
 	p.mu.Unlock()
@@ -219,7 +220,7 @@ func (p *publisher) publish(batch []pendingEvent) {
 	p.drop(len(datas), "stream refused: "+err.Error())
 }
 
-// sync waits until every event emitted before it was called is published or dropped.
+// sync waits until every event buffered before it was called is published or dropped.
 func (p *publisher) sync(ctx context.Context) error {
 	if !p.enabled() {
 		return nil

@@ -87,6 +87,41 @@ func TestPublisherSyncDoesNotLinger(t *testing.T) {
 	}
 }
 
+// TestPublisherDropsAreNotCountedAsHandled: sync waits until handled reaches what emitted was when
+// it was called, and handled counts the buffer's events in their order. An event dropped (buffer
+// full, or the publisher closing) must count in neither: it once counted as handled at once, so
+// drops after a sync's call let it return while the events buffered before it were unpublished.
+func TestPublisherDropsAreNotCountedAsHandled(t *testing.T) {
+	ctx, _, p := testPublisher(t, "drops", time.Hour)
+	for i := range 3 {
+		p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: fmt.Sprint(i), Version: 1}})
+	}
+	p.mu.Lock()
+	p.closing = true // what close sets: from now on every emit drops its event
+	p.mu.Unlock()
+	for i := range 5 {
+		p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: fmt.Sprint("late-", i), Version: 1}})
+	}
+	p.mu.Lock()
+	emitted, handled := p.emitted, p.handled
+	p.mu.Unlock()
+	if emitted != 3 || handled > 3 || p.dropped.Load() != 5 {
+		t.Fatalf("emitted %d, handled %d, dropped %d; want 3, at most 3, 5", emitted, handled, p.dropped.Load())
+	}
+	p.mu.Lock()
+	p.closing = false
+	p.mu.Unlock()
+	if err := p.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.published.Load(); got != 3 {
+		t.Fatalf("%d published after sync, want the 3 buffered before the drops", got)
+	}
+	if err := p.close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // BenchmarkPublisher measures what publishing an event costs the process, the embedded server's
 // storing it included: cpu-ns/op is the process CPU time per event (the publisher and the server
 // work on other goroutines than the benchmark's, so ns/op alone says little). The events are

@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
@@ -45,4 +46,31 @@ not json
 			}
 		}
 	})
+}
+
+// TestLatestLife: the events of the latest message with an id, from its first enqueued event, even
+// when a batch holding an earlier message's last event and the enqueue was published twice.
+func TestLatestLife(t *testing.T) {
+	at := func(s int) time.Time { return time.Unix(int64(s), 0) }
+	first := []subjects.Event{
+		{Kind: subjects.EventEnqueued, Version: 1, At: at(1)},
+		{Kind: subjects.EventLeased, Version: 2, At: at(2)},
+		{Kind: subjects.EventCompleted, Version: 3, At: at(3)},
+	}
+	collected := subjects.Event{Kind: subjects.EventCollected, Version: 4, At: at(4)}
+	enqueued := subjects.Event{Kind: subjects.EventEnqueued, Version: 1, At: at(5)}
+	leased := subjects.Event{Kind: subjects.EventLeased, Version: 2, At: at(6)}
+	for name, tc := range map[string]struct{ in, want []subjects.Event }{
+		"one message":    {first, first},
+		"no enqueued":    {first[1:], first[1:]},
+		"enqueued again": {append(slices.Clone(first), collected, enqueued, leased), []subjects.Event{enqueued, leased}},
+		"batch published twice": {append(slices.Clone(first), collected, enqueued, collected, enqueued, leased),
+			[]subjects.Event{enqueued, enqueued, leased}},
+	} {
+		if got := latestLife(tc.in); !slices.EqualFunc(got, tc.want, func(a, b subjects.Event) bool {
+			return a.Kind == b.Kind && a.Version == b.Version && a.At.Equal(b.At)
+		}) {
+			t.Errorf("%s: got %+v, want %+v", name, got, tc.want)
+		}
+	}
 }

@@ -421,3 +421,27 @@ func TestEventsConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryOfAnIdEnqueuedAgain: an id enqueued again after its message was collected gets a new
+// message, whose versions start at 1 again. Its history is the new message's alone: it once showed
+// the first message's events in place of the new one's (same versions, same kinds).
+func TestHistoryOfAnIdEnqueuedAgain(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](1000)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a", Payload: "first"})
+	m := e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "a", LeaseID: m.LeaseID})
+	e.advance(time.Second) // collected
+
+	e.advance(time.Second)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a", Payload: "second"})
+	m = e.dequeueOne("q")
+	h := e.history("q", "a")
+	checkHistory(t, h, []step{
+		{subjects.EventEnqueued, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+	})
+	if h.Collected || h.Events[1].LeaseID != m.LeaseID || !h.Events[1].Current {
+		t.Fatalf("history %+v: want the second message's lease %s, current, not collected", h, m.LeaseID)
+	}
+}

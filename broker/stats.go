@@ -304,9 +304,12 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 	return buildHistory(queue, r.ID, events, more, b.clock.Now()), nil
 }
 
-// buildHistory orders events by version (an event published twice counts once) and works out the
-// time spent in each state.
+// buildHistory orders events (in the stream's order) by version (an event published twice counts
+// once) and works out the time spent in each state. An id can be enqueued again once its message
+// was collected, and versions start again at 1: only the latest message's events are kept (see
+// latestLife).
 func buildHistory(queue, id string, events []subjects.Event, more bool, now time.Time) subjects.HistoryReply {
+	events = latestLife(events)
 	slices.SortStableFunc(events, func(a, b subjects.Event) int { return cmp.Compare(a.Version, b.Version) })
 	events = slices.CompactFunc(events, func(a, b subjects.Event) bool { return a.Version == b.Version && a.Kind == b.Kind })
 	reply := subjects.HistoryReply{
@@ -336,4 +339,25 @@ func buildHistory(queue, id string, events []subjects.Event, more bool, now time
 		reply.Events[i] = h
 	}
 	return reply
+}
+
+// latestLife returns the events, in the stream's order, of the latest message that had their id:
+// from its enqueued event on, leaving out events of earlier ones. A batch of events published twice
+// (its acknowledgement lost) repeats that enqueued event, so the first copy is where the message
+// starts; an earlier message's event in such a batch happened before the enqueue.
+func latestLife(events []subjects.Event) []subjects.Event {
+	last := -1
+	for i, e := range events {
+		if e.Kind == subjects.EventEnqueued {
+			last = i
+		}
+	}
+	if last < 0 {
+		return events
+	}
+	enq := events[last]
+	start := slices.IndexFunc(events, func(e subjects.Event) bool {
+		return e.Kind == subjects.EventEnqueued && e.Version == enq.Version && e.At.Equal(enq.At)
+	})
+	return slices.DeleteFunc(slices.Clone(events[start:]), func(e subjects.Event) bool { return e.At.Before(enq.At) })
 }

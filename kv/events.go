@@ -158,16 +158,35 @@ func (ev *Events) Read(ctx context.Context, queue, id string, limit int) (events
 	}
 	want := min(pending, limit)
 	for len(events) < want {
-		batch, err := c.Fetch(want-len(events), jetstream.FetchContext(ctx))
+		// Each fetch waits readFetchWait at most: events counted above may have left the stream
+		// (its age or size bound) before they came, and a fetch of them would wait for the
+		// request's whole time.
+		fctx, cancel := context.WithTimeout(ctx, readFetchWait)
+		batch, err := c.Fetch(want-len(events), jetstream.FetchContext(fctx))
 		if err != nil {
+			cancel()
 			return nil, false, fmt.Errorf("kv: read events: %w", err)
 		}
+		got := 0
 		for m := range batch.Messages() {
 			events = append(events, m.Data())
+			got++
 		}
-		if err := batch.Error(); err != nil {
-			return nil, false, fmt.Errorf("kv: read events: %w", err)
+		berr := batch.Error()
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil, false, fmt.Errorf("kv: read events: %w", ctx.Err())
+		case got == 0 && len(events) == 0:
+			return nil, false, ErrNotFound
+		case got == 0:
+			return events, false, nil // the rest left the stream
+		case berr != nil && fctx.Err() == nil:
+			return nil, false, fmt.Errorf("kv: read events: %w", berr)
 		}
 	}
 	return events, pending > limit, nil
 }
+
+// readFetchWait bounds each fetch of Read.
+const readFetchWait = 2 * time.Second
