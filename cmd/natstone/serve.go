@@ -31,8 +31,12 @@ const (
 
 // The time budgets of serve.
 const (
-	// StartTimeout bounds broker.Start: opening the storage and recovering every queue.
-	StartTimeout = 60 * time.Second
+	// DefaultStartTimeout is --start-timeout's default: how long a start may take, from the
+	// embedded server's own recovery of its store (or, with --nats-url, from holding the claim) to
+	// the broker answering requests. A restart after a crash reads every record, at about 5 s per
+	// million pending messages on the machines of docs/performance.md: the default leaves room for
+	// tens of millions.
+	DefaultStartTimeout = 10 * time.Minute
 	// ShutdownTimeout bounds the whole graceful shutdown: stopping the broker, then draining the
 	// connection. The embedded server's shutdown is not bounded: it only closes local resources.
 	ShutdownTimeout = 30 * time.Second
@@ -61,6 +65,7 @@ type serveConfig struct {
 	eventsMaxBytes    int64
 	httpAddr          string // empty: no HTTP listener
 	claimTTL          time.Duration
+	startTimeout      time.Duration // 0: no bound
 	logLevel          slog.Level
 	logFormat         string
 }
@@ -120,6 +125,7 @@ Flags:
 	fs.DurationVar(&cfg.eventsMaxAge, "events-max-age", broker.DefaultEventsMaxAge, "how long the events stream keeps an event")
 	fs.Int64Var(&cfg.eventsMaxBytes, "events-max-bytes", broker.DefaultEventsMaxBytes, "`bytes` the events stream may take before its oldest events go, younger than --events-max-age or not (-1: no bound)")
 	fs.DurationVar(&cfg.claimTTL, "claim-ttl", broker.DefaultClaimTTL, "how long a standby broker waits, seeing the store's claim unchanged, before it takes the store over (at least 1s)")
+	fs.DurationVar(&cfg.startTimeout, "start-timeout", DefaultStartTimeout, "how long a start may take until requests are answered, the recovery of every pending message included (0: no bound)")
 	fs.StringVar(&cfg.httpAddr, "http", "", "`host:port` of an HTTP listener for the dashboard, /metrics and /healthz (off unless given)")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
@@ -179,6 +185,9 @@ Flags:
 	}
 	if cfg.claimTTL < time.Second {
 		return usageErr("--claim-ttl must be at least 1s, not %v", cfg.claimTTL)
+	}
+	if cfg.startTimeout < 0 {
+		return usageErr("--start-timeout cannot be negative, not %v", cfg.startTimeout)
 	}
 	if cfg.httpAddr != "" {
 		if _, _, err := net.SplitHostPort(cfg.httpAddr); err != nil {
@@ -271,11 +280,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		defer cancel()
 		return errors.Join(err, drain(stopCtx, nc, closed), drain(stopCtx, storeNC, storeClosed))
 	}
-	// Wait for the store's claim, for as long as another broker serves it: StartTimeout bounds
+	// Wait for the store's claim, for as long as another broker serves it: --start-timeout bounds
 	// the start that follows.
 	err = b.Claim(ctx)
 	if err == nil {
-		err = startBroker(ctx, b)
+		err = startBroker(ctx, b, cfg.startTimeout)
 	}
 	if err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
@@ -315,7 +324,7 @@ func waitStop(ctx context.Context, b *broker.Broker, log *slog.Logger) error {
 
 // serveEmbedded runs natstone on its own nats-server.
 func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, m *metrics.Metrics, log *slog.Logger) error {
-	startCtx, cancel := context.WithTimeout(ctx, StartTimeout)
+	startCtx, cancel := withBound(ctx, cfg.startTimeout)
 	defer cancel()
 	n, err := embedded.Start(startCtx, &embedded.Config{
 		DataDir:    cfg.dataDir,
@@ -361,10 +370,10 @@ func interrupted(ctx context.Context, log *slog.Logger, err error) error {
 	return err
 }
 
-// startBroker starts b within StartTimeout. broker.Start returns once the server has every
+// startBroker starts b within timeout (0: no bound). broker.Start returns once the server has every
 // subscription, so that "natstone ready" means requests are answered.
-func startBroker(ctx context.Context, b *broker.Broker) error {
-	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
+func startBroker(ctx context.Context, b *broker.Broker, timeout time.Duration) error {
+	ctx, cancel := withBound(ctx, timeout)
 	defer cancel()
 	if err := b.Start(ctx); err != nil {
 		return fmt.Errorf("starting the broker: %w", err)
@@ -433,4 +442,12 @@ func redactURL(s string) string {
 		}
 	}
 	return strings.Join(urls, ",")
+}
+
+// withBound is context.WithTimeout, with 0 meaning no bound.
+func withBound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d == 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -256,6 +257,7 @@ func TestUsageErrors(t *testing.T) {
 		{"zero events max bytes", []string{"serve", "--events-max-bytes", "0"}, "--events-max-bytes must be positive or -1"},
 		{"negative events max bytes", []string{"serve", "--events-max-bytes", "-2"}, "--events-max-bytes must be positive or -1"},
 		{"short claim ttl", []string{"serve", "--claim-ttl", "500ms"}, "--claim-ttl must be at least 1s"},
+		{"negative start timeout", []string{"serve", "--start-timeout", "-1s"}, "--start-timeout cannot be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -349,5 +351,21 @@ func TestRedactURL(t *testing.T) {
 		if got := redactURL(tt.in); got != tt.want {
 			t.Errorf("redactURL(%q) = %q, want %q", tt.in, got, tt.want)
 		}
+	}
+}
+
+// TestServeStartTimeout: --start-timeout bounds the start, the embedded server's included: a start
+// that cannot finish in time fails (exit 1) and says why, rather than serve.
+func TestServeStartTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	args := []string{"serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--start-timeout", "1ms"}
+	if c := run(ctx, args, &stdout, &stderr); c != exitError {
+		t.Fatalf("run(%q) = %d, want %d; stderr:\n%s", args, c, exitError, &stderr)
+	}
+	if !strings.Contains(stderr.String(), "deadline exceeded") {
+		t.Fatalf("stderr does not say the start ran out of time:\n%s", &stderr)
 	}
 }
