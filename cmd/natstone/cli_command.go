@@ -214,7 +214,8 @@ func parseDeadline(s string, now time.Time) (time.Time, error) {
 
 // msDuration is a duration flag that the protocol carries in whole milliseconds. A value that is not
 // a whole number of them, or lies outside min to max, is refused where it is given (exit 2), rather
-// than rounded (500us would become 0, the default) or left to the broker. Zero is the default.
+// than rounded (500us would become 0, the default) or left to the broker. Zero is always accepted:
+// for most flags it means the default.
 type msDuration struct {
 	d        time.Duration
 	min, max time.Duration
@@ -241,9 +242,9 @@ func (f *msDuration) Set(s string) error {
 	return nil
 }
 
-// duration declares a duration flag of at most max, at least min unless 0 (the default).
-func (c *clientCommand) duration(name string, min, max time.Duration, usage string) *time.Duration {
-	f := &msDuration{min: min, max: max}
+// duration declares a duration flag with default def, of at most max and at least min unless 0.
+func (c *clientCommand) duration(name string, def, min, max time.Duration, usage string) *time.Duration {
+	f := &msDuration{d: def, min: min, max: max}
 	c.fs.Var(f, name, usage)
 	return &f.d
 }

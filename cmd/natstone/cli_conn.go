@@ -120,6 +120,18 @@ func (f *connFlags) settings() (*connSettings, error) {
 		return nil, &configError{fmt.Errorf("nats context %q: %w", nctx.Name, err)}
 	}
 	opts = append(opts, nats.Name(cliConnName), nats.Timeout(f.timeout))
+	// nats.go opens these files only when it connects, and reports a missing one as a failure to
+	// connect (exit 5, "cannot reach natstone"): it is the context that is unusable (exit 2).
+	// (The context's options read its creds and nkey files even when a flag replaces its login.)
+	files := []struct{ what, path string }{{"creds", nctx.Creds()}, {"nkey", nctx.NKey()}, {"cert", nctx.Certificate()}, {"key", nctx.Key()}, {"ca", nctx.CA()}}
+	for _, file := range files {
+		if file.path == "" {
+			continue
+		}
+		if _, err := os.Stat(file.path); err != nil {
+			return nil, &configError{fmt.Errorf("nats context %q: its %s file: %w", nctx.Name, file.what, err)}
+		}
+	}
 
 	switch {
 	case f.creds != "":

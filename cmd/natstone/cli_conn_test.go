@@ -34,7 +34,7 @@ func TestCLIExitCodes(t *testing.T) {
 		want string // in stderr
 	}{
 		{"ok", []string{"queue", "info", "q", "--server", url}, exitOK, ""},
-		{"refused", []string{"queue", "create", "q", "--lease", "1ms", "--server", url}, exitError, "natstone: invalid_config: "},
+		{"refused", []string{"queue", "create", "q", "--max-attempts", "100000", "--server", url}, exitError, "natstone: invalid_config: "},
 		{"usage", []string{"dequeue", "q", "--batch", "many", "--server", url}, exitUsage, "invalid value \"many\" for flag -batch"},
 		{"queue not found", []string{"depth", "nope", "--server", url}, exitNotFound, "natstone: queue_not_found: "},
 		{"message not found", []string{"cancel", "q", "nope", "--server", url}, exitNotFound, "natstone: message_not_found: "},
@@ -194,6 +194,15 @@ func TestCLINatsContextAuth(t *testing.T) {
 	runCLI(t, cliOpts{}, "queue", "ls", "--server", url).fails(t, exitNoBroker, "Authorization Violation")
 	runCLI(t, cliOpts{}, "queue", "ls", "--server", url, "--password", "secret").fails(t, exitUsage, "--password needs --user")
 	runCLI(t, cliOpts{}, "queue", "ls", "--server", url, "--user", "alice", "--password", "secret").ok(t)
+
+	// A context naming a file that is not there is unusable (exit 2), not a server out of reach
+	// (exit 5, which a script may retry forever), login flags or not: nats.go reads the file anyway.
+	missing := filepath.Join(t.TempDir(), "missing")
+	writeContext(t, home, "nocreds", false, map[string]any{"url": url, "creds": missing})
+	writeContext(t, home, "nocert", false, map[string]any{"url": url, "cert": missing, "key": missing})
+	runCLI(t, opts, "queue", "ls", "--context", "nocreds").fails(t, exitUsage, `nats context "nocreds": its creds file`)
+	runCLI(t, opts, "queue", "ls", "--context", "nocert").fails(t, exitUsage, `nats context "nocert": its cert file`)
+	runCLI(t, opts, "queue", "ls", "--context", "nocreds", "--user", "alice", "--password", "secret").fails(t, exitUsage, "its creds file")
 }
 
 func TestExitCodeOf(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -62,7 +63,7 @@ type importSummary struct {
 	Lines          int             `json:"lines"`      // messages read: lines that are not blank
 	Enqueued       int             `json:"enqueued"`   // new messages written
 	Duplicates     int             `json:"duplicates"` // lines whose id existed: nothing written
-	DuplicateLines []int           `json:"duplicate_lines,omitempty"`
+	DuplicateLines []int           `json:"duplicate_lines"`
 	Failed         []importFailure `json:"failed"`
 	// Stopped is the error that stopped the import; the lines counted in Unconfirmed (from line
 	// FirstUnconfirmed on, not necessarily all of them) then have an unknown outcome or were
@@ -115,7 +116,7 @@ func runImport(ctx context.Context, c *clientCommand, queue, path string, inFlig
 		}
 		defer f.Close()
 		in = f
-		if tty {
+		if tty && rereadable(f) {
 			if total, err = countLines(path); err != nil {
 				return c.fail(fmt.Errorf("import: %w", err), nil)
 			}
@@ -128,7 +129,7 @@ func runImport(ctx context.Context, c *clientCommand, queue, path string, inFlig
 			inFlight: inFlight,
 			maxBytes: int(conn.nc.MaxPayload()) - importEnvelope,
 			sending:  map[string]int{},
-			sum:      importSummary{Queue: queue, Failed: []importFailure{}},
+			sum:      importSummary{Queue: queue, DuplicateLines: []int{}, Failed: []importFailure{}},
 		}
 		if tty {
 			im.progress = startProgress(c.stderr, total)
@@ -240,11 +241,15 @@ func (im *importer) parse(n int, data []byte) (importLine, bool) {
 	return importLine{n: n, msg: msg, size: len(data) + len(msg.Payload)/3 + importLineOverhead}, true
 }
 
-// parseImportLine decodes one line as the broker decodes an enqueue body: strictly, one object, no
-// unknown field, at most one payload form.
+// parseImportLine decodes one line as the broker decodes an enqueue body: strictly, one object of
+// valid UTF-8, no unknown field, at most one payload form.
 func parseImportLine(data []byte) (workers.BatchMessage, error) {
 	if data[0] != '{' {
 		return workers.BatchMessage{}, errors.New("not a JSON object")
+	}
+	if !utf8.Valid(data) {
+		// encoding/json would replace each invalid byte with U+FFFD: another id or payload.
+		return workers.BatchMessage{}, errors.New("not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -439,6 +444,14 @@ func (im *importer) print(w, errw io.Writer) {
 		fmt.Fprintf(tw, "unconfirmed:\t0 (the rest of the input was not read)\n")
 	}
 	tw.Flush()
+}
+
+// rereadable reports whether opening f's path again reads it from its start: a regular file, not a
+// pipe, a FIFO or a process substitution (<(zcat x.gz)), which a second reader would drain. Only
+// such a file is counted for the progress bar.
+func rereadable(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode().IsRegular()
 }
 
 // countLines counts the lines of a file, a last one without a newline included.

@@ -151,6 +151,12 @@ func TestCLIImportRefusedLines(t *testing.T) {
 	if m := getMessage(t, url, "small", "i"); payloadText(t, m) != "ok" {
 		t.Fatalf("i: %+v", m)
 	}
+	// Every list is there, empty or not, as docs/cli.md shows it: jq '.duplicate_lines[]' works.
+	var doc map[string]json.RawMessage
+	r.decode(t, &doc)
+	if got := string(doc["duplicate_lines"]); got != "[]" {
+		t.Fatalf("--json without duplicates: duplicate_lines %q, want []", got)
+	}
 
 	// A blocked queue stops the import: its lines are unconfirmed, the exit code is the error's.
 	cli(t, url, "queue", "update", "small", "--block-enqueue").ok(t)
@@ -181,6 +187,8 @@ func TestParseImportLine(t *testing.T) {
 		{line: `{} x`, wantErr: "data after the JSON object"},
 		{line: `{"payload_base64":"!"}`, wantErr: "illegal base64"},
 		{line: `{"lease_ms":9223372036855}`, wantErr: "out of range"},
+		{line: "{\"id\":\"a\xff\"}", wantErr: "not valid UTF-8"}, // encoding/json would store id "a\uFFFD"
+		{line: "{\"payload\":\"caf\xe9\"}", wantErr: "not valid UTF-8"},
 	} {
 		got, err := parseImportLine([]byte(tc.line))
 		switch {

@@ -40,8 +40,8 @@ shows the progress.
 	deadline := c.fs.String("deadline", "", "the priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
 	var meta pairsFlag
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
-	invisible := c.duration("invisible", time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending (default the queue's)")
-	lease := c.duration("lease", subjects.MinLease, subjects.MaxLease, "the message's lease when a dequeue does not ask for one (default the queue's)")
+	invisible := c.duration("invisible", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending (default the queue's)")
+	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "the message's lease when a dequeue does not ask for one (default the queue's)")
 	importFile := c.fs.String("import", "", "import JSON lines from `file` (- for stdin) instead of enqueueing one message")
 	inFlight := c.fs.Int("in-flight", importInFlight, "with --import: send `n` batches at once; 1 enqueues the messages without a priority in the file's order")
 	pos, err := c.parse(args, 1, 2)
@@ -117,8 +117,8 @@ that long for a first message if none is pending. Exits 4 when it got no message
 ends when the queue is empty. --json prints the protocol's reply, {"messages": [...]}.
 `, stdout, stderr)
 	batch := c.fs.Int("batch", 1, "lease up to `n` messages (1 to 256)")
-	lease := c.duration("lease", subjects.MinLease, subjects.MaxLease, "lease duration (default each message's, else the queue's)")
-	wait := c.duration("wait", time.Millisecond, subjects.MaxWait, "wait up to this long for a first message (at most 5m)")
+	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "lease duration (default each message's, else the queue's)")
+	wait := c.duration("wait", 0, time.Millisecond, subjects.MaxWait, "wait up to this long for a first message (at most 5m)")
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "lease only messages with metadata `key=value`, repeatable (all must match)")
 	requestID := c.fs.String("request-id", "", "makes the dequeue retry-safe: a retry with the same `id` within 5 minutes returns the same leases")
@@ -191,7 +191,7 @@ func runExtend(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	c := newClientCommand("natstone extend", "QUEUE ID LEASE [flags]", `
 Extends lease LEASE of message ID: it then ends --lease from now.
 `, stdout, stderr)
-	lease := c.duration("lease", subjects.MinLease, subjects.MaxLease, "the lease ends this long from now (default the message's own lease, else the queue's)")
+	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "the lease ends this long from now (default the message's own lease, else the queue's)")
 	return runLeaseOp(ctx, c, args, 3, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
 		return cl.Extend(ctx, q, id, leaseID, *lease)
 	})
@@ -202,7 +202,7 @@ func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) in
 Gives message ID, leased as LEASE, back to the queue: pending at once, or invisible for --delay.
 The attempt stays spent; a message with no attempt left is errored.
 `, stdout, stderr)
-	delay := c.duration("delay", time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending again")
+	delay := c.duration("delay", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending again")
 	return runLeaseOp(ctx, c, args, 3, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
 		return cl.Release(ctx, q, id, leaseID, *delay)
 	})

@@ -123,6 +123,9 @@ func TestCLIEnqueue(t *testing.T) {
 		{[]string{"extend", "q", "m", "L", "--lease", "25h"}, "must be 100ms to 24h"},
 		{[]string{"release", "q", "m", "L", "--delay", "1.5ms"}, "not a whole number of milliseconds"},
 		{[]string{"release", "q", "m", "L", "--delay", "soon"}, "not a duration"},
+		{[]string{"queue", "create", "q", "--lease", "500us"}, "not a whole number of milliseconds"},
+		{[]string{"queue", "create", "q", "--retention", "999us"}, "not a whole number of milliseconds"}, // would be 0: collect at once
+		{[]string{"queue", "update", "q", "--invisible", "-1s"}, "must be 1ms to 8784h"},
 		{[]string{"enqueue", "q", "--import", "f", "--id", "x"}, "drop --id"},
 		{[]string{"enqueue", "q", "p", "--import", "f"}, "--import takes no PAYLOAD"},
 		{[]string{"enqueue"}, "missing arguments"},
