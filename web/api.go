@@ -258,10 +258,21 @@ type messageReply struct {
 // getMessage answers GET /api/queues/{name}/messages/{id}: get, then history. A message that was
 // garbage-collected is still answered from its history.
 func (s *Server) getMessage(r *http.Request) (any, error) {
-	if _, err := query(r.URL, nil); err != nil {
+	id := r.PathValue("id")
+	if id == "" {
+		// GET /api/queues/{name}/message?id=: an id such as "." or "..", which a browser removes
+		// from a path as a dot segment, even escaped, travels in the query.
+		q, err := query(r.URL, []string{"id"})
+		if err != nil {
+			return nil, err
+		}
+		if id = q.Get("id"); id == "" {
+			return nil, badRequest("query parameter id is required")
+		}
+	} else if _, err := query(r.URL, nil); err != nil {
 		return nil, err
 	}
-	ctx, name, id := r.Context(), r.PathValue("name"), r.PathValue("id")
+	ctx, name := r.Context(), r.PathValue("name")
 	var reply messageReply
 	m, getErr := s.client.Get(ctx, name, id)
 	switch {

@@ -290,6 +290,7 @@ func TestMessage(t *testing.T) {
 	edge := strings.Repeat("y", web.MaxPayloadPreview)
 	e.enqueue("q", "edge", 3, edge, nil)
 	e.enqueue("q", "a/b c?#%", 4, "odd id", nil)
+	e.enqueue("q", "..", 6, "dots", nil)
 	if _, err := e.c.Enqueue(ctx(t), "q", []byte{0xff, 0x00, 0x01}, &workers.EnqueueOpts{ID: "bin", Priority: ptr(int64(5))}); err != nil {
 		t.Fatal(err)
 	}
@@ -330,17 +331,28 @@ func TestMessage(t *testing.T) {
 		{id: "edge", payload: &edge, size: len(edge)},
 		{id: "bin", base64: []byte{0xff, 0x00, 0x01}, size: 3},
 		{id: "a/b c?#%", payload: ptr("odd id"), size: 6},
+		{id: "..", payload: ptr("dots"), size: 4}, // the query form only: a path loses it
 	} {
-		var d messageDetail
-		e.get("/api/queues/q/messages/"+url.PathEscape(c.id), &d)
-		if d.Message == nil || d.Message.ID != c.id || d.History == nil || len(d.History.Events) != 1 {
-			t.Errorf("%s: %+v", c.id, d)
-			continue
+		paths := []string{"/api/queues/q/message?id=" + url.QueryEscape(c.id)}
+		if c.id != ".." {
+			paths = append(paths, "/api/queues/q/messages/"+url.PathEscape(c.id))
 		}
-		if !equalPtr(d.Message.Payload, c.payload) || string(d.Message.PayloadBase64) != string(c.base64) ||
-			*d.Message.PayloadSize != c.size || d.Message.PayloadOmitted != c.omitted {
-			t.Errorf("%s: payload %v, base64 %v, size %d, omitted %v", c.id, d.Message.Payload, d.Message.PayloadBase64, *d.Message.PayloadSize, d.Message.PayloadOmitted)
+		for _, path := range paths {
+			var d messageDetail
+			e.get(path, &d)
+			if d.Message == nil || d.Message.ID != c.id || d.History == nil || len(d.History.Events) != 1 {
+				t.Errorf("%s: %+v", path, d)
+				continue
+			}
+			if !equalPtr(d.Message.Payload, c.payload) || string(d.Message.PayloadBase64) != string(c.base64) ||
+				*d.Message.PayloadSize != c.size || d.Message.PayloadOmitted != c.omitted {
+				t.Errorf("%s: payload %v, base64 %v, size %d, omitted %v", path, d.Message.Payload, d.Message.PayloadBase64, *d.Message.PayloadSize, d.Message.PayloadOmitted)
+			}
 		}
+	}
+	for _, path := range []string{"/api/queues/q/message", "/api/queues/q/message?id=", "/api/queues/q/message?id=a&id=b", "/api/queues/q/message?id=a&x=1"} {
+		status, h, body := e.do(http.MethodGet, path, "", "")
+		wantError(t, path, status, h, body, http.StatusBadRequest, subjects.CodeBadRequest)
 	}
 
 	status, h, body := e.do(http.MethodGet, "/api/queues/q/messages/nope", "", "")

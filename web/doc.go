@@ -32,7 +32,9 @@
 //	     "updated_at", "ended_at"}, without its payload. "more" is true when more messages matched.
 //
 //	GET  /api/queues/{name}/messages/{id}
-//	     One message and its history: {"message": <message> + {"payload_size", "payload" (UTF-8)
+//	GET  /api/queues/{name}/message?id={id}
+//	     One message and its history (the second form for any id, "." and ".." included, which a
+//	     browser removes from a path as dot segments even when escaped): {"message": <message> + {"payload_size", "payload" (UTF-8)
 //	     or "payload_base64" (other bytes), "payload_omitted"}, "history": {"events": [{"kind",
 //	     "state", "prev_state", "reason", "version", "attempts", "max_attempts", "lease_id",
 //	     "lease_expires_at", "worker", "request_id", "at", "state_ms", "current"}, …], "state_ms":

@@ -73,6 +73,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /api/queues/{name}", s.api(s.getQueue))
 	mux.HandleFunc("GET /api/queues/{name}/messages", s.api(s.listMessages))
 	mux.HandleFunc("GET /api/queues/{name}/messages/{id}", s.api(s.getMessage))
+	mux.HandleFunc("GET /api/queues/{name}/message", s.api(s.getMessage))
 	mux.HandleFunc("POST /api/queues/{name}/blocked", s.api(s.setBlocked))
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)

@@ -549,7 +549,8 @@ function messageView(r) {
   return {
     root,
     async update() {
-      const data = await api(apiQueue(r.queue) + '/messages/' + enc(r.id));
+      // The id in the query: a path would lose an id of "." or "..", which browsers resolve.
+      const data = await api(apiQueue(r.queue) + '/message?id=' + enc(r.id));
       const events = (data.history && data.history.events) || [];
       renderMessage(data.message, events);
       renderHistory(data.history, data.history_error);
