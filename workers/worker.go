@@ -23,10 +23,9 @@ const (
 	DefaultPollWait    = 20 * time.Second
 )
 
-// settleTries is how many times a stopping worker tries to complete, release or cancel a message when
-// the broker cannot be reached or is unavailable (a running one tries until the lease ends). Each of
-// these is idempotent for the same lease.
-const settleTries = 3
+// stopSettleTimeout bounds the one try of a complete, release or cancel once Stop's ctx is done:
+// Stop then returns soon, and a lease not settled ends on its own.
+const stopSettleTimeout = time.Second
 
 // WorkerConfig configures a Worker. Only Queue is required.
 type WorkerConfig struct {
@@ -187,8 +186,9 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // Stop drains the worker: no new message is dequeued (long polls in flight are abandoned), and the
 // running handlers may finish and settle their messages until ctx is done. Then their contexts are
-// cancelled (cause ErrWorkerStopped) and their messages released at once. Stop returns when every
-// goroutine of the worker has returned: nil if the handlers finished in time, else ctx's error.
+// cancelled (cause ErrWorkerStopped) and their messages released at once, with one try of at most a
+// second each (a lease not released ends on its own). Stop returns when every goroutine of the
+// worker has returned: nil if the handlers finished in time, else ctx's error.
 // Stopping a worker that was never started, or stopping it again, returns nil.
 //
 // The broker does not learn that a long poll was abandoned: a message that becomes pending before
@@ -515,23 +515,33 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 
 // finish runs op (a complete, release or cancel of the job's lease) and retries it while the broker
 // cannot be reached and the lease may still be held (a broker's restart, or a standby taking over,
-// takes seconds), with the slot's backoff. It runs even when the worker is stopping, a finished
-// handler's result being worth recording, but then tries only settleTries times.
+// takes seconds), with the slot's backoff. Each of these is idempotent for the same lease. It runs
+// even when the worker is stopping, a finished handler's result being worth recording; but once
+// Stop's ctx is done (jobCtx), it makes one more try of at most stopSettleTimeout.
 func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, log *slog.Logger, op func(context.Context) error) {
-	ctx := context.WithoutCancel(jobCtx)
 	for try := 1; ; try++ {
+		ctx, cancel := context.WithoutCancel(jobCtx), context.CancelFunc(func() {})
+		stopping := jobCtx.Err() != nil
+		if stopping {
+			ctx, cancel = context.WithTimeout(ctx, stopSettleTimeout)
+		}
 		err := op(ctx)
+		cancel()
 		switch {
 		case err == nil:
 			return
 		case isLeaseLost(err):
 			log.Warn(what+" refused: lease lost", "error", err)
 			return
-		case retryable(err) && time.Now().Before(expires) && (try < settleTries || jobCtx.Err() == nil):
+		case retryable(err) && time.Now().Before(expires) && !stopping:
 			d := min(exponential(try, pollRetryBase, pollRetryMax), max(time.Until(expires), time.Millisecond))
 			log.Warn(what+" failed; retrying", "error", err, "retry_in", d)
 			t := time.NewTimer(d)
-			<-t.C
+			select {
+			case <-t.C:
+			case <-jobCtx.Done(): // Stop's time is up: the last, short try at once
+				t.Stop()
+			}
 		default:
 			log.Error(what+" failed", "error", err)
 			return

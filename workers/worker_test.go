@@ -751,6 +751,63 @@ func TestWorkerCompleteOutlastsABrokerOutage(t *testing.T) {
 	}
 }
 
+// TestWorkerStopPastItsContext: once Stop's ctx is done, a message whose handler is still running is
+// released with one short try, not with retries of a full request timeout each: with a broker that
+// does not answer, Stop would otherwise run tens of seconds past its ctx.
+func TestWorkerStopPastItsContext(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	_, reply := leasedReply(t, time.Now())
+	var dequeues atomic.Int32
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		if dequeues.Add(1) == 1 {
+			_ = m.Respond(reply)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	releases := make(chan subjects.ReleaseRequest, 16)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpRelease, "q"), func(m *nats.Msg) {
+		releases <- decode[subjects.ReleaseRequest](t, m.Data) // never answered
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := make(chan struct{})
+	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: discard()},
+		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+			close(running)
+			<-ctx.Done()
+			return ctx.Err()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, running)
+	sctx, cancel := context.WithCancel(context.Background())
+	cancel() // no time to finish: the handler is cancelled and its message released at once
+	if err := w.Stop(sctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Stop: %v, want its ctx's error", err)
+	}
+	if r := recv(t, releases); r.ID != "m" || r.LeaseID != "L" {
+		t.Fatalf("release %+v, want m's lease L", r)
+	}
+	if n := len(releases); n != 0 {
+		t.Fatalf("%d more releases after Stop's ctx was done, want none", n)
+	}
+}
+
 // awaitGate blocks a handler until the test opens gate — or until the handler's context ends, so a
 // failing test fails instead of hanging in Stop.
 func awaitGate(ctx context.Context, gate <-chan struct{}) {
