@@ -629,6 +629,27 @@ func TestWorkerRetriesTimedOutDequeue(t *testing.T) {
 	}
 }
 
+// fakeLeasingOnce connects a fake broker to srv whose first dequeue of queue q leases message m (see
+// leasedReply, leased now) and whose later dequeues find nothing. The test subscribes the other
+// operations it needs on the returned connection.
+func fakeLeasingOnce(t *testing.T, srv *natstest.Server) (*nats.Conn, subjects.Space, subjects.Message) {
+	t.Helper()
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	msg, reply := leasedReply(t, time.Now())
+	var dequeues atomic.Int32
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		if dequeues.Add(1) == 1 {
+			_ = m.Respond(reply)
+			return
+		}
+		_ = m.Respond([]byte(`{"messages":[]}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return fake, space, msg
+}
+
 // workerOnFake starts a worker of queue q, polling without waiting, on a client whose requests time
 // out after timeout (0: the default), once fake, the fake broker's connection, has its
 // subscriptions in place.
@@ -714,19 +735,7 @@ func TestWorkerDequeueOfUnknownOutcome(t *testing.T) {
 func TestWorkerCompleteOutlastsABrokerOutage(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	space, _ := subjects.NewSpace("")
-	fake := srv.Connect(t)
-	msg, reply := leasedReply(t, time.Now())
-	var dequeues atomic.Int32
-	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
-		if dequeues.Add(1) == 1 {
-			_ = m.Respond(reply)
-			return
-		}
-		_ = m.Respond([]byte(`{"messages":[]}`))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	fake, space, msg := fakeLeasingOnce(t, srv)
 	completes := make(chan subjects.LeaseRequest, 16)
 	var tries atomic.Int32
 	done := msg
@@ -757,17 +766,7 @@ func TestWorkerCompleteOutlastsABrokerOutage(t *testing.T) {
 func TestWorkerStopPastItsContext(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	space, _ := subjects.NewSpace("")
-	fake := srv.Connect(t)
-	_, reply := leasedReply(t, time.Now())
-	var dequeues atomic.Int32
-	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
-		if dequeues.Add(1) == 1 {
-			_ = m.Respond(reply)
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
+	fake, space, _ := fakeLeasingOnce(t, srv)
 	releases := make(chan subjects.ReleaseRequest, 16)
 	if _, err := fake.Subscribe(space.Subject(subjects.OpRelease, "q"), func(m *nats.Msg) {
 		releases <- decode[subjects.ReleaseRequest](t, m.Data) // never answered
