@@ -263,9 +263,57 @@ func (ch *churner) leftNothing(faults int64) bool {
 	case faults%2 == 1 || ch.stats.faults.Load() != faults:
 		ch.stats.add(func(s *runStats) { s.churnUnchecked++ })
 	case len(left) > 0:
-		ch.violation("the acknowledged delete left %v: %s", left, ch.describe(left))
+		markers := ch.dropMarkers(left)
+		if markers > 0 {
+			ch.stats.add(func(s *runStats) { s.churnMarkers += markers })
+		}
+		if len(left) > 0 {
+			ch.violation("the acknowledged delete left %v: %s", left, ch.describe(left))
+		}
 	}
 	return true
+}
+
+// dropMarkers removes from left the subjects of the messages and locks buckets whose last message is
+// a KV delete or purge marker, and returns how many. Such a marker holds no record: a load skips its
+// key, and a create writes over it. A broker's start writes them when it removes records of deleted
+// queues that JetStream brought back (Broker.dropDeleted), with a TTL of a second, and a delete's
+// subject purge soon after has been seen to leave them (2026-11-25, docs/faults.md): the server's,
+// not natstone's, and no record, so not a violation; counted in the run's stats.
+func (ch *churner) dropMarkers(left map[string]uint64) int {
+	n := 0
+	for subj := range left {
+		if strings.HasPrefix(subj, "natstone.body.") {
+			continue // a payload is never a marker
+		}
+		m, err := ch.lastMsg(subj)
+		if err != nil {
+			continue
+		}
+		if op := m.Header.Get("KV-Operation"); op == "PURGE" || op == "DEL" {
+			delete(left, subj)
+			n++
+		}
+	}
+	return n
+}
+
+// lastMsg reads the last message on subj from the stream that holds it.
+func (ch *churner) lastMsg(subj string) (*jetstream.RawStreamMsg, error) {
+	stream := "KV_natstone-messages"
+	switch {
+	case strings.HasPrefix(subj, "natstone.body."):
+		stream = "natstone-bodies"
+	case strings.HasPrefix(subj, "$KV.natstone-locks."):
+		stream = "KV_natstone-locks"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	st, err := ch.js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	return st.GetLastMsgForSubject(ctx, subj)
 }
 
 // describe says what the streams hold on the subjects left: each one's last message (its sequence,
@@ -274,20 +322,7 @@ func (ch *churner) leftNothing(faults int64) bool {
 func (ch *churner) describe(left map[string]uint64) string {
 	var out []string
 	for subj := range left {
-		stream := "KV_natstone-messages"
-		switch {
-		case strings.HasPrefix(subj, "natstone.body."):
-			stream = "natstone-bodies"
-		case strings.HasPrefix(subj, "$KV.natstone-locks."):
-			stream = "KV_natstone-locks"
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-		st, err := ch.js.Stream(ctx, stream)
-		var m *jetstream.RawStreamMsg
-		if err == nil {
-			m, err = st.GetLastMsgForSubject(ctx, subj)
-		}
-		cancel()
+		m, err := ch.lastMsg(subj)
 		if err != nil {
 			out = append(out, fmt.Sprintf("%s: not read (%v)", subj, err))
 			continue

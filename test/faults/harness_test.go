@@ -601,6 +601,7 @@ type runStats struct {
 	nextLeased                             int    // messages leased by the dequeues that completes carried
 	churned                                int    // generations of the churn queue created and deleted
 	churnUnchecked                         int    // deletes whose storage a kill made it too late to check
+	churnMarkers                           int    // delete and purge markers (no record) found after a delete
 	churnViolations                        []Violation
 	ghosts                                 int // records of deleted queues that starts removed
 	batches                                int // enqueue_batch requests acknowledged
