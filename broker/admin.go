@@ -286,9 +286,9 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 	// Let writes in flight land first, so none lands after the purge. Those of unknown outcome are
 	// asked about now, since the closed queue's doubt timer no longer does: once storage answers,
 	// none of them can land later (its revision is taken, or it is known to have landed).
-	if q.doubts() {
+	if q.doubts() > 0 {
 		q.resolveDoubts()
-		if n := len(q.doubtful) + len(q.doubtfulLocks); n > 0 {
+		if n := q.doubts(); n > 0 {
 			q.mu.Unlock()
 			return subjects.DeleteReply{}, subjects.Errorf(subjects.CodeUnavailable, "delete queue %s: storage has not told the outcome of %d writes; retry", q.name, n)
 		}

@@ -203,7 +203,7 @@ func (q *queue) settle() {
 	if q.closed != nil {
 		return
 	}
-	if q.doubts() && !q.doubtArmed {
+	if q.doubts() > 0 && !q.doubtArmed {
 		q.doubtArmed = true
 		if q.doubt == nil {
 			q.doubt = q.b.clock.AfterFunc(doubtRetry, q.fireDoubt)

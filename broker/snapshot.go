@@ -121,7 +121,7 @@ func (b *Broker) settledFence(ctx context.Context, records uint64) (kv.Fence, er
 // snapshotCount returns how many entries the queue's snapshot holds, or why it cannot be written.
 // Called with q.mu held.
 func (q *queue) snapshotCount() (int, string) {
-	if n := len(q.doubtful) + len(q.doubtfulLocks); n > 0 {
+	if n := q.doubts(); n > 0 {
 		return 0, fmt.Sprintf("%d writes of unknown outcome", n)
 	}
 	n := 0

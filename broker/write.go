@@ -122,15 +122,15 @@ func (q *queue) fireDoubt() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.doubtArmed = false
-	if q.closed != nil || !q.doubts() || !q.b.track() {
+	if q.closed != nil || q.doubts() == 0 || !q.b.track() {
 		return
 	}
 	defer q.b.wg.Done()
 	q.resolveDoubts()
 }
 
-// doubts reports whether writes of unknown outcome wait to be issued again. Called with q.mu held.
-func (q *queue) doubts() bool { return len(q.doubtful) > 0 || len(q.doubtfulLocks) > 0 }
+// doubts returns how many writes of unknown outcome wait to be issued again. Called with q.mu held.
+func (q *queue) doubts() int { return len(q.doubtful) + len(q.doubtfulLocks) }
 
 // resolveDoubts issues the doubtful writes again and applies what storage says; those whose
 // outcome is still unknown stay doubtful. Called and returns with q.mu held, released meanwhile.
