@@ -121,6 +121,18 @@ func (e *env) jetStream() jetstream.JetStream {
 	return js
 }
 
+// storeRaw publishes data on subject as it is, behind the broker's back: a record or lock that
+// natstone would not write ("$KV.natstone-messages." + kv.MessageKey(…), "$KV.natstone-locks." +
+// kv.LockKey(…)).
+func (e *env) storeRaw(subject string, data []byte) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.jetStream().Publish(ctx, subject, data); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // waitNoKeys waits, up to 10 s, until stream holds no subject matching filter: a removed record's
 // purge marker stays a second (its TTL, on the server's clock).
 func (e *env) waitNoKeys(stream, filter string) {

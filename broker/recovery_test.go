@@ -244,9 +244,7 @@ func TestRestartDeletesPayloadsWithoutRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, "$KV.natstone-messages."+kv.MessageKey("old", "z"), rec); err != nil {
-		t.Fatal(err)
-	}
+	e.storeRaw("$KV.natstone-messages."+kv.MessageKey("old", "z"), rec)
 	e.waitStreamMsgs("natstone-bodies", 8)
 
 	e.restartAll()
@@ -284,9 +282,7 @@ func TestRestartKeepsPayloadsWhenARecordIsUnreadable(t *testing.T) {
 	if _, err := js.PublishMsg(ctx, body); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, "$KV.natstone-messages."+kv.MessageKey("q", "b"), []byte("not a record")); err != nil {
-		t.Fatal(err)
-	}
+	e.storeRaw("$KV.natstone-messages."+kv.MessageKey("q", "b"), []byte("not a record"))
 
 	e.restartAll()
 
@@ -304,9 +300,6 @@ func TestRestartSkipsARecordWithoutPayload(t *testing.T) {
 	e := setup(t)
 	e.create("q", subjects.CreateQueueRequest{})
 	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	js := e.jetStream()
 	for _, id := range []string{"pending", "completed"} {
 		r := kv.Record{ID: id, State: subjects.StatePending, Version: 1, MaxAttempts: 5}
 		if id == "completed" {
@@ -316,9 +309,7 @@ func TestRestartSkipsARecordWithoutPayload(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := js.Publish(ctx, "$KV.natstone-messages."+kv.MessageKey("q", id), data); err != nil {
-			t.Fatal(err)
-		}
+		e.storeRaw("$KV.natstone-messages."+kv.MessageKey("q", id), data)
 	}
 
 	e.restartAll()
@@ -344,11 +335,8 @@ func TestRestartTakesAnUnreadableLockAsFree(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js := e.jetStream()
 	for _, value := range []string{"v1", "v2"} {
-		if _, err := js.Publish(ctx, "$KV.natstone-locks."+kv.LockKey("q", value), []byte("not a lock")); err != nil {
-			t.Fatal(err)
-		}
+		e.storeRaw("$KV.natstone-locks."+kv.LockKey("q", value), []byte("not a lock"))
 	}
 
 	e.restartAll()
