@@ -21,8 +21,17 @@ type waiter struct {
 
 // dequeueRecord remembers what a dequeue with a request id leased, so a retry returns the same leases.
 type dequeueRecord struct {
-	done   chan struct{} // closed when the first dequeue with the id has finished
-	leases []leaseRef
+	done    chan struct{} // closed when the first dequeue with the id has finished
+	leases  []leaseRef
+	settled *settled // the settle whose next this dequeue was, if any
+}
+
+// settled is a settle (a complete, release or cancel) with next: what it settled, and once it is
+// stored, the message as its reply gave it.
+type settled struct {
+	op          subjects.Op
+	id, leaseID string
+	msg         subjects.Message
 }
 
 type leaseRef struct {
@@ -82,39 +91,30 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 	if err != nil {
 		return nil, err
 	}
-	return q.leaseBest(ctx, r, filter)
+	return q.leaseBest(ctx, r, filter, nil)
 }
 
-// leaseBest is dequeue once r is validated (with its defaults) and its filter built.
-func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter index.Filter) ([]subjects.Message, error) {
+// leaseBest is dequeue once r is validated (with its defaults) and its filter built; s is the settle
+// whose next it is, if any.
+func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter index.Filter, s *settled) ([]subjects.Message, error) {
 	q.mu.Lock()
 	if err := q.usable(); err != nil {
 		q.mu.Unlock()
 		return nil, err
 	}
+	q.expireRequests(q.now())
+	if prior := q.requests[r.RequestID]; r.RequestID != "" && prior != nil {
+		// A retry leases nothing new, so it gets its leases back even while dequeue is blocked.
+		q.mu.Unlock()
+		return q.replayRequest(ctx, prior)
+	}
 	if q.cfg.DequeueBlocked {
 		q.mu.Unlock()
 		return nil, subjects.Errorf(subjects.CodeQueueBlocked, "queue %s: dequeue is blocked", q.name)
 	}
-	q.expireRequests(q.now())
 	var rec *dequeueRecord
 	if r.RequestID != "" {
-		if prior := q.requests[r.RequestID]; prior != nil {
-			q.mu.Unlock()
-			select {
-			case <-prior.done:
-			case <-ctx.Done():
-				return nil, unavailable("wait for the first dequeue with this request_id", ctx.Err())
-			}
-			q.mu.Lock()
-			held, err := q.replay(ctx, prior)
-			q.mu.Unlock()
-			if err != nil {
-				return nil, err
-			}
-			return q.withPayloads(ctx, held)
-		}
-		rec = &dequeueRecord{done: make(chan struct{})}
+		rec = &dequeueRecord{done: make(chan struct{}), settled: s}
 		q.requests[r.RequestID] = rec
 		q.reqOrder = append(q.reqOrder, reqStamp{id: r.RequestID, rec: rec, at: q.now()})
 		defer close(rec.done)
@@ -134,8 +134,9 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		}
 	}
 	if len(es) == 0 {
-		if rec != nil && q.requests[r.RequestID] == rec {
-			// Nothing was leased: a retry may lease, like any new dequeue.
+		if rec != nil && rec.settled == nil && q.requests[r.RequestID] == rec {
+			// Nothing was leased: a retry may lease, like any new dequeue. (A settle's retry gets
+			// its reply again, with no message.)
 			delete(q.requests, r.RequestID)
 		}
 		q.mu.Unlock()
@@ -172,7 +173,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	if rec != nil {
 		// A retry must get back every lease this dequeue may have taken, the unknown ones too.
 		rec.leases = slices.Concat(held, maybe)
-		if len(rec.leases) == 0 && q.requests[r.RequestID] == rec {
+		if len(rec.leases) == 0 && rec.settled == nil && q.requests[r.RequestID] == rec {
 			delete(q.requests, r.RequestID) // nothing leased: a retry may lease
 		}
 	}
@@ -264,6 +265,23 @@ func (q *queue) serveWaiters() {
 	}
 	clear(q.waiters[len(kept):])
 	q.waiters = kept
+}
+
+// replayRequest is a retried dequeue's reply: the leases of prior, the first dequeue with its request
+// id, that are still held, with their payloads. Called without q.mu.
+func (q *queue) replayRequest(ctx context.Context, prior *dequeueRecord) ([]subjects.Message, error) {
+	select {
+	case <-prior.done:
+	case <-ctx.Done():
+		return nil, unavailable("wait for the first dequeue with this request_id", ctx.Err())
+	}
+	q.mu.Lock()
+	held, err := q.replay(ctx, prior)
+	q.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return q.withPayloads(ctx, held)
 }
 
 // replay returns the leases of an earlier dequeue with the same request id that are still held,

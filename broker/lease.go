@@ -111,7 +111,13 @@ func (q *queue) extend(ctx context.Context, req subjects.ExtendRequest) (subject
 		return subjects.Message{}, err
 	}
 	lease := q.leaseMS(req.LeaseMS, e)
-	return q.transition(e, func(r *kv.Record, now int64) { r.LeaseExpires = now + lease })
+	return q.transition(e, func(r *kv.Record, now int64) {
+		r.LeaseExpires = now + lease
+		// Its holder has the dequeue's reply: a retry of that dequeue after a restart must not
+		// find this lease by its request id, which may by then name another dequeue (recovery's
+		// rebuildRequests).
+		r.RequestID = ""
+	})
 }
 
 // release gives a running message back: pending now, or invisible for DelayMS. The attempt it used
@@ -256,11 +262,16 @@ func addCount(c *subjects.Counts, s subjects.State, n int) {
 	}
 }
 
-// andNext runs settle — a complete, release or cancel — and then, if the request asked for one, the
-// dequeue in next, so that a worker finishes a message and gets its next one in one round trip.
-// A bad next is refused before anything is written. Once the settle is stored its reply stands: a
-// dequeue that fails then says so in the reply's next, beside the settled message.
-func (q *queue) andNext(ctx context.Context, next *subjects.DequeueRequest, settle func() (subjects.Message, error)) (any, error) {
+// andNext runs settle — s's complete, release or cancel — and then, if the
+// request asked for one, the dequeue in next, so that a worker finishes a message and gets its next one
+// in one round trip. A bad next is refused before anything is written. Once the settle is stored its
+// reply stands: a dequeue that fails then says so in the reply's next, beside the settled message.
+//
+// A retry of a request whose next carried a request_id gets the first reply's settled message and
+// that dequeue's leases back, even when the settle itself would now fail: the message collected
+// meanwhile (message_not_found), or leased again, by that very next or another dequeue
+// (lease_mismatch).
+func (q *queue) andNext(ctx context.Context, s settled, next *subjects.DequeueRequest, settle func() (subjects.Message, error)) (any, error) {
 	if next == nil {
 		return settle()
 	}
@@ -278,9 +289,19 @@ func (q *queue) andNext(ctx context.Context, next *subjects.DequeueRequest, sett
 	}
 	m, err := settle()
 	if err != nil {
+		if prior := q.settledBy(r.RequestID, s); prior != nil {
+			msgs, err := q.replayRequest(ctx, prior)
+			return q.settleReply(prior.settled.msg, msgs, err), nil
+		}
 		return nil, err
 	}
-	msgs, err := q.leaseBest(ctx, r, filter)
+	s.msg = m
+	msgs, err := q.leaseBest(ctx, r, filter, &s)
+	return q.settleReply(m, msgs, err), nil
+}
+
+// settleReply is the reply of a settle of m whose next dequeue returned msgs and err.
+func (q *queue) settleReply(m subjects.Message, msgs []subjects.Message, err error) subjects.SettleReply {
 	reply := subjects.SettleReply{Message: m, Next: &subjects.NextReply{Messages: msgs}}
 	if msgs == nil {
 		reply.Next.Messages = []subjects.Message{}
@@ -293,5 +314,21 @@ func (q *queue) andNext(ctx context.Context, next *subjects.DequeueRequest, sett
 		}
 		reply.Next.Error = e
 	}
-	return reply, nil
+	return reply
+}
+
+// settledBy returns the record of the dequeue with requestID if the same settle as s ran it: that
+// settle was stored, and s is its retry.
+func (q *queue) settledBy(requestID string, s settled) *dequeueRecord {
+	if requestID == "" {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.expireRequests(q.now())
+	prior := q.requests[requestID]
+	if prior == nil || prior.settled == nil || prior.settled.op != s.op || prior.settled.id != s.id || prior.settled.leaseID != s.leaseID {
+		return nil
+	}
+	return prior
 }

@@ -216,6 +216,60 @@ func TestRetriedDequeueReturnsSameLeases(t *testing.T) {
 	}
 }
 
+// TestRetriedDequeueWhileBlocked: a retry leases nothing new, so it gets its leases back while
+// dequeue is blocked; a new dequeue is refused.
+func TestRetriedDequeueWhileBlocked(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b"})
+	req := subjects.DequeueRequest{RequestID: "r1"}
+	first := e.dequeue("q", req)
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{DequeueBlocked: ptr(true)})
+	retry := e.dequeue("q", req)
+	if !slices.Equal(ids(retry), []string{"a"}) || retry[0].LeaseID != first[0].LeaseID {
+		t.Fatalf("the retry got %v, want the lease of a", retry)
+	}
+	fails(e, subjects.CodeQueueBlocked, subjects.OpDequeue, "q", subjects.DequeueRequest{RequestID: "r2"})
+}
+
+// TestRequestIDsAcrossARestart: a restart remembers the request ids of the last window, those of
+// leases that ended too (a retry leases nothing new), and not those of older dequeues: an id reused
+// after its window must not bring back an earlier lease that another holder still has.
+func TestRequestIDsAcrossARestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for i, id := range []string{"a", "b", "c", "d", "e"} {
+		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i))})
+	}
+	// A holder of a (an hour's lease, extended) dequeued it with an id that another dequeue reuses
+	// once the window is over, and gets b.
+	a := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", LeaseMS: 3_600_000})[0]
+	e.advance(broker.RequestIDWindow + time.Second)
+	must[subjects.Message](e, subjects.OpExtend, "q", subjects.ExtendRequest{ID: "a", LeaseID: a.LeaseID, LeaseMS: 3_600_000})
+	b := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", LeaseMS: 3_600_000})
+	// c is leased and the lease ends before the restart.
+	e.dequeue("q", subjects.DequeueRequest{RequestID: "s", LeaseMS: 1_000})
+	e.advance(2 * time.Second)
+	if got := e.get("q", "c"); got.State != subjects.StatePending {
+		t.Fatalf("c is %s, want pending again", got.State)
+	}
+
+	e.restartBroker()
+	if got := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 5}); !slices.Equal(ids(got), ids(b)) || got[0].LeaseID != b[0].LeaseID {
+		t.Fatalf("the retry of r got %v, want only the lease of b", got)
+	}
+	if got := e.dequeue("q", subjects.DequeueRequest{RequestID: "s"}); len(got) != 0 {
+		t.Fatalf("the retry of s leased %v, want nothing: its lease ended", ids(got))
+	}
+	// Remembered for a window from their records' last writes (c's at its lease's end, a second
+	// before the restart), not from the restart.
+	e.advance(broker.RequestIDWindow)
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "s"})); !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("s after its window: %v, want a new lease of c", got)
+	}
+}
+
 // TestEmptyDequeueDoesNotPinItsRequestID: a dequeue that leased nothing must not make its retries
 // return nothing for the rest of the window.
 func TestEmptyDequeueDoesNotPinItsRequestID(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -110,6 +111,73 @@ func TestSettleThenNextRetry(t *testing.T) {
 	}
 	if c := e.depth("q", nil); c.Running != 1 || c.Pending != 1 {
 		t.Fatalf("depth %+v, want b running and c pending", c)
+	}
+}
+
+// TestSettleThenNextRetryAfterTheSettle: a settle with next sent again (its reply lost) once the
+// settle itself would fail — the message collected meanwhile, or leased again by that next — gets the
+// first reply again, the leases of its next included, instead of an error that strands them.
+func TestSettleThenNextRetryAfterTheSettle(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](0)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a", Priority: ptr[int64](0)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b", Priority: ptr[int64](1)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "c", Priority: ptr[int64](2)})
+
+	// A complete whose message is collected before the retry.
+	a := e.dequeueOne("q")
+	req := subjects.LeaseRequest{ID: "a", LeaseID: a.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-1"}}
+	first := settleNext(e, subjects.OpComplete, "q", req)
+	e.advance(time.Second)
+	fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "q", subjects.GetRequest{ID: "a"}) // collected
+	again := settleNext(e, subjects.OpComplete, "q", req)
+	if again.ID != "a" || again.State != subjects.StateCompleted || again.Version != first.Version {
+		t.Fatalf("the retry answered %+v, want the first reply's %+v", again.Message, first.Message)
+	}
+	if !slices.Equal(ids(again.Next.Messages), []string{"b"}) || again.Next.Messages[0].LeaseID != first.Next.Messages[0].LeaseID {
+		t.Fatalf("next %v then %v, want the same lease of b", first.Next.Messages, again.Next.Messages)
+	}
+	if *again.Next.Messages[0].Payload != *first.Next.Messages[0].Payload {
+		t.Fatalf("the retry's next lost its payload: %+v", again.Next.Messages[0])
+	}
+
+	// A release whose next leased the released message again.
+	b := again.Next.Messages[0]
+	rel := subjects.ReleaseRequest{ID: "b", LeaseID: b.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-2"}}
+	first = settleNext(e, subjects.OpRelease, "q", rel)
+	if !slices.Equal(ids(first.Next.Messages), []string{"b"}) {
+		t.Fatalf("the release's next leased %v, want b again", ids(first.Next.Messages))
+	}
+	again = settleNext(e, subjects.OpRelease, "q", rel)
+	if again.State != subjects.StatePending || again.Version != first.Version ||
+		len(again.Next.Messages) != 1 || again.Next.Messages[0].LeaseID != first.Next.Messages[0].LeaseID {
+		t.Fatalf("the retry answered %+v next %+v, want the first reply", again.Message, again.Next.Messages)
+	}
+	if c := e.depth("q", nil); c.Running != 1 || c.Pending != 1 {
+		t.Fatalf("depth %+v, want b running and c pending", c)
+	}
+
+	// The same settle with another request id, or another lease, is not a retry.
+	fails(e, subjects.CodeLeaseMismatch, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "b", LeaseID: b.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-3"}})
+	fails(e, subjects.CodeLeaseMismatch, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "b", LeaseID: b.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-2"}})
+}
+
+// TestSettleThenNextRetryOfAnEmptyNext: a retry of a settle whose next leased nothing gets the same
+// reply (no message) once its message is collected, not message_not_found.
+func TestSettleThenNextRetryOfAnEmptyNext(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](0)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+	a := e.dequeueOne("q")
+	req := subjects.LeaseRequest{ID: "a", LeaseID: a.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-1"}}
+	first := settleNext(e, subjects.OpComplete, "q", req)
+	e.advance(time.Second)
+	fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "q", subjects.GetRequest{ID: "a"}) // collected
+	again := settleNext(e, subjects.OpComplete, "q", req)
+	if again.Version != first.Version || len(again.Next.Messages) != 0 {
+		t.Fatalf("the retry answered %+v next %v", again.Message, ids(again.Next.Messages))
 	}
 }
 

@@ -169,7 +169,7 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 	for name, q := range b.queues {
 		q.mu.Lock()
 		err := q.reconcile(ctx, running[name], locks[name])
-		q.rebuildRequests(running[name])
+		q.rebuildRequests()
 		q.settle()
 		q.mu.Unlock()
 		if err != nil {
@@ -587,22 +587,35 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 	return nil
 }
 
-// rebuildRequests restores the dequeue request ids of running leases, so a client retrying a dequeue
-// across a broker restart gets its leases back instead of new ones. running is the queue's running
-// entries.
-func (q *queue) rebuildRequests(running []*entry) {
-	now := q.now()
-	for _, e := range running {
-		if e.extra().RequestID == "" {
+// rebuildRequests restores the dequeue request ids of the last RequestIDWindow from the records, so
+// a client retrying a dequeue across a broker restart gets back the leases it took that are still
+// held, and no new ones. A record names the dequeue of its last lease until that lease is extended
+// (its holder had the reply, so the dequeue will not be retried; and a request id reused after its
+// window must not bring back a lease another holder still extends). A running record that names one
+// was therefore last written by that dequeue, at its updated_at; a record that left running since was
+// leased before its updated_at, so an id is remembered for at most a window from its last write.
+// Called with q.mu held, before the queue serves.
+func (q *queue) rebuildRequests() {
+	cut := q.now() - RequestIDWindow.Milliseconds()
+	last := make(map[string]int64) // the latest write of each id's records
+	for e := range q.entries.all() {
+		id, at := e.extra().RequestID, e.UpdatedAt()
+		if id == "" || at < cut {
 			continue
 		}
-		r := q.requests[e.extra().RequestID]
+		r := q.requests[id]
 		if r == nil {
 			r = &dequeueRecord{done: make(chan struct{})}
 			close(r.done)
-			q.requests[e.extra().RequestID] = r
-			q.reqOrder = append(q.reqOrder, reqStamp{id: e.extra().RequestID, rec: r, at: now})
+			q.requests[id] = r
 		}
-		r.leases = append(r.leases, leaseRef{e: e, leaseID: e.extra().LeaseID})
+		last[id] = max(last[id], at)
+		if e.State() == subjects.StateRunning {
+			r.leases = append(r.leases, leaseRef{e: e, leaseID: e.extra().LeaseID})
+		}
 	}
+	for id, at := range last {
+		q.reqOrder = append(q.reqOrder, reqStamp{id: id, rec: q.requests[id], at: at})
+	}
+	slices.SortFunc(q.reqOrder, func(a, b reqStamp) int { return cmp.Compare(a.at, b.at) }) // as expireRequests reads them
 }
