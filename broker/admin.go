@@ -202,9 +202,6 @@ func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subj
 	if err := q.usable(); err != nil {
 		return subjects.QueueInfo{}, err
 	}
-	if r.Revision != 0 && r.Revision != q.cfgRev {
-		return subjects.QueueInfo{}, subjects.Errorf(subjects.CodeRevisionMismatch, "queue %s is at revision %d, not %d", q.name, q.cfgRev, r.Revision)
-	}
 	for again := false; ; again = true {
 		c := q.cfg
 		setIf(&c.LeaseMS, r.LeaseMS)
@@ -218,8 +215,15 @@ func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subj
 		if err := validateConfig(&c); err != nil {
 			return subjects.QueueInfo{}, err
 		}
-		if c == q.cfg {
+		stale := r.Revision != 0 && r.Revision != q.cfgRev
+		if c == q.cfg && (!stale || r != subjects.UpdateQueueRequest{Revision: r.Revision}) {
+			// Nothing to write. With a stale revision too, so that the retry of an update that was
+			// stored (its reply lost, or answered unavailable) succeeds; one that sets no field
+			// only asks whether the revision is current.
 			return q.info(), nil
+		}
+		if stale {
+			return subjects.QueueInfo{}, subjects.Errorf(subjects.CodeRevisionMismatch, "queue %s is at revision %d, not %d", q.name, q.cfgRev, r.Revision)
 		}
 		// Held across the write: config changes are rare and must not interleave with each other.
 		want := kv.QueueRecord{Config: c, CreatedAt: q.createdAt}

@@ -838,6 +838,11 @@ func TestErrUpdate(t *testing.T) {
 		{"stale revision", subjects.OpUpdate, "u", subjects.UpdateQueueRequest{Revision: info.Revision, LeaseMS: ptr(int64(6000))}, subjects.CodeRevisionMismatch},
 		{"stale revision no change", subjects.OpUpdate, "u", subjects.UpdateQueueRequest{Revision: info.Revision}, subjects.CodeRevisionMismatch},
 	})
+	// The same update sent again (its reply lost) finds its fields set: it succeeds, writing nothing.
+	again := must[subjects.QueueInfo](e, subjects.OpUpdate, "u", subjects.UpdateQueueRequest{Revision: info.Revision, LeaseMS: ptr(int64(5000))})
+	if again.Revision != next.Revision || again.Config != next.Config {
+		t.Fatalf("the update's retry: %+v, want %+v unchanged", again, next)
+	}
 }
 
 func TestErrQueueBlocked(t *testing.T) {
