@@ -285,7 +285,7 @@ func (q *queue) fire(d *deadlines) {
 		if d == &q.invisible {
 			next.State = subjects.StatePending
 		} else {
-			q.expire(&next)
+			q.expire(&next, now)
 		}
 		q.stamp(&next, now)
 		cs = append(cs, &change{e: e, next: next})
@@ -293,12 +293,14 @@ func (q *queue) fire(d *deadlines) {
 	q.commit(cs)
 }
 
-// expire ends a lease that ran out: back to pending while attempts are left, else errored.
-func (q *queue) expire(r *kv.Record) {
+// expire ends a lease that ran out at now: back to pending (visible from now, as after a release)
+// while attempts are left, else errored.
+func (q *queue) expire(r *kv.Record, now int64) {
 	if r.Attempts >= r.MaxAttempts {
 		r.State = subjects.StateErrored
 	} else {
 		r.State = subjects.StatePending
+		r.VisibleAt = now
 	}
 	r.Released = false
 }

@@ -78,6 +78,9 @@ func TestStateDiagram(t *testing.T) {
 		if m.State != subjects.StatePending || m.Attempts != 1 || m.AttemptsLeft != 1 {
 			t.Fatalf("after first expiry: %+v", m)
 		}
+		if !m.VisibleAt.Equal(m.UpdatedAt) || m.VisibleAt.Before(*m1.LeaseExpiresAt) {
+			t.Fatalf("visible_at %v, want when it became pending again, at its lease's end %v", m.VisibleAt, m1.LeaseExpiresAt)
+		}
 		m2 := e.dequeueOne("q")
 		if m2.Attempts != 2 || m2.LeaseID == m1.LeaseID {
 			t.Fatalf("second lease: %+v", m2)
