@@ -461,12 +461,16 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 	tries := 0
 	keep := func(s Settled, err error) {
 		tries++
-		got = dequeued{msgs: s.Next, retried: tries > 1}
+		uncertain := got.uncertain // a try that failed outright says nothing of an earlier one's dequeue
+		switch {
+		case unknownOutcome(err) || unknownOutcome(s.NextErr):
+			uncertain = next.RequestID
+		case err == nil && s.NextErr == nil:
+			uncertain = "" // this try's next is what the request id leased
+		}
+		got = dequeued{msgs: s.Next, retried: tries > 1, uncertain: uncertain}
 		if s.NextErr != nil {
 			log.Debug("dequeue after the settle failed; the slot polls", "error", s.NextErr)
-		}
-		if unknownOutcome(err) || unknownOutcome(s.NextErr) {
-			got.uncertain = next.RequestID
 		}
 	}
 	switch {

@@ -729,6 +729,52 @@ func TestWorkerDequeueOfUnknownOutcome(t *testing.T) {
 	}
 }
 
+// TestWorkerSettleOfUnknownOutcome: a complete whose answer was lost may have leased the slot's next
+// message. When the retry then fails outright (the message collected meanwhile: message_not_found),
+// the slot's next poll still uses the complete's request id, so the broker can return that lease.
+func TestWorkerSettleOfUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	_, reply := leasedReply(t, time.Now())
+	reqs := make(chan subjects.DequeueRequest, 16)
+	var dequeues, completes atomic.Int32
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		reqs <- decode[subjects.DequeueRequest](t, m.Data)
+		if dequeues.Add(1) == 1 {
+			_ = m.Respond(reply)
+			return
+		}
+		_ = m.Respond([]byte(`{"messages":[]}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nexts := make(chan string, 16)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
+		r := decode[subjects.LeaseRequest](t, m.Data)
+		if r.Next == nil {
+			nexts <- ""
+			return
+		}
+		nexts <- r.Next.RequestID
+		if completes.Add(1) > 1 { // the first is not answered
+			_ = m.Respond([]byte(`{"error":{"code":"message_not_found","message":"queue q has no message \"m\""}}`))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	workerOnFake(t, srv, fake, 50*time.Millisecond, func(context.Context, *workers.Job) error { return nil })
+	recv(t, reqs) // the dequeue of m
+	first, retry := recv(t, nexts), recv(t, nexts)
+	if first == "" || retry != first {
+		t.Fatalf("the completes' next request ids %q, %q: want one, sent again", first, retry)
+	}
+	if poll := recv(t, reqs); poll.RequestID != first {
+		t.Fatalf("the poll after the complete uses request id %q, want the complete's %q", poll.RequestID, first)
+	}
+}
+
 // TestWorkerCompleteOutlastsABrokerOutage: a complete that gets no answer is sent again, with
 // backoff, for as long as the lease may hold, not three times (about 0.3 s): a broker's restart or a
 // standby's takeover takes seconds, and a complete given up on makes the message run again.
