@@ -274,6 +274,19 @@ func TestEnqueueAttributes(t *testing.T) {
 		t.Fatalf("dequeue = %+v", d)
 	}
 
+	// A negative Invisible is none, whatever the queue's default; 0 is the queue's.
+	e.createQueue("later", &workers.QueueOpts{Invisible: time.Hour})
+	if r := e.enqueue("later", "p", &workers.EnqueueOpts{Invisible: -1}); r.State != subjects.StatePending {
+		t.Fatalf("enqueue with a negative Invisible = %+v, want pending", r)
+	}
+	if r := e.enqueue("later", "p", nil); r.State != subjects.StateInvisible {
+		t.Fatalf("enqueue with the default = %+v, want the queue's invisibility", r)
+	}
+	rs, err := e.c.EnqueueBatch(c, "later", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{Invisible: -time.Second}}, {}})
+	if err != nil || rs[0].State != subjects.StatePending || rs[1].State != subjects.StateInvisible {
+		t.Fatalf("batch with a negative Invisible and the default = %+v, %v", rs, err)
+	}
+
 	// An id a header would change goes as JSON, unchanged; one the broker refuses is refused.
 	for _, id := range []string{" padded id ", "trailing ", "ünï côde"} {
 		if _, err := e.c.Enqueue(c, "q", []byte("x"), &workers.EnqueueOpts{ID: id}); err != nil {

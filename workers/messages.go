@@ -68,7 +68,8 @@ type EnqueueOpts struct {
 	Deadline time.Time
 	// Metadata are string pairs for filters; an exclusive queue requires its exclusivity key.
 	Metadata map[string]string
-	// Invisible keeps the message invisible this long before it is pending.
+	// Invisible keeps the message invisible this long before it is pending. Default (0) the queue's
+	// invisibility; negative: pending at once, whatever the queue's (as net.Dialer's KeepAlive).
 	Invisible time.Duration
 	// Lease is this message's lease when a dequeue does not ask for one.
 	Lease time.Duration
@@ -94,8 +95,8 @@ func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 		PayloadBase64: payload,
 		Metadata:      o.Metadata,
 	}
-	if o.Invisible > 0 {
-		r.InvisibleMS = msPtr(&o.Invisible)
+	if o.Invisible != 0 {
+		r.InvisibleMS = new(max(ms(o.Invisible), 0))
 	}
 	if o.Lease > 0 {
 		r.LeaseMS = msPtr(&o.Lease)
@@ -136,8 +137,8 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 		}
 		msg.Header.Set(subjects.HeaderMetadata, string(md))
 	}
-	if o.Invisible > 0 {
-		msg.Header.Set(subjects.HeaderInvisibleMS, strconv.FormatInt(ms(o.Invisible), 10))
+	if o.Invisible != 0 {
+		msg.Header.Set(subjects.HeaderInvisibleMS, strconv.FormatInt(max(ms(o.Invisible), 0), 10))
 	}
 	if o.Lease > 0 {
 		msg.Header.Set(subjects.HeaderLeaseMS, strconv.FormatInt(ms(o.Lease), 10))
