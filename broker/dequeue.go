@@ -120,7 +120,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		defer close(rec.done)
 	}
 
-	es := q.pending.Pop(filter, r.Batch)
+	es := q.pending.Pop(filter, q.fitting(filter, r.Batch))
 	if len(es) == 0 && r.WaitMS > 0 {
 		es = q.wait(ctx, filter, r.Batch, time.Duration(r.WaitMS)*time.Millisecond)
 		// The entries were reserved for this waiter (busy) when they were popped; take the
@@ -195,6 +195,48 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	return views, nil
 }
 
+// replyRoom is what a dequeue's reply leaves of the server's max_payload for the rest of the reply:
+// its headers, and a settle's message beside its next (whose metadata may take 40 KiB).
+const replyRoom = 64 << 10
+
+// fitting returns how many of the n best pending messages matching f one reply can carry: n, unless
+// their payloads and metadata would make the reply larger than the server takes (max_payload, 1 MiB
+// by default), which would drop it and leave the leases to run out unseen. Then as many as fit, and
+// always one. A payload is counted at 3/2 its size: base64 makes it 4/3, JSON escapes (rare) more.
+// Called with q.mu held.
+func (q *queue) fitting(f index.Filter, n int) int {
+	if n <= 1 {
+		return n
+	}
+	budget := int(q.b.cfg.Conn.MaxPayload()) - replyRoom
+	if n*q.largestReply() <= budget {
+		return n // the common case: no walk
+	}
+	size := 0
+	for i, e := range q.pending.Peek(f, n) {
+		size += entryReply(len(q.name), e)
+		if size > budget {
+			return max(i, 1)
+		}
+	}
+	return n
+}
+
+// largestReply is the most one of the queue's messages can add to a dequeue's reply.
+func (q *queue) largestReply() int {
+	return 512 + subjects.MaxIDLen + len(q.name) + q.cfg.MaxPayloadBytes*3/2 +
+		q.cfg.MaxMetadataPairs*(subjects.MaxMetadataKeyLen+subjects.MaxMetadataValueLen+6)*6/5
+}
+
+// entryReply is what e adds to a dequeue's reply, at most (as largestReply, for e's own sizes).
+func entryReply(queueLen int, e *entry) int {
+	n := 512 + len(e.ID) + queueLen + e.PayloadSize()*3/2
+	for k, v := range e.extra().Metadata {
+		n += (len(k) + len(v) + 6) * 6 / 5
+	}
+	return n
+}
+
 // leaseMS picks a lease duration: the request's, else the message's own, else the queue's.
 func (q *queue) leaseMS(requested int64, e *entry) int64 {
 	switch {
@@ -252,7 +294,7 @@ func (q *queue) serveWaiters() {
 			kept = append(kept, q.waiters[i:]...)
 			break
 		}
-		if es := q.pending.Pop(w.filter, w.n); len(es) > 0 {
+		if es := q.pending.Pop(w.filter, q.fitting(w.filter, w.n)); len(es) > 0 {
 			// Reserved until the waiter's goroutine takes them: nothing else may write them
 			// (a cancel) or offer them to another dequeue meanwhile.
 			for _, e := range es {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -111,7 +112,11 @@ func (b *Broker) respond(req *nats.Msg, reply *nats.Msg) {
 		return // a publish, not a request: nobody to answer
 	}
 	if err := b.cfg.Conn.PublishMsg(reply); err != nil {
-		b.log.Debug("reply not sent", "subject", req.Subject, "error", err)
+		level := slog.LevelDebug // the connection is closing, or down: nothing the operator can mend
+		if errors.Is(err, nats.ErrMaxPayload) {
+			level = slog.LevelError // the request's effect stands, unseen: a dequeue's leases run out
+		}
+		b.log.Log(context.Background(), level, "reply not sent", "subject", req.Subject, "size", len(reply.Data), "error", err)
 	}
 }
 

@@ -445,3 +445,39 @@ func TestHistoryOfAnIdEnqueuedAgain(t *testing.T) {
 		t.Fatalf("history %+v: want the second message's lease %s, current, not collected", h, m.LeaseID)
 	}
 }
+
+// TestBrowseReplyFitsMaxPayload: a browse whose messages' metadata would make the reply larger than
+// the server's max_payload (1 MiB), which would drop it, returns those that fit, with more set.
+func TestBrowseReplyFitsMaxPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	md := map[string]string{}
+	for i := range subjects.DefaultMaxMetadataPairs {
+		md[fmt.Sprintf("%0*d", subjects.MaxMetadataKeyLen, i)] = strings.Repeat("v", subjects.MaxMetadataValueLen)
+	}
+	const n = 150 // about 1.4 MiB of metadata
+	for i := range n {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprintf("m%03d", i), Metadata: md})
+	}
+	r := must[subjects.BrowseReply](e, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, Limit: subjects.MaxBrowseLimit})
+	if !r.More || len(r.Messages) < 2 || len(r.Messages) >= n {
+		t.Fatalf("browse returned %d of %d, more %v: want as many as fit in 1 MiB, and more", len(r.Messages), n, r.More)
+	}
+}
+
+// TestHistoryReplyFitsMaxPayload: a history whose events would make the reply larger than the
+// server's max_payload (1 MiB), which would drop it, returns the oldest that fit, truncated.
+func TestHistoryReplyFitsMaxPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
+	m := e.dequeueOne("q")
+	const extends = 4000 // an event of over 300 bytes each
+	for range extends {
+		must[subjects.Message](e, subjects.OpExtend, "q", subjects.ExtendRequest{ID: "m", LeaseID: m.LeaseID})
+	}
+	h := must[subjects.HistoryReply](e, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "m", Limit: subjects.MaxHistoryLimit})
+	if !h.Truncated || len(h.Events) < 2 || len(h.Events) >= extends+2 || h.Events[0].Kind != subjects.EventEnqueued {
+		t.Fatalf("history: %d of %d events, truncated %v: want the oldest that fit in 1 MiB, truncated", len(h.Events), extends+2, h.Truncated)
+	}
+}

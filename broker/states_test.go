@@ -3,7 +3,9 @@ package broker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -437,4 +439,39 @@ func TestExclusiveValueFreedWithoutLockWrite(t *testing.T) {
 	}
 	noLockWrite("a restart", e.restartAll)
 	take("a4")
+}
+
+// TestDequeueReplyFitsMaxPayload: a batch whose payloads would make the reply larger than the
+// server's max_payload (1 MiB) leases only as many messages as the reply can carry: a reply over it
+// is dropped, and the leases would run out unseen, a retry with the request id failing the same way.
+func TestDequeueReplyFitsMaxPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	payload := strings.Repeat("x", subjects.DefaultMaxPayloadBytes)
+	for i := range 40 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprintf("m%02d", i), Payload: payload})
+	}
+	first := e.dequeue("q", subjects.DequeueRequest{Batch: 40, RequestID: "big"})
+	if n := len(first); n < 2 || n >= 32 {
+		t.Fatalf("leased %d messages of 32 KiB in one reply, want as many as fit in 1 MiB", n)
+	}
+	if c := e.depth("q", nil); c.Running != len(first) || c.Pending != 40-len(first) {
+		t.Fatalf("depth %+v after a reply of %d: a message was leased that the reply does not carry", c, len(first))
+	}
+	for _, m := range first {
+		if m.Payload == nil || *m.Payload != payload {
+			t.Fatalf("%s came without its payload", m.ID)
+		}
+	}
+	if retry := e.dequeue("q", subjects.DequeueRequest{Batch: 40, RequestID: "big"}); !slices.Equal(ids(retry), ids(first)) {
+		t.Fatalf("the retry got %v, want %v", ids(retry), ids(first))
+	}
+	// A message alone is always leased, whatever its size.
+	big := strings.Repeat("y", 600<<10)
+	must[subjects.QueueInfo](e, subjects.OpCreate, "big", subjects.CreateQueueRequest{MaxPayloadBytes: subjects.MaxPayloadBytes})
+	e.enqueue("big", subjects.EnqueueRequest{ID: "a", Payload: big[:subjects.MaxPayloadBytes]})
+	e.enqueue("big", subjects.EnqueueRequest{ID: "b", Payload: big[:subjects.MaxPayloadBytes]})
+	if got := ids(e.dequeue("big", subjects.DequeueRequest{Batch: 2})); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("two of 512 KiB: leased %v, want a alone", got)
+	}
 }

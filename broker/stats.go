@@ -251,7 +251,13 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	if len(found) > limit {
 		found, reply.More = found[:limit], true
 	}
-	for _, e := range found {
+	budget, size := int(q.b.cfg.Conn.MaxPayload())-replyRoom, 0
+	for i, e := range found {
+		// No more than the server takes in one reply (max_payload): large metadata can fill it.
+		if size += entryReply(len(q.name), e) - e.PayloadSize()*3/2; size > budget && i > 0 {
+			reply.More = true
+			break
+		}
 		reply.Messages = append(reply.Messages, q.view(e))
 	}
 	return reply, nil
@@ -293,7 +299,14 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 		return subjects.HistoryReply{}, unavailable("read events", err)
 	}
 	events := make([]subjects.Event, 0, len(raw))
-	for _, data := range raw {
+	budget, size := int(b.cfg.Conn.MaxPayload())-replyRoom, 0
+	for i, data := range raw {
+		// No more than the server takes in one reply (max_payload): an event grows by about 100
+		// bytes in it (its time in state).
+		if size += len(data) + 128; size > budget && i > 0 {
+			more = true
+			break
+		}
 		var e subjects.Event
 		if err := json.Unmarshal(data, &e); err != nil {
 			b.log.Warn("undecodable event skipped", "queue", queue, "message_id", r.ID, "error", err)
