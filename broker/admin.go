@@ -306,6 +306,13 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 	}
 	n := q.deleted
 	q.mu.Unlock()
+	// The purges below carry no revision: they must not run once another broker may serve the
+	// store (the waits above can take long, and the claim is checked only before a request runs).
+	ctx, cancel, err := b.claim.bound(ctx)
+	if err != nil {
+		return subjects.DeleteReply{}, unavailable("delete queue", err)
+	}
+	defer cancel()
 	if err := b.store.DeleteQueue(ctx, q.name); err != nil {
 		return subjects.DeleteReply{}, unavailable("delete queue", err)
 	}

@@ -83,6 +83,19 @@ func (c *claimer) held() bool {
 	return c.clock.Now().Sub(c.base) < time.Duration(c.until.Load())
 }
 
+// bound returns ctx ending when the claim stops holding as it stands now (a renewal meanwhile does
+// not move the end), or errClaimRanOut if it does not hold now. It is for writes no compare-and-swap
+// fences, a queue's purges: a broker that went on after a pause, past its claim, must not purge what
+// the broker that took the store over stored since.
+func (c *claimer) bound(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	left := time.Duration(c.until.Load()) - c.clock.Now().Sub(c.base)
+	if left <= 0 {
+		return nil, nil, errClaimRanOut
+	}
+	ctx, cancel := context.WithTimeout(ctx, left)
+	return ctx, cancel, nil
+}
+
 // renewed records a renewal stored, sent at sent. The caller holds c.mu.
 func (c *claimer) renewed(rev uint64, sent time.Time) {
 	c.rev, c.lastOK = rev, sent

@@ -434,3 +434,71 @@ func TestStandbyChangesNoSettings(t *testing.T) {
 		t.Fatalf("events max age once the standby serves: %v, want its 1h", got)
 	}
 }
+
+// TestStaleDeletePurgesNothing: a queue's delete that the old broker began while it held the claim
+// and goes on with once its claim ran out (a pause, say, before its renewal finds the claim taken)
+// purges nothing: the broker that took the store over stored and acknowledged messages since, and
+// the purges carry no revision to fence them.
+func TestStaleDeletePurgesNothing(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ctx := context.Background()
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	qa, _, err := a.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+	cb.Advance(DefaultClaimTTL) // a is paused: b takes over
+	waitStarted(t, started)
+	if _, err := b.queues["q"].enqueue(ctx, []subjects.EnqueueRequest{{ID: "acked"}}); err != nil {
+		t.Fatal(err)
+	}
+	a.claim.until.Store(0) // a goes on: its claim ran out, its renewal has not run yet
+	if _, err := a.deleteQueue(ctx, qa); !errors.Is(err, &subjects.Error{Code: subjects.CodeUnavailable}) {
+		t.Fatalf("the stale delete: %v, want unavailable", err)
+	}
+	if _, _, err := b.store.GetMessage(ctx, "q", "acked"); err != nil {
+		t.Fatalf("the new broker's acknowledged message: %v", err)
+	}
+	if _, _, err := b.store.GetQueue(ctx, "q"); err != nil {
+		t.Fatalf("the queue the new broker serves: %v", err)
+	}
+}
+
+// TestTimersWaitForTheClaim: a timer that fires while the claim does not hold (the broker went on
+// after a pause, its renewal not run yet) writes nothing from the broker's indexes, which another
+// broker may have overtaken; it tries again once the claim holds.
+func TestTimersWaitForTheClaim(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ctx := context.Background()
+	qclk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
+	a := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)), func(c *Config) { c.Clock = qclk })
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q, _, err := a.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	invisible := int64(5_000)
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", InvisibleMS: &invisible}}); err != nil {
+		t.Fatal(err)
+	}
+	held := a.claim.until.Load()
+	a.claim.until.Store(0)
+	qclk.Advance(6 * time.Second) // the invisibility ends while the claim does not hold
+	if r, _, err := a.store.GetMessage(ctx, "q", "m"); err != nil || r.State != subjects.StateInvisible {
+		t.Fatalf("stored %s, %v: want still invisible, nothing written without the claim", r.State, err)
+	}
+	a.claim.until.Store(held)
+	qclk.Advance(claimRetryMS * time.Millisecond)
+	if r, _, err := a.store.GetMessage(ctx, "q", "m"); err != nil || r.State != subjects.StatePending {
+		t.Fatalf("stored %s, %v: want pending once the claim holds again", r.State, err)
+	}
+}

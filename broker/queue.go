@@ -217,6 +217,9 @@ func (q *queue) settle() {
 	q.serveWaiters()
 }
 
+// claimRetryMS is how long a timer that fired while the claim did not hold waits to try again.
+const claimRetryMS = 500
+
 // gcRetryMS is how long a collection that failed holds the next one back.
 const gcRetryMS = 1000
 
@@ -249,6 +252,14 @@ func (q *queue) fire(d *deadlines) {
 	}
 	d.armedAt = 0
 	now := q.now()
+	if !q.b.claim.held() {
+		// Another broker may serve the store (this one went on after a pause, and its renewal has
+		// not told it yet): write nothing from these indexes, nor wake a long poll to lease. Try
+		// again later: a renewal makes the claim hold again, or finds it lost and stops the broker.
+		d.notBefore = max(d.notBefore, now+claimRetryMS)
+		q.settle()
+		return
+	}
 	var due []*entry
 	skipped := false
 	for _, e := range d.due(now, maxFire) {

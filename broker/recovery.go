@@ -61,8 +61,9 @@ func (b *Broker) recover(ctx context.Context) (int, string, error) {
 	}
 }
 
-// errClaimRanOut fails a start whose claim on the store was lost while it recovered.
-var errClaimRanOut = errors.New("natstone: the claim on the store ran out during recovery")
+// errClaimRanOut fails what needs the claim on the store once it no longer holds: a start that lost
+// it while it recovered, a queue's delete.
+var errClaimRanOut = errors.New("natstone: the claim on the store ran out")
 
 // staleLoads bounds how many times recover reads storage when replicas behind their leaders
 // serve the loads.
