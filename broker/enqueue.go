@@ -3,6 +3,7 @@ package broker
 import (
 	"cmp"
 	"context"
+	"errors"
 	"time"
 
 	"github.com/natstone/natstone/kv"
@@ -22,76 +23,89 @@ type enqueued struct {
 
 // validateEnqueue checks every message of a request against the queue's config and builds its
 // record; a message without a client id gets its id later, under the queue's lock. Nothing is
-// written unless every message is valid.
+// written unless every message is valid. A batch's error names the message: messages[i].
 func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, now int64) ([]*enqueued, error) {
 	out := make([]*enqueued, len(reqs))
 	seen := make(map[string]int, len(reqs))
 	for i := range reqs {
-		r := &reqs[i]
-		m := &enqueued{dupOf: -1}
-		payload, err := r.PayloadBytes()
+		m, err := validateMessage(cfg, &reqs[i], now)
 		if err != nil {
+			var e *subjects.Error
+			if len(reqs) > 1 && errors.As(err, &e) {
+				err = subjects.Errorf(e.Code, "messages[%d]: %s", i, e.Message)
+			}
 			return nil, err
 		}
-		if len(payload) > cfg.MaxPayloadBytes {
-			return nil, subjects.Errorf(subjects.CodePayloadTooLarge, "payload of %d bytes, the queue accepts at most %d", len(payload), cfg.MaxPayloadBytes)
-		}
-		m.payload = payload
-		if err := subjects.ValidateMetadata(r.Metadata, cfg.MaxMetadataPairs); err != nil {
-			return nil, err
-		}
-		if cfg.Type == subjects.Exclusive {
-			if v, ok := r.Metadata[cfg.ExclusivityKey]; !ok || v == "" {
-				return nil, subjects.Errorf(subjects.CodeMissingExclusivityKey, "exclusive queue: metadata must carry a non-empty %q", cfg.ExclusivityKey)
-			}
-		}
-		invisible := cfg.InvisibleMS
-		if r.InvisibleMS != nil {
-			invisible = *r.InvisibleMS
-			if err := checkRange("invisible_ms", invisible, 0, subjects.MaxInvisible); err != nil {
-				return nil, err
-			}
-		}
-		var leaseMS int64
-		if r.LeaseMS != nil {
-			leaseMS = *r.LeaseMS
-			if err := checkRange("lease_ms", leaseMS, subjects.MinLease.Milliseconds(), subjects.MaxLease); err != nil {
-				return nil, err
-			}
-		}
-		id := r.ID
-		if id != "" {
-			if err := subjects.ValidateID(id); err != nil {
-				return nil, err
-			}
+		if id := m.rec.ID; id != "" {
 			if j, ok := seen[id]; ok {
 				m.dupOf = j
 			}
 			seen[id] = i
 		}
-		prio := now
-		if r.Priority != nil {
-			prio = *r.Priority
-		}
-		m.rec = kv.Record{
-			ID:          id,
-			State:       subjects.StatePending,
-			Priority:    prio,
-			PayloadSize: len(payload),
-			Metadata:    r.Metadata,
-			Version:     1,
-			MaxAttempts: cfg.MaxAttempts,
-			LeaseMS:     leaseMS,
-			EnqueuedAt:  now,
-			VisibleAt:   now + invisible,
-			UpdatedAt:   now,
-		}
-		if invisible > 0 {
-			m.rec.State = subjects.StateInvisible
-		}
 		out[i] = m
 	}
 	return out, nil
+}
+
+// validateMessage checks one message of an enqueue request and builds its record.
+func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now int64) (*enqueued, error) {
+	m := &enqueued{dupOf: -1}
+	payload, err := r.PayloadBytes()
+	if err != nil {
+		return nil, err
+	}
+	if len(payload) > cfg.MaxPayloadBytes {
+		return nil, subjects.Errorf(subjects.CodePayloadTooLarge, "payload of %d bytes, the queue accepts at most %d", len(payload), cfg.MaxPayloadBytes)
+	}
+	m.payload = payload
+	if err := subjects.ValidateMetadata(r.Metadata, cfg.MaxMetadataPairs); err != nil {
+		return nil, err
+	}
+	if cfg.Type == subjects.Exclusive {
+		if v, ok := r.Metadata[cfg.ExclusivityKey]; !ok || v == "" {
+			return nil, subjects.Errorf(subjects.CodeMissingExclusivityKey, "exclusive queue: metadata must carry a non-empty %q", cfg.ExclusivityKey)
+		}
+	}
+	invisible := cfg.InvisibleMS
+	if r.InvisibleMS != nil {
+		invisible = *r.InvisibleMS
+		if err := checkRange("invisible_ms", invisible, 0, subjects.MaxInvisible); err != nil {
+			return nil, err
+		}
+	}
+	var leaseMS int64 // 0: the queue's, as on dequeue and extend
+	if r.LeaseMS != nil && *r.LeaseMS != 0 {
+		leaseMS = *r.LeaseMS
+		if err := checkRange("lease_ms", leaseMS, subjects.MinLease.Milliseconds(), subjects.MaxLease); err != nil {
+			return nil, err
+		}
+	}
+	if r.ID != "" {
+		if err := subjects.ValidateID(r.ID); err != nil {
+			return nil, err
+		}
+	}
+	prio := now
+	if r.Priority != nil {
+		prio = *r.Priority
+	}
+	m.rec = kv.Record{
+		ID:          r.ID,
+		State:       subjects.StatePending,
+		Priority:    prio,
+		PayloadSize: len(payload),
+		Metadata:    r.Metadata,
+		Version:     1,
+		MaxAttempts: cfg.MaxAttempts,
+		LeaseMS:     leaseMS,
+		EnqueuedAt:  now,
+		VisibleAt:   now + invisible,
+		UpdatedAt:   now,
+	}
+	if invisible > 0 {
+		m.rec.State = subjects.StateInvisible
+	}
+	return m, nil
 }
 
 // checkRange checks that a millisecond field lies in [min, max].

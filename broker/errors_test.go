@@ -545,12 +545,16 @@ func TestErrInvalidID(t *testing.T) {
 		errCase{"get empty body", subjects.OpGet, "q", nil, subjects.CodeInvalidID},
 		errCase{"cancel empty body", subjects.OpCancel, "q", `{}`, subjects.CodeInvalidID},
 		errCase{"complete empty body", subjects.OpComplete, "q", nil, subjects.CodeInvalidID},
+		// An id given empty is not one to generate: that is omitting it.
+		errCase{"enqueue empty id", subjects.OpEnqueue, "q", `{"id":"","payload":"x"}`, subjects.CodeInvalidID},
+		errCase{"batch empty id", subjects.OpEnqueueBatch, "q", `{"messages":[{"id":"b1"},{"id":""}]}`, subjects.CodeInvalidID},
 	)
 	runErrCases(t, e, []msgRef{{"q", "m1"}, {"q", longest}}, cases)
 	t.Run("raw", func(t *testing.T) {
 		se := e.on(t)
 		before := se.snap()
 		se.checkErrReply(se.raw("q", map[string]string{subjects.HeaderID: tooLong}, []byte("x")), subjects.CodeInvalidID, "raw")
+		se.checkErrReply(se.raw("q", map[string]string{subjects.HeaderID: ""}, []byte("x")), subjects.CodeInvalidID, "raw empty id")
 		se.unchanged(before)
 	})
 	if c := e.depth("q", nil); c != (subjects.Counts{Pending: 2}) {
@@ -587,6 +591,10 @@ func TestErrEnqueueBatchBounds(t *testing.T) {
 		{"last of many bad", subjects.OpEnqueueBatch, "b", subjects.EnqueueBatchRequest{Messages: append(make([]subjects.EnqueueRequest, 999),
 			subjects.EnqueueRequest{InvisibleMS: ptr(maxInvisibleMS + 1)})}, subjects.CodeOutOfRange},
 	})
+	// The error names the bad message.
+	if err := fails(e, subjects.CodeOutOfRange, subjects.OpEnqueueBatch, "b", third(subjects.EnqueueRequest{ID: "c", LeaseMS: ptr(int64(99))})); !strings.HasPrefix(err.Message, "messages[2]: ") {
+		t.Errorf("the batch's error %q does not name messages[2]", err.Message)
+	}
 	if c := e.depth("b", nil); c != (subjects.Counts{}) {
 		t.Fatalf("depth = %+v, want zero", c)
 	}
@@ -623,6 +631,11 @@ func TestErrEnqueueOutOfRange(t *testing.T) {
 	e.enqueue("q", subjects.EnqueueRequest{ID: "b", InvisibleMS: ptr(maxInvisibleMS), LeaseMS: ptr(maxLeaseMS)})
 	if c := e.depth("q", nil); c != (subjects.Counts{Pending: 1, Invisible: 1}) {
 		t.Fatalf("depth = %+v", c)
+	}
+	// lease_ms 0 is the queue's, as on dequeue and extend.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "c", LeaseMS: ptr(int64(0)), Priority: ptr(int64(-1))})
+	if m := e.dequeueOne("q"); m.ID != "c" || m.LeaseExpiresAt.Sub(m.UpdatedAt) != subjects.DefaultLease {
+		t.Fatalf("dequeued %+v, want c with the queue's lease", m)
 	}
 }
 

@@ -76,6 +76,9 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 		}
 	}
 	if v, ok := values[HeaderID]; ok {
+		if v == "" {
+			return EnqueueRequest{}, Errorf(CodeInvalidID, "header %s: %s", HeaderID, errEmptyID.Message)
+		}
 		req.ID = v
 	}
 	for _, h := range []struct {

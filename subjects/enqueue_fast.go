@@ -1,6 +1,9 @@
 package subjects
 
-import "strconv"
+import (
+	"encoding/json"
+	"strconv"
+)
 
 // DecodeEnqueue decodes an enqueue body, as Decode would.
 //
@@ -11,14 +14,27 @@ import "strconv"
 // — other keys or another case of them, escapes, non-ASCII text, control characters, nulls,
 // fractions or exponents, duplicate keys, trailing data — goes to Decode, so the result (and every
 // error) is Decode's; FuzzDecodeEnqueue checks that both agree.
+//
+// An id given empty is invalid_id, not an id to generate (which omitting it asks for): a client
+// that always sends the field with an id it failed to set would lose the enqueue's idempotency.
 func DecodeEnqueue(data []byte) (EnqueueRequest, error) {
 	var r EnqueueRequest
 	if p, ok := fastEnqueue(data, 0, &r); ok && skip(data, p) == len(data) {
 		return r, nil
 	}
 	r = EnqueueRequest{}
-	err := Decode(data, &r)
-	return r, err
+	if err := Decode(data, &r); err != nil {
+		return r, err
+	}
+	if r.ID == "" {
+		var given struct {
+			ID *string `json:"id"`
+		}
+		if json.Unmarshal(data, &given) == nil && given.ID != nil {
+			return EnqueueRequest{}, errEmptyID
+		}
+	}
+	return r, nil
 }
 
 // DecodeEnqueueBatch decodes an enqueue_batch body, as Decode would; see DecodeEnqueue.
@@ -28,9 +44,26 @@ func DecodeEnqueueBatch(data []byte) (EnqueueBatchRequest, error) {
 		return r, nil
 	}
 	r = EnqueueBatchRequest{}
-	err := Decode(data, &r)
-	return r, err
+	if err := Decode(data, &r); err != nil {
+		return r, err
+	}
+	var given struct {
+		Messages []struct {
+			ID *string `json:"id"`
+		} `json:"messages"`
+	}
+	if json.Unmarshal(data, &given) == nil {
+		for i, m := range given.Messages {
+			if m.ID != nil && *m.ID == "" {
+				return EnqueueBatchRequest{}, Errorf(CodeInvalidID, "messages[%d]: %s", i, errEmptyID.Message)
+			}
+		}
+	}
+	return r, nil
 }
+
+// errEmptyID is the error of an enqueue whose id is given empty.
+var errEmptyID = Errorf(CodeInvalidID, "id is empty: omit it for the broker to generate one")
 
 // fastEnqueueBatch decodes {"messages":[<fastEnqueue object>, …]} with nothing after it. An empty
 // array goes to Decode, which gives an empty slice rather than nil.
@@ -99,6 +132,7 @@ func fastEnqueue(data []byte, p int, r *EnqueueRequest) (int, bool) {
 		case "id":
 			i = 0
 			r.ID, p, ok = plainString(data, p)
+			ok = ok && r.ID != "" // an empty id is an error: Decode's path says so
 		case "payload":
 			i = 1
 			r.Payload, p, ok = plainString(data, p)

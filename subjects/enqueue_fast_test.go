@@ -1,6 +1,8 @@
 package subjects_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -34,6 +36,10 @@ var enqueueBodies = []string{
 	`{"priority":99999999999999999999}`,
 	`{"priority":null}`,
 	`{"id":null}`,
+	`{"id":""}`,
+	`{"id":"","payload":"x"}`,
+	`{"ID":"","id":"x"}`,
+	`{"messages":[{"id":"a"},{"id":""}]}`,
 	`{"payload":"x"} {}`,
 	`{"payload":"x"}x`,
 	`{"payload":"x",}`,
@@ -62,13 +68,37 @@ func FuzzDecodeEnqueue(f *testing.F) {
 		got, err := subjects.DecodeEnqueue(data)
 		var want subjects.EnqueueRequest
 		wantErr := subjects.Decode(data, &want)
+		var given struct {
+			ID *string `json:"id"`
+		}
+		if wantErr == nil && json.Unmarshal(data, &given) == nil && given.ID != nil && *given.ID == "" {
+			wantErr = emptyID("")
+		}
 		checkSame(t, data, got, err, want, wantErr)
 
 		gotBatch, err := subjects.DecodeEnqueueBatch(data)
 		var wantBatch subjects.EnqueueBatchRequest
 		wantErr = subjects.Decode(data, &wantBatch)
+		var givenBatch struct {
+			Messages []struct {
+				ID *string `json:"id"`
+			} `json:"messages"`
+		}
+		if wantErr == nil && json.Unmarshal(data, &givenBatch) == nil {
+			for i, m := range givenBatch.Messages {
+				if m.ID != nil && *m.ID == "" {
+					wantErr = emptyID(fmt.Sprintf("messages[%d]: ", i))
+					break
+				}
+			}
+		}
 		checkSame(t, data, gotBatch, err, wantBatch, wantErr)
 	})
+}
+
+// emptyID is the error of an enqueue body whose id is given empty, after prefix.
+func emptyID(prefix string) error {
+	return subjects.Errorf(subjects.CodeInvalidID, "%sid is empty: omit it for the broker to generate one", prefix)
 }
 
 func checkSame[T any](t *testing.T, data []byte, got T, err error, want T, wantErr error) {

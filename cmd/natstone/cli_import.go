@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,7 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -241,24 +239,17 @@ func (im *importer) parse(n int, data []byte) (importLine, bool) {
 	return importLine{n: n, msg: msg, size: len(data) + len(msg.Payload)/3 + importLineOverhead}, true
 }
 
-// parseImportLine decodes one line as the broker decodes an enqueue body: strictly, one object of
-// valid UTF-8, no unknown field, at most one payload form.
+// parseImportLine decodes one line as the broker decodes an enqueue body (subjects.DecodeEnqueue):
+// strictly, one object of valid UTF-8, no unknown field, at most one payload form, no empty id.
 func parseImportLine(data []byte) (workers.BatchMessage, error) {
 	if data[0] != '{' {
 		return workers.BatchMessage{}, errors.New("not a JSON object")
 	}
-	if !utf8.Valid(data) {
-		// encoding/json would replace each invalid byte with U+FFFD: another id or payload.
-		return workers.BatchMessage{}, errors.New("not valid UTF-8")
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var r subjects.EnqueueRequest
-	if err := dec.Decode(&r); err != nil {
+	r, err := subjects.DecodeEnqueue(data)
+	if e, ok := errors.AsType[*subjects.Error](err); ok {
+		return workers.BatchMessage{}, errors.New(strings.TrimPrefix(e.Message, "malformed JSON body: "))
+	} else if err != nil {
 		return workers.BatchMessage{}, err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return workers.BatchMessage{}, errors.New("data after the JSON object")
 	}
 	if r.Payload != "" && len(r.PayloadBase64) > 0 {
 		return workers.BatchMessage{}, errors.New("give payload or payload_base64, not both")
@@ -270,13 +261,15 @@ func parseImportLine(data []byte) (workers.BatchMessage, error) {
 	if r.Payload != "" {
 		m.Payload = []byte(r.Payload)
 	}
-	// The Client sends a zero duration as "the queue's default" and no negative one at all, so
-	// those are refused here rather than silently changed.
-	var err error
+	// As the protocol has it: invisible_ms 0 is pending at once (the Client's negative Invisible),
+	// lease_ms 0 the queue's lease (the Client's zero Lease).
 	if m.Invisible, err = lineDuration("invisible_ms", r.InvisibleMS, 0); err != nil {
 		return workers.BatchMessage{}, err
 	}
-	if m.Lease, err = lineDuration("lease_ms", r.LeaseMS, 1); err != nil {
+	if r.InvisibleMS != nil && *r.InvisibleMS == 0 {
+		m.Invisible = -1
+	}
+	if m.Lease, err = lineDuration("lease_ms", r.LeaseMS, 0); err != nil {
 		return workers.BatchMessage{}, err
 	}
 	return m, nil

@@ -132,7 +132,7 @@ func TestCLIImportRefusedLines(t *testing.T) {
 		`null`,
 		`{"id": "d"} {"id": "e"}`,
 		`{"id": "f", "payload": "x", "payload_base64": "eA=="}`,
-		`{"id": "g", "lease_ms": 0}`,
+		`{"id": "", "payload": "an empty id"}`,
 		`{"id": "h", "invisible_ms": -5}`,
 		`{"id": "i", "payload": "ok"}`,
 	}
@@ -181,10 +181,12 @@ func TestParseImportLine(t *testing.T) {
 		{line: `{"payload_base64":"AAE=","priority":9,"invisible_ms":1500,"lease_ms":60000,"metadata":{"k":"v"}}`,
 			want: workers.BatchMessage{Payload: []byte{0, 1}, EnqueueOpts: workers.EnqueueOpts{Priority: &prio,
 				Invisible: 1500 * time.Millisecond, Lease: time.Minute, Metadata: map[string]string{"k": "v"}}}},
-		{line: `{"invisible_ms":0}`},
+		{line: `{"invisible_ms":0}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{Invisible: -1}}}, // pending at once
+		{line: `{"lease_ms":0}`}, // the queue's
+		{line: `{"id":""}`, wantErr: "id is empty"},
 		{line: `[]`, wantErr: "not a JSON object"},
 		{line: `{"priority":"1"}`, wantErr: "cannot unmarshal string"},
-		{line: `{} x`, wantErr: "data after the JSON object"},
+		{line: `{} x`, wantErr: "data after the object"},
 		{line: `{"payload_base64":"!"}`, wantErr: "illegal base64"},
 		{line: `{"lease_ms":9223372036855}`, wantErr: "out of range"},
 		{line: "{\"id\":\"a\xff\"}", wantErr: "not valid UTF-8"}, // encoding/json would store id "a\uFFFD"
