@@ -75,6 +75,8 @@ type Config struct {
 	// it, instead of waiting for it as a standby. Only for a broker no other broker can share its
 	// storage with while it starts, such as one on a NATS server its own process started just before
 	// (natstone serve without --nats-url, embedded.Start): a claim found there is a dead process's.
+	// Such a broker also keeps its claim at a clean stop, for its next start to take over: a broker
+	// connected to the server that stops with it must not take the store over while it stops.
 	TakeOverClaim bool
 }
 
@@ -370,8 +372,14 @@ func (b *Broker) Stop(ctx context.Context) error {
 		err = errors.Join(err, fmt.Errorf("natstone: stop: events not all published: %w", cerr))
 	}
 	b.writeSnapshot(ctx)
-	// Nothing writes any more: a standby may take over.
-	b.claim.release(ctx)
+	if b.cfg.TakeOverClaim {
+		// The store is this process's alone (see TakeOverClaim): the claim stays for the next start
+		// to take over, and no broker connected to the server that is about to stop with this one
+		// takes the store over meanwhile.
+		b.claim.abandon()
+	} else {
+		b.claim.release(ctx) // nothing writes any more: a standby may take over
+	}
 	close(b.done)
 	return err
 }

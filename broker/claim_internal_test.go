@@ -312,6 +312,31 @@ func TestTakeOverClaim(t *testing.T) {
 	}
 }
 
+// TestTakeOverClaimKeptAtStop: a broker that takes the claim at start (its store is its process's
+// alone) keeps it at a clean stop, for its next start: a broker connected to the server that stops
+// with it does not take the store over meanwhile.
+func TestTakeOverClaimKeptAtStop(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca, func(c *Config) { c.TakeOverClaim = true })
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+	if err := a.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := holder(t, b); got != a.claim.mine.Broker {
+		t.Fatalf("after the stop the claim names %q, want the stopped broker's %s", got, a.claim.mine.Broker)
+	}
+	cb.Advance(DefaultClaimTTL / 5) // the standby looks again
+	standingBy(t, b, cb, started)
+	cb.Advance(DefaultClaimTTL) // and takes it over once it has seen it unchanged for the ttl
+	waitStarted(t, started)
+}
+
 // TestFailedStartReleasesTheClaim: a start that fails after taking the claim gives it back.
 func TestFailedStartReleasesTheClaim(t *testing.T) {
 	srv := natstest.Start(t, nil)
