@@ -527,3 +527,52 @@ func TestTimersWaitForTheClaim(t *testing.T) {
 		t.Fatalf("stored %s, %v: want pending once the claim holds again", r.State, err)
 	}
 }
+
+// TestLateLeaseWriteFencedAtTakeOver: the broker that served an exclusive queue took a value's lock
+// for a lease whose record write had not landed when a standby took the store over (it paused
+// between the two writes). The standby's start rewrites that record at the revision it loaded, so
+// the late lease write conflicts instead of making a second running message of the value.
+func TestLateLeaseWriteFencedAtTakeOver(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ctx := context.Background()
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	qa, _, err := a.createQueue(ctx, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, p2 := int64(2), int64(1)
+	if _, err := qa.enqueue(ctx, []subjects.EnqueueRequest{
+		{ID: "m1", Priority: &p1, Metadata: map[string]string{"p": "v"}},
+		{ID: "m2", Priority: &p2, Metadata: map[string]string{"p": "v"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// a takes v's lock for its lease lz of m1; the lease write, expecting m1's revision, is late.
+	r, rev, err := a.store.GetMessage(ctx, "x", "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.store.WriteLock("x", "v", kv.Lock{MessageID: "m1", LeaseID: "lz"}, 0).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+	cb.Advance(DefaultClaimTTL)
+	waitStarted(t, started)
+	r.State, r.LeaseID, r.Version, r.Attempts = subjects.StateRunning, "lz", r.Version+1, r.Attempts+1
+	if _, err := a.store.WriteMessage("x", &r, rev).Wait(ctx); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("the late lease write: %v, want a conflict", err)
+	}
+	ms, err := b.queues["x"].dequeue(ctx, subjects.DequeueRequest{Batch: 2})
+	if err != nil || len(ms) != 1 || ms[0].ID != "m2" {
+		t.Fatalf("b leased %v, %v: want m2 alone, the value's best", ms, err)
+	}
+	if got, _, err := b.store.GetMessage(ctx, "x", "m1"); err != nil || got.State != subjects.StatePending {
+		t.Fatalf("m1 stored %s, %v: want pending", got.State, err)
+	}
+}

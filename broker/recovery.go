@@ -570,6 +570,20 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		if running[value] != nil {
 			continue // taken below for its running message
 		}
+		if e := q.entries.get(l.MessageID); e != nil && e.extra().LeaseID != l.LeaseID {
+			// The lock was taken for a lease its message's record never got: that lease's write
+			// failed, or it is still on its way from a broker that served the store before this
+			// one (it paused, say, between the two writes) and would land behind this broker's
+			// back, a second running message of the value once this broker leases another.
+			if err := q.fenceRecord(ctx, e); err != nil {
+				return err
+			}
+			rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{}, q.locks[value].rev).Wait(ctx)
+			if err != nil {
+				return fmt.Errorf("%w: recover queue %s: free lock %q: %v", kv.ErrStale, q.name, value, err)
+			}
+			q.locks[value].rev = rev // so that the next start need not fence it again
+		}
 		// The holder is no longer running under that lease, so the value is free; the key stays as
 		// it is until the next take overwrites it.
 		q.locks[value].holder = ""
@@ -585,6 +599,22 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		}
 		lk.rev, lk.holder = rev, e.ID
 	}
+	return nil
+}
+
+// fenceRecord rewrites e's record as it was loaded, at its revision, so that a write of it still on
+// its way from a broker that served the store before conflicts instead of landing. Only its version
+// moves. A conflict says such a write landed after the load, which is then read again (kv.ErrStale).
+// Called with q.mu held, before the queue serves.
+func (q *queue) fenceRecord(ctx context.Context, e *entry) error {
+	r := e.record()
+	r.Version++
+	rev, err := q.b.store.WriteMessage(q.name, &r, e.rev).Wait(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: recover queue %s: fence message %q: %v", kv.ErrStale, q.name, e.ID, err)
+	}
+	e.set(&r)
+	e.rev = rev
 	return nil
 }
 
