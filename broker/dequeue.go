@@ -23,15 +23,52 @@ type waiter struct {
 type dequeueRecord struct {
 	done    chan struct{} // closed when the first dequeue with the id has finished
 	leases  []leaseRef
-	settled *settled // the settle whose next this dequeue was, if any
+	settled *settledAs // the settle whose next this dequeue was, if any
 }
 
-// settled is a settle (a complete, release or cancel) with next: what it settled, and once it is
-// stored, the message as its reply gave it.
-type settled struct {
+// settleKey names a settle with next: its op, message and lease. Its retry names the same.
+type settleKey struct {
 	op          subjects.Op
 	id, leaseID string
-	msg         subjects.Message
+}
+
+// settledAs is what a stored settle made of its message, kept with the dequeue its next ran so that
+// the settle's retry gets the same reply: the fields a settle changes, beside the entry, which holds
+// the others (no later transition changes them). About 130 bytes, where the message's view would
+// take some 250: a worker pool settling thousands of messages a second keeps five minutes of these.
+type settledAs struct {
+	settleKey
+	e                             *entry
+	state                         subjects.State
+	lease                         string // the message's lease_id in the reply
+	version                       uint64
+	attempts                      int
+	visibleAt, updatedAt, endedAt int64
+}
+
+// newSettledAs records m, the reply of the settle k.
+func newSettledAs(k settleKey, m *subjects.Message) *settledAs {
+	s := &settledAs{settleKey: k, state: m.State, lease: m.LeaseID, version: m.Version, attempts: m.Attempts,
+		visibleAt: m.VisibleAt.UnixMilli(), updatedAt: m.UpdatedAt.UnixMilli()}
+	if m.EndedAt != nil {
+		s.endedAt = m.EndedAt.UnixMilli()
+	}
+	return s
+}
+
+// view is the message as the settle's reply gave it. Called with q.mu held.
+func (s *settledAs) view(q *queue) subjects.Message {
+	m := q.view(s.e)
+	m.State, m.LeaseID, m.Version, m.Attempts = s.state, s.lease, s.version, s.attempts
+	m.AttemptsLeft = max(int(s.e.MaxAttempts)-s.attempts, 0)
+	m.LeaseExpiresAt = nil // a settle leaves running
+	m.VisibleAt, m.UpdatedAt = time.UnixMilli(s.visibleAt).UTC(), time.UnixMilli(s.updatedAt).UTC()
+	m.EndedAt = nil
+	if s.endedAt != 0 {
+		t := time.UnixMilli(s.endedAt).UTC()
+		m.EndedAt = &t
+	}
+	return m
 }
 
 type leaseRef struct {
@@ -96,7 +133,7 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 
 // leaseBest is dequeue once r is validated (with its defaults) and its filter built; s is the settle
 // whose next it is, if any.
-func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter index.Filter, s *settled) ([]subjects.Message, error) {
+func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter index.Filter, s *settledAs) ([]subjects.Message, error) {
 	q.mu.Lock()
 	if err := q.usable(); err != nil {
 		q.mu.Unlock()
@@ -114,7 +151,13 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	}
 	var rec *dequeueRecord
 	if r.RequestID != "" {
-		rec = &dequeueRecord{done: make(chan struct{}), settled: s}
+		rec = &dequeueRecord{done: make(chan struct{})}
+		if s != nil {
+			// (Collected meanwhile, it has no entry: a retry of the settle then gets its error.)
+			if s.e = q.entries.get(s.id); s.e != nil {
+				rec.settled = s
+			}
+		}
 		q.requests[r.RequestID] = rec
 		q.reqOrder = append(q.reqOrder, reqStamp{id: r.RequestID, rec: rec, at: q.now()})
 		defer close(rec.done)
@@ -200,21 +243,20 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 const replyRoom = 64 << 10
 
 // fitting returns how many of the n best pending messages matching f one reply can carry: n, unless
-// their payloads and metadata would make the reply larger than the server takes (max_payload, 1 MiB
-// by default), which would drop it and leave the leases to run out unseen. Then as many as fit, and
-// always one. A payload is counted at 3/2 its size: base64 makes it 4/3, JSON escapes (rare) more.
-// Called with q.mu held.
+// their shares of the reply (replyShare) would add up to more than the server takes (max_payload, 1 MiB by
+// default), which would drop the reply and leave the leases to run out unseen. Then as many as fit,
+// and always one. Called with q.mu held.
 func (q *queue) fitting(f index.Filter, n int) int {
 	if n <= 1 {
 		return n
 	}
 	budget := int(q.b.cfg.Conn.MaxPayload()) - replyRoom
-	if n*q.largestReply() <= budget {
+	if n*q.widest <= budget {
 		return n // the common case: no walk
 	}
 	size := 0
 	for i, e := range q.pending.Peek(f, n) {
-		size += entryReply(len(q.name), e)
+		size += replyShare(len(q.name), len(e.ID), e.PayloadSize(), e.extra().Metadata)
 		if size > budget {
 			return max(i, 1)
 		}
@@ -222,16 +264,13 @@ func (q *queue) fitting(f index.Filter, n int) int {
 	return n
 }
 
-// largestReply is the most one of the queue's messages can add to a dequeue's reply.
-func (q *queue) largestReply() int {
-	return 512 + subjects.MaxIDLen + len(q.name) + q.cfg.MaxPayloadBytes*3/2 +
-		q.cfg.MaxMetadataPairs*(subjects.MaxMetadataKeyLen+subjects.MaxMetadataValueLen+6)*6/5
-}
-
-// entryReply is what e adds to a dequeue's reply, at most (as largestReply, for e's own sizes).
-func entryReply(queueLen int, e *entry) int {
-	n := 512 + len(e.ID) + queueLen + e.PayloadSize()*3/2
-	for k, v := range e.extra().Metadata {
+// replyShare estimates what a message adds to a reply: its id, queue name and metadata as JSON strings
+// (at 6/5 their size, for escapes), its payload at 3/2 (base64 makes it 4/3 when it is not UTF-8;
+// a UTF-8 payload is written as a JSON string, which escapes are rare in), and 512 bytes of fields.
+// It is an estimate, not a bound: JSON writes a control character, <, > and & as six bytes each.
+func replyShare(queueLen, idLen, payloadSize int, metadata map[string]string) int {
+	n := 512 + (queueLen+idLen)*6/5 + payloadSize*3/2
+	for k, v := range metadata {
 		n += (len(k) + len(v) + 6) * 6 / 5
 	}
 	return n

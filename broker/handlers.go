@@ -207,7 +207,7 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if err != nil {
 			return nil, err
 		}
-		return q.andNext(ctx, settled{op: subjects.OpComplete, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.complete(ctx, r) })
+		return q.andNext(ctx, settleKey{op: subjects.OpComplete, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.complete(ctx, r) })
 	case subjects.OpExtend:
 		var r subjects.ExtendRequest
 		if err := subjects.Decode(data, &r); err != nil {
@@ -219,13 +219,13 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if err := subjects.Decode(data, &r); err != nil {
 			return nil, err
 		}
-		return q.andNext(ctx, settled{op: subjects.OpRelease, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.release(ctx, r) })
+		return q.andNext(ctx, settleKey{op: subjects.OpRelease, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.release(ctx, r) })
 	case subjects.OpCancel:
 		r, err := subjects.DecodeLease(data)
 		if err != nil {
 			return nil, err
 		}
-		return q.andNext(ctx, settled{op: subjects.OpCancel, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.cancel(ctx, r) })
+		return q.andNext(ctx, settleKey{op: subjects.OpCancel, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.cancel(ctx, r) })
 	case subjects.OpGet:
 		var r subjects.GetRequest
 		if err := subjects.Decode(data, &r); err != nil {

@@ -262,16 +262,16 @@ func addCount(c *subjects.Counts, s subjects.State, n int) {
 	}
 }
 
-// andNext runs settle — s's complete, release or cancel — and then, if the
-// request asked for one, the dequeue in next, so that a worker finishes a message and gets its next one
-// in one round trip. A bad next is refused before anything is written. Once the settle is stored its
-// reply stands: a dequeue that fails then says so in the reply's next, beside the settled message.
+// andNext runs settle — k's complete, release or cancel — and then, if the request asked for one, the
+// dequeue in next, so that a worker finishes a message and gets its next one in one round trip. A
+// bad next is refused before anything is written. Once the settle is stored its reply stands: a
+// dequeue that fails then says so in the reply's next, beside the settled message.
 //
 // A retry of a request whose next carried a request_id gets the first reply's settled message and
 // that dequeue's leases back, even when the settle itself would now fail: the message collected
 // meanwhile (message_not_found), or leased again, by that very next or another dequeue
 // (lease_mismatch).
-func (q *queue) andNext(ctx context.Context, s settled, next *subjects.DequeueRequest, settle func() (subjects.Message, error)) (any, error) {
+func (q *queue) andNext(ctx context.Context, k settleKey, next *subjects.DequeueRequest, settle func() (subjects.Message, error)) (any, error) {
 	if next == nil {
 		return settle()
 	}
@@ -289,14 +289,13 @@ func (q *queue) andNext(ctx context.Context, s settled, next *subjects.DequeueRe
 	}
 	m, err := settle()
 	if err != nil {
-		if prior := q.settledBy(r.RequestID, s); prior != nil {
+		if prior, m, ok := q.settledBy(r.RequestID, k); ok {
 			msgs, err := q.replayRequest(ctx, prior)
-			return q.settleReply(prior.settled.msg, msgs, err), nil
+			return q.settleReply(m, msgs, err), nil
 		}
 		return nil, err
 	}
-	s.msg = m
-	msgs, err := q.leaseBest(ctx, r, filter, &s)
+	msgs, err := q.leaseBest(ctx, r, filter, newSettledAs(k, &m))
 	return q.settleReply(m, msgs, err), nil
 }
 
@@ -317,18 +316,18 @@ func (q *queue) settleReply(m subjects.Message, msgs []subjects.Message, err err
 	return reply
 }
 
-// settledBy returns the record of the dequeue with requestID if the same settle as s ran it: that
-// settle was stored, and s is its retry.
-func (q *queue) settledBy(requestID string, s settled) *dequeueRecord {
+// settledBy returns the record of the dequeue with requestID, and the settled message as the reply
+// gave it, if the settle k ran that dequeue: the settle was stored, and this is its retry.
+func (q *queue) settledBy(requestID string, k settleKey) (*dequeueRecord, subjects.Message, bool) {
 	if requestID == "" {
-		return nil
+		return nil, subjects.Message{}, false
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.expireRequests(q.now())
 	prior := q.requests[requestID]
-	if prior == nil || prior.settled == nil || prior.settled.op != s.op || prior.settled.id != s.id || prior.settled.leaseID != s.leaseID {
-		return nil
+	if prior == nil || prior.settled == nil || prior.settled.settleKey != k {
+		return nil, subjects.Message{}, false
 	}
-	return prior
+	return prior, prior.settled.view(q), true
 }

@@ -52,6 +52,7 @@ type queue struct {
 	doubtArmed    bool
 	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
 	reqOrder      []reqStamp // request ids by time, for expiry
+	widest        int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
 
 	totals  subjects.Totals // transitions since the broker started
 	rates   rateWindow      // transitions over the last minute
@@ -211,10 +212,15 @@ func (q *queue) settle() {
 			q.doubt.Reset(doubtRetry)
 		}
 	}
+	q.arm()
+	q.serveWaiters()
+}
+
+// arm re-arms the timers of the deadline heaps.
+func (q *queue) arm() {
 	q.invisible.arm(q.b.clock, func() { q.fire(&q.invisible) })
 	q.leases.arm(q.b.clock, func() { q.fire(&q.leases) })
 	q.gc.arm(q.b.clock, func() { q.fire(&q.gc) })
-	q.serveWaiters()
 }
 
 // claimRetryMS is how long a timer that fired while the claim did not hold waits to try again.
@@ -257,7 +263,7 @@ func (q *queue) fire(d *deadlines) {
 		// not told it yet): write nothing from these indexes, nor wake a long poll to lease. Try
 		// again later: a renewal makes the claim hold again, or finds it lost and stops the broker.
 		d.notBefore = max(d.notBefore, now+claimRetryMS)
-		q.settle()
+		q.arm()
 		return
 	}
 	var due []*entry

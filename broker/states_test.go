@@ -481,4 +481,14 @@ func TestDequeueReplyFitsMaxPayload(t *testing.T) {
 	if got := ids(e.dequeue("big", subjects.DequeueRequest{Batch: 2})); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("two of 512 KiB: leased %v, want a alone", got)
 	}
+	// The messages count, not the queue's limits, which apply to later enqueues only: lowered, they
+	// say nothing of the messages already there.
+	must[subjects.QueueInfo](e, subjects.OpCreate, "lowered", subjects.CreateQueueRequest{MaxPayloadBytes: subjects.MaxPayloadBytes})
+	for i := range 15 {
+		e.enqueue("lowered", subjects.EnqueueRequest{ID: fmt.Sprintf("m%02d", i), Payload: big[:100<<10]})
+	}
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "lowered", subjects.UpdateQueueRequest{MaxPayloadBytes: ptr(subjects.DefaultMaxPayloadBytes)})
+	if n := len(e.dequeue("lowered", subjects.DequeueRequest{Batch: 15})); n < 2 || n > 9 {
+		t.Fatalf("leased %d messages of 100 KiB in one reply, want as many as fit in 1 MiB", n)
+	}
 }

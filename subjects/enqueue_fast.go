@@ -1,6 +1,7 @@
 package subjects
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 )
@@ -26,7 +27,7 @@ func DecodeEnqueue(data []byte) (EnqueueRequest, error) {
 	if err := Decode(data, &r); err != nil {
 		return r, err
 	}
-	if r.ID == "" {
+	if r.ID == "" && bytes.Contains(data, []byte(`""`)) { // an empty id is "" in any JSON
 		var given struct {
 			ID *string `json:"id"`
 		}
@@ -52,7 +53,7 @@ func DecodeEnqueueBatch(data []byte) (EnqueueBatchRequest, error) {
 			ID *string `json:"id"`
 		} `json:"messages"`
 	}
-	if json.Unmarshal(data, &given) == nil {
+	if bytes.Contains(data, []byte(`""`)) && json.Unmarshal(data, &given) == nil {
 		for i, m := range given.Messages {
 			if m.ID != nil && *m.ID == "" {
 				return EnqueueBatchRequest{}, Errorf(CodeInvalidID, "messages[%d]: %s", i, errEmptyID.Message)

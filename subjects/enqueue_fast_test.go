@@ -122,6 +122,19 @@ func TestDecodeEnqueueFastPath(t *testing.T) {
 	if _, err := subjects.DecodeEnqueue([]byte(`{"bogus":1}`)); err == nil {
 		t.Fatal("an unknown field decoded without error")
 	}
+	// An id given empty is invalid_id, through either path; omitted or null, it is generated.
+	for body, wantErr := range map[string]bool{
+		`{"id":""}`: true, `{"id":"","payload":"café"}`: true, `{"id" : "" }`: true,
+		`{"id":null}`: false, `{}`: false, `{"payload":""}`: false, `{"ID":"","id":"x"}`: false,
+	} {
+		_, err := subjects.DecodeEnqueue([]byte(body))
+		if got := err != nil && strings.Contains(err.Error(), "invalid_id"); got != wantErr {
+			t.Errorf("DecodeEnqueue(%s): %v, want invalid_id %v", body, err, wantErr)
+		}
+	}
+	if _, err := subjects.DecodeEnqueueBatch([]byte(`{"messages":[{"id":"a"},{"id":""}]}`)); err == nil || !strings.Contains(err.Error(), "invalid_id: messages[1]: id is empty") {
+		t.Errorf("a batch with an empty id: %v", err)
+	}
 	b, err := subjects.DecodeEnqueueBatch([]byte(`{"messages":[{"payload":"a"},{"payload":"b","priority":2}]}`))
 	if err != nil || len(b.Messages) != 2 || b.Messages[1].Payload != "b" || *b.Messages[1].Priority != 2 {
 		t.Fatalf("DecodeEnqueueBatch: %+v, %v", b, err)

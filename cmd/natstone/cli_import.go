@@ -246,9 +246,11 @@ func parseImportLine(data []byte) (workers.BatchMessage, error) {
 		return workers.BatchMessage{}, errors.New("not a JSON object")
 	}
 	r, err := subjects.DecodeEnqueue(data)
-	if e, ok := errors.AsType[*subjects.Error](err); ok {
-		return workers.BatchMessage{}, errors.New(strings.TrimPrefix(e.Message, "malformed JSON body: "))
-	} else if err != nil {
+	if err != nil {
+		var e *subjects.Error
+		if errors.As(err, &e) {
+			err = errors.New(strings.TrimPrefix(e.Message, "malformed JSON body: ")) // the line's fault, said once
+		}
 		return workers.BatchMessage{}, err
 	}
 	if r.Payload != "" && len(r.PayloadBase64) > 0 {
