@@ -460,6 +460,34 @@ func TestStandbyChangesNoSettings(t *testing.T) {
 	}
 }
 
+// pausedServer starts a broker on srv serving queue name (created as cfg says) that then pauses:
+// its claim's clock stands still, so it never renews it, nor learns that it lost it.
+func pausedServer(t *testing.T, srv *natstest.Server, name string, cfg subjects.CreateQueueRequest) (*Broker, *queue) {
+	t.Helper()
+	a := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)))
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	q, _, err := a.createQueue(context.Background(), name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, q
+}
+
+// takeOver starts a standby on srv and has it take the store over from a broker that stopped
+// renewing its claim.
+func takeOver(t *testing.T, srv *natstest.Server) *Broker {
+	t.Helper()
+	cb := clock.NewFake(time.Unix(0, 0))
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+	cb.Advance(DefaultClaimTTL)
+	waitStarted(t, started)
+	return b
+}
+
 // TestStaleDeletePurgesNothing: a queue's delete that the old broker began while it held the claim
 // and goes on with once its claim ran out (a pause, say, before its renewal finds the claim taken)
 // purges nothing: the broker that took the store over stored and acknowledged messages since, and
@@ -467,20 +495,8 @@ func TestStandbyChangesNoSettings(t *testing.T) {
 func TestStaleDeletePurgesNothing(t *testing.T) {
 	srv := natstest.Start(t, nil)
 	ctx := context.Background()
-	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca)
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	qa, _, err := a.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := claimBroker(t, srv, cb)
-	started := startAsync(b)
-	standingBy(t, b, cb, started)
-	cb.Advance(DefaultClaimTTL) // a is paused: b takes over
-	waitStarted(t, started)
+	a, qa := pausedServer(t, srv, "q", subjects.CreateQueueRequest{})
+	b := takeOver(t, srv)
 	if _, err := b.queues["q"].enqueue(ctx, []subjects.EnqueueRequest{{ID: "acked"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -535,15 +551,7 @@ func TestTimersWaitForTheClaim(t *testing.T) {
 func TestLateLeaseWriteFencedAtTakeOver(t *testing.T) {
 	srv := natstest.Start(t, nil)
 	ctx := context.Background()
-	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca)
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	qa, _, err := a.createQueue(ctx, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, qa := pausedServer(t, srv, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
 	p1, p2 := int64(2), int64(1)
 	if _, err := qa.enqueue(ctx, []subjects.EnqueueRequest{
 		{ID: "m1", Priority: &p1, Metadata: map[string]string{"p": "v"}},
@@ -559,11 +567,7 @@ func TestLateLeaseWriteFencedAtTakeOver(t *testing.T) {
 	if _, err := a.store.WriteLock("x", "v", kv.Lock{MessageID: "m1", LeaseID: "lz"}, 0).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := claimBroker(t, srv, cb)
-	started := startAsync(b)
-	standingBy(t, b, cb, started)
-	cb.Advance(DefaultClaimTTL)
-	waitStarted(t, started)
+	b := takeOver(t, srv)
 	r.State, r.LeaseID, r.Version, r.Attempts = subjects.StateRunning, "lz", r.Version+1, r.Attempts+1
 	if _, err := a.store.WriteMessage("x", &r, rev).Wait(ctx); !errors.Is(err, kv.ErrConflict) {
 		t.Fatalf("the late lease write: %v, want a conflict", err)

@@ -162,23 +162,17 @@ func TestSettleThenNextRetryAfterTheSettle(t *testing.T) {
 	// The same settle with another request id, or another lease, is not a retry.
 	fails(e, subjects.CodeLeaseMismatch, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "b", LeaseID: b.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-3"}})
 	fails(e, subjects.CodeLeaseMismatch, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "b", LeaseID: b.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-2"}})
-}
 
-// TestSettleThenNextRetryOfAnEmptyNext: a retry of a settle whose next leased nothing gets the same
-// reply (no message) once its message is collected, not message_not_found.
-func TestSettleThenNextRetryOfAnEmptyNext(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](0)})
-	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
-	a := e.dequeueOne("q")
-	req := subjects.LeaseRequest{ID: "a", LeaseID: a.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-1"}}
-	first := settleNext(e, subjects.OpComplete, "q", req)
+	// A settle whose next leased nothing: its retry gets the same reply, no message, once the
+	// settled message is collected.
+	c := settleNext(e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "b", LeaseID: again.Next.Messages[0].LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-4"}}).Next.Messages[0]
+	req = subjects.LeaseRequest{ID: "c", LeaseID: c.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-5"}}
+	first = settleNext(e, subjects.OpComplete, "q", req)
 	e.advance(time.Second)
-	fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "q", subjects.GetRequest{ID: "a"}) // collected
-	again := settleNext(e, subjects.OpComplete, "q", req)
-	if !reflect.DeepEqual(again.Message, first.Message) || len(again.Next.Messages) != 0 {
-		t.Fatalf("the retry answered %+v next %v", again.Message, ids(again.Next.Messages))
+	fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "q", subjects.GetRequest{ID: "c"}) // collected
+	again = settleNext(e, subjects.OpComplete, "q", req)
+	if len(first.Next.Messages) != 0 || !reflect.DeepEqual(again.Message, first.Message) || len(again.Next.Messages) != 0 {
+		t.Fatalf("the retry answered %+v next %v, want %+v and nothing", again.Message, ids(again.Next.Messages), first.Message)
 	}
 }
 

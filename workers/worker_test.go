@@ -631,14 +631,25 @@ func TestWorkerRetriesTimedOutDequeue(t *testing.T) {
 
 // fakeLeasingOnce connects a fake broker to srv whose first dequeue of queue q leases message m (see
 // leasedReply, leased now) and whose later dequeues find nothing. The test subscribes the other
-// operations it needs on the returned connection.
+// operations it needs on the returned connection. fakeLeasingOnceSeen also returns the dequeues'
+// requests, up to 64 of them.
 func fakeLeasingOnce(t *testing.T, srv *natstest.Server) (*nats.Conn, subjects.Space, subjects.Message) {
+	fake, space, msg, _ := fakeLeasingOnceSeen(t, srv)
+	return fake, space, msg
+}
+
+func fakeLeasingOnceSeen(t *testing.T, srv *natstest.Server) (*nats.Conn, subjects.Space, subjects.Message, <-chan subjects.DequeueRequest) {
 	t.Helper()
 	space, _ := subjects.NewSpace("")
 	fake := srv.Connect(t)
 	msg, reply := leasedReply(t, time.Now())
+	reqs := make(chan subjects.DequeueRequest, 64)
 	var dequeues atomic.Int32
 	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		select {
+		case reqs <- decode[subjects.DequeueRequest](t, m.Data):
+		default: // nobody reads them
+		}
 		if dequeues.Add(1) == 1 {
 			_ = m.Respond(reply)
 			return
@@ -647,7 +658,7 @@ func fakeLeasingOnce(t *testing.T, srv *natstest.Server) (*nats.Conn, subjects.S
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return fake, space, msg
+	return fake, space, msg, reqs
 }
 
 // workerOnFake starts a worker of queue q, polling without waiting, on a client whose requests time
@@ -735,21 +746,8 @@ func TestWorkerDequeueOfUnknownOutcome(t *testing.T) {
 func TestWorkerSettleOfUnknownOutcome(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	space, _ := subjects.NewSpace("")
-	fake := srv.Connect(t)
-	_, reply := leasedReply(t, time.Now())
-	reqs := make(chan subjects.DequeueRequest, 16)
-	var dequeues, completes atomic.Int32
-	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
-		reqs <- decode[subjects.DequeueRequest](t, m.Data)
-		if dequeues.Add(1) == 1 {
-			_ = m.Respond(reply)
-			return
-		}
-		_ = m.Respond([]byte(`{"messages":[]}`))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	fake, space, _, reqs := fakeLeasingOnceSeen(t, srv)
+	var completes atomic.Int32
 	nexts := make(chan string, 16)
 	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
 		r := decode[subjects.LeaseRequest](t, m.Data)
