@@ -580,7 +580,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 			}
 			rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{}, q.locks[value].rev).Wait(ctx)
 			if err != nil {
-				return fmt.Errorf("%w: recover queue %s: free lock %q: %v", kv.ErrStale, q.name, value, err)
+				return fmt.Errorf("%w: recover queue %s: free lock %q: %w", kv.ErrStale, q.name, value, err)
 			}
 			q.locks[value].rev = rev // so that the next start need not fence it again
 		}
@@ -611,7 +611,7 @@ func (q *queue) fenceRecord(ctx context.Context, e *entry) error {
 	r.Version++
 	rev, err := q.b.store.WriteMessage(q.name, &r, e.rev).Wait(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: recover queue %s: fence message %q: %v", kv.ErrStale, q.name, e.ID, err)
+		return fmt.Errorf("%w: recover queue %s: fence message %q: %w", kv.ErrStale, q.name, e.ID, err)
 	}
 	e.set(&r)
 	e.rev = rev
