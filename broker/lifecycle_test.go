@@ -270,6 +270,28 @@ func TestRequestIDsAcrossARestart(t *testing.T) {
 	}
 }
 
+// TestRequestIDOfABatchAcrossARestart: after a restart, an id whose dequeue leased a batch is
+// remembered for a window from that dequeue, though a message of the batch was settled later: an
+// id reused after the window must not bring back a lease of the batch still held.
+func TestRequestIDOfABatchAcrossARestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for i, id := range []string{"a", "b", "c"} {
+		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i))})
+	}
+	batch := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2, LeaseMS: 3_600_000})
+	e.advance(4 * time.Minute)
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "b", LeaseID: batch[1].LeaseID})
+	e.restartBroker()
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2})); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("the retry within the window got %v, want a's lease", got)
+	}
+	e.advance(time.Minute + time.Second) // the dequeue's window is over, not its settle's
+	if got := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2}); !slices.Equal(ids(got), []string{"c"}) {
+		t.Fatalf("the id reused after its window got %v, want a new lease of c alone", ids(got))
+	}
+}
+
 // TestEmptyDequeueDoesNotPinItsRequestID: a dequeue that leased nothing must not make its retries
 // return nothing for the rest of the window.
 func TestEmptyDequeueDoesNotPinItsRequestID(t *testing.T) {

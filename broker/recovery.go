@@ -623,12 +623,14 @@ func (q *queue) fenceRecord(ctx context.Context, e *entry) error {
 // held, and no new ones. A record names the dequeue of its last lease until that lease is extended
 // (its holder had the reply, so the dequeue will not be retried; and a request id reused after its
 // window must not bring back a lease another holder still extends). A running record that names one
-// was therefore last written by that dequeue, at its updated_at; a record that left running since was
-// leased before its updated_at, so an id is remembered for at most a window from its last write.
+// was therefore last written by that dequeue, at its updated_at, which is when the id is remembered
+// from; an id whose records all left running since (they were leased before their updated_at) is
+// remembered for a window from their last write, and its retries lease nothing.
 // Called with q.mu held, before the queue serves.
 func (q *queue) rebuildRequests() {
 	cut := q.now() - RequestIDWindow.Milliseconds()
-	last := make(map[string]int64) // the latest write of each id's records
+	leased := make(map[string]int64) // each id's lease time, read off its running records
+	last := make(map[string]int64)   // the latest write of each id's records
 	for e := range q.entries.all() {
 		id, at := e.extra().RequestID, e.UpdatedAt()
 		if id == "" || at < cut {
@@ -643,9 +645,13 @@ func (q *queue) rebuildRequests() {
 		last[id] = max(last[id], at)
 		if e.State() == subjects.StateRunning {
 			r.leases = append(r.leases, leaseRef{e: e, leaseID: e.extra().LeaseID})
+			leased[id] = at
 		}
 	}
 	for id, at := range last {
+		if t, ok := leased[id]; ok {
+			at = t // the dequeue's own time: a settle of another of its messages came later
+		}
 		q.reqOrder = append(q.reqOrder, reqStamp{id: id, rec: q.requests[id], at: at})
 	}
 	slices.SortFunc(q.reqOrder, func(a, b reqStamp) int { return cmp.Compare(a.at, b.at) }) // as expireRequests reads them
