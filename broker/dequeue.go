@@ -20,10 +20,14 @@ type waiter struct {
 }
 
 // dequeueRecord remembers what a dequeue with a request id leased, so a retry returns the same leases.
+// Five minutes of them are kept (about 170 bytes each, 300 with a settle), so what only a retry
+// racing the first dequeue needs is made for it: the channel it waits on (a channel each took
+// another 110 bytes).
 type dequeueRecord struct {
-	done    chan struct{} // closed when the first dequeue with the id has finished
-	leases  []leaseRef
-	settled *settledAs // the settle whose next this dequeue was, if any
+	leases   []leaseRef
+	settled  *settledAs    // the settle whose next this dequeue was, if any
+	inFlight bool          // the first dequeue with the id has not finished
+	finished chan struct{} // closed when it finishes; made by a retry that waits for that
 }
 
 // settleKey names a settle with next: its op, message and lease. Its retry names the same.
@@ -151,7 +155,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	}
 	var rec *dequeueRecord
 	if r.RequestID != "" {
-		rec = &dequeueRecord{done: make(chan struct{})}
+		rec = &dequeueRecord{inFlight: true}
 		if s != nil {
 			// (Collected meanwhile, it has no entry: a retry of the settle then gets its error.)
 			if s.e = q.entries.get(s.id); s.e != nil {
@@ -160,7 +164,14 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		}
 		q.requests[r.RequestID] = rec
 		q.reqOrder = append(q.reqOrder, reqStamp{id: r.RequestID, rec: rec, at: q.now()})
-		defer close(rec.done)
+		defer func() {
+			q.mu.Lock()
+			rec.inFlight = false
+			if rec.finished != nil {
+				close(rec.finished)
+			}
+			q.mu.Unlock()
+		}()
 	}
 
 	es := q.pending.Pop(filter, q.fitting(filter, r.Batch))
@@ -351,12 +362,23 @@ func (q *queue) serveWaiters() {
 // replayRequest is a retried dequeue's reply: the leases of prior, the first dequeue with its request
 // id, that are still held, with their payloads. Called without q.mu.
 func (q *queue) replayRequest(ctx context.Context, prior *dequeueRecord) ([]subjects.Message, error) {
-	select {
-	case <-prior.done:
-	case <-ctx.Done():
-		return nil, unavailable("wait for the first dequeue with this request_id", ctx.Err())
-	}
 	q.mu.Lock()
+	if prior.inFlight {
+		if prior.finished == nil {
+			prior.finished = make(chan struct{})
+		}
+		finished := prior.finished
+		if q.testRetryWaits != nil {
+			q.testRetryWaits()
+		}
+		q.mu.Unlock()
+		select {
+		case <-finished:
+		case <-ctx.Done():
+			return nil, unavailable("wait for the first dequeue with this request_id", ctx.Err())
+		}
+		q.mu.Lock()
+	}
 	held, err := q.replay(ctx, prior)
 	q.mu.Unlock()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -76,5 +77,44 @@ func TestEnqueueFailingAfterItsPayloadsWritesNothing(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRetryWaitsForTheFirstDequeue: a dequeue retried while the first with its request id is still
+// under way (long-polling here) waits for it, and gets the lease it took.
+func TestRetryWaitsForTheFirstDequeue(t *testing.T) {
+	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	waiting := make(chan struct{})
+	q.testRetryWaits = func() { close(waiting) }
+	req := subjects.DequeueRequest{RequestID: "r", WaitMS: 60_000}
+	dequeue := func() <-chan []subjects.Message {
+		got := make(chan []subjects.Message, 1)
+		go func() {
+			ms, err := q.dequeue(ctx, req)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- ms
+		}()
+		return got
+	}
+	first := dequeue()
+	if err := clk.WaitForTimers(ctx, 1); err != nil { // it is parked
+		t.Fatal(err)
+	}
+	retry := dequeue()
+	select {
+	case <-waiting:
+	case <-ctx.Done():
+		t.Fatal("the retry did not wait for the first dequeue")
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	f, r := <-first, <-retry
+	if len(f) != 1 || len(r) != 1 || f[0].ID != "a" || r[0].LeaseID != f[0].LeaseID {
+		t.Fatalf("first %v, retry %v: want one lease of a, the same", f, r)
 	}
 }

@@ -638,8 +638,7 @@ func (q *queue) rebuildRequests() {
 		}
 		r := q.requests[id]
 		if r == nil {
-			r = &dequeueRecord{done: make(chan struct{})}
-			close(r.done)
+			r = &dequeueRecord{}
 			q.requests[id] = r
 		}
 		last[id] = max(last[id], at)
