@@ -289,6 +289,14 @@ func (e *env) enqueue(queue string, r subjects.EnqueueRequest) subjects.EnqueueR
 	return must[subjects.EnqueueReply](e, subjects.OpEnqueue, queue, r)
 }
 
+// enqueueInOrder enqueues messages ids to queue with priorities 0, 1, …: the order they dequeue in.
+func (e *env) enqueueInOrder(queue string, ids ...string) {
+	e.t.Helper()
+	for i, id := range ids {
+		e.enqueue(queue, subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i))})
+	}
+}
+
 func (e *env) dequeue(queue string, r subjects.DequeueRequest) []subjects.Message {
 	e.t.Helper()
 	return must[subjects.DequeueReply](e, subjects.OpDequeue, queue, r).Messages

@@ -239,9 +239,7 @@ func TestRetriedDequeueWhileBlocked(t *testing.T) {
 func TestRequestIDsAcrossARestart(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	for i, id := range []string{"a", "b", "c", "d", "e"} {
-		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i))})
-	}
+	e.enqueueInOrder("q", "a", "b", "c", "d", "e")
 	// A holder of a (an hour's lease, extended) dequeued it with an id that another dequeue reuses
 	// once the window is over, and gets b.
 	a := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", LeaseMS: 3_600_000})[0]
@@ -276,9 +274,7 @@ func TestRequestIDsAcrossARestart(t *testing.T) {
 func TestRequestIDOfABatchAcrossARestart(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	for i, id := range []string{"a", "b", "c"} {
-		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i))})
-	}
+	e.enqueueInOrder("q", "a", "b", "c")
 	batch := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2, LeaseMS: 3_600_000})
 	e.advance(4 * time.Minute)
 	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "b", LeaseID: batch[1].LeaseID})

@@ -96,9 +96,7 @@ func TestSettleThenNextExclusive(t *testing.T) {
 func TestSettleThenNextRetry(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	for i, id := range []string{"a", "b", "c"} {
-		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i))})
-	}
+	e.enqueueInOrder("q", "a", "b", "c")
 	a := e.dequeueOne("q")
 	req := subjects.LeaseRequest{ID: "a", LeaseID: a.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-7"}}
 	first := settleNext(e, subjects.OpComplete, "q", req)
