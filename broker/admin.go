@@ -216,7 +216,8 @@ func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subj
 			return subjects.QueueInfo{}, err
 		}
 		stale := r.Revision != 0 && r.Revision != q.cfgRev
-		if c == q.cfg && (!stale || r != subjects.UpdateQueueRequest{Revision: r.Revision}) {
+		setsNothing := r == subjects.UpdateQueueRequest{Revision: r.Revision}
+		if c == q.cfg && (!stale || !setsNothing) {
 			// Nothing to write. With a stale revision too, so that the retry of an update that was
 			// stored (its reply lost, or answered unavailable) succeeds; one that sets no field
 			// only asks whether the revision is current.

@@ -79,8 +79,11 @@ func newClaimer(b *Broker) *claimer {
 // have taken the store over yet. A reply is sent only if it holds once the request's writes were
 // stored: a broker that was stopped past its claim (a pause of its process, say) and goes on must
 // not acknowledge writes that another broker serving the store does not know of.
-func (c *claimer) held() bool {
-	return c.clock.Now().Sub(c.base) < time.Duration(c.until.Load())
+func (c *claimer) held() bool { return c.left() > 0 }
+
+// left is how long the claim holds from now, as it stands (≤ 0: it does not).
+func (c *claimer) left() time.Duration {
+	return time.Duration(c.until.Load()) - c.clock.Now().Sub(c.base)
 }
 
 // bound returns ctx ending when the claim stops holding as it stands now (a renewal meanwhile does
@@ -88,7 +91,7 @@ func (c *claimer) held() bool {
 // fences, a queue's purges: a broker that went on after a pause, past its claim, must not purge what
 // the broker that took the store over stored since.
 func (c *claimer) bound(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	left := time.Duration(c.until.Load()) - c.clock.Now().Sub(c.base)
+	left := c.left()
 	if left <= 0 {
 		return nil, nil, errClaimRanOut
 	}

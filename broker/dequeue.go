@@ -249,9 +249,13 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	return views, nil
 }
 
-// replyRoom is what a dequeue's reply leaves of the server's max_payload for the rest of the reply:
-// its headers, and a settle's message beside its next (whose metadata may take 40 KiB).
+// replyRoom is what a reply's messages or events leave of the server's max_payload for the rest of
+// it: its headers, and a settle's message beside its next (whose metadata may take 40 KiB).
 const replyRoom = 64 << 10
+
+// replyBudget is how many bytes the messages or events of one reply may take: the server drops a
+// reply over its max_payload (1 MiB by default).
+func (b *Broker) replyBudget() int { return int(b.cfg.Conn.MaxPayload()) - replyRoom }
 
 // fitting returns how many of the n best pending messages matching f one reply can carry: n, unless
 // their shares of the reply (replyShare) would add up to more than the server takes (max_payload, 1 MiB by
@@ -261,7 +265,7 @@ func (q *queue) fitting(f index.Filter, n int) int {
 	if n <= 1 {
 		return n
 	}
-	budget := int(q.b.cfg.Conn.MaxPayload()) - replyRoom
+	budget := q.b.replyBudget()
 	if n*q.widest <= budget {
 		return n // the common case: no walk
 	}

@@ -295,7 +295,11 @@ func (q *queue) andNext(ctx context.Context, k settleKey, next *subjects.Dequeue
 		}
 		return nil, err
 	}
-	msgs, err := q.leaseBest(ctx, r, filter, newSettledAs(k, &m))
+	var s *settledAs // kept with the dequeue's request id, for the settle's retry
+	if r.RequestID != "" {
+		s = newSettledAs(k, &m)
+	}
+	msgs, err := q.leaseBest(ctx, r, filter, s)
 	return q.settleReply(m, msgs, err), nil
 }
 

@@ -251,7 +251,7 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	if len(found) > limit {
 		found, reply.More = found[:limit], true
 	}
-	budget, size := int(q.b.cfg.Conn.MaxPayload())-replyRoom, 0
+	budget, size := q.b.replyBudget(), 0
 	for i, e := range found {
 		// No more than the server takes in one reply (max_payload): large metadata can fill it.
 		if size += replyShare(len(q.name), len(e.ID), 0, e.extra().Metadata); size > budget && i > 0 {
@@ -299,7 +299,7 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 		return subjects.HistoryReply{}, unavailable("read events", err)
 	}
 	events := make([]subjects.Event, 0, len(raw))
-	budget, size := int(b.cfg.Conn.MaxPayload())-replyRoom, 0
+	budget, size := b.replyBudget(), 0
 	for i, data := range raw {
 		// No more than the server takes in one reply (max_payload): an event grows by about 100
 		// bytes in it (its time in state).
