@@ -87,6 +87,11 @@ func (o *EnqueueOpts) priority() *int64 {
 	return nil
 }
 
+// invisibleMS returns the invisibility to send, in milliseconds, and false for the queue's.
+func (o *EnqueueOpts) invisibleMS() (int64, bool) {
+	return max(ms(o.Invisible), 0), o.Invisible != 0
+}
+
 // request returns the JSON form of o with payload.
 func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 	r := subjects.EnqueueRequest{
@@ -95,8 +100,8 @@ func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 		PayloadBase64: payload,
 		Metadata:      o.Metadata,
 	}
-	if o.Invisible != 0 {
-		r.InvisibleMS = new(max(ms(o.Invisible), 0))
+	if inv, ok := o.invisibleMS(); ok {
+		r.InvisibleMS = &inv
 	}
 	if o.Lease > 0 {
 		r.LeaseMS = msPtr(&o.Lease)
@@ -137,8 +142,8 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 		}
 		msg.Header.Set(subjects.HeaderMetadata, string(md))
 	}
-	if o.Invisible != 0 {
-		msg.Header.Set(subjects.HeaderInvisibleMS, strconv.FormatInt(max(ms(o.Invisible), 0), 10))
+	if inv, ok := o.invisibleMS(); ok {
+		msg.Header.Set(subjects.HeaderInvisibleMS, strconv.FormatInt(inv, 10))
 	}
 	if o.Lease > 0 {
 		msg.Header.Set(subjects.HeaderLeaseMS, strconv.FormatInt(ms(o.Lease), 10))
