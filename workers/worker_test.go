@@ -607,18 +607,12 @@ func TestWorkerBacksOffWithoutBroker(t *testing.T) {
 func TestWorkerRetriesTimedOutDequeue(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	space, _ := subjects.NewSpace("")
-	fake := srv.Connect(t)
-	reqs := make(chan subjects.DequeueRequest, 16)
-	var n atomic.Int32
-	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
-		reqs <- decode[subjects.DequeueRequest](t, m.Data)
-		if n.Add(1) > 1 { // the first one is never answered
-			_ = m.Respond([]byte(`{"messages":[]}`))
+	fake, _, reqs := fakeDequeues(t, srv, func(n int32) []byte {
+		if n == 1 {
+			return nil // the first one is never answered
 		}
-	}); err != nil {
-		t.Fatal(err)
-	}
+		return []byte(`{"messages":[]}`)
+	})
 	workerOnFake(t, srv, fake, 50*time.Millisecond, func(context.Context, *workers.Job) error { return nil })
 	first, retry, next := recv(t, reqs), recv(t, reqs), recv(t, reqs)
 	if first.RequestID == "" || retry.RequestID != first.RequestID {
@@ -640,25 +634,36 @@ func fakeLeasingOnce(t *testing.T, srv *natstest.Server) (*nats.Conn, subjects.S
 
 func fakeLeasingOnceSeen(t *testing.T, srv *natstest.Server) (*nats.Conn, subjects.Space, subjects.Message, <-chan subjects.DequeueRequest) {
 	t.Helper()
+	msg, reply := leasedReply(t, time.Now())
+	fake, space, reqs := fakeDequeues(t, srv, func(n int32) []byte {
+		if n == 1 {
+			return reply
+		}
+		return []byte(`{"messages":[]}`)
+	})
+	return fake, space, msg, reqs
+}
+
+// fakeDequeues connects a fake broker to srv that answers the nth dequeue of queue q (from 1) with
+// answer(n), or not at all if that is nil, and returns the dequeues' requests, up to 64 of them.
+func fakeDequeues(t *testing.T, srv *natstest.Server, answer func(n int32) []byte) (*nats.Conn, subjects.Space, <-chan subjects.DequeueRequest) {
+	t.Helper()
 	space, _ := subjects.NewSpace("")
 	fake := srv.Connect(t)
-	msg, reply := leasedReply(t, time.Now())
 	reqs := make(chan subjects.DequeueRequest, 64)
-	var dequeues atomic.Int32
+	var n atomic.Int32
 	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
 		select {
 		case reqs <- decode[subjects.DequeueRequest](t, m.Data):
 		default: // nobody reads them
 		}
-		if dequeues.Add(1) == 1 {
+		if reply := answer(n.Add(1)); reply != nil {
 			_ = m.Respond(reply)
-			return
 		}
-		_ = m.Respond([]byte(`{"messages":[]}`))
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return fake, space, msg, reqs
+	return fake, space, reqs
 }
 
 // workerOnFake starts a worker of queue q, polling without waiting, on a client whose requests time
@@ -699,24 +704,16 @@ func leasedReply(t *testing.T, leased time.Time) (subjects.Message, []byte) {
 func TestWorkerDequeueOfUnknownOutcome(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	space, _ := subjects.NewSpace("")
-	fake := srv.Connect(t)
-	reqs := make(chan subjects.DequeueRequest, 16)
-	var n atomic.Int32
 	_, reply := leasedReply(t, time.Now().Add(-time.Minute))
-	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
-		reqs <- decode[subjects.DequeueRequest](t, m.Data)
-		switch n.Add(1) {
+	fake, space, reqs := fakeDequeues(t, srv, func(n int32) []byte {
+		switch n {
 		case 1, 2:
-			_ = m.Respond([]byte(`{"error":{"code":"unavailable","message":"storage did not take the leases; retry"}}`))
+			return []byte(`{"error":{"code":"unavailable","message":"storage did not take the leases; retry"}}`)
 		case 3:
-			_ = m.Respond(reply)
-		default:
-			_ = m.Respond([]byte(`{"messages":[]}`))
+			return reply
 		}
-	}); err != nil {
-		t.Fatal(err)
-	}
+		return []byte(`{"messages":[]}`)
+	})
 	extended := make(chan subjects.ExtendRequest, 16)
 	if _, err := fake.Subscribe(space.Subject(subjects.OpExtend, "q"), func(m *nats.Msg) {
 		extended <- decode[subjects.ExtendRequest](t, m.Data)
