@@ -132,12 +132,12 @@ func (q *queue) dequeue(ctx context.Context, r subjects.DequeueRequest) ([]subje
 	if err != nil {
 		return nil, err
 	}
-	return q.leaseBest(ctx, r, filter, nil)
+	return q.leaseBest(ctx, r, filter, nil, 0)
 }
 
 // leaseBest is dequeue once r is validated (with its defaults) and its filter built; s is the settle
-// whose next it is, if any.
-func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter index.Filter, s *settledAs) ([]subjects.Message, error) {
+// whose next it is, if any, and taken what the settle's message takes of the reply.
+func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter index.Filter, s *settledAs, taken int) ([]subjects.Message, error) {
 	q.mu.Lock()
 	if err := q.usable(); err != nil {
 		q.mu.Unlock()
@@ -174,7 +174,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		}()
 	}
 
-	es := q.pending.Pop(filter, q.fitting(filter, r.Batch))
+	es := q.pending.Pop(filter, q.fitting(filter, r.Batch, taken))
 	if len(es) == 0 && r.WaitMS > 0 {
 		es = q.wait(ctx, filter, r.Batch, time.Duration(r.WaitMS)*time.Millisecond)
 		// The entries were reserved for this waiter (busy) when they were popped; take the
@@ -250,28 +250,29 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 }
 
 // replyRoom is what a reply's messages or events leave of the server's max_payload for the rest of
-// it: its headers, and a settle's message beside its next (whose metadata may take 40 KiB).
-const replyRoom = 64 << 10
+// it: its headers and its JSON around them.
+const replyRoom = 4 << 10
 
 // replyBudget is how many bytes the messages or events of one reply may take: the server drops a
 // reply over its max_payload (1 MiB by default).
 func (b *Broker) replyBudget() int { return int(b.cfg.Conn.MaxPayload()) - replyRoom }
 
-// fitting returns how many of the n best pending messages matching f one reply can carry: n, unless
-// their shares of the reply (replyShare) would add up to more than the server takes (max_payload, 1 MiB by
-// default), which would drop the reply and leave the leases to run out unseen. Then as many as fit,
-// and always one. Called with q.mu held.
-func (q *queue) fitting(f index.Filter, n int) int {
+// fitting returns how many of the n best pending messages matching f one reply can carry beside
+// taken bytes of it (a settle's message, before its next's): n, unless their shares of the reply
+// (replyShare) would add up to more than the server takes (max_payload, 1 MiB by default), which
+// would drop the reply and leave the leases to run out unseen. Then as many as fit, and always one:
+// an enqueue refuses a message that does not fit alone. Called with q.mu held.
+func (q *queue) fitting(f index.Filter, n, taken int) int {
 	if n <= 1 {
 		return n
 	}
-	budget := q.b.replyBudget()
+	budget := q.b.replyBudget() - taken
 	if n*q.widest <= budget {
 		return n // the common case: no walk
 	}
 	size := 0
 	for i, e := range q.pending.Peek(f, n) {
-		size += replyShare(len(q.name), len(e.ID), e.PayloadSize(), e.extra().Metadata)
+		size += replyShare(q.name, e.ID, e.PayloadSize(), e.extra().Metadata)
 		if size > budget {
 			return max(i, 1)
 		}
@@ -279,17 +280,21 @@ func (q *queue) fitting(f index.Filter, n int) int {
 	return n
 }
 
-// replyShare estimates what a message adds to a reply: its id, queue name and metadata as JSON strings
-// (at 6/5 their size, for escapes), its payload at 3/2 (base64 makes it 4/3 when it is not UTF-8;
-// a UTF-8 payload is written as a JSON string, which escapes are rare in), and 512 bytes of fields.
-// It is an estimate, not a bound: JSON writes a control character, <, > and & as six bytes each.
-func replyShare(queueLen, idLen, payloadSize int, metadata map[string]string) int {
-	n := 512 + (queueLen+idLen)*6/5 + payloadSize*3/2
+// replyShare is the most a message adds to a reply (subjects.AppendMessage): its id, queue name and
+// metadata as JSON strings, its payload as JSON at its largest (subjects.MaxPayloadJSON), a comma, and
+// fixedShare for the rest. FuzzReplyShare checks that it is a bound.
+func replyShare(queue, id string, payloadSize int, metadata map[string]string) int {
+	n := fixedShare + subjects.StringLen(queue) + subjects.StringLen(id) + subjects.MaxPayloadJSON(payloadSize)
 	for k, v := range metadata {
-		n += (len(k) + len(v) + 6) * 6 / 5
+		n += subjects.StringLen(k) + subjects.StringLen(v) + 2 // the colon, and the comma between pairs
 	}
 	return n
 }
+
+// fixedShare bounds what a message's JSON holds beside its id, queue name, metadata pairs and payload:
+// the field names (the longer payload_base64's), the state, the numbers at their longest, the lease id
+// and the times, about 460 bytes.
+const fixedShare = 512
 
 // leaseMS picks a lease duration: the request's, else the message's own, else the queue's.
 func (q *queue) leaseMS(requested int64, e *entry) int64 {
@@ -348,7 +353,7 @@ func (q *queue) serveWaiters() {
 			kept = append(kept, q.waiters[i:]...)
 			break
 		}
-		if es := q.pending.Pop(w.filter, q.fitting(w.filter, w.n)); len(es) > 0 {
+		if es := q.pending.Pop(w.filter, q.fitting(w.filter, w.n, 0)); len(es) > 0 {
 			// Reserved until the waiter's goroutine takes them: nothing else may write them
 			// (a cancel) or offer them to another dequeue meanwhile.
 			for _, e := range es {

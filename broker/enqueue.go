@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/natstone/natstone/kv"
@@ -21,14 +22,19 @@ type enqueued struct {
 	body    kv.Write // the payload write in flight
 }
 
-// validateEnqueue checks every message of a request against the queue's config and builds its
-// record; a message without a client id gets its id later, under the queue's lock. Nothing is
-// written unless every message is valid. A batch's error names the message: messages[i].
-func validateEnqueue(cfg *subjects.QueueConfig, reqs []subjects.EnqueueRequest, now int64) ([]*enqueued, error) {
+// validateEnqueue checks every message of a request to queue against the queue's config and builds
+// its record; a message without a client id gets its id later, under the queue's lock. budget is
+// what a reply may carry (Broker.replyBudget): a message that would not fit in a dequeue's reply
+// alone could never be delivered. Nothing is written unless every message is valid. A batch's
+// error names the message: messages[i].
+func validateEnqueue(cfg *subjects.QueueConfig, queue string, budget int, reqs []subjects.EnqueueRequest, now int64) ([]*enqueued, error) {
 	out := make([]*enqueued, len(reqs))
 	seen := make(map[string]int, len(reqs))
 	for i := range reqs {
 		m, err := validateMessage(cfg, &reqs[i], now)
+		if err == nil {
+			err = fitsReply(queue, budget, &m.rec)
+		}
 		if err != nil {
 			var e *subjects.Error
 			if len(reqs) > 1 && errors.As(err, &e) {
@@ -108,6 +114,22 @@ func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now 
 	return m, nil
 }
 
+// generatedIDLen is the length of the ids the broker gives messages (NUIDs).
+const generatedIDLen = 22
+
+// fitsReply checks that the message of r, alone, fits in a dequeue's reply within budget.
+func fitsReply(queue string, budget int, r *kv.Record) error {
+	id := r.ID
+	if id == "" {
+		id = strings.Repeat("x", generatedIDLen)
+	}
+	if share := replyShare(queue, id, r.PayloadSize, r.Metadata); share > budget {
+		return subjects.Errorf(subjects.CodePayloadTooLarge,
+			"a dequeue's reply would carry this message in up to %d bytes, and the NATS server's max_payload leaves %d: send a smaller payload or metadata, or raise max_payload", share, budget)
+	}
+	return nil
+}
+
 // checkRange checks that a millisecond field lies in [min, max].
 func checkRange(field string, v, min int64, max time.Duration) error {
 	if v < min || v > max.Milliseconds() {
@@ -132,7 +154,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	now := q.now()
 	q.mu.Unlock()
 	// Validation is pure and, for a batch of a thousand, not free: not under the queue's lock.
-	ms, err := validateEnqueue(&cfg, reqs, now)
+	ms, err := validateEnqueue(&cfg, q.name, q.b.replyBudget(), reqs, now)
 	if err != nil {
 		return nil, err
 	}

@@ -183,7 +183,7 @@ func (q *queue) setRecord(e *entry, r *kv.Record) {
 
 // setItem sets e's index item from r.
 func (q *queue) setItem(e *entry, r *kv.Record) {
-	q.widest = max(q.widest, replyShare(len(q.name), len(r.ID), r.PayloadSize, r.Metadata))
+	q.widest = max(q.widest, replyShare(q.name, r.ID, r.PayloadSize, r.Metadata))
 	e.Priority = r.Priority
 	e.Seq = r.BodySeq
 	var meta []index.Pair

@@ -39,7 +39,13 @@ type env struct {
 // setup starts a server and a broker; mod may adjust the broker config before it starts.
 func setup(t *testing.T, mod ...func(*broker.Config)) *env {
 	t.Helper()
-	e := &env{t: t, srv: natstest.Start(t, nil), clk: clock.NewFake(t0)}
+	return setupOn(t, nil, mod...)
+}
+
+// setupOn is setup on a server started with opts.
+func setupOn(t *testing.T, opts *natstest.Options, mod ...func(*broker.Config)) *env {
+	t.Helper()
+	e := &env{t: t, srv: natstest.Start(t, opts), clk: clock.NewFake(t0)}
 	e.nc = e.srv.Connect(t)
 	e.cfg = broker.Config{
 		Conn:   e.srv.Connect(t),

@@ -299,7 +299,7 @@ func (q *queue) andNext(ctx context.Context, k settleKey, next *subjects.Dequeue
 	if r.RequestID != "" {
 		s = newSettledAs(k, &m)
 	}
-	msgs, err := q.leaseBest(ctx, r, filter, s)
+	msgs, err := q.leaseBest(ctx, r, filter, s, replyShare(q.name, m.ID, 0, m.Metadata))
 	return q.settleReply(m, msgs, err), nil
 }
 

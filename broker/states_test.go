@@ -13,6 +13,7 @@ import (
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // TestStateDiagram walks every transition of Timestone's figure 4 (and release, our addition).
@@ -490,5 +491,67 @@ func TestDequeueReplyFitsMaxPayload(t *testing.T) {
 	must[subjects.QueueInfo](e, subjects.OpUpdate, "lowered", subjects.UpdateQueueRequest{MaxPayloadBytes: ptr(subjects.DefaultMaxPayloadBytes)})
 	if n := len(e.dequeue("lowered", subjects.DequeueRequest{Batch: 15})); n < 2 || n > 9 {
 		t.Fatalf("leased %d messages of 100 KiB in one reply, want as many as fit in 1 MiB", n)
+	}
+}
+
+// escapedMetadata is as much metadata as a queue takes by default, of the character that JSON
+// escapes grow the most among those metadata may hold: the quote, two bytes each.
+func escapedMetadata() map[string]string {
+	md := make(map[string]string, subjects.DefaultMaxMetadataPairs)
+	for k := range subjects.DefaultMaxMetadataPairs {
+		md[fmt.Sprintf("k%d", k)] = strings.Repeat(`"`, subjects.MaxMetadataValueLen)
+	}
+	return md
+}
+
+// TestReplyFitsWhateverTheEscapes: payloads and metadata that JSON escapes grow the most — bytes that
+// are valid UTF-8 but control characters, six bytes each in a JSON string, and quotes — still come
+// in a reply the server takes: such a payload comes as payload_base64, and a reply carries as many
+// messages as are sure to fit. So does a settle's next, beside the settled message.
+func TestReplyFitsWhateverTheEscapes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	nuls := []byte(strings.Repeat("\x00", subjects.DefaultMaxPayloadBytes))
+	for i := range 40 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprintf("m%02d", i), PayloadBase64: nuls, Metadata: escapedMetadata()})
+	}
+	first := e.dequeue("q", subjects.DequeueRequest{Batch: 40})
+	if n := len(first); n < 2 || n >= 20 {
+		t.Fatalf("leased %d messages of 32 KiB of NULs in one reply, want as many as fit in 1 MiB", n)
+	}
+	if c := e.depth("q", nil); c.Running != len(first) {
+		t.Fatalf("depth %+v after a reply of %d: a message was leased that the reply does not carry", c, len(first))
+	}
+	for _, m := range first {
+		if m.Payload != nil || string(m.PayloadBase64) != string(nuls) {
+			t.Fatalf("%s: payload %.20q, base64 %d bytes: want the NULs as payload_base64", m.ID, m.PayloadBytes(), len(m.PayloadBase64))
+		}
+	}
+	r := settleNext(e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: first[0].ID, LeaseID: first[0].LeaseID,
+		Next: &subjects.DequeueRequest{Batch: 40}})
+	if r.Next.Error != nil || len(r.Next.Messages) < 2 || len(r.Next.Messages) >= len(first)+1 {
+		t.Fatalf("complete with next: %d messages (%v), want as many as fit beside the completed one", len(r.Next.Messages), r.Next.Error)
+	}
+	if c := e.depth("q", nil); c.Running != len(first)-1+len(r.Next.Messages) {
+		t.Fatalf("depth %+v after a next of %d: a message was leased that the reply does not carry", c, len(r.Next.Messages))
+	}
+}
+
+// TestEnqueueRefusesWhatNoReplyCarries: on a server with a small max_payload, a message that a
+// dequeue's reply could not carry even alone is refused (payload_too_large): it could never be
+// delivered. Nothing is written, not even the queue the enqueue would have created.
+func TestEnqueueRefusesWhatNoReplyCarries(t *testing.T) {
+	t.Parallel()
+	e := setupOn(t, &natstest.Options{MaxPayload: 64 << 10})
+	payload := strings.Repeat("x", subjects.DefaultMaxPayloadBytes)
+	err := fails(e, subjects.CodePayloadTooLarge, subjects.OpEnqueue, "q", subjects.EnqueueRequest{ID: "big", Payload: payload, Metadata: escapedMetadata()})
+	if !strings.Contains(err.Message, "max_payload") {
+		t.Errorf("the error does not name max_payload: %s", err.Message)
+	}
+	fails(e, subjects.CodeQueueNotFound, subjects.OpInfo, "q", nil)
+	// Without the metadata it fits, and comes back whole.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "fits", Payload: payload})
+	if m := e.dequeueOne("q"); m.ID != "fits" || m.Payload == nil || *m.Payload != payload {
+		t.Fatalf("dequeued %s with a payload of %d bytes, want fits with %d", m.ID, len(m.PayloadBytes()), len(payload))
 	}
 }

@@ -254,7 +254,7 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	budget, size := q.b.replyBudget(), 0
 	for i, e := range found {
 		// No more than the server takes in one reply (max_payload): large metadata can fill it.
-		if size += replyShare(len(q.name), len(e.ID), 0, e.extra().Metadata); size > budget && i > 0 {
+		if size += replyShare(q.name, e.ID, 0, e.extra().Metadata); size > budget && i > 0 {
 			reply.More = true
 			break
 		}

@@ -120,15 +120,24 @@ func (r *EnqueueRequest) PayloadBytes() ([]byte, error) {
 	return r.PayloadBase64, nil
 }
 
-// SetPayload stores p in m as Payload when it is valid UTF-8, else as PayloadBase64.
+// SetPayload stores p in m as Payload, a JSON string, when p is valid UTF-8 that JSON escapes grow by
+// no more than MaxPayloadJSON allows; else as PayloadBase64. Text, JSON and HTML stay readable, while
+// bytes that happen to be UTF-8 but are mostly control characters (six bytes each in a JSON string,
+// as in many protobuf messages) go as base64, so that no payload takes more than MaxPayloadJSON of
+// its size in a reply.
 func (m *Message) SetPayload(p []byte) {
 	if utf8.Valid(p) {
-		s := string(p)
-		m.Payload, m.PayloadBase64 = &s, nil
-		return
+		if s := string(p); StringLen(s) <= MaxPayloadJSON(len(p)) {
+			m.Payload, m.PayloadBase64 = &s, nil
+			return
+		}
 	}
 	m.Payload, m.PayloadBase64 = nil, p
 }
+
+// MaxPayloadJSON is the most a payload of n bytes takes in a reply, quotes included (SetPayload): half
+// again its size, and 18 bytes, enough for short strings of quotes and for base64's padding.
+func MaxPayloadJSON(n int) int { return n + n/2 + 18 }
 
 // PayloadBytes returns the payload carried by m (nil if it carries none).
 func (m *Message) PayloadBytes() []byte {

@@ -40,7 +40,7 @@ func AppendEvent(b []byte, e *Event) ([]byte, error) {
 	b = strconv.AppendInt(b, e.Priority, 10)
 	if len(e.Metadata) > 0 {
 		b = append(b, `,"metadata":`...)
-		b = appendStringMap(b, e.Metadata)
+		b = appendStringMap(b, e.Metadata, &htmlSafe)
 	}
 	if e.PayloadSize != 0 {
 		b = append(b, `,"payload_size":`...)

@@ -7,10 +7,13 @@ import (
 )
 
 // The JSON writers that AppendMessage, AppendEvent and kv.EncodeLock share: each writes what
-// encoding/json would, without reflection.
+// encoding/json would, without reflection. Events and locks are written as json.Marshal writes them,
+// with <, > and & escaped for HTML; messages (replies) as a json.Encoder with SetEscapeHTML(false)
+// writes them, which leaves HTML and XML payloads readable and no larger than escapes must make them.
 
-// appendStringMap appends m as a JSON object the way encoding/json writes it: keys sorted.
-func appendStringMap(b []byte, m map[string]string) []byte {
+// appendStringMap appends m as a JSON object the way encoding/json writes it: keys sorted. safe is
+// htmlSafe or textSafe.
+func appendStringMap(b []byte, m map[string]string, safe *[utf8.RuneSelf]bool) []byte {
 	var stack [16]string
 	keys := stack[:0]
 	for k := range m {
@@ -22,32 +25,41 @@ func appendStringMap(b []byte, m map[string]string) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = AppendString(b, k)
+		b = appendString(b, k, safe)
 		b = append(b, ':')
-		b = AppendString(b, m[k])
+		b = appendString(b, m[k], safe)
 	}
 	return append(b, '}')
 }
 
-// jsonSafe holds the ASCII bytes encoding/json writes as they are: printable, DEL too, but for the
-// quote, the backslash and <, > and & (escaped for HTML).
-var jsonSafe = func() (t [utf8.RuneSelf]bool) {
-	for c := range t {
-		t[c] = c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+// htmlSafe holds the ASCII bytes json.Marshal writes as they are: printable, DEL too, but for the
+// quote, the backslash and <, > and & (escaped for HTML). textSafe holds those a json.Encoder with
+// SetEscapeHTML(false) writes as they are: <, > and & too.
+var htmlSafe, textSafe = func() (html, text [utf8.RuneSelf]bool) {
+	for c := range html {
+		text[c] = c >= 0x20 && c != '"' && c != '\\'
+		html[c] = text[c] && c != '<' && c != '>' && c != '&'
 	}
-	return t
+	return html, text
 }()
 
-// AppendString appends s as a JSON string the way encoding/json writes it: with <, > and & escaped
+// AppendString appends s as a JSON string the way json.Marshal writes it: with <, > and & escaped
 // for HTML, each invalid UTF-8 byte replaced by U+FFFD, and U+2028 and U+2029 escaped. Encoders that
 // write JSON directly use it for their strings.
-func AppendString(b []byte, s string) []byte {
+func AppendString(b []byte, s string) []byte { return appendString(b, s, &htmlSafe) }
+
+// appendText appends s as a JSON string the way a json.Encoder with SetEscapeHTML(false) writes it:
+// as AppendString does, but for <, > and &, which it writes as they are.
+func appendText(b []byte, s string) []byte { return appendString(b, s, &textSafe) }
+
+// appendString appends s as a JSON string, writing the ASCII bytes that safe holds as they are.
+func appendString(b []byte, s string, safe *[utf8.RuneSelf]bool) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); {
 		if c := s[i]; c < utf8.RuneSelf {
-			if jsonSafe[c] {
+			if safe[c] {
 				i++
 				continue
 			}
@@ -89,6 +101,36 @@ func AppendString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+// StringLen returns what s takes in a message's JSON (AppendMessage), quotes included, without
+// writing it.
+func StringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case textSafe[c]:
+				n++
+			case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			default:
+				n += 6
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1, r == '\u2028', r == '\u2029':
+			n += 6
+		default:
+			n += size
+		}
+		i += size
+	}
+	return n
 }
 
 // plainTime reports whether t is a UTC time whose RFC 3339 form time.Time's MarshalJSON accepts

@@ -1,35 +1,37 @@
 package subjects
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"strconv"
 )
 
-// AppendMessage appends the JSON of m to b: the same bytes as json.Marshal(m). The broker answers
-// every dequeue and every complete with messages, so this is on its busiest path; it writes them
-// directly when every time in m is a UTC time with a four-digit year (the broker's always are) and
-// goes through encoding/json otherwise. FuzzAppendMessage checks that both agree.
+// AppendMessage appends the JSON of m to b: the same bytes as a json.Encoder with
+// SetEscapeHTML(false) writes (without its newline), so that <, > and & in payloads and metadata
+// take one byte each, not six. The broker answers every dequeue and every complete with messages,
+// so this is on its busiest path; it writes them directly when every time in m is a UTC time with
+// a four-digit year (the broker's always are) and goes through encoding/json otherwise.
+// FuzzAppendMessage checks that both agree.
 func AppendMessage(b []byte, m *Message) ([]byte, error) {
 	if !m.plain() {
-		data, err := json.Marshal(m)
-		return append(b, data...), err
+		return appendMarshal(b, m)
 	}
 	b = append(b, `{"id":`...)
-	b = AppendString(b, m.ID)
+	b = appendText(b, m.ID)
 	b = append(b, `,"queue":`...)
-	b = AppendString(b, m.Queue)
+	b = appendText(b, m.Queue)
 	b = append(b, `,"state":`...)
-	b = AppendString(b, string(m.State))
+	b = appendText(b, string(m.State))
 	b = append(b, `,"priority":`...)
 	b = strconv.AppendInt(b, m.Priority, 10)
 	if len(m.Metadata) > 0 {
 		b = append(b, `,"metadata":`...)
-		b = appendStringMap(b, m.Metadata)
+		b = appendStringMap(b, m.Metadata, &textSafe)
 	}
 	if m.Payload != nil {
 		b = append(b, `,"payload":`...)
-		b = AppendString(b, *m.Payload)
+		b = appendText(b, *m.Payload)
 	}
 	if len(m.PayloadBase64) > 0 {
 		b = append(b, `,"payload_base64":"`...)
@@ -44,7 +46,7 @@ func AppendMessage(b []byte, m *Message) ([]byte, error) {
 	b = strconv.AppendInt(b, int64(m.AttemptsLeft), 10)
 	if m.LeaseID != "" {
 		b = append(b, `,"lease_id":`...)
-		b = AppendString(b, m.LeaseID)
+		b = appendText(b, m.LeaseID)
 	}
 	if m.LeaseExpiresAt != nil {
 		b = append(b, `,"lease_expires_at":`...)
@@ -63,7 +65,7 @@ func AppendMessage(b []byte, m *Message) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// AppendDequeueReply appends the JSON of r to b, as json.Marshal(r) would; see AppendMessage.
+// AppendDequeueReply appends the JSON of r to b, as AppendMessage writes messages.
 func AppendDequeueReply(b []byte, r *DequeueReply) ([]byte, error) {
 	if r.Messages == nil {
 		return append(b, `{"messages":null}`...), nil
@@ -81,11 +83,10 @@ func AppendDequeueReply(b []byte, r *DequeueReply) ([]byte, error) {
 	return append(b, "]}"...), nil
 }
 
-// AppendSettleReply appends the JSON of r to b, as json.Marshal(r) would; see AppendMessage.
+// AppendSettleReply appends the JSON of r to b, as AppendMessage writes messages.
 func AppendSettleReply(b []byte, r *SettleReply) ([]byte, error) {
 	if !r.plain() || r.Next == nil || r.Next.Messages == nil || r.Next.Error != nil {
-		data, err := json.Marshal(r) // rare: only a failed next has an error
-		return append(b, data...), err
+		return appendMarshal(b, r) // rare: only a failed next has an error
 	}
 	b, err := AppendMessage(b, &r.Message)
 	if err != nil {
@@ -96,6 +97,17 @@ func AppendSettleReply(b []byte, r *SettleReply) ([]byte, error) {
 		return b, err
 	}
 	return append(b, '}'), nil
+}
+
+// appendMarshal appends v as a json.Encoder with SetEscapeHTML(false) writes it, without its newline.
+func appendMarshal(b []byte, v any) ([]byte, error) {
+	buf := bytes.NewBuffer(b)
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return b, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // plain reports whether AppendMessage can write m directly: its times are plainTime.

@@ -1,7 +1,9 @@
 package subjects_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +21,17 @@ func leasedMessage() subjects.Message {
 		UpdatedAt: time.UnixMilli(1_790_000_000_123).UTC()}
 }
 
-// FuzzAppendMessage holds AppendMessage, AppendDequeueReply and AppendSettleReply to json.Marshal:
+// marshalText is what AppendMessage, AppendDequeueReply and AppendSettleReply must write: v as a
+// json.Encoder with SetEscapeHTML(false) writes it, without its newline.
+func marshalText(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(v)
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), err
+}
+
+// FuzzAppendMessage holds AppendMessage, AppendDequeueReply and AppendSettleReply to marshalText:
 // the same bytes for every message, whether it takes the direct path or falls back.
 func FuzzAppendMessage(f *testing.F) {
 	f.Add("01JD42", "orders", "running", "region", "eu", "hello", []byte(nil), "L1", uint64(3), 1, 2, int64(-5),
@@ -66,10 +78,10 @@ func FuzzAppendMessage(f *testing.F) {
 				m.Metadata[mk+string(rune('a'+i))] = mv
 			}
 		}
-		want, wantErr := json.Marshal(&m)
+		want, wantErr := marshalText(&m)
 		got, err := subjects.AppendMessage([]byte("prefix"), &m)
 		if (err == nil) != (wantErr == nil) {
-			t.Fatalf("error %v, json.Marshal says %v", err, wantErr)
+			t.Fatalf("error %v, marshalText says %v", err, wantErr)
 		}
 		if err == nil && string(got) != "prefix"+string(want) {
 			t.Fatalf("\n got %s\nwant prefix%s", got, want)
@@ -79,10 +91,10 @@ func FuzzAppendMessage(f *testing.F) {
 		if flags&0x20 != 0 {
 			r.Messages = r.Messages[:0]
 		}
-		want, wantErr = json.Marshal(&r)
+		want, wantErr = marshalText(&r)
 		got, err = subjects.AppendDequeueReply(nil, &r)
 		if (err == nil) != (wantErr == nil) {
-			t.Fatalf("reply: error %v, json.Marshal says %v", err, wantErr)
+			t.Fatalf("reply: error %v, marshalText says %v", err, wantErr)
 		}
 		if err == nil && string(got) != string(want) {
 			t.Fatalf("reply:\n got %s\nwant %s", got, want)
@@ -94,10 +106,10 @@ func FuzzAppendMessage(f *testing.F) {
 			s = subjects.SettleReply{Message: m, Next: &subjects.NextReply{Messages: []subjects.Message{},
 				Error: subjects.Errorf(subjects.CodeQueueBlocked, "%s", payload)}}
 		}
-		want, wantErr = json.Marshal(&s)
+		want, wantErr = marshalText(&s)
 		got, err = subjects.AppendSettleReply([]byte("prefix"), &s)
 		if (err == nil) != (wantErr == nil) {
-			t.Fatalf("settle: error %v, json.Marshal says %v", err, wantErr)
+			t.Fatalf("settle: error %v, marshalText says %v", err, wantErr)
 		}
 		if err == nil && string(got) != "prefix"+string(want) {
 			t.Fatalf("settle:\n got %s\nwant prefix%s", got, want)
@@ -110,7 +122,7 @@ func FuzzAppendMessage(f *testing.F) {
 // per message).
 func TestAppendMessageDirect(t *testing.T) {
 	r := subjects.DequeueReply{Messages: []subjects.Message{leasedMessage()}}
-	want, err := json.Marshal(&r)
+	want, err := marshalText(&r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,4 +159,78 @@ func BenchmarkAppendMessage(b *testing.B) {
 			_, _ = json.Marshal(&m)
 		}
 	})
+}
+
+// FuzzStringLen holds StringLen to what a message's JSON holds for a string (marshalText's).
+func FuzzStringLen(f *testing.F) {
+	for _, s := range []string{"", "plain", "é<&>\"\\\n\x00\x1f\x7f", "\u2028\u2029", "\xff\xfe", "a\xe2\x80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want, err := marshalText(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := subjects.StringLen(s); got != len(want) {
+			t.Fatalf("StringLen(%q) = %d, the JSON is %d bytes: %s", s, got, len(want), want)
+		}
+	})
+}
+
+// FuzzSetPayloadBound checks that no payload takes more than MaxPayloadJSON of its size in a reply,
+// whichever form SetPayload picks, and that the form carries the payload back.
+func FuzzSetPayloadBound(f *testing.F) {
+	for _, p := range []string{"", "\"\"", "hello", `{"a":"b","c":[1,2]}`, "<p>a &amp; b</p>", "\x00\x00\x00\x00", "\x08\x96\x01\x12\x04abcd", "\xff"} {
+		f.Add([]byte(p))
+	}
+	f.Fuzz(func(t *testing.T, p []byte) {
+		var m subjects.Message
+		m.SetPayload(p)
+		with, err := subjects.AppendMessage(nil, &m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Payload, m.PayloadBase64 = nil, nil
+		without, err := subjects.AppendMessage(nil, &m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The field's name, `,"payload_base64":` at most, is the reply's to count (18 bytes).
+		if grew := len(with) - len(without) - 18; grew > subjects.MaxPayloadJSON(len(p)) {
+			t.Fatalf("a payload of %d bytes took %d in the reply, over MaxPayloadJSON's %d", len(p), grew, subjects.MaxPayloadJSON(len(p)))
+		}
+		var back subjects.Message
+		if err := json.Unmarshal(with, &back); err != nil {
+			t.Fatal(err)
+		}
+		if got := back.PayloadBytes(); string(got) != string(p) {
+			t.Fatalf("the reply carries %q, want %q", got, p)
+		}
+	})
+}
+
+func TestSetPayloadForm(t *testing.T) {
+	for _, c := range []struct {
+		payload string
+		text    bool
+	}{
+		{"hello, world", true},
+		{`{"order":42,"lines":[{"sku":"a","n":1},{"sku":"b","n":2}]}`, true},
+		{`<ul><li class="x">a &amp; b</li><li>c</li></ul>`, true},
+		{"line one\nline two\ttabbed\r\n", true},
+		{"", true},
+		{`""`, true},
+		{strings.Repeat("\x00", 64), false},                        // valid UTF-8, six bytes each as JSON
+		{"\x08\x96\x01\x12\x07testing\x1a\x03\x08\x01\x10", false}, // invalid UTF-8 (a protobuf)
+		{"\x08\x01\x12\x02ab\x1a\x02\x08\x01\x20\x05", false},      // valid UTF-8, mostly control bytes (a protobuf)
+	} {
+		var m subjects.Message
+		m.SetPayload([]byte(c.payload))
+		if text := m.Payload != nil; text != c.text {
+			t.Errorf("SetPayload(%q): as a JSON string %v, want %v", c.payload, text, c.text)
+		}
+		if got := string(m.PayloadBytes()); got != c.payload {
+			t.Errorf("SetPayload(%q) carries %q", c.payload, got)
+		}
+	}
 }

@@ -27,6 +27,9 @@ type Options struct {
 	// StoreDir is the JetStream store directory. If empty, Start uses
 	// t.TempDir(). Set it to start a server on an existing store.
 	StoreDir string
+	// MaxPayload is the largest message the server takes (server option
+	// max_payload). Zero: the server's default, 1 MiB.
+	MaxPayload int32
 }
 
 // Server is a running in-process nats-server with JetStream.
@@ -52,7 +55,7 @@ func Start(t testing.TB, opts *Options) *Server {
 	if o.StoreDir == "" {
 		o.StoreDir = t.TempDir()
 	}
-	return start(t, &server.Options{StoreDir: o.StoreDir, SyncAlways: o.SyncAlways}, server.RANDOM_PORT)
+	return start(t, &server.Options{StoreDir: o.StoreDir, SyncAlways: o.SyncAlways, MaxPayload: o.MaxPayload}, server.RANDOM_PORT)
 }
 
 // start runs a server on 127.0.0.1 with JetStream and opts on client port (RANDOM_PORT for any
