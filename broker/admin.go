@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -328,22 +330,49 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 	return subjects.DeleteReply{Name: q.name, Messages: n}, nil
 }
 
-// list describes every queue, by name.
-func (b *Broker) list() subjects.ListReply {
+// list describes the queues after r.After, by name: at most r.Limit, and no more than one reply
+// carries (replyBudget), with More set when some were left out.
+func (b *Broker) list(r subjects.ListRequest) (subjects.ListReply, error) {
+	if r.After != "" {
+		if subjects.ValidateQueueName(r.After) != nil {
+			return subjects.ListReply{}, subjects.Errorf(subjects.CodeInvalidQueueName, "after must be a queue name (1 to %d characters of A-Z a-z 0-9 _ -), got %q", subjects.MaxQueueNameLen, r.After)
+		}
+	}
+	limit := cmp.Or(r.Limit, subjects.MaxListLimit)
+	if limit < 1 || limit > subjects.MaxListLimit {
+		return subjects.ListReply{}, subjects.Errorf(subjects.CodeOutOfRange, "limit must be 1 to %d, got %d", subjects.MaxListLimit, limit)
+	}
 	b.mu.Lock()
 	qs := make([]*queue, 0, len(b.queues))
-	for _, q := range b.queues {
-		qs = append(qs, q)
+	for name, q := range b.queues {
+		if name > r.After {
+			qs = append(qs, q)
+		}
 	}
 	b.mu.Unlock()
 	slices.SortFunc(qs, func(a, b *queue) int { return strings.Compare(a.name, b.name) })
-	out := subjects.ListReply{Queues: make([]subjects.QueueInfo, 0, len(qs))}
+	out := subjects.ListReply{Queues: make([]subjects.QueueInfo, 0, min(len(qs), limit))}
+	budget, size := b.replyBudget(), 0
 	for _, q := range qs {
 		q.mu.Lock()
-		if q.usable() == nil {
-			out.Queues = append(out.Queues, q.info())
+		var info subjects.QueueInfo
+		usable := q.usable() == nil
+		if usable {
+			info = q.info()
 		}
 		q.mu.Unlock()
+		if !usable {
+			continue
+		}
+		data, err := json.Marshal(&info)
+		if err != nil {
+			return subjects.ListReply{}, err
+		}
+		if size += len(data) + 1; len(out.Queues) == limit || size > budget && len(out.Queues) > 0 {
+			out.More = true
+			break
+		}
+		out.Queues = append(out.Queues, info)
 	}
-	return out
+	return out, nil
 }

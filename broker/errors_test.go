@@ -258,8 +258,8 @@ func TestErrMalformedJSON(t *testing.T) {
 	}
 }
 
-// TestErrListMalformedBody: list takes no body; a malformed one is a bad request like for info and
-// delete, which take none either.
+// TestErrListMalformedBody: list takes an optional body (after, limit); a malformed one, or one with
+// fields list does not know, is a bad request.
 func TestErrListMalformedBody(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -129,10 +129,11 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 	data := req.Data
 	switch op {
 	case subjects.OpList:
-		if err := subjects.Decode(data, &struct{}{}); err != nil {
+		var r subjects.ListRequest
+		if err := subjects.Decode(data, &r); err != nil {
 			return nil, err
 		}
-		return b.list(), nil
+		return b.list(r)
 	case subjects.OpCreate:
 		var r subjects.CreateQueueRequest
 		if err := subjects.Decode(data, &r); err != nil {

@@ -2,12 +2,14 @@ package broker_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // asyncDequeue sends a dequeue in the background; the returned channel yields its reply.
@@ -450,5 +452,70 @@ func TestRestartHandlesDeadlinesThatPassedWhileDown(t *testing.T) {
 	}
 	if got := e.get("q", "inv").State; got != subjects.StatePending {
 		t.Fatalf("ended window: %s, want pending", got)
+	}
+}
+
+// TestListPages: list returns the queues after `after`, at most `limit` of them, and no more than
+// a reply carries on the server (max_payload, here 16 KiB); more says that some were left out, and
+// listing on from the last name gets each queue once.
+func TestListPages(t *testing.T) {
+	t.Parallel()
+	e := setupOn(t, &natstest.Options{MaxPayload: 16 << 10})
+	var want []string
+	for i := range 120 {
+		name := fmt.Sprintf("q%03d", i)
+		e.create(name, subjects.CreateQueueRequest{})
+		want = append(want, name)
+	}
+	list := func(r *subjects.ListRequest) subjects.ListReply {
+		t.Helper()
+		if r == nil {
+			return must[subjects.ListReply](e, subjects.OpList, "", nil)
+		}
+		return must[subjects.ListReply](e, subjects.OpList, "", r)
+	}
+	names := func(l subjects.ListReply) (out []string) {
+		for _, q := range l.Queues {
+			out = append(out, q.Name)
+		}
+		return out
+	}
+	if l := list(&subjects.ListRequest{Limit: 7}); !slices.Equal(names(l), want[:7]) || !l.More {
+		t.Fatalf("limit 7: %v, more %v", names(l), l.More)
+	}
+	if l := list(&subjects.ListRequest{After: "q115", Limit: 7}); !slices.Equal(names(l), want[116:]) || l.More {
+		t.Fatalf("after q115: %v, more %v; want the last four and no more", names(l), l.More)
+	}
+	if l := list(&subjects.ListRequest{After: "q119"}); len(l.Queues) != 0 || l.More {
+		t.Fatalf("after the last: %v, more %v", names(l), l.More)
+	}
+	// Without a limit, a reply carries what fits in 16 KiB, and says there is more.
+	var got []string
+	first := list(nil)
+	if len(first.Queues) < 10 || len(first.Queues) >= len(want) || !first.More {
+		t.Fatalf("a first reply of %d queues (more %v) on a server that takes 16 KiB", len(first.Queues), first.More)
+	}
+	for l := first; ; {
+		if raw := len(mustJSON(t, l)); raw > 16<<10 {
+			t.Fatalf("a reply of %d bytes", raw)
+		}
+		got = append(got, names(l)...)
+		if !l.More {
+			break
+		}
+		l = list(&subjects.ListRequest{After: got[len(got)-1]})
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("paged through %d queues, want the %d in order: %v", len(got), len(want), got)
+	}
+	for _, bad := range []struct {
+		r    subjects.ListRequest
+		code subjects.Code
+	}{
+		{subjects.ListRequest{Limit: -1}, subjects.CodeOutOfRange},
+		{subjects.ListRequest{Limit: subjects.MaxListLimit + 1}, subjects.CodeOutOfRange},
+		{subjects.ListRequest{After: "a.b"}, subjects.CodeInvalidQueueName},
+	} {
+		fails(e, bad.code, subjects.OpList, "", bad.r)
 	}
 }

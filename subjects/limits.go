@@ -18,6 +18,7 @@ const (
 	MaxBrowseLimit      = 1000      // messages one browse returns
 	MaxExpiringLimit    = 1000      // expiring leases one stats reply lists
 	MaxHistoryLimit     = 10000     // events one history reply returns
+	MaxListLimit        = 10000     // queues one list reply returns
 
 	MinLease          = 100 * time.Millisecond
 	MaxLease          = 24 * time.Hour

@@ -96,9 +96,19 @@ type QueueInfo struct {
 	Counts    Counts      `json:"counts"`
 }
 
-// ListReply is the reply of list.
+// ListRequest is the body of list, all optional: the queues whose names sort after After, at most
+// Limit of them (1 to MaxListLimit; default as many as one reply carries).
+type ListRequest struct {
+	After string `json:"after,omitempty"`
+	Limit int    `json:"limit,omitempty"`
+}
+
+// ListReply is the reply of list. More says that queues after the last were left out (by the
+// request's limit, or to keep the reply within the server's max_payload): list again with after
+// set to the last one's name.
 type ListReply struct {
 	Queues []QueueInfo `json:"queues"`
+	More   bool        `json:"more,omitempty"`
 }
 
 // DeleteReply is the reply of delete.

@@ -716,3 +716,30 @@ func TestConcurrentClient(t *testing.T) {
 		t.Fatalf("depth = %+v, %v", counts, err)
 	}
 }
+
+// TestQueuesPagesThroughLongLists: on a server whose max_payload (16 KiB) holds a few dozen queues per
+// reply, Queues asks as many times as it takes and returns every queue once, in order.
+func TestQueuesPagesThroughLongLists(t *testing.T) {
+	t.Parallel()
+	e := start(t, nil, &natstest.Options{MaxPayload: 16 << 10})
+	c := ctx(t)
+	var want []string
+	for i := range 150 {
+		name := fmt.Sprintf("q%03d", i)
+		if _, err := e.c.CreateQueue(c, name, nil); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, name)
+	}
+	list, err := e.c.Queues(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, q := range list {
+		got = append(got, q.Name)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Queues returned %d: %v, want the %d in order", len(got), got, len(want))
+	}
+}

@@ -38,24 +38,26 @@ type env struct {
 // setup starts a server and a broker on the real clock, and a client.
 func setup(t *testing.T) *env {
 	t.Helper()
-	return start(t, nil)
+	return start(t, nil, nil)
 }
 
 // setupB is setup for a benchmark.
 func setupB(b *testing.B) *env {
 	b.Helper()
-	return start(b, nil)
+	return start(b, nil, nil)
 }
 
 // setupFake starts a server and a broker on a fake clock, and a client.
 func setupFake(t *testing.T) *env {
 	t.Helper()
-	return start(t, clock.NewFake(t0))
+	return start(t, clock.NewFake(t0), nil)
 }
 
-func start(t testing.TB, clk *clock.Fake) *env {
+// start starts a server with opts (nil: the defaults), a broker on clk (nil: the wall clock) and a
+// client.
+func start(t testing.TB, clk *clock.Fake, opts *natstest.Options) *env {
 	t.Helper()
-	e := &env{t: t, srv: natstest.Start(t, nil), clk: clk}
+	e := &env{t: t, srv: natstest.Start(t, opts), clk: clk}
 	cfg := &broker.Config{
 		Conn:          e.srv.Connect(t),
 		MemoryStorage: true,

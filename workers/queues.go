@@ -108,11 +108,20 @@ func (c *Client) DeleteQueue(ctx context.Context, name string) (subjects.DeleteR
 	return r, err
 }
 
-// Queues returns every queue, sorted by name.
+// Queues returns every queue, sorted by name: as many list requests as the replies need (each
+// carries what fits in the server's max_payload).
 func (c *Client) Queues(ctx context.Context) ([]subjects.QueueInfo, error) {
-	var r subjects.ListReply
-	if err := c.request(ctx, subjects.OpList, "", nil, &r); err != nil {
-		return nil, err
+	var all []subjects.QueueInfo
+	var req any // the first request has no body, which a broker of any version takes
+	for {
+		var r subjects.ListReply
+		if err := c.request(ctx, subjects.OpList, "", req, &r); err != nil {
+			return nil, err
+		}
+		all = append(all, r.Queues...)
+		if !r.More || len(r.Queues) == 0 {
+			return all, nil
+		}
+		req = subjects.ListRequest{After: r.Queues[len(r.Queues)-1].Name}
 	}
-	return r.Queues, nil
 }
