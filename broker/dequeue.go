@@ -20,9 +20,9 @@ type waiter struct {
 }
 
 // dequeueRecord remembers what a dequeue with a request id leased, so a retry returns the same leases.
-// Five minutes of them are kept (about 170 bytes each, 300 with a settle), so what only a retry
-// racing the first dequeue needs is made for it: the channel it waits on (a channel each took
-// another 110 bytes).
+// Up to five minutes of them are kept (about 170 bytes each, 300 with a settle; a record goes sooner
+// once a lease of it is used, forgetRequest), so what only a retry racing the first dequeue needs is
+// made for it: the channel it waits on (a channel each took another 110 bytes).
 type dequeueRecord struct {
 	leases   []leaseRef
 	settled  *settledAs    // the settle whose next this dequeue was, if any
@@ -412,9 +412,12 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 }
 
 // RequestIDWindow is how long a dequeue request id is remembered: a retry within it returns the same
-// leases (those still held) instead of leasing more.
+// leases (those still held) instead of leasing more. An id is forgotten sooner once one of its leases
+// is used (forgetRequest).
 const RequestIDWindow = 5 * time.Minute
 
+// expireRequests forgets the request ids older than the window, and drops the stamps of those
+// forgotten sooner once they are most of reqOrder.
 func (q *queue) expireRequests(now int64) {
 	cut := now - RequestIDWindow.Milliseconds()
 	n := 0
@@ -426,6 +429,30 @@ func (q *queue) expireRequests(now int64) {
 	}
 	if n > 0 {
 		q.reqOrder = append(q.reqOrder[:0], q.reqOrder[n:]...)
+	}
+	if len(q.reqOrder) > 64 && len(q.reqOrder) > 4*len(q.requests) {
+		q.reqOrder = slices.DeleteFunc(q.reqOrder, func(st reqStamp) bool { return q.requests[st.id] != st.rec })
+	}
+}
+
+// forgetRequest forgets the request id of the dequeue that took e's current lease, once the lease is
+// used (extended or settled): its holder had that dequeue's reply, so it will not send the dequeue
+// again. A worker pool then keeps an id per lease it holds, not five minutes of every dequeue it made
+// (about 170 bytes each). Called with q.mu held.
+func (q *queue) forgetRequest(e *entry) {
+	x := e.extra()
+	if x.RequestID == "" {
+		return
+	}
+	r := q.requests[x.RequestID]
+	if r == nil || r.inFlight {
+		return
+	}
+	for _, l := range r.leases {
+		if l.e == e && l.leaseID == x.LeaseID {
+			delete(q.requests, x.RequestID)
+			return
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -116,5 +117,43 @@ func TestRetryWaitsForTheFirstDequeue(t *testing.T) {
 	f, r := <-first, <-retry
 	if len(f) != 1 || len(r) != 1 || f[0].ID != "a" || r[0].LeaseID != f[0].LeaseID {
 		t.Fatalf("first %v, retry %v: want one lease of a, the same", f, r)
+	}
+}
+
+// TestUsedLeasesFreeTheirRequestIDs: a worker's cycle — a dequeue with a request id, then a complete
+// whose next carries a new one — keeps one request id per lease held, not one per dequeue of the
+// window, and reqOrder's stamps of forgotten ids are dropped too.
+func TestUsedLeasesFreeTheirRequestIDs(t *testing.T) {
+	_, _, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx := context.Background()
+	const cycles = 2000
+	for range cycles / subjects.MaxEnqueueBatch {
+		batch := make([]subjects.EnqueueRequest, subjects.MaxEnqueueBatch)
+		if _, err := q.enqueue(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r0"})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %v, %v", ms, err)
+	}
+	for i := 1; i < cycles; i++ {
+		m := ms[0]
+		next := subjects.DequeueRequest{RequestID: fmt.Sprintf("r%d", i)}
+		k := settleKey{op: subjects.OpComplete, id: m.ID, leaseID: m.LeaseID}
+		reply, err := q.andNext(ctx, k, &next, func() (subjects.Message, error) {
+			return q.complete(ctx, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ms = reply.(subjects.SettleReply).Next.Messages; len(ms) != 1 {
+			t.Fatalf("cycle %d: next leased %d messages", i, len(ms))
+		}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.requests) != 1 || len(q.reqOrder) > 4*64 {
+		t.Fatalf("after %d cycles: %d request ids remembered, %d stamps; want 1 (the lease held) and a few", cycles, len(q.requests), len(q.reqOrder))
 	}
 }

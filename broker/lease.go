@@ -32,6 +32,8 @@ func (q *queue) find(ctx context.Context, id string) (*entry, error) {
 
 // fence checks that leaseID is e's current, unexpired lease. It returns nil when it is, and a typed
 // error otherwise; idempotent tells the caller the same call already succeeded and must change nothing.
+// A lease that passes was used: the request id of the dequeue that took it is forgotten, and the
+// caller's write clears it from the record (usedLease).
 func (q *queue) fence(e *entry, leaseID string, op subjects.Op) (idempotent bool, err error) {
 	if leaseID == "" {
 		return false, subjects.Errorf(subjects.CodeBadRequest, "%s needs the lease_id the dequeue returned", op)
@@ -45,6 +47,7 @@ func (q *queue) fence(e *entry, leaseID string, op subjects.Op) (idempotent bool
 		if q.now() >= r.LeaseExpires {
 			return false, subjects.Errorf(subjects.CodeLeaseExpired, "message %q: lease %q has expired", r.ID, leaseID)
 		}
+		q.forgetRequest(e) // the lease's holder had its dequeue's reply
 		return false, nil
 	case subjects.StateCompleted:
 		if op == subjects.OpComplete {
@@ -91,7 +94,10 @@ func (q *queue) complete(ctx context.Context, req subjects.LeaseRequest) (subjec
 	if done, err := q.fence(e, req.LeaseID, subjects.OpComplete); err != nil || done {
 		return q.view(e), err
 	}
-	return q.transition(e, func(r *kv.Record, _ int64) { r.State = subjects.StateCompleted })
+	return q.transition(e, func(r *kv.Record, _ int64) {
+		r.State = subjects.StateCompleted
+		usedLease(r)
+	})
 }
 
 // extend moves a running message's lease expiry to LeaseMS from now.
@@ -113,12 +119,15 @@ func (q *queue) extend(ctx context.Context, req subjects.ExtendRequest) (subject
 	lease := q.leaseMS(req.LeaseMS, e)
 	return q.transition(e, func(r *kv.Record, now int64) {
 		r.LeaseExpires = now + lease
-		// Its holder has the dequeue's reply: a retry of that dequeue after a restart must not
-		// find this lease by its request id, which may by then name another dequeue (recovery's
-		// rebuildRequests).
-		r.RequestID = ""
+		usedLease(r)
 	})
 }
+
+// usedLease clears the request id from the record of a message whose lease its holder used (an
+// extend, a settle): the holder had the dequeue's reply, so that dequeue will not be sent again, and
+// after a restart the id must not bring this lease back to a dequeue that reuses it (recovery's
+// rebuildRequests). An id stays on a record whose lease ran out unused.
+func usedLease(r *kv.Record) { r.RequestID = "" }
 
 // release gives a running message back: pending now, or invisible for DelayMS. The attempt it used
 // stays spent; with none left the message is errored. Releasing it again with the same lease succeeds
@@ -138,6 +147,7 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 	}
 	return q.transition(e, func(r *kv.Record, now int64) {
 		r.Released = true
+		usedLease(r)
 		switch {
 		case r.Attempts >= r.MaxAttempts:
 			r.State = subjects.StateErrored
@@ -173,7 +183,12 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 			return q.view(e), err
 		}
 	}
-	return q.transition(e, func(r *kv.Record, _ int64) { r.State = subjects.StateCanceled })
+	return q.transition(e, func(r *kv.Record, _ int64) {
+		r.State = subjects.StateCanceled
+		if req.LeaseID != "" {
+			usedLease(r)
+		}
+	})
 }
 
 // get returns a message with its payload.

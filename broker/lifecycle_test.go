@@ -180,7 +180,11 @@ func TestRetriedDequeueReturnsSameLeases(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	for i := range 5 {
-		e.enqueue("q", subjects.EnqueueRequest{ID: string(rune('a' + i)), Priority: ptr(int64(i))})
+		r := subjects.EnqueueRequest{ID: string(rune('a' + i)), Priority: ptr(int64(i))}
+		if i == 0 {
+			r.LeaseMS = ptr(int64(1_000)) // a's leases run out first
+		}
+		e.enqueue("q", r)
 	}
 	req := subjects.DequeueRequest{Batch: 2, RequestID: "req-1"}
 	first := e.dequeue("q", req)
@@ -196,25 +200,67 @@ func TestRetriedDequeueReturnsSameLeases(t *testing.T) {
 	if c := e.depth("q", nil); c.Running != 2 || c.Pending != 3 {
 		t.Fatalf("a retry leased more: %+v", c)
 	}
-	// A retry after one lease ended returns only the one still held, and never leases more.
-	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "a", LeaseID: first[0].LeaseID})
+	// A retry after one lease ran out returns only the one still held, and never leases more.
+	e.advance(time.Second)
 	if got := ids(e.dequeue("q", req)); !slices.Equal(got, []string{"b"}) {
-		t.Fatalf("retry after complete: %v", got)
+		t.Fatalf("retry after a's lease ran out: %v", got)
 	}
 	// Survives a broker restart: the request id is stored with the lease.
 	e.restartBroker()
 	if got := ids(e.dequeue("q", req)); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("retry after restart: %v", got)
 	}
-	// Another request id leases the next message.
-	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "req-2"})); !slices.Equal(got, []string{"c"}) {
+	// Another request id leases the most urgent pending message, a again.
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "req-2"})); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("new request id: %v", got)
 	}
 	// The window ends: the id is forgotten and a dequeue with it leases anew (the leases have
-	// expired by then too, so b is the most urgent pending message again).
+	// expired by then too, so a is the most urgent pending message again).
 	e.advance(broker.RequestIDWindow + time.Millisecond)
-	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "req-1"})); !slices.Equal(got, []string{"b"}) {
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "req-1"})); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("request id after its window: %v", got)
+	}
+}
+
+// TestUsedLeaseForgetsItsRequestID: once a lease is used — extended, completed, released or canceled
+// with it — its holder had the reply of the dequeue that took it, which will not be sent again: the
+// broker forgets that dequeue's request id at once, rather than after the window, and a restart does
+// not bring it back either. A dequeue reusing the id is a new one.
+func TestUsedLeaseForgetsItsRequestID(t *testing.T) {
+	t.Parallel()
+	use := map[subjects.Op]func(e *env, m subjects.Message){
+		subjects.OpExtend: func(e *env, m subjects.Message) {
+			must[subjects.Message](e, subjects.OpExtend, "q", subjects.ExtendRequest{ID: m.ID, LeaseID: m.LeaseID})
+		},
+		subjects.OpComplete: func(e *env, m subjects.Message) {
+			must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+		},
+		subjects.OpRelease: func(e *env, m subjects.Message) {
+			must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: m.ID, LeaseID: m.LeaseID, DelayMS: 60_000})
+		},
+		subjects.OpCancel: func(e *env, m subjects.Message) {
+			must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+		},
+	}
+	for op, use := range use {
+		t.Run(string(op), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			e.enqueueInOrder("q", "a", "b", "c", "d")
+			req := subjects.DequeueRequest{RequestID: "r"}
+			a := e.dequeue("q", req)[0]
+			use(e, a)
+			if got := e.dequeue("q", req); len(got) != 1 || got[0].ID == "a" && got[0].LeaseID == a.LeaseID {
+				t.Fatalf("a dequeue reusing the id after the lease's %s got %v, want a new lease", op, ids(got))
+			}
+			// Across a restart: the used lease's record no longer names the id.
+			c := e.dequeue("q", subjects.DequeueRequest{RequestID: "s"})[0]
+			use(e, c)
+			e.restartBroker()
+			if got := e.dequeue("q", subjects.DequeueRequest{RequestID: "s"}); len(got) != 1 || got[0].ID == c.ID && got[0].LeaseID == c.LeaseID {
+				t.Fatalf("after a restart, a dequeue reusing the id after the lease's %s got %v, want a new lease", op, ids(got))
+			}
+		})
 	}
 }
 
