@@ -391,8 +391,21 @@ func (c *checker) checkEDF() {
 	}
 	// Dequeues of unknown outcome may have leased any message pending while they ran; such a
 	// message may then be unavailable until that lease ran out (or the next start after a kill).
-	type window struct{ from, to time.Time }
+	type window struct {
+		from, to time.Time
+		request  string // the dequeue's request id: its retries' own leases are no other dequeue's
+	}
 	unknown := map[string][]window{}
+	// A retry of a dequeue (its request id again) may return the leases of an earlier try: that
+	// try's request is when it was decided.
+	sent := map[string]time.Time{}
+	for _, op := range c.run.Ops {
+		if k := op.Queue + "/" + op.RequestID; op.Kind == Dequeue && op.RequestID != "" {
+			if t, ok := sent[k]; !ok || op.Start.Before(t) {
+				sent[k] = op.Start
+			}
+		}
+	}
 	for _, op := range c.run.Ops {
 		if op.Kind == Dequeue && op.Outcome == Unknown {
 			to := op.End.Add(c.run.Queues[op.Queue].Lease + freeSlack)
@@ -401,7 +414,7 @@ func (c *checker) checkEDF() {
 					to = r.Ready.Add(c.run.Queues[op.Queue].Lease + freeSlack)
 				}
 			}
-			unknown[op.Queue] = append(unknown[op.Queue], window{op.Start.Add(-clockSlack), to})
+			unknown[op.Queue] = append(unknown[op.Queue], window{op.Start.Add(-clockSlack), to, op.RequestID})
 		}
 	}
 	byValue := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.Value })
@@ -418,6 +431,10 @@ func (c *checker) checkEDF() {
 		}
 		spec := c.run.Queues[op.Queue]
 		granted := op.Leases[0].GrantedAt
+		from := op.Start // when the dequeue that leased was sent: this one, or its first try
+		if t, ok := sent[op.Queue+"/"+op.RequestID]; ok && op.RequestID != "" && t.Before(from) {
+			from = t
+		}
 		var worst int64
 		values := map[string]bool{}
 		returned := map[string]bool{}
@@ -432,7 +449,7 @@ func (c *checker) checkEDF() {
 				continue
 			}
 			// Pending since before the request, and still not leased or canceled when it was decided.
-			if !cd.added.Before(op.Start.Add(-clockSlack)) || !cd.removed.After(granted.Add(clockSlack)) {
+			if !cd.added.Before(from.Add(-clockSlack)) || !cd.removed.After(granted.Add(clockSlack)) {
 				continue
 			}
 			if !matches(cd.md, op.Filter) {
@@ -440,7 +457,7 @@ func (c *checker) checkEDF() {
 			}
 			skip := false
 			for _, w := range unknown[op.Queue] {
-				if w.from.Before(granted.Add(clockSlack)) && w.to.After(op.Start) && cd.enqStart.Before(w.to) {
+				if (op.RequestID == "" || w.request != op.RequestID) && w.from.Before(granted.Add(clockSlack)) && w.to.After(from) && cd.enqStart.Before(w.to) {
 					skip = true
 					break
 				}
@@ -450,7 +467,7 @@ func (c *checker) checkEDF() {
 			}
 			if spec.Exclusive {
 				v := cd.md[spec.Key]
-				if values[v] || !c.valueFree(byValue[op.Queue+"/"+v], op.Start, granted, op.Leases) {
+				if values[v] || !c.valueFree(byValue[op.Queue+"/"+v], from, granted, op.Leases) {
 					continue
 				}
 			}
@@ -459,7 +476,7 @@ func (c *checker) checkEDF() {
 				what = fmt.Sprintf("only %d of a batch of %d", len(op.Leases), op.Batch)
 			}
 			c.fail("edf", "%s: dequeue sent at %s by %s returned %s while %s (priority %d) had been pending since %s",
-				op.Queue, ts(op.Start), op.Client, what, cd.id, cd.prio, ts(cd.added))
+				op.Queue, ts(from), op.Client, what, cd.id, cd.prio, ts(cd.added))
 		}
 	}
 }

@@ -234,6 +234,27 @@ func TestChecker(t *testing.T) {
 			}, Final: finals("s/urgent", "pending", 1, "s/late", "running", 1)},
 		},
 		{
+			name: "edf: a retry long after its first try returns the leases decided then",
+			run: Run{Ops: []Op{
+				enq("s", "urgent", 1, 10, 12, nil),
+				enq("s", "late", 9, 0, 2, nil),
+				{Kind: Dequeue, Queue: "s", RequestID: "r1", Batch: 1, Start: at(5), End: at(1005), Outcome: Unknown},
+				deq("s", "r2", 20, 22, ls("urgent", "L2", 1, "", 21, 1021)),
+				deq("s", "r1", 5000, 5002, ls("late", "L1", 9, "", 6, 1006)),
+			}, Final: finals("s/urgent", "running", 1, "s/late", "pending", 1)},
+		},
+		{
+			name: "edf: a retry returns the leases of its first try, which passed over a more urgent one",
+			run: Run{Ops: []Op{
+				enq("s", "urgent", 1, 0, 2, nil),
+				enq("s", "late", 9, 0, 2, nil),
+				{Kind: Dequeue, Queue: "s", RequestID: "r1", Batch: 1, Start: at(10), End: at(1010), Outcome: Unknown},
+				deq("s", "r2", 3000, 3002, ls("urgent", "L2", 1, "", 3001, 4001)),
+				deq("s", "r1", 5000, 5002, ls("late", "L1", 9, "", 11, 1011)),
+			}, Final: finals("s/urgent", "running", 1, "s/late", "pending", 1)},
+			rules: []string{"edf"},
+		},
+		{
 			name: "edf: a more urgent message of a leased value is not eligible",
 			run: Run{Ops: []Op{
 				enq("x", "held", 0, 0, 2, map[string]string{"p": "foo"}),
