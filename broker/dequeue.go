@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"slices"
@@ -48,12 +49,13 @@ type settledAs struct {
 	version                       uint64
 	attempts                      int
 	visibleAt, updatedAt, endedAt int64
+	leaseEnd                      int64 // when the settled lease would have run out: its holder retries the settle until then
 }
 
-// newSettledAs records m, the reply of the settle k.
-func newSettledAs(k settleKey, m *subjects.Message) *settledAs {
+// newSettledAs records m, the reply of the settle k of a lease that would have run out at leaseEnd.
+func newSettledAs(k settleKey, m *subjects.Message, leaseEnd int64) *settledAs {
 	s := &settledAs{settleKey: k, state: m.State, lease: m.LeaseID, version: m.Version, attempts: m.Attempts,
-		visibleAt: m.VisibleAt.UnixMilli(), updatedAt: m.UpdatedAt.UnixMilli()}
+		visibleAt: m.VisibleAt.UnixMilli(), updatedAt: m.UpdatedAt.UnixMilli(), leaseEnd: leaseEnd}
 	if m.EndedAt != nil {
 		s.endedAt = m.EndedAt.UnixMilli()
 	}
@@ -84,6 +86,21 @@ type reqStamp struct {
 	id  string
 	rec *dequeueRecord
 	at  int64
+}
+
+// stampHeap is a min-heap of stamps by at (container/heap).
+type stampHeap []reqStamp
+
+func (h stampHeap) Len() int           { return len(h) }
+func (h stampHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h stampHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *stampHeap) Push(x any)        { *h = append(*h, x.(reqStamp)) }
+func (h *stampHeap) Pop() any {
+	old := *h
+	st := old[len(old)-1]
+	old[len(old)-1] = reqStamp{}
+	*h = old[:len(old)-1]
+	return st
 }
 
 // validateDequeue checks a dequeue request and fills in its defaults.
@@ -188,10 +205,10 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		}
 	}
 	if len(es) == 0 {
-		if rec != nil && rec.settled == nil && q.requests[r.RequestID] == rec {
+		if rec != nil {
 			// Nothing was leased: a retry may lease, like any new dequeue. (A settle's retry gets
 			// its reply again, with no message.)
-			delete(q.requests, r.RequestID)
+			q.keepSettled(r.RequestID, rec)
 		}
 		q.mu.Unlock()
 		return nil, nil
@@ -227,8 +244,8 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	if rec != nil {
 		// A retry must get back every lease this dequeue may have taken, the unknown ones too.
 		rec.leases = slices.Concat(held, maybe)
-		if len(rec.leases) == 0 && rec.settled == nil && q.requests[r.RequestID] == rec {
-			delete(q.requests, r.RequestID) // nothing leased: a retry may lease
+		if len(rec.leases) == 0 {
+			q.keepSettled(r.RequestID, rec) // nothing leased: a retry may lease
 		}
 	}
 	views := make([]subjects.Message, len(held))
@@ -260,10 +277,12 @@ func (b *Broker) replyBudget() int { return int(b.cfg.Conn.MaxPayload()) - reply
 // fitting returns how many of the n best pending messages matching f one reply can carry beside
 // taken bytes of it (a settle's message, before its next's): n, unless their shares of the reply
 // (replyShare) would add up to more than the server takes (max_payload, 1 MiB by default), which
-// would drop the reply and leave the leases to run out unseen. Then as many as fit, and always one:
-// an enqueue refuses a message that does not fit alone. Called with q.mu held.
+// would drop the reply and leave the leases to run out unseen. Then as many as fit: always one in a
+// dequeue's own reply (an enqueue refuses a message that does not fit alone), and none beside a
+// settle's message that leaves too little room (the worker's next poll gets it). Called with q.mu
+// held.
 func (q *queue) fitting(f index.Filter, n, taken int) int {
-	if n <= 1 {
+	if n == 0 || n == 1 && taken == 0 {
 		return n
 	}
 	budget := q.b.replyBudget() - taken
@@ -274,7 +293,10 @@ func (q *queue) fitting(f index.Filter, n, taken int) int {
 	for i, e := range q.pending.Peek(f, n) {
 		size += replyShare(q.name, e.ID, e.PayloadSize(), e.extra().Metadata)
 		if size > budget {
-			return max(i, 1)
+			if i == 0 && taken == 0 {
+				return 1
+			}
+			return i
 		}
 	}
 	return n
@@ -293,7 +315,7 @@ func replyShare(queue, id string, payloadSize int, metadata map[string]string) i
 
 // fixedShare bounds what a message's JSON holds beside its id, queue name, metadata pairs and payload:
 // the field names (the longer payload_base64's), the state, the numbers at their longest, the lease id
-// and the times, about 460 bytes.
+// and the times: about 430 bytes at most, 500 through encoding/json's fallback (other time zones).
 const fixedShare = 512
 
 // leaseMS picks a lease duration: the request's, else the message's own, else the queue's.
@@ -416,8 +438,8 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 // is used (forgetRequest).
 const RequestIDWindow = 5 * time.Minute
 
-// expireRequests forgets the request ids older than the window, and drops the stamps of those
-// forgotten sooner once they are most of reqOrder.
+// expireRequests forgets the request ids older than the window and those of settles whose time is up
+// (keepSettled), and drops the stamps of those forgotten sooner once they are most of reqOrder.
 func (q *queue) expireRequests(now int64) {
 	cut := now - RequestIDWindow.Milliseconds()
 	n := 0
@@ -430,8 +452,33 @@ func (q *queue) expireRequests(now int64) {
 	if n > 0 {
 		q.reqOrder = append(q.reqOrder[:0], q.reqOrder[n:]...)
 	}
+	for len(q.settledOnly) > 0 && q.settledOnly[0].at < now {
+		if st := heap.Pop(&q.settledOnly).(reqStamp); q.requests[st.id] == st.rec && len(st.rec.leases) == 0 {
+			delete(q.requests, st.id)
+		}
+	}
 	if len(q.reqOrder) > 64 && len(q.reqOrder) > 4*len(q.requests) {
 		q.reqOrder = slices.DeleteFunc(q.reqOrder, func(st reqStamp) bool { return q.requests[st.id] != st.rec })
+	}
+}
+
+// settleRetry is how long after a settled lease would have run out its settle is still remembered
+// (keepSettled): its holder retries it until then, and a try sent just before may take as long as a
+// request may, answered.
+const settleRetry = time.Minute
+
+// keepSettled is for a dequeue with request id id that leased nothing: a retry may lease, like any
+// new dequeue, so the id is forgotten; unless the dequeue is a settle's next, whose retry must get
+// the settle's reply again. Then the id is kept, but only until a settleRetry after the settled
+// lease would have run out, not for the RequestIDWindow: with workers that keep up, most settles'
+// next dequeues find nothing. Called with q.mu held.
+func (q *queue) keepSettled(id string, rec *dequeueRecord) {
+	switch {
+	case q.requests[id] != rec:
+	case rec.settled == nil:
+		delete(q.requests, id)
+	default:
+		heap.Push(&q.settledOnly, reqStamp{id: id, rec: rec, at: rec.settled.leaseEnd + settleRetry.Milliseconds()})
 	}
 }
 

@@ -157,3 +157,47 @@ func TestUsedLeasesFreeTheirRequestIDs(t *testing.T) {
 		t.Fatalf("after %d cycles: %d request ids remembered, %d stamps; want 1 (the lease held) and a few", cycles, len(q.requests), len(q.reqOrder))
 	}
 }
+
+// TestIdleSettlesForgottenAfterTheirLease: with workers that keep up, a settle's next finds nothing.
+// Its request id is kept for the settle's retry, but only until a settleRetry after the settled
+// lease would have run out (its holder retries no longer), not for the whole RequestIDWindow.
+func TestIdleSettlesForgottenAfterTheirLease(t *testing.T) {
+	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{LeaseMS: 10_000})
+	ctx := context.Background()
+	const cycles = 500
+	for i := range cycles {
+		if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{}}); err != nil {
+			t.Fatal(err)
+		}
+		ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: fmt.Sprintf("poll%d", i)})
+		if err != nil || len(ms) != 1 {
+			t.Fatalf("dequeue: %v, %v", ms, err)
+		}
+		m := ms[0]
+		next := subjects.DequeueRequest{RequestID: fmt.Sprintf("next%d", i)}
+		k := settleKey{op: subjects.OpComplete, id: m.ID, leaseID: m.LeaseID}
+		reply, err := q.andNext(ctx, k, &next, func() (subjects.Message, error) {
+			return q.complete(ctx, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+		})
+		if err != nil || len(reply.(subjects.SettleReply).Next.Messages) != 0 {
+			t.Fatalf("complete with next: %+v, %v; want nothing leased", reply, err)
+		}
+	}
+	remembered := func() int {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		q.expireRequests(q.now())
+		return len(q.requests)
+	}
+	if n := remembered(); n != cycles {
+		t.Fatalf("%d request ids remembered, want the %d settles' (each may be retried until its lease's end)", n, cycles)
+	}
+	clk.Advance(10*time.Second + settleRetry) // the fake clock stood still: every lease ends now
+	if n := remembered(); n != cycles {
+		t.Fatalf("%d request ids remembered at their leases' end and settleRetry, want the %d still", n, cycles)
+	}
+	clk.Advance(time.Millisecond)
+	if n := remembered(); n != 0 {
+		t.Fatalf("%d request ids remembered past their leases' ends and settleRetry, want none", n)
+	}
+}

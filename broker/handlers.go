@@ -68,8 +68,9 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 	})
 }
 
-// encodeReply returns the JSON of a reply. Messages, the replies of every dequeue and complete
-// (with or without next), are written without reflection (subjects.AppendMessage); the rest go through encoding/json.
+// encodeReply returns the JSON of a reply, with HTML escaping off. Messages, the replies of every
+// dequeue and complete (with or without next), are written without reflection
+// (subjects.AppendMessage); the rest go through encoding/json.
 func encodeReply(reply any) ([]byte, error) {
 	switch r := reply.(type) {
 	case subjects.DequeueReply:
@@ -87,7 +88,7 @@ func encodeReply(reply any) ([]byte, error) {
 		}
 		return subjects.AppendSettleReply(make([]byte, 0, n), &r)
 	}
-	return json.Marshal(reply)
+	return subjects.Marshal(reply) // HTML escaping off, as in messages: browse's metadata counts it so
 }
 
 // replySize guesses the length of m's JSON, so that its buffer is allocated once: 512 bytes for the

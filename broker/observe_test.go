@@ -463,6 +463,19 @@ func TestBrowseReplyFitsMaxPayload(t *testing.T) {
 	if !r.More || len(r.Messages) < 2 || len(r.Messages) >= n {
 		t.Fatalf("browse returned %d of %d, more %v: want as many as fit in 1 MiB, and more", len(r.Messages), n, r.More)
 	}
+	// Metadata of the characters that JSON's HTML escaping would make six bytes each: the reply
+	// writes them as they are, as the broker counts them. At the default limit (50), 2.4 MiB with
+	// the escaping.
+	amps := map[string]string{}
+	for i := range subjects.DefaultMaxMetadataPairs {
+		amps[fmt.Sprint(i)] = strings.Repeat("&", subjects.MaxMetadataValueLen)
+	}
+	for i := range 60 {
+		e.enqueue("amps", subjects.EnqueueRequest{ID: fmt.Sprintf("m%03d", i), Metadata: amps})
+	}
+	if r := must[subjects.BrowseReply](e, subjects.OpBrowse, "amps", subjects.BrowseRequest{State: subjects.StatePending}); len(r.Messages) != subjects.DefaultBrowseLimit {
+		t.Fatalf("browse of metadata full of & returned %d, want %d", len(r.Messages), subjects.DefaultBrowseLimit)
+	}
 }
 
 // TestHistoryReplyFitsMaxPayload: a history whose events would make the reply larger than the

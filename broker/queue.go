@@ -52,6 +52,7 @@ type queue struct {
 	doubtArmed    bool
 	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
 	reqOrder      []reqStamp // request ids by time, for expiry
+	settledOnly   stampHeap  // ids of settles whose next leased nothing, by when they go (keepSettled)
 	widest        int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
 
 	totals  subjects.Totals // transitions since the broker started

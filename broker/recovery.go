@@ -649,7 +649,7 @@ func (q *queue) rebuildRequests() {
 	}
 	for id, at := range last {
 		if t, ok := leased[id]; ok {
-			at = t // the dequeue's own time: a settle of another of its messages came later
+			at = t // the dequeue's own time: another of its messages left running later (its lease ran out)
 		}
 		q.reqOrder = append(q.reqOrder, reqStamp{id: id, rec: q.requests[id], at: at})
 	}

@@ -537,6 +537,27 @@ func TestReplyFitsWhateverTheEscapes(t *testing.T) {
 	}
 }
 
+// TestSettleNextLeavesRoomForTheSettledMessage: a settle's next leases a message only if it fits in
+// the reply beside the settled message. On a server that takes 256 KiB, a message of some 249 KB in
+// a reply (a payload that is half quotes) fits alone, but not beside a settled message with 16 KB of
+// metadata: the next leases nothing, and a dequeue gets it alone.
+func TestSettleNextLeavesRoomForTheSettledMessage(t *testing.T) {
+	t.Parallel()
+	e := setupOn(t, &natstest.Options{MaxPayload: 256 << 10})
+	e.create("q", subjects.CreateQueueRequest{MaxPayloadBytes: subjects.MaxPayloadBytes})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "settled", Priority: ptr(int64(0)), Metadata: escapedMetadata()})
+	big := strings.Repeat(`a"`, 83_000)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "big", Priority: ptr(int64(1)), Payload: big})
+	m := e.dequeueOne("q")
+	r := settleNext(e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID, Next: &subjects.DequeueRequest{}})
+	if r.State != subjects.StateCompleted || len(r.Next.Messages) != 0 || r.Next.Error != nil {
+		t.Fatalf("complete with next: %s, next %v (%v); want completed, and nothing leased", r.State, ids(r.Next.Messages), r.Next.Error)
+	}
+	if got := e.dequeueOne("q"); got.ID != "big" || got.Payload == nil || *got.Payload != big {
+		t.Fatalf("dequeued %s with %d bytes of payload, want big whole", got.ID, len(got.PayloadBytes()))
+	}
+}
+
 // TestEnqueueRefusesWhatNoReplyCarries: on a server with a small max_payload, a message that a
 // dequeue's reply could not carry even alone is refused (payload_too_large): it could never be
 // delivered. Nothing is written, not even the queue the enqueue would have created.

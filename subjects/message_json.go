@@ -99,6 +99,10 @@ func AppendSettleReply(b []byte, r *SettleReply) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
+// Marshal returns the JSON of v as the broker's replies carry it: as json.Marshal writes it, but
+// with HTML escaping off (see AppendMessage).
+func Marshal(v any) ([]byte, error) { return appendMarshal(nil, v) }
+
 // appendMarshal appends v as a json.Encoder with SetEscapeHTML(false) writes it, without its newline.
 func appendMarshal(b []byte, v any) ([]byte, error) {
 	buf := bytes.NewBuffer(b)

@@ -148,12 +148,7 @@ func wireMessage(m *workers.Message) subjects.Message {
 		UpdatedAt:    m.UpdatedAt,
 	}
 	if m.Payload != nil {
-		if utf8.Valid(m.Payload) {
-			s := string(m.Payload)
-			w.Payload = &s
-		} else {
-			w.PayloadBase64 = m.Payload
-		}
+		w.SetPayload(m.Payload) // the form the broker's reply had
 	}
 	if !m.LeaseExpiresAt.IsZero() {
 		t := m.LeaseExpiresAt
