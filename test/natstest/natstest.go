@@ -63,13 +63,22 @@ func Start(t testing.TB, opts *Options) *Server {
 // server logs nothing unless NATSTEST_LOG=1 is set.
 func start(t testing.TB, opts *server.Options, port int) *Server {
 	t.Helper()
+	s, err := tryStart(t, opts, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryStart is start, returning why the server did not start instead of failing the test.
+func tryStart(t testing.TB, opts *server.Options, port int) (*Server, error) {
 	o := opts.Clone()
 	o.Host, o.Port, o.JetStream, o.NoSigs = "127.0.0.1", port, true, true
 	logging := os.Getenv("NATSTEST_LOG") == "1"
 	o.NoLog = !logging
 	ns, err := server.NewServer(o)
 	if err != nil {
-		t.Fatalf("natstest: creating nats-server %s: %v", o.ServerName, err)
+		return nil, fmt.Errorf("natstest: creating nats-server %s: %w", o.ServerName, err)
 	}
 	if logging {
 		ns.ConfigureLogger()
@@ -80,18 +89,18 @@ func start(t testing.TB, opts *server.Options, port int) *Server {
 
 	ns.Start()
 	if !ns.ReadyForConnections(readyTimeout) {
-		t.Fatalf("natstest: nats-server %s not ready for connections after %v", o.ServerName, readyTimeout)
+		return s, fmt.Errorf("natstest: nats-server %s not ready for connections after %v", o.ServerName, readyTimeout)
 	}
 	if !ns.JetStreamEnabled() {
-		t.Fatalf("natstest: nats-server %s started without JetStream", o.ServerName)
+		return s, fmt.Errorf("natstest: nats-server %s started without JetStream", o.ServerName)
 	}
 	addr, ok := ns.Addr().(*net.TCPAddr)
 	if !ok {
-		t.Fatalf("natstest: unexpected listener address %v", ns.Addr())
+		return s, fmt.Errorf("natstest: unexpected listener address %v", ns.Addr())
 	}
 	s.port = addr.Port
 	s.url = ns.ClientURL()
-	return s
+	return s, nil
 }
 
 // URL returns the client URL of the server, e.g. "nats://127.0.0.1:4222".
@@ -156,27 +165,62 @@ func StartCluster(t testing.TB, opts *ClusterOptions) []*Server {
 	if opts != nil {
 		o = *opts
 	}
-	n := cmp.Or(o.Servers, 3)
+	// A route port is picked free and then given to its server, which may find it taken by then
+	// (by another test's connection): the whole cluster then starts again, on other ports.
+	var err error
+	for range clusterTries {
+		var servers []*Server
+		if servers, err = tryCluster(t, cmp.Or(o.Servers, 3), o.SyncAlways); err == nil {
+			return servers
+		}
+		for _, s := range servers {
+			s.Shutdown()
+		}
+	}
+	t.Fatalf("natstest: a cluster did not start in %d tries: %v", clusterTries, err)
+	return nil
+}
+
+// clusterTries bounds how many times StartCluster starts a cluster.
+const clusterTries = 3
+
+// routePort returns a port free a moment ago, for a cluster server's routes (a variable for tests).
+var routePort = func() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// tryCluster starts a cluster of n servers, as StartCluster describes; on an error it returns the
+// servers it started, for the caller to shut down.
+func tryCluster(t testing.TB, n int, syncAlways []int) ([]*Server, error) {
 	ports := make([]int, n)
 	routes := make([]*url.URL, n)
 	for i := range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("natstest: a route port: %v", err)
+		var err error
+		if ports[i], err = routePort(); err != nil {
+			return nil, fmt.Errorf("natstest: a route port: %w", err)
 		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
 		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", ports[i])}
 	}
-	servers := make([]*Server, n)
+	var servers []*Server
 	for i := range n {
-		servers[i] = start(t, &server.Options{
+		s, err := tryStart(t, &server.Options{
 			ServerName: fmt.Sprintf("s%d", i),
 			StoreDir:   t.TempDir(),
-			SyncAlways: slices.Contains(o.SyncAlways, i),
+			SyncAlways: slices.Contains(syncAlways, i),
 			Cluster:    server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]},
 			Routes:     routes,
 		}, server.RANDOM_PORT)
+		if s != nil {
+			servers = append(servers, s)
+		}
+		if err != nil {
+			return servers, err
+		}
 	}
 	deadline := time.Now().Add(readyTimeout)
 	// Ready: the meta leader has every server as a peer that can take streams, and every server
@@ -192,9 +236,9 @@ func StartCluster(t testing.TB, opts *ClusterOptions) []*Server {
 	}
 	for !ready() {
 		if time.Now().After(deadline) {
-			t.Fatalf("natstest: no JetStream meta leader after %v", readyTimeout)
+			return servers, fmt.Errorf("natstest: no JetStream meta leader after %v", readyTimeout)
 		}
 		<-time.After(20 * time.Millisecond)
 	}
-	return servers
+	return servers, nil
 }

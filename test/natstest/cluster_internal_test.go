@@ -1,0 +1,34 @@
+package natstest
+
+import (
+	"net"
+	"testing"
+)
+
+// TestStartClusterAgainOnATakenRoutePort: a route port taken between its pick and its server's
+// start (here by a listener the test holds) makes that server fail to start; StartCluster then
+// starts the cluster again on other ports. Not parallel: it replaces routePort.
+func TestStartClusterAgainOnATakenRoutePort(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	pick := routePort
+	defer func() { routePort = pick }()
+	picks := 0
+	routePort = func() (int, error) {
+		if picks++; picks == 2 { // the second server's, in the first try
+			return taken.Addr().(*net.TCPAddr).Port, nil
+		}
+		return pick()
+	}
+	servers := StartCluster(t, nil)
+	if len(servers) != 3 || picks != 6 {
+		t.Fatalf("%d servers after %d port picks, want 3 after two tries of 3", len(servers), picks)
+	}
+	nc := servers[1].Connect(t)
+	if _, err := nc.RTT(); err != nil {
+		t.Fatal(err)
+	}
+}
