@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/natstone/natstone/kv"
@@ -114,16 +113,17 @@ func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now 
 	return m, nil
 }
 
-// generatedIDLen is the length of the ids the broker gives messages (NUIDs).
+// generatedIDLen is the length of the ids the broker gives messages (NUIDs, of characters JSON
+// writes as they are).
 const generatedIDLen = 22
 
 // fitsReply checks that the message of r, alone, fits in a dequeue's reply within budget.
 func fitsReply(queue string, budget int, r *kv.Record) error {
-	id := r.ID
-	if id == "" {
-		id = strings.Repeat("x", generatedIDLen)
+	share := replyShare(queue, r.ID, r.PayloadSize, r.Metadata)
+	if r.ID == "" {
+		share += generatedIDLen // the id it will get
 	}
-	if share := replyShare(queue, id, r.PayloadSize, r.Metadata); share > budget {
+	if share > budget {
 		return subjects.Errorf(subjects.CodePayloadTooLarge,
 			"a dequeue's reply would carry this message in up to %d bytes, and the NATS server's max_payload leaves %d: send a smaller payload or metadata, or raise max_payload", share, budget)
 	}
