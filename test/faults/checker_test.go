@@ -238,7 +238,7 @@ func TestChecker(t *testing.T) {
 			run: Run{Ops: []Op{
 				enq("s", "urgent", 1, 10, 12, nil),
 				enq("s", "late", 9, 0, 2, nil),
-				{Kind: Dequeue, Queue: "s", RequestID: "r1", Batch: 1, Start: at(5), End: at(1005), Outcome: Unknown},
+				deq("s", "r1", 5, 1005).withOutcome(Unknown),
 				deq("s", "r2", 20, 22, ls("urgent", "L2", 1, "", 21, 1021)),
 				deq("s", "r1", 5000, 5002, ls("late", "L1", 9, "", 6, 1006)),
 			}, Final: finals("s/urgent", "running", 1, "s/late", "pending", 1)},
@@ -248,7 +248,7 @@ func TestChecker(t *testing.T) {
 			run: Run{Ops: []Op{
 				enq("s", "urgent", 1, 0, 2, nil),
 				enq("s", "late", 9, 0, 2, nil),
-				{Kind: Dequeue, Queue: "s", RequestID: "r1", Batch: 1, Start: at(10), End: at(1010), Outcome: Unknown},
+				deq("s", "r1", 10, 1010).withOutcome(Unknown),
 				deq("s", "r2", 3000, 3002, ls("urgent", "L2", 1, "", 3001, 4001)),
 				deq("s", "r1", 5000, 5002, ls("late", "L1", 9, "", 11, 1011)),
 			}, Final: finals("s/urgent", "running", 1, "s/late", "pending", 1)},
