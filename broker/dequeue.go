@@ -22,13 +22,17 @@ type waiter struct {
 
 // dequeueRecord remembers what a dequeue with a request id leased, so a retry returns the same leases.
 // Up to five minutes of them are kept (about 170 bytes each, 300 with a settle; a record goes sooner
-// once a lease of it is used, forgetRequest), so what only a retry racing the first dequeue needs is
-// made for it: the channel it waits on (a channel each took another 110 bytes).
+// once a lease of it is used, forgetRequest, or when it is a settle's whose next leased nothing,
+// keepSettled), so what only a retry racing the first dequeue needs is made for it: the channel it
+// waits on (a channel each took another 110 bytes).
 type dequeueRecord struct {
 	leases   []leaseRef
 	settled  *settledAs    // the settle whose next this dequeue was, if any
 	inFlight bool          // the first dequeue with the id has not finished
 	finished chan struct{} // closed when it finishes; made by a retry that waits for that
+	id       string        // the request id: the record's key in q.requests
+	until    int64         // when it is forgotten at the latest, in Unix ms
+	slot     int           // its index in q.reqEnds; -1 once out of it
 }
 
 // settleKey names a settle with next: its op, message and lease. Its retry names the same.
@@ -49,13 +53,13 @@ type settledAs struct {
 	version                       uint64
 	attempts                      int
 	visibleAt, updatedAt, endedAt int64
-	leaseEnd                      int64 // when the settled lease would have run out: its holder retries the settle until then
+	leaseEnd                      int64 // when the settled lease would have run out (0: unknown): its holder retries the settle until then
 }
 
-// newSettledAs records m, the reply of the settle k of a lease that would have run out at leaseEnd.
-func newSettledAs(k settleKey, m *subjects.Message, leaseEnd int64) *settledAs {
+// newSettledAs records m, the reply of the settle k.
+func newSettledAs(k settleKey, m *subjects.Message) *settledAs {
 	s := &settledAs{settleKey: k, state: m.State, lease: m.LeaseID, version: m.Version, attempts: m.Attempts,
-		visibleAt: m.VisibleAt.UnixMilli(), updatedAt: m.UpdatedAt.UnixMilli(), leaseEnd: leaseEnd}
+		visibleAt: m.VisibleAt.UnixMilli(), updatedAt: m.UpdatedAt.UnixMilli()}
 	if m.EndedAt != nil {
 		s.endedAt = m.EndedAt.UnixMilli()
 	}
@@ -82,25 +86,46 @@ type leaseRef struct {
 	leaseID string
 }
 
-type reqStamp struct {
-	id  string
-	rec *dequeueRecord
-	at  int64
+// recordHeap holds a queue's dequeue records by until, earliest first (container/heap): those a
+// lease's use or a settle forgets early leave it at once, so it holds the remembered records only.
+type recordHeap []*dequeueRecord
+
+func (h recordHeap) Len() int           { return len(h) }
+func (h recordHeap) Less(i, j int) bool { return h[i].until < h[j].until }
+func (h recordHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].slot, h[j].slot = i, j
+}
+func (h *recordHeap) Push(x any) {
+	r := x.(*dequeueRecord)
+	r.slot = len(*h)
+	*h = append(*h, r)
+}
+func (h *recordHeap) Pop() any {
+	old := *h
+	r := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	r.slot = -1
+	return r
 }
 
-// stampHeap is a min-heap of stamps by at (container/heap).
-type stampHeap []reqStamp
+// remember keeps rec as the record of request id until the RequestIDWindow is over. Called with
+// q.mu held.
+func (q *queue) remember(id string, rec *dequeueRecord, now int64) {
+	rec.id, rec.until = id, now+RequestIDWindow.Milliseconds()
+	q.requests[id] = rec
+	heap.Push(&q.reqEnds, rec)
+}
 
-func (h stampHeap) Len() int           { return len(h) }
-func (h stampHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h stampHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *stampHeap) Push(x any)        { *h = append(*h, x.(reqStamp)) }
-func (h *stampHeap) Pop() any {
-	old := *h
-	st := old[len(old)-1]
-	old[len(old)-1] = reqStamp{}
-	*h = old[:len(old)-1]
-	return st
+// forget drops rec, now or early. Called with q.mu held.
+func (q *queue) forget(rec *dequeueRecord) {
+	if q.requests[rec.id] == rec {
+		delete(q.requests, rec.id)
+	}
+	if rec.slot >= 0 {
+		heap.Remove(&q.reqEnds, rec.slot)
+	}
 }
 
 // validateDequeue checks a dequeue request and fills in its defaults.
@@ -177,10 +202,12 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 			// (Collected meanwhile, it has no entry: a retry of the settle then gets its error.)
 			if s.e = q.entries.get(s.id); s.e != nil {
 				rec.settled = s
+				if x := s.e.extra(); x.LeaseID == s.leaseID {
+					s.leaseEnd = x.LeaseExpires // the settle keeps the lease's end (its extends too)
+				}
 			}
 		}
-		q.requests[r.RequestID] = rec
-		q.reqOrder = append(q.reqOrder, reqStamp{id: r.RequestID, rec: rec, at: q.now()})
+		q.remember(r.RequestID, rec, q.now())
 		defer func() {
 			q.mu.Lock()
 			rec.inFlight = false
@@ -438,47 +465,32 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 // is used (forgetRequest).
 const RequestIDWindow = 5 * time.Minute
 
-// expireRequests forgets the request ids older than the window and those of settles whose time is up
-// (keepSettled), and drops the stamps of those forgotten sooner once they are most of reqOrder.
+// expireRequests forgets the request ids whose time is up: the RequestIDWindow's, or a settle's
+// (keepSettled). Called with q.mu held.
 func (q *queue) expireRequests(now int64) {
-	cut := now - RequestIDWindow.Milliseconds()
-	n := 0
-	for n < len(q.reqOrder) && q.reqOrder[n].at < cut {
-		if st := q.reqOrder[n]; q.requests[st.id] == st.rec {
-			delete(q.requests, st.id)
-		}
-		n++
-	}
-	if n > 0 {
-		q.reqOrder = append(q.reqOrder[:0], q.reqOrder[n:]...)
-	}
-	for len(q.settledOnly) > 0 && q.settledOnly[0].at < now {
-		if st := heap.Pop(&q.settledOnly).(reqStamp); q.requests[st.id] == st.rec && len(st.rec.leases) == 0 {
-			delete(q.requests, st.id)
-		}
-	}
-	if len(q.reqOrder) > 64 && len(q.reqOrder) > 4*len(q.requests) {
-		q.reqOrder = slices.DeleteFunc(q.reqOrder, func(st reqStamp) bool { return q.requests[st.id] != st.rec })
+	for len(q.reqEnds) > 0 && q.reqEnds[0].until < now {
+		q.forget(q.reqEnds[0])
 	}
 }
 
 // settleRetry is how long after a settled lease would have run out its settle is still remembered
-// (keepSettled): its holder retries it until then, and a try sent just before may take as long as a
-// request may, answered.
+// (keepSettled): its holder retries it until then, and the last try, sent just before, is answered
+// within its request timeout (the Go client's is 10 s by default).
 const settleRetry = time.Minute
 
 // keepSettled is for a dequeue with request id id that leased nothing: a retry may lease, like any
 // new dequeue, so the id is forgotten; unless the dequeue is a settle's next, whose retry must get
 // the settle's reply again. Then the id is kept, but only until a settleRetry after the settled
-// lease would have run out, not for the RequestIDWindow: with workers that keep up, most settles'
-// next dequeues find nothing. Called with q.mu held.
+// lease would have run out (when the RequestIDWindow does not end first): with workers that keep
+// up, most settles' next dequeues find nothing. Called with q.mu held.
 func (q *queue) keepSettled(id string, rec *dequeueRecord) {
 	switch {
 	case q.requests[id] != rec:
 	case rec.settled == nil:
-		delete(q.requests, id)
-	default:
-		heap.Push(&q.settledOnly, reqStamp{id: id, rec: rec, at: rec.settled.leaseEnd + settleRetry.Milliseconds()})
+		q.forget(rec)
+	case rec.settled.leaseEnd > 0 && rec.slot >= 0:
+		rec.until = min(rec.until, rec.settled.leaseEnd+settleRetry.Milliseconds())
+		heap.Fix(&q.reqEnds, rec.slot)
 	}
 }
 
@@ -497,7 +509,7 @@ func (q *queue) forgetRequest(e *entry) {
 	}
 	for _, l := range r.leases {
 		if l.e == e && l.leaseID == x.LeaseID {
-			delete(q.requests, x.RequestID)
+			q.forget(r)
 			return
 		}
 	}

@@ -122,7 +122,7 @@ func TestRetryWaitsForTheFirstDequeue(t *testing.T) {
 
 // TestUsedLeasesFreeTheirRequestIDs: a worker's cycle — a dequeue with a request id, then a complete
 // whose next carries a new one — keeps one request id per lease held, not one per dequeue of the
-// window, and reqOrder's stamps of forgotten ids are dropped too.
+// window, and the records leave the expiry heap too.
 func TestUsedLeasesFreeTheirRequestIDs(t *testing.T) {
 	_, _, q := internalQueue(t, subjects.CreateQueueRequest{})
 	ctx := context.Background()
@@ -153,19 +153,17 @@ func TestUsedLeasesFreeTheirRequestIDs(t *testing.T) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.requests) != 1 || len(q.reqOrder) > 4*64 {
-		t.Fatalf("after %d cycles: %d request ids remembered, %d stamps; want 1 (the lease held) and a few", cycles, len(q.requests), len(q.reqOrder))
+	if len(q.requests) != 1 || len(q.reqEnds) != 1 {
+		t.Fatalf("after %d cycles: %d request ids remembered, %d records in the heap; want 1 (the lease held)", cycles, len(q.requests), len(q.reqEnds))
 	}
 }
 
-// TestIdleSettlesForgottenAfterTheirLease: with workers that keep up, a settle's next finds nothing.
-// Its request id is kept for the settle's retry, but only until a settleRetry after the settled
-// lease would have run out (its holder retries no longer), not for the whole RequestIDWindow.
-func TestIdleSettlesForgottenAfterTheirLease(t *testing.T) {
-	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{LeaseMS: 10_000})
+// settleIdle runs n cycles of a worker that keeps up: an enqueue, a dequeue with a request id, and a
+// complete whose next, with a request id of its own, finds nothing.
+func settleIdle(t *testing.T, q *queue, n int) {
+	t.Helper()
 	ctx := context.Background()
-	const cycles = 500
-	for i := range cycles {
+	for i := range n {
 		if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{}}); err != nil {
 			t.Fatal(err)
 		}
@@ -183,21 +181,49 @@ func TestIdleSettlesForgottenAfterTheirLease(t *testing.T) {
 			t.Fatalf("complete with next: %+v, %v; want nothing leased", reply, err)
 		}
 	}
-	remembered := func() int {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		q.expireRequests(q.now())
-		return len(q.requests)
+}
+
+// remembered expires q's request ids at its clock's time and counts those left, checking that the
+// expiry heap holds just them.
+func remembered(t *testing.T, q *queue) int {
+	t.Helper()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.expireRequests(q.now())
+	if len(q.reqEnds) != len(q.requests) {
+		t.Fatalf("%d records in the expiry heap, %d remembered", len(q.reqEnds), len(q.requests))
 	}
-	if n := remembered(); n != cycles {
-		t.Fatalf("%d request ids remembered, want the %d settles' (each may be retried until its lease's end)", n, cycles)
-	}
-	clk.Advance(10*time.Second + settleRetry) // the fake clock stood still: every lease ends now
-	if n := remembered(); n != cycles {
-		t.Fatalf("%d request ids remembered at their leases' end and settleRetry, want the %d still", n, cycles)
-	}
-	clk.Advance(time.Millisecond)
-	if n := remembered(); n != 0 {
-		t.Fatalf("%d request ids remembered past their leases' ends and settleRetry, want none", n)
+	return len(q.requests)
+}
+
+// TestIdleSettlesForgottenAfterTheirLease: with workers that keep up, a settle's next finds nothing.
+// Its request id is kept for the settle's retry, but only until a settleRetry after the settled
+// lease would have run out (its holder retries no longer), not for the whole RequestIDWindow. A
+// lease longer than that window is remembered for the window only.
+func TestIdleSettlesForgottenAfterTheirLease(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		leaseMS int64
+		kept    time.Duration // how long the settles' ids are remembered (the fake clock stands still)
+	}{
+		{"10 s lease", 10_000, 10*time.Second + settleRetry},
+		{"1 h lease", 3_600_000, RequestIDWindow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, clk, q := internalQueue(t, subjects.CreateQueueRequest{LeaseMS: tc.leaseMS})
+			const cycles = 500
+			settleIdle(t, q, cycles)
+			if n := remembered(t, q); n != cycles {
+				t.Fatalf("%d request ids remembered, want the %d settles' (each may be retried until its lease's end)", n, cycles)
+			}
+			clk.Advance(tc.kept)
+			if n := remembered(t, q); n != cycles {
+				t.Fatalf("%d request ids remembered after %v, want the %d still", n, tc.kept, cycles)
+			}
+			clk.Advance(time.Millisecond)
+			if n := remembered(t, q); n != 0 {
+				t.Fatalf("%d request ids remembered after %v, want none", n, tc.kept+time.Millisecond)
+			}
+		})
 	}
 }

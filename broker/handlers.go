@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -292,7 +291,7 @@ func (b *Broker) errorReply(req *nats.Msg, err error) (*subjects.Error, *nats.Ms
 		b.log.Error("request failed", "subject", req.Subject, "error", err)
 		e = subjects.Errorf(subjects.CodeInternal, "%v", err)
 	}
-	data, _ := json.Marshal(subjects.ErrorReply{Error: e})
+	data, _ := subjects.Marshal(subjects.ErrorReply{Error: e})
 	msg := &nats.Msg{Data: data, Header: nats.Header{}}
 	msg.Header.Set(micro.ErrorHeader, e.Message)
 	msg.Header.Set(micro.ErrorCodeHeader, strconv.Itoa(e.Code.Status()))

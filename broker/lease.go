@@ -302,12 +302,6 @@ func (q *queue) andNext(ctx context.Context, k settleKey, next *subjects.Dequeue
 		}
 		return nil, err
 	}
-	var leaseEnd int64 // of the lease the settle ends, should it be k's
-	q.mu.Lock()
-	if e := q.entries.get(k.id); e != nil && e.extra().LeaseID == k.leaseID {
-		leaseEnd = e.extra().LeaseExpires
-	}
-	q.mu.Unlock()
 	m, err := settle()
 	if err != nil {
 		if prior, m, ok := q.settledBy(r.RequestID, k); ok {
@@ -318,7 +312,7 @@ func (q *queue) andNext(ctx context.Context, k settleKey, next *subjects.Dequeue
 	}
 	var s *settledAs // kept with the dequeue's request id, for the settle's retry
 	if r.RequestID != "" {
-		s = newSettledAs(k, &m, leaseEnd)
+		s = newSettledAs(k, &m)
 	}
 	msgs, err := q.leaseBest(ctx, r, filter, s, replyShare(q.name, m.ID, 0, m.Metadata))
 	return q.settleReply(m, msgs, err), nil

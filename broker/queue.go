@@ -51,8 +51,7 @@ type queue struct {
 	doubt         clock.Timer               // issues the doubtful writes again
 	doubtArmed    bool
 	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
-	reqOrder      []reqStamp // request ids by time, for expiry
-	settledOnly   stampHeap  // ids of settles whose next leased nothing, by when they go (keepSettled)
+	reqEnds       recordHeap // the records of requests, by when they are forgotten
 	widest        int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
 
 	totals  subjects.Totals // transitions since the broker started

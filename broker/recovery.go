@@ -651,7 +651,6 @@ func (q *queue) rebuildRequests() {
 		if t, ok := leased[id]; ok {
 			at = t // the dequeue's own time: another of its messages left running later (its lease ran out)
 		}
-		q.reqOrder = append(q.reqOrder, reqStamp{id: id, rec: q.requests[id], at: at})
+		q.remember(id, q.requests[id], at)
 	}
-	slices.SortFunc(q.reqOrder, func(a, b reqStamp) int { return cmp.Compare(a.at, b.at) }) // as expireRequests reads them
 }
