@@ -358,13 +358,48 @@ async function run(nc, q) {
   await ok(nc, "delete", nq);
   done("complete with next leased n-2 with its payload; release with next found nothing; next with wait_ms: out_of_range");
 
+  step("payload forms");
+  // A reply carries a payload as a JSON string when escapes grow it by at most half, else as
+  // payload_base64 (docs/protocol.md, Conventions); <, > and & are written as they are.
+  const pq = `${q}-payloads`;
+  const html = '<p class="x">a &amp; b</p>';
+  const nuls = "\u0000".repeat(32); // valid UTF-8, but six bytes each in a JSON string
+  await ok(nc, "enqueue", pq, { id: "html", priority: 1, payload: html });
+  await ok(nc, "enqueue", pq, { id: "nuls", priority: 2, payload: nuls });
+  const raw = await nc.request(subject("dequeue", pq), encoder.encode(JSON.stringify({ batch: 2 })), { timeout: REQUEST_TIMEOUT_MS });
+  const text = decoder.decode(raw.data);
+  check(text.includes('"payload":"<p class=\\"x\\">a &amp; b</p>"'), `dequeue payloads: the HTML payload as written, unescaped: ${text}`);
+  const pd = JSON.parse(text);
+  eq(pd.messages.map((x) => x.id), ["html", "nuls"], "dequeue payloads: ids");
+  eq([pd.messages[0].payload, pd.messages[0].payload_base64], [html, undefined], "html: payload");
+  eq([pd.messages[1].payload, Buffer.from(pd.messages[1].payload_base64, "base64").toString("utf8")], [undefined, nuls], "nuls: payload_base64");
+  done("HTML as payload, unescaped; 32 NULs as payload_base64");
+
   step("list");
+  await ok(nc, "create", `${q}-z`, {}); // with pq, three queues at least: paging has pages
   const list = await ok(nc, "list");
   check(Array.isArray(list.queues), "list: queues");
   const names = list.queues.map((x) => x.name);
   check(names.includes(q) && !names.includes(aux), `list: want ${q} and not ${aux}, got ${JSON.stringify(names)}`);
   eq(names, [...names].sort(), "list: sorted by name");
-  done(`${names.length} queue(s), ${q} among them`);
+  check(list.more === undefined, `list: more ${list.more} on a short list`);
+  // Paged one at a time with after and limit, the list is the same.
+  const paged = [];
+  for (let after = undefined; ;) {
+    const page = await ok(nc, "list", undefined, after === undefined ? { limit: 1 } : { after, limit: 1 });
+    check(page.queues.length <= 1, `list limit 1: ${page.queues.length} queues`);
+    paged.push(...page.queues.map((x) => x.name));
+    if (!page.more) break;
+    check(page.queues.length === 1 && paged.length <= names.length, `list: more after ${JSON.stringify(paged)}`);
+    after = paged[paged.length - 1];
+  }
+  eq(paged, names, "list paged by one");
+  await expectError(nc, "list", undefined, { limit: 0.5 }, "bad_request", 400);
+  await expectError(nc, "list", undefined, { after: "a.b" }, "invalid_queue_name", 400);
+  check(names.length >= 3, `list: ${names.length} queues, want ${q}, ${pq} and ${q}-z at least`);
+  await ok(nc, "delete", pq);
+  await ok(nc, "delete", `${q}-z`);
+  done(`${names.length} queue(s), ${q} among them; the same paged by one`);
 }
 
 async function main() {
