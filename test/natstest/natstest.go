@@ -17,7 +17,7 @@ import (
 
 // readyTimeout bounds how long Start and Restart wait for the server to accept
 // connections.
-const readyTimeout = 10 * time.Second
+var readyTimeout = 10 * time.Second // a variable for tests
 
 // Options tune the test server.
 type Options struct {
