@@ -494,6 +494,11 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		if standby != nil {
 			standby.stop(t)
 		}
+		if cfg.restartServer != nil {
+			// A clean stop writes a snapshot and releases the claim: it needs its streams' leaders,
+			// which the last restart of a server may have left the cluster electing.
+			streamsLed(t, admin)
+		}
 		proc.stop(t)
 		// A start deletes the payloads that the kills left without a record; after it, the
 		// bodies stream holds one payload per message (or fewer, for a moment, while one is
@@ -537,6 +542,37 @@ func logged(log string, line *regexp.Regexp) int {
 		n += k
 	}
 	return n
+}
+
+// streamsLed waits, up to a minute, until every stream answers its info request (which its leader
+// answers), failing the test if one does not.
+func streamsLed(t *testing.T, admin *client) {
+	t.Helper()
+	js, err := jetstream.New(admin.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			names := js.StreamNames(ctx)
+			for name := range names.Name() {
+				if _, err := js.Stream(ctx, name); err != nil {
+					return fmt.Errorf("stream %s: %w", name, err)
+				}
+			}
+			return names.Err()
+		}()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cluster's streams have no leader after a minute: %v", err)
+		}
+		<-time.After(100 * time.Millisecond)
+	}
 }
 
 // payloadsMatch checks, waiting up to 10 s, that the bodies stream holds as many payloads as the
