@@ -333,10 +333,8 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 // list describes the queues after r.After, by name: at most r.Limit, and no more than one reply
 // carries (replyBudget), with More set when some were left out.
 func (b *Broker) list(r subjects.ListRequest) (subjects.ListReply, error) {
-	if r.After != "" {
-		if subjects.ValidateQueueName(r.After) != nil {
-			return subjects.ListReply{}, subjects.Errorf(subjects.CodeInvalidQueueName, "after must be a queue name (1 to %d characters of A-Z a-z 0-9 _ -), got %q", subjects.MaxQueueNameLen, r.After)
-		}
+	if r.After != "" && subjects.ValidateQueueName(r.After) != nil {
+		return subjects.ListReply{}, subjects.Errorf(subjects.CodeInvalidQueueName, "after must be a queue name (1 to %d characters of A-Z a-z 0-9 _ -), got %q", subjects.MaxQueueNameLen, r.After)
 	}
 	limit := cmp.Or(r.Limit, subjects.MaxListLimit)
 	if limit < 1 || limit > subjects.MaxListLimit {

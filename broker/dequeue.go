@@ -21,10 +21,10 @@ type waiter struct {
 }
 
 // dequeueRecord remembers what a dequeue with a request id leased, so a retry returns the same leases.
-// Up to five minutes of them are kept (about 170 bytes each, 300 with a settle; a record goes sooner
-// once a lease of it is used, forgetRequest, or when it is a settle's whose next leased nothing,
-// keepSettled), so what only a retry racing the first dequeue needs is made for it: the channel it
-// waits on (a channel each took another 110 bytes).
+// A record is kept up to five minutes (about 170 bytes, 300 with a settle), less once a lease of it
+// is used (forgetRequest) or when it is a settle's next that leased nothing (keepSettled). So what
+// only a retry racing the first dequeue needs is made for it: the channel it waits on (a channel
+// each took another 110 bytes).
 type dequeueRecord struct {
 	leases   []leaseRef
 	settled  *settledAs    // the settle whose next this dequeue was, if any
@@ -44,7 +44,7 @@ type settleKey struct {
 // settledAs is what a stored settle made of its message, kept with the dequeue its next ran so that
 // the settle's retry gets the same reply: the fields a settle changes, beside the entry, which holds
 // the others (no later transition changes them). About 130 bytes, where the message's view would
-// take some 250: a worker pool settling thousands of messages a second keeps five minutes of these.
+// take some 250: a worker pool settling thousands of messages a second keeps a lease's worth of these.
 type settledAs struct {
 	settleKey
 	e                             *entry
@@ -235,7 +235,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		if rec != nil {
 			// Nothing was leased: a retry may lease, like any new dequeue. (A settle's retry gets
 			// its reply again, with no message.)
-			q.keepSettled(r.RequestID, rec)
+			q.keepSettled(rec)
 		}
 		q.mu.Unlock()
 		return nil, nil
@@ -272,7 +272,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		// A retry must get back every lease this dequeue may have taken, the unknown ones too.
 		rec.leases = slices.Concat(held, maybe)
 		if len(rec.leases) == 0 {
-			q.keepSettled(r.RequestID, rec) // nothing leased: a retry may lease
+			q.keepSettled(rec) // nothing leased: a retry may lease
 		}
 	}
 	views := make([]subjects.Message, len(held))
@@ -309,8 +309,8 @@ func (b *Broker) replyBudget() int { return int(b.cfg.Conn.MaxPayload()) - reply
 // settle's message that leaves too little room (the worker's next poll gets it). Called with q.mu
 // held.
 func (q *queue) fitting(f index.Filter, n, taken int) int {
-	if n == 0 || n == 1 && taken == 0 {
-		return n
+	if n == 1 && taken == 0 {
+		return 1
 	}
 	budget := q.b.replyBudget() - taken
 	if n*q.widest <= budget {
@@ -478,17 +478,17 @@ func (q *queue) expireRequests(now int64) {
 // within its request timeout (the Go client's is 10 s by default).
 const settleRetry = time.Minute
 
-// keepSettled is for a dequeue with request id id that leased nothing: a retry may lease, like any
-// new dequeue, so the id is forgotten; unless the dequeue is a settle's next, whose retry must get
-// the settle's reply again. Then the id is kept, but only until a settleRetry after the settled
-// lease would have run out (when the RequestIDWindow does not end first): with workers that keep
-// up, most settles' next dequeues find nothing. Called with q.mu held.
-func (q *queue) keepSettled(id string, rec *dequeueRecord) {
+// keepSettled is for the record of a dequeue that leased nothing: a retry may lease, like any new
+// dequeue, so the id is forgotten; unless the dequeue is a settle's next, whose retry must get the
+// settle's reply again. Then the id is kept, but only until a settleRetry after the settled lease
+// would have run out (when the RequestIDWindow does not end first): with workers that keep up, most
+// settles' next dequeues find nothing. Called with q.mu held.
+func (q *queue) keepSettled(rec *dequeueRecord) {
 	switch {
-	case q.requests[id] != rec:
+	case q.requests[rec.id] != rec: // forgotten meanwhile
 	case rec.settled == nil:
 		q.forget(rec)
-	case rec.settled.leaseEnd > 0 && rec.slot >= 0:
+	case rec.settled.leaseEnd > 0:
 		rec.until = min(rec.until, rec.settled.leaseEnd+settleRetry.Milliseconds())
 		heap.Fix(&q.reqEnds, rec.slot)
 	}

@@ -622,10 +622,10 @@ func (q *queue) fenceRecord(ctx context.Context, e *entry) error {
 // a client retrying a dequeue across a broker restart gets back the leases it took that are still
 // held, and no new ones. A record names the dequeue of its last lease until that lease is used,
 // extended or settled (usedLease: its holder had the reply, so the dequeue will not be retried; and
-// a request id reused after its window must not bring back a lease another holder still extends). A running record that names one
-// was therefore last written by that dequeue, at its updated_at, which is when the id is remembered
-// from; an id whose records all left running since (they were leased before their updated_at) is
-// remembered for a window from their last write, and its retries lease nothing.
+// a request id reused after its window must not bring back a lease another holder still extends).
+// A running record that names one was therefore last written by that dequeue, at its updated_at,
+// which is when the id is remembered from; an id whose records all left running since (their leases
+// ran out) is remembered for a window from their last write, and its retries lease nothing.
 // Called with q.mu held, before the queue serves.
 func (q *queue) rebuildRequests() {
 	cut := q.now() - RequestIDWindow.Milliseconds()

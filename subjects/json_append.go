@@ -108,16 +108,8 @@ func appendString(b []byte, s string, safe *[utf8.RuneSelf]bool) []byte {
 func StringLen(s string) int {
 	n := 2
 	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case textSafe[c]:
-				n++
-			case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
-				n += 2
-			default:
-				n += 6
-			}
+		if c := s[i]; c < utf8.RuneSelf {
+			n += int(textWidth[c])
 			i++
 			continue
 		}
@@ -132,6 +124,22 @@ func StringLen(s string) int {
 	}
 	return n
 }
+
+// textWidth is what each ASCII byte takes in a JSON string that appendText writes: one byte as it
+// is (textSafe), two as \", \\ or a short escape of a control character (\n, \t…), six as \u00XX.
+var textWidth = func() (w [utf8.RuneSelf]uint8) {
+	for c := range w {
+		switch {
+		case textSafe[c]:
+			w[c] = 1
+		case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
+			w[c] = 2
+		default:
+			w[c] = 6
+		}
+	}
+	return w
+}()
 
 // plainTime reports whether t is a UTC time whose RFC 3339 form time.Time's MarshalJSON accepts
 // (a four-digit year).

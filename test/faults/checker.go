@@ -431,8 +431,8 @@ func (c *checker) checkEDF() {
 		}
 		spec := c.run.Queues[op.Queue]
 		granted := op.Leases[0].GrantedAt
-		from := op.Start // when the dequeue that leased was sent: this one, or its first try
-		if t, ok := sent[op.Queue+"/"+op.RequestID]; ok && op.RequestID != "" && t.Before(from) {
+		from := op.Start                                                    // when the dequeue that leased was sent: this one, or its first try
+		if t, ok := sent[op.Queue+"/"+op.RequestID]; ok && t.Before(from) { // only ops with an id are in sent
 			from = t
 		}
 		var worst int64
