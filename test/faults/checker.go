@@ -431,8 +431,10 @@ func (c *checker) checkEDF() {
 		}
 		spec := c.run.Queues[op.Queue]
 		granted := op.Leases[0].GrantedAt
-		from := op.Start                                                    // when the dequeue that leased was sent: this one, or its first try
-		if t, ok := sent[op.Queue+"/"+op.RequestID]; ok && t.Before(from) { // only ops with an id are in sent
+		// When the dequeue that leased was sent: this one, or its first try (sent holds the ops
+		// with a request id only).
+		from := op.Start
+		if t, ok := sent[op.Queue+"/"+op.RequestID]; ok && t.Before(from) {
 			from = t
 		}
 		var worst int64
