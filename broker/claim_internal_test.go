@@ -461,10 +461,11 @@ func TestStandbyChangesNoSettings(t *testing.T) {
 }
 
 // pausedServer starts a broker on srv serving queue name (created as cfg says) that then pauses:
-// its claim's clock stands still, so it never renews it, nor learns that it lost it.
-func pausedServer(t *testing.T, srv *natstest.Server, name string, cfg subjects.CreateQueueRequest) (*Broker, *queue) {
+// its claim's clock stands still, so it never renews it, nor learns that it lost it. mod may adjust
+// the broker's config.
+func pausedServer(t *testing.T, srv *natstest.Server, name string, cfg subjects.CreateQueueRequest, mod ...func(*Config)) (*Broker, *queue) {
 	t.Helper()
-	a := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)))
+	a := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)), mod...)
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -519,14 +520,7 @@ func TestTimersWaitForTheClaim(t *testing.T) {
 	srv := natstest.Start(t, nil)
 	ctx := context.Background()
 	qclk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
-	a := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)), func(c *Config) { c.Clock = qclk })
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	q, _, err := a.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, q := pausedServer(t, srv, "q", subjects.CreateQueueRequest{}, func(c *Config) { c.Clock = qclk })
 	invisible := int64(5_000)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", InvisibleMS: &invisible}}); err != nil {
 		t.Fatal(err)

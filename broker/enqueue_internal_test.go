@@ -138,16 +138,7 @@ func TestUsedLeasesFreeTheirRequestIDs(t *testing.T) {
 		t.Fatalf("dequeue: %v, %v", ms, err)
 	}
 	for i := 1; i < cycles; i++ {
-		m := ms[0]
-		next := subjects.DequeueRequest{RequestID: fmt.Sprintf("r%d", i)}
-		k := settleKey{op: subjects.OpComplete, id: m.ID, leaseID: m.LeaseID}
-		reply, err := q.andNext(ctx, k, &next, func() (subjects.Message, error) {
-			return q.complete(ctx, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ms = reply.(subjects.SettleReply).Next.Messages; len(ms) != 1 {
+		if ms = completeNext(t, q, ms[0], fmt.Sprintf("r%d", i)); len(ms) != 1 {
 			t.Fatalf("cycle %d: next leased %d messages", i, len(ms))
 		}
 	}
@@ -171,16 +162,29 @@ func settleIdle(t *testing.T, q *queue, n int) {
 		if err != nil || len(ms) != 1 {
 			t.Fatalf("dequeue: %v, %v", ms, err)
 		}
-		m := ms[0]
-		next := subjects.DequeueRequest{RequestID: fmt.Sprintf("next%d", i)}
-		k := settleKey{op: subjects.OpComplete, id: m.ID, leaseID: m.LeaseID}
-		reply, err := q.andNext(ctx, k, &next, func() (subjects.Message, error) {
-			return q.complete(ctx, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
-		})
-		if err != nil || len(reply.(subjects.SettleReply).Next.Messages) != 0 {
-			t.Fatalf("complete with next: %+v, %v; want nothing leased", reply, err)
+		if next := completeNext(t, q, ms[0], fmt.Sprintf("next%d", i)); len(next) != 0 {
+			t.Fatalf("complete with next leased %d messages, want none", len(next))
 		}
 	}
+}
+
+// completeNext completes m, with a next of request id next, as a worker does, and returns what the
+// next leased.
+func completeNext(t *testing.T, q *queue, m subjects.Message, next string) []subjects.Message {
+	t.Helper()
+	ctx := context.Background()
+	k := settleKey{op: subjects.OpComplete, id: m.ID, leaseID: m.LeaseID}
+	reply, err := q.andNext(ctx, k, &subjects.DequeueRequest{RequestID: next}, func() (subjects.Message, error) {
+		return q.complete(ctx, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reply.(subjects.SettleReply)
+	if r.Next.Error != nil {
+		t.Fatalf("complete %s: its next failed: %v", m.ID, r.Next.Error)
+	}
+	return r.Next.Messages
 }
 
 // remembered expires q's request ids at its clock's time and counts those left, checking that the

@@ -269,8 +269,7 @@ func TestUsedLeaseForgetsItsRequestID(t *testing.T) {
 func TestRetriedDequeueWhileBlocked(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
-	e.enqueue("q", subjects.EnqueueRequest{ID: "b"})
+	e.enqueueInOrder("q", "a", "b")
 	req := subjects.DequeueRequest{RequestID: "r1"}
 	first := e.dequeue("q", req)
 	must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{DequeueBlocked: ptr(true)})
@@ -317,22 +316,26 @@ func TestRequestIDsAcrossARestart(t *testing.T) {
 }
 
 // TestRequestIDOfABatchAcrossARestart: after a restart, an id whose dequeue leased a batch is
-// remembered for a window from that dequeue, though a message of the batch was settled later: an
-// id reused after the window must not bring back a lease of the batch still held.
+// remembered for a window from that dequeue, though the lease of a message of the batch ran out
+// later (its record written then): an id reused after the window must not bring back a lease of
+// the batch still held.
 func TestRequestIDOfABatchAcrossARestart(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.enqueueInOrder("q", "a", "b", "c")
-	batch := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2, LeaseMS: 3_600_000})
-	e.advance(4 * time.Minute)
-	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "b", LeaseID: batch[1].LeaseID})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a", Priority: ptr[int64](0), LeaseMS: ptr[int64](3_600_000)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b", Priority: ptr[int64](1), LeaseMS: ptr[int64](240_000)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "c", Priority: ptr[int64](2)})
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2})); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("the batch leased %v", got)
+	}
+	e.advance(4*time.Minute + time.Second) // b's lease runs out: pending again, its record rewritten
 	e.restartBroker()
 	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2})); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("the retry within the window got %v, want a's lease", got)
 	}
-	e.advance(time.Minute + time.Second) // the dequeue's window is over, not its settle's
-	if got := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2}); !slices.Equal(ids(got), []string{"c"}) {
-		t.Fatalf("the id reused after its window got %v, want a new lease of c alone", ids(got))
+	e.advance(time.Minute) // the dequeue's window is over, not that of b's record
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 2})); !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("the id reused after its window got %v, want new leases of b and c", got)
 	}
 }
 
@@ -531,6 +534,9 @@ func TestListPages(t *testing.T) {
 	}
 	if l := list(&subjects.ListRequest{After: "q115", Limit: 7}); !slices.Equal(names(l), want[116:]) || l.More {
 		t.Fatalf("after q115: %v, more %v; want the last four and no more", names(l), l.More)
+	}
+	if l := list(&subjects.ListRequest{After: "q112", Limit: 7}); !slices.Equal(names(l), want[113:]) || l.More {
+		t.Fatalf("after q112: %v, more %v; want the last seven, the limit, and no more", names(l), l.More)
 	}
 	if l := list(&subjects.ListRequest{After: "q119"}); len(l.Queues) != 0 || l.More {
 		t.Fatalf("after the last: %v, more %v", names(l), l.More)

@@ -121,7 +121,7 @@ func TestSettleThenNextRetryAfterTheSettle(t *testing.T) {
 	e := setup(t)
 	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](0)})
 	e.enqueue("q", subjects.EnqueueRequest{ID: "a", Priority: ptr[int64](0)})
-	e.enqueue("q", subjects.EnqueueRequest{ID: "b", Priority: ptr[int64](1)})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "b", Priority: ptr[int64](1), Payload: "pb"})
 	e.enqueue("q", subjects.EnqueueRequest{ID: "c", Priority: ptr[int64](2)})
 
 	// A complete whose message is collected before the retry.
@@ -137,7 +137,7 @@ func TestSettleThenNextRetryAfterTheSettle(t *testing.T) {
 	if !slices.Equal(ids(again.Next.Messages), []string{"b"}) || again.Next.Messages[0].LeaseID != first.Next.Messages[0].LeaseID {
 		t.Fatalf("next %v then %v, want the same lease of b", first.Next.Messages, again.Next.Messages)
 	}
-	if *again.Next.Messages[0].Payload != *first.Next.Messages[0].Payload {
+	if p := again.Next.Messages[0].Payload; p == nil || *p != "pb" {
 		t.Fatalf("the retry's next lost its payload: %+v", again.Next.Messages[0])
 	}
 
@@ -157,9 +157,10 @@ func TestSettleThenNextRetryAfterTheSettle(t *testing.T) {
 		t.Fatalf("depth %+v, want b running and c pending", c)
 	}
 
-	// The same settle with another request id, or another lease, is not a retry.
+	// The same settle with another request id, another op or another lease is not a retry.
 	fails(e, subjects.CodeLeaseMismatch, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "b", LeaseID: b.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-3"}})
 	fails(e, subjects.CodeLeaseMismatch, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "b", LeaseID: b.LeaseID, Next: &subjects.DequeueRequest{RequestID: "w1-2"}})
+	fails(e, subjects.CodeLeaseMismatch, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "b", LeaseID: "other", Next: &subjects.DequeueRequest{RequestID: "w1-2"}})
 
 	// A settle whose next leased nothing: its retry gets the same reply, no message, once the
 	// settled message is collected.

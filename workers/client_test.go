@@ -726,9 +726,7 @@ func TestQueuesPagesThroughLongLists(t *testing.T) {
 	var want []string
 	for i := range 150 {
 		name := fmt.Sprintf("q%03d", i)
-		if _, err := e.c.CreateQueue(c, name, nil); err != nil {
-			t.Fatal(err)
-		}
+		e.createQueue(name, nil)
 		want = append(want, name)
 	}
 	list, err := e.c.Queues(c)

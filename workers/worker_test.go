@@ -740,33 +740,55 @@ func TestWorkerDequeueOfUnknownOutcome(t *testing.T) {
 // TestWorkerSettleOfUnknownOutcome: a complete whose answer was lost may have leased the slot's next
 // message. When the retry then fails outright (the message collected meanwhile: message_not_found),
 // the slot's next poll still uses the complete's request id, so the broker can return that lease.
+// When the retry succeeds, its next is what the id leased, and the next poll takes a fresh id.
 func TestWorkerSettleOfUnknownOutcome(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	fake, space, _, reqs := fakeLeasingOnceSeen(t, srv)
-	var completes atomic.Int32
-	nexts := make(chan string, 16)
-	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
-		r := decode[subjects.LeaseRequest](t, m.Data)
-		if r.Next == nil {
-			nexts <- ""
-			return
-		}
-		nexts <- r.Next.RequestID
-		if completes.Add(1) > 1 { // the first is not answered
-			_ = m.Respond([]byte(`{"error":{"code":"message_not_found","message":"queue q has no message \"m\""}}`))
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	workerOnFake(t, srv, fake, 50*time.Millisecond, func(context.Context, *workers.Job) error { return nil })
-	recv(t, reqs) // the dequeue of m
-	first, retry := recv(t, nexts), recv(t, nexts)
-	if first == "" || retry != first {
-		t.Fatalf("the completes' next request ids %q, %q: want one, sent again", first, retry)
-	}
-	if poll := recv(t, reqs); poll.RequestID != first {
-		t.Fatalf("the poll after the complete uses request id %q, want the complete's %q", poll.RequestID, first)
+	for _, tc := range []struct {
+		name       string
+		retryReply func(msg subjects.Message) []byte
+		sameID     bool // the poll after the complete sends the complete's next request id again
+	}{
+		{"retry fails outright", func(subjects.Message) []byte {
+			return []byte(`{"error":{"code":"message_not_found","message":"queue q has no message \"m\""}}`)
+		}, true},
+		{"retry succeeds", func(msg subjects.Message) []byte {
+			msg.State, msg.LeaseID, msg.LeaseExpiresAt = subjects.StateCompleted, "", nil
+			data, err := json.Marshal(subjects.SettleReply{Message: msg, Next: &subjects.NextReply{Messages: []subjects.Message{}}})
+			if err != nil {
+				t.Error(err)
+			}
+			return data
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := natstest.Start(t, nil)
+			fake, space, msg, reqs := fakeLeasingOnceSeen(t, srv)
+			var completes atomic.Int32
+			nexts := make(chan string, 16)
+			if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
+				r := decode[subjects.LeaseRequest](t, m.Data)
+				if r.Next == nil {
+					nexts <- ""
+					return
+				}
+				nexts <- r.Next.RequestID
+				if completes.Add(1) > 1 { // the first is not answered
+					_ = m.Respond(tc.retryReply(msg))
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			workerOnFake(t, srv, fake, 50*time.Millisecond, func(context.Context, *workers.Job) error { return nil })
+			recv(t, reqs) // the dequeue of m
+			first, retry := recv(t, nexts), recv(t, nexts)
+			if first == "" || retry != first {
+				t.Fatalf("the completes' next request ids %q, %q: want one, sent again", first, retry)
+			}
+			if poll := recv(t, reqs); (poll.RequestID == first) != tc.sameID || poll.RequestID == "" {
+				t.Fatalf("the poll after the complete uses request id %q (the complete's %q): want it again %v", poll.RequestID, first, tc.sameID)
+			}
+		})
 	}
 }
 

@@ -255,6 +255,18 @@ func TestChecker(t *testing.T) {
 			rules: []string{"edf"},
 		},
 		{
+			name: "edf: a retry's leases were decided while the more urgent message's value was held",
+			run: Run{Ops: []Op{
+				enq("x", "held", 0, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
+				deq("x", "r0", 5, 7, ls("held", "L0", 0, "foo", 6, 100006)),
+				deq("x", "r1", 1200, 2200).withOutcome(Unknown),
+				done(Complete, "x", "held", "L0", 1500, 1502, OK),
+				deq("x", "r1", 5000, 5002, ls("late", "L1", 9, "bar", 1201, 101201)),
+			}, Final: finals("x/held", "completed", 1, "x/urgent", "pending", 0, "x/late", "running", 1)},
+		},
+		{
 			name: "edf: a more urgent message of a leased value is not eligible",
 			run: Run{Ops: []Op{
 				enq("x", "held", 0, 0, 2, map[string]string{"p": "foo"}),
