@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strconv"
@@ -90,7 +91,7 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 			continue
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
+		if err != nil || v[0] == '+' { // JSON has no plus sign, and neither has the header form
 			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %q is not a decimal int64", h.name, v)
 		}
 		*h.dst = &n
@@ -163,6 +164,32 @@ func ValidateRequestID(id string) error {
 	if len(id) > MaxRequestIDLen || !printable(id) {
 		return Errorf(CodeBadRequest, "request_id must be at most %d bytes of printable UTF-8", MaxRequestIDLen)
 	}
+	return nil
+}
+
+// Pairs are a message's metadata, or a filter on it: keys and values are strings. They decode as
+// a map[string]string does, except that a null value is an error: encoding/json would take it for
+// "", a value the sender did not give. A null for the whole object is no pairs, as usual.
+type Pairs map[string]string
+
+// UnmarshalJSON decodes a JSON object of strings.
+func (p *Pairs) UnmarshalJSON(data []byte) error {
+	var m map[string]*string
+	if err := json.Unmarshal(data, &m); err != nil {
+		return err
+	}
+	if m == nil {
+		*p = nil
+		return nil
+	}
+	out := make(Pairs, len(m))
+	for k, v := range m {
+		if v == nil {
+			return fmt.Errorf("the value of %q is null, not a string", k)
+		}
+		out[k] = *v
+	}
+	*p = out
 	return nil
 }
 

@@ -64,6 +64,14 @@ func TestDecodeStrict(t *testing.T) {
 		{"number for bool pointer", `{"dequeue_blocked":1}`, func() any { return new(subjects.UpdateQueueRequest) }},
 		{"non-string metadata", `{"metadata":{"a":1}}`, func() any { return new(subjects.EnqueueRequest) }},
 		{"array filter", `{"filter":["a"]}`, func() any { return new(subjects.DepthRequest) }},
+		// encoding/json alone would take each for "".
+		{"null metadata value", `{"metadata":{"a":"b","k":null}}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"null metadata value in a batch", `{"messages":[{"metadata":{"k":null}}]}`, func() any { return new(subjects.EnqueueBatchRequest) }},
+		{"null filter value", `{"filter":{"k":null}}`, func() any { return new(subjects.DequeueRequest) }},
+		{"null filter value in next", `{"id":"m1","lease_id":"L","next":{"filter":{"k":null}}}`, func() any { return new(subjects.LeaseRequest) }},
+		{"null depth filter value", `{"filter":{"k":null}}`, func() any { return new(subjects.DepthRequest) }},
+		{"null stats filter value", `{"filter":{"k":null}}`, func() any { return new(subjects.StatsRequest) }},
+		{"null browse filter value", `{"state":"pending","filter":{"k":null}}`, func() any { return new(subjects.BrowseRequest) }},
 		{"bad base64", `{"payload_base64":"!!!"}`, func() any { return new(subjects.EnqueueRequest) }},
 		{"object messages", `{"messages":{}}`, func() any { return new(subjects.EnqueueBatchRequest) }},
 		// encoding/json alone would replace each invalid byte with U+FFFD.
@@ -365,6 +373,9 @@ func TestDecodeRawEnqueueBadHeaders(t *testing.T) {
 		{subjects.HeaderMetadata, `"a"`},
 		{subjects.HeaderMetadata, `{"a":"b"}{}`},
 		{subjects.HeaderMetadata, `a=b`},
+		{subjects.HeaderMetadata, `{"a":null}`},
+		{subjects.HeaderPriority, "+5"}, // JSON has no plus sign either
+		{subjects.HeaderLeaseMS, "+1000"},
 	} {
 		h := map[string][]string{
 			subjects.HeaderID: {"m1"},
@@ -387,7 +398,7 @@ func TestDecodeRawEnqueueGoodInts(t *testing.T) {
 		value string
 		want  int64
 	}{
-		{"0", 0}, {"-0", 0}, {"+5", 5}, {"007", 7},
+		{"0", 0}, {"-0", 0}, {"-5", -5}, {"007", 7},
 		{"9223372036854775807", 9223372036854775807},
 		{"-9223372036854775808", -9223372036854775808},
 	} {
@@ -405,13 +416,13 @@ func TestDecodeRawEnqueueGoodInts(t *testing.T) {
 func TestDecodeRawEnqueueMetadataForms(t *testing.T) {
 	for _, tc := range []struct {
 		value string
-		want  map[string]string
+		want  subjects.Pairs
 	}{
-		{`{}`, map[string]string{}},
+		{`{}`, subjects.Pairs{}},
 		{`null`, nil},
-		{` {"a" : "b"} `, map[string]string{"a": "b"}},
-		{`{"a":"b","a":"c"}`, map[string]string{"a": "c"}},
-		{`{"é":"✓","x":""}`, map[string]string{"é": "✓", "x": ""}},
+		{` {"a" : "b"} `, subjects.Pairs{"a": "b"}},
+		{`{"a":"b","a":"c"}`, subjects.Pairs{"a": "c"}},
+		{`{"é":"✓","x":""}`, subjects.Pairs{"é": "✓", "x": ""}},
 	} {
 		req, err := subjects.DecodeRawEnqueue(map[string][]string{subjects.HeaderMetadata: {tc.value}}, nil)
 		if err != nil {

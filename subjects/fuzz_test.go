@@ -285,7 +285,7 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 				return nil
 			}
 			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
+			if err != nil || strings.HasPrefix(v, "+") {
 				wantErr = true
 				return nil
 			}
@@ -304,8 +304,19 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 			want.ID = id
 		}
 		if present&rawMetadata != 0 {
-			if err := json.Unmarshal([]byte(metadata), &want.Metadata); err != nil {
+			var md map[string]*string
+			if err := json.Unmarshal([]byte(metadata), &md); err != nil {
 				wantErr = true
+			}
+			if md != nil {
+				want.Metadata = subjects.Pairs{}
+			}
+			for k, v := range md {
+				if v == nil {
+					wantErr = true // null is not a string
+					break
+				}
+				want.Metadata[k] = *v
 			}
 		}
 		if (err != nil) != wantErr {

@@ -85,9 +85,9 @@ type HistoryReply struct {
 
 // StatsRequest is the body of stats; an empty body gives the whole queue's view.
 type StatsRequest struct {
-	Filter           map[string]string `json:"filter,omitempty"`             // count and age only matching messages
-	ExpiringWithinMS int64             `json:"expiring_within_ms,omitempty"` // default 30 s
-	ExpiringLimit    int               `json:"expiring_limit,omitempty"`     // default 20
+	Filter           Pairs `json:"filter,omitempty"`             // count and age only matching messages
+	ExpiringWithinMS int64 `json:"expiring_within_ms,omitempty"` // default 30 s
+	ExpiringLimit    int   `json:"expiring_limit,omitempty"`     // default 20
 }
 
 // Rates are transitions per second over the last minute (or since the broker started, if sooner).
@@ -138,9 +138,9 @@ type StatsReply struct {
 // pending in EDF order, invisible by when they become pending, running by lease expiry, terminal by
 // when they ended — optionally only those matching Filter.
 type BrowseRequest struct {
-	State  State             `json:"state"`
-	Filter map[string]string `json:"filter,omitempty"`
-	Limit  int               `json:"limit,omitempty"` // 1 to MaxBrowseLimit, default DefaultBrowseLimit
+	State  State `json:"state"`
+	Filter Pairs `json:"filter,omitempty"`
+	Limit  int   `json:"limit,omitempty"` // 1 to MaxBrowseLimit, default DefaultBrowseLimit
 }
 
 // BrowseReply is the reply of browse: messages without payloads. More is true when more matched.

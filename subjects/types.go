@@ -120,13 +120,13 @@ type DeleteReply struct {
 // EnqueueRequest is one message to enqueue. Payload is UTF-8 text; PayloadBase64 carries binary
 // payloads; give at most one. Priority defaults to the enqueue time in Unix ms (FIFO).
 type EnqueueRequest struct {
-	ID            string            `json:"id,omitempty"`
-	Priority      *int64            `json:"priority,omitempty"`
-	Payload       string            `json:"payload,omitempty"`
-	PayloadBase64 []byte            `json:"payload_base64,omitempty"`
-	Metadata      map[string]string `json:"metadata,omitempty"`
-	InvisibleMS   *int64            `json:"invisible_ms,omitempty"` // overrides the queue's invisibility
-	LeaseMS       *int64            `json:"lease_ms,omitempty"`     // overrides the queue's lease for this message
+	ID            string `json:"id,omitempty"`
+	Priority      *int64 `json:"priority,omitempty"`
+	Payload       string `json:"payload,omitempty"`
+	PayloadBase64 []byte `json:"payload_base64,omitempty"`
+	Metadata      Pairs  `json:"metadata,omitempty"`
+	InvisibleMS   *int64 `json:"invisible_ms,omitempty"` // overrides the queue's invisibility
+	LeaseMS       *int64 `json:"lease_ms,omitempty"`     // overrides the queue's lease for this message
 }
 
 // EnqueueBatchRequest is the body of enqueue_batch.
@@ -153,12 +153,12 @@ type EnqueueBatchReply struct {
 // DequeueRequest is the body of dequeue; an empty body leases one message with the queue's lease and
 // does not wait.
 type DequeueRequest struct {
-	Batch     int               `json:"batch,omitempty"`      // 1 to MaxDequeueBatch, default 1
-	LeaseMS   int64             `json:"lease_ms,omitempty"`   // default the queue's lease_ms
-	WaitMS    int64             `json:"wait_ms,omitempty"`    // long-poll up to this long for a first message
-	Filter    map[string]string `json:"filter,omitempty"`     // every pair must be in the metadata
-	RequestID string            `json:"request_id,omitempty"` // a retry with the same id returns the same leases
-	Worker    string            `json:"worker,omitempty"`     // who asks, for the leased events (≤ 128 printable bytes)
+	Batch     int    `json:"batch,omitempty"`      // 1 to MaxDequeueBatch, default 1
+	LeaseMS   int64  `json:"lease_ms,omitempty"`   // default the queue's lease_ms
+	WaitMS    int64  `json:"wait_ms,omitempty"`    // long-poll up to this long for a first message
+	Filter    Pairs  `json:"filter,omitempty"`     // every pair must be in the metadata
+	RequestID string `json:"request_id,omitempty"` // a retry with the same id returns the same leases
+	Worker    string `json:"worker,omitempty"`     // who asks, for the leased events (≤ 128 printable bytes)
 }
 
 // DequeueReply is the reply of dequeue: the leased messages in EDF order (possibly none).
@@ -213,7 +213,7 @@ type GetRequest struct {
 
 // DepthRequest is the body of depth; an empty body counts every message.
 type DepthRequest struct {
-	Filter map[string]string `json:"filter,omitempty"`
+	Filter Pairs `json:"filter,omitempty"`
 }
 
 // DepthReply is the reply of depth.
