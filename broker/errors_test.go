@@ -1,10 +1,13 @@
 package broker_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -347,6 +350,62 @@ func TestErrRawEnqueueHeaders(t *testing.T) {
 
 // TestErrRawEnqueueHeaderCase: the contract says header names are case-insensitive, so a bad value
 // under a lower- or upper-case name must be rejected like under the canonical name (not ignored).
+// TestErrRawEnqueueMalformedHeaderBlock sends header blocks nats.go cannot decode, over the raw
+// protocol (nats.go will not write them): it delivers such a message without headers, which must
+// not enqueue the payload without its id and attributes.
+func TestErrRawEnqueueMalformedHeaderBlock(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.srv.URL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	r := bufio.NewReader(conn)
+	if _, err := r.ReadString('\n'); err != nil { // INFO
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(conn, "CONNECT {\"verbose\":false,\"headers\":true}\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	replies := make(chan *nats.Msg, 8)
+	sub, err := e.nc.ChanSubscribe(nats.NewInbox()+".>", replies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	subj := e.space.Subject(subjects.OpEnqueueRaw, "q")
+	for i, hdr := range []string{
+		"NATS/1.0\r\nNatstone-Id: m1\r\nNatstone-Priority 5\r\n\r\n", // a line without a colon
+		"NATS/1.0\r\nNatstone-Lease-Ms: 5\r\nbroken\r\n\r\n",
+		"FOO/1.0\r\nNatstone-Lease-Ms: 5\r\n\r\n", // not a NATS header block
+	} {
+		reply := strings.TrimSuffix(sub.Subject, ">") + strconv.Itoa(i)
+		body := "payload"
+		frame := fmt.Sprintf("HPUB %s %s %d %d\r\n%s%s\r\nPING\r\n", subj, reply, len(hdr), len(hdr)+len(body), hdr, body)
+		if _, err := io.WriteString(conn, frame); err != nil {
+			t.Fatal(err)
+		}
+		for line := ""; line != "PONG\r\n"; {
+			if line, err = r.ReadString('\n'); err != nil {
+				t.Fatalf("header block %d: %v (the server closed the connection?)", i, err)
+			}
+		}
+		select {
+		case m := <-replies:
+			e.checkErrReply(m, subjects.CodeBadRequest, fmt.Sprintf("header block %q", hdr))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("header block %q: no reply", hdr)
+		}
+	}
+	if c := e.depth("q", nil); c != (subjects.Counts{}) {
+		t.Fatalf("depth = %+v, want nothing enqueued", c)
+	}
+}
+
 func TestErrRawEnqueueHeaderCase(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -260,6 +260,9 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 func decodeEnqueue(op subjects.Op, req *nats.Msg) ([]subjects.EnqueueRequest, error) {
 	switch op {
 	case subjects.OpEnqueueRaw:
+		if headerLost(req) {
+			return nil, subjects.Errorf(subjects.CodeBadRequest, "the message's header block is malformed (see the NATS header format): its Natstone-* headers cannot be read")
+		}
 		r, err := subjects.DecodeRawEnqueue(req.Header, req.Data)
 		if err != nil {
 			return nil, err
@@ -281,6 +284,14 @@ func decodeEnqueue(op subjects.Op, req *nats.Msg) ([]subjects.EnqueueRequest, er
 		}
 		return []subjects.EnqueueRequest{r}, nil
 	}
+}
+
+// headerLost reports whether a received message came with a header block that nats.go could not
+// decode. It delivers such a message with no headers (and reports ErrBadHeaderMsg to the
+// connection's error handler, apart from the message), so an enqueue_raw would lose its id and
+// attributes and go ahead without them. Its size still counts the block.
+func headerLost(m *nats.Msg) bool {
+	return m.Header == nil && m.Size() != len(m.Subject)+len(m.Reply)+len(m.Data)
 }
 
 // errorReply builds the answer to a failed request: an ErrorReply body and the NATS service error

@@ -29,13 +29,16 @@ var rawHeaders = []string{HeaderID, HeaderPriority, HeaderMetadata, HeaderInvisi
 // nothing after it. An empty (or all white space) body, or null, leaves v at its zero value. Errors
 // are *Error with CodeBadRequest.
 func Decode(data []byte, v any) error {
-	if len(bytes.TrimSpace(data)) == 0 {
+	if len(bytes.Trim(data, jsonSpace)) == 0 {
 		return nil
 	}
 	if !utf8.Valid(data) {
 		// encoding/json would replace each invalid byte with U+FFFD: an id or payload other than
 		// the one sent.
 		return Errorf(CodeBadRequest, "malformed JSON body: not valid UTF-8")
+	}
+	if loneSurrogate(data) {
+		return Errorf(CodeBadRequest, "malformed JSON body: %s", errLoneSurrogate)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -46,6 +49,64 @@ func Decode(data []byte, v any) error {
 		return Errorf(CodeBadRequest, "malformed JSON body: data after the object")
 	}
 	return nil
+}
+
+// jsonSpace is JSON's white space. Other Unicode spaces (bytes.TrimSpace's) are not JSON.
+const jsonSpace = " \t\r\n"
+
+// errLoneSurrogate says why loneSurrogate's text is refused.
+const errLoneSurrogate = `a \u escape of half a UTF-16 surrogate pair (such as \ud800) is not a character`
+
+// loneSurrogate reports whether the JSON text data has a \u escape of a UTF-16 surrogate that is not
+// half of a pair. encoding/json decodes one to U+FFFD, so that "\ud800" and "\udbff" would be
+// the same id, and neither the one sent. A backslash can only be in a string, so data is read
+// escape by escape from its first byte.
+func loneSurrogate(data []byte) bool {
+	for i := bytes.IndexByte(data, '\\'); i >= 0 && i+1 < len(data); {
+		if data[i+1] == 'u' {
+			switch r := hex4(data[i+2:]); {
+			case r >= 0xdc00 && r <= 0xdfff:
+				return true // a low half first
+			case r >= 0xd800 && r <= 0xdbff:
+				if len(data) < i+12 || data[i+6] != '\\' || data[i+7] != 'u' {
+					return true
+				}
+				if r2 := hex4(data[i+8:]); r2 < 0xdc00 || r2 > 0xdfff {
+					return true
+				}
+				i += 6 // the pair's high half; its low half is skipped below
+			}
+		}
+		i += 2 // the escape's backslash and letter: \\ is not the start of another
+		j := bytes.IndexByte(data[i:], '\\')
+		if j < 0 {
+			break
+		}
+		i += j
+	}
+	return false
+}
+
+// hex4 decodes the four hex digits that start b, or returns -1.
+func hex4(b []byte) rune {
+	if len(b) < 4 {
+		return -1
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return -1
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // DecodeRawEnqueue builds an EnqueueRequest from the enqueue_raw form: body is the payload, the
@@ -99,6 +160,9 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 	if v, ok := values[HeaderMetadata]; ok {
 		if !utf8.ValidString(v) {
 			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: not valid UTF-8", HeaderMetadata)
+		}
+		if loneSurrogate([]byte(v)) {
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %s", HeaderMetadata, errLoneSurrogate)
 		}
 		if err := json.Unmarshal([]byte(v), &req.Metadata); err != nil {
 			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: want a JSON object of strings: %v", HeaderMetadata, err)

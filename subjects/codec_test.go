@@ -79,6 +79,24 @@ func TestDecodeStrict(t *testing.T) {
 		{"invalid UTF-8 in a payload", "{\"payload\":\"x\xfey\"}", func() any { return new(subjects.EnqueueRequest) }},
 		{"invalid UTF-8 in a key", "{\"metadata\":{\"k\xff\":\"v\"}}", func() any { return new(subjects.EnqueueRequest) }},
 		{"invalid UTF-8 between fields", "{\"id\":\"a\"\xc0}", func() any { return new(subjects.GetRequest) }},
+		// Not JSON's white space; bytes.TrimSpace's.
+		{"no-break space only", "\u00a0", func() any { return new(subjects.EnqueueRequest) }},
+		{"ideographic space only", "\u3000", func() any { return new(subjects.DequeueRequest) }},
+		{"form feed only", "\f", func() any { return new(subjects.CreateQueueRequest) }},
+		{"vertical tab only", "\v", func() any { return new(subjects.DepthRequest) }},
+		{"no-break space around", "\u00a0{}\u00a0", func() any { return new(subjects.GetRequest) }},
+		// encoding/json alone would replace each lone half with U+FFFD.
+		{"high surrogate alone in an id", `{"id":"coll\ud800"}`, func() any { return new(subjects.GetRequest) }},
+		{"low surrogate alone in an id", `{"id":"coll\udbff"}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"low surrogate first", `{"id":"\udc00\ud800"}`, func() any { return new(subjects.GetRequest) }},
+		{"high surrogate at the end", `{"payload":"x\uD800"}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"high surrogate then a letter", `{"payload":"\ud800\u0041"}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"two high surrogates", `{"payload":"\ud800\ud800"}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"high surrogate after an escaped backslash", `{"payload":"\\\ud800"}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"lone surrogate in a metadata key", `{"metadata":{"k\ud800":"v"}}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"lone surrogate in a metadata value", `{"messages":[{"metadata":{"k":"\udfff"}}]}`, func() any { return new(subjects.EnqueueBatchRequest) }},
+		{"lone surrogate in a filter", `{"filter":{"k":"\ud800"}}`, func() any { return new(subjects.DequeueRequest) }},
+		{"lone surrogate in a lease id", `{"id":"m1","lease_id":"\ud800"}`, func() any { return new(subjects.LeaseRequest) }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,6 +106,24 @@ func TestDecodeStrict(t *testing.T) {
 				t.Errorf("error text = %q", err)
 			}
 		})
+	}
+}
+
+func TestDecodeSurrogatePairs(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{`{"payload":"\ud83d\ude00"}`, "😀"},
+		{`{"payload":"\uD83D\uDE00!"}`, "😀!"},
+		{`{"payload":"\\ud800"}`, `\ud800`}, // an escaped backslash, then text
+		{`{"payload":"\\\\ud800"}`, `\\ud800`},
+		{`{"payload":"\u00e9\ud800\udc00"}`, "é\U00010000"},
+		{`{"payload":"\ufffd"}`, "\ufffd"}, // U+FFFD itself is a character
+	} {
+		var r subjects.EnqueueRequest
+		if err := subjects.Decode([]byte(tc.body), &r); err != nil {
+			t.Errorf("Decode(%s): %v", tc.body, err)
+		} else if r.Payload != tc.want {
+			t.Errorf("Decode(%s): payload %q, want %q", tc.body, r.Payload, tc.want)
+		}
 	}
 }
 
@@ -374,6 +410,7 @@ func TestDecodeRawEnqueueBadHeaders(t *testing.T) {
 		{subjects.HeaderMetadata, `{"a":"b"}{}`},
 		{subjects.HeaderMetadata, `a=b`},
 		{subjects.HeaderMetadata, `{"a":null}`},
+		{subjects.HeaderMetadata, `{"a":"\ud800"}`},
 		{subjects.HeaderPriority, "+5"}, // JSON has no plus sign either
 		{subjects.HeaderLeaseMS, "+1000"},
 	} {

@@ -161,6 +161,8 @@ func FuzzDecode(f *testing.F) {
 		`{"state":"pending","filter":{"a":"b"},"limit":50}`,
 		`{"id":"m1","limit":1000}`,
 		`{"filter":{"\u00e9":"\ud800"}}`,
+		`{"id":"\ud83d\ude00\udc00"}`,
+		`{"payload":"\\\ud800"}`,
 		`{"id":"\xff\xfe"}`,
 		`{"ID":"case"}`,
 		`{"id":"m1"} x`,
@@ -185,6 +187,12 @@ func FuzzDecode(f *testing.F) {
 			b1, err := json.Marshal(v1)
 			if err != nil {
 				t.Fatalf("json.Marshal(%T %+v): %v", v1, v1, err)
+			}
+			// Nothing decoded is changed into U+FFFD (which encoding/json makes of invalid UTF-8
+			// and of lone surrogate escapes): only a U+FFFD that was sent comes back.
+			if bytes.Contains(b1, []byte("\ufffd")) && !bytes.Contains(data, []byte("\ufffd")) &&
+				!bytes.Contains(bytes.ToLower(data), []byte(`\ufffd`)) {
+				t.Fatalf("Decode(%q, %T) made a U+FFFD: %s", data, v1, b1)
 			}
 			v2 := newV()
 			if err := subjects.Decode(b1, v2); err != nil {
