@@ -231,7 +231,7 @@ func TestErrMalformedJSON(t *testing.T) {
 			`{"payload":"x","state":"pending"}`, `{"payload":"x","metadata":{"a":"b","k":null}}`},
 		subjects.OpEnqueueBatch: {`{"messages":{}}`, `{"messages":[{"nope":1}]}`, `{"messages":[1]}`,
 			`{"messages":[{"payload":"a"}],"x":1}`, `{"messages":[{"payload":"a"},{"priority":"x"}]}`, `{"messages":"a"}`,
-			`{"messages":[{"payload":"a"},{"metadata":{"k":null}}]}`},
+			`{"messages":[{"payload":"a"},{"metadata":{"k":null}}]}`, `{"messages":[{"payload":"a"},null]}`},
 		subjects.OpDequeue:  {`{"batch":"1"}`, `{"lease_ms":1e3}`, `{"filter":["a"]}`, `{"wait_ms":true}`, `{"request_id":1}`, `{"filter":{"k":null}}`},
 		subjects.OpComplete: {`{"id":"r1","lease_id":5}`, `{"id":["r1"]}`, `{"id":"r1","lease_id":"` + lease + `","state":"completed"}`},
 		subjects.OpExtend:   {`{"id":"r1","lease_id":"` + lease + `","lease_ms":"1000"}`, `{"id":"r1","lease_id":"` + lease + `","delay_ms":1}`},

@@ -49,13 +49,16 @@ func DecodeEnqueueBatch(data []byte) (EnqueueBatchRequest, error) {
 		return r, err
 	}
 	var given struct {
-		Messages []struct {
+		Messages []*struct {
 			ID *string `json:"id"`
 		} `json:"messages"`
 	}
-	if bytes.Contains(data, []byte(`""`)) && json.Unmarshal(data, &given) == nil {
+	if (bytes.Contains(data, []byte(`""`)) || bytes.Contains(data, []byte("null"))) && json.Unmarshal(data, &given) == nil {
 		for i, m := range given.Messages {
-			if m.ID != nil && *m.ID == "" {
+			switch {
+			case m == nil: // encoding/json would make it a message of defaults
+				return EnqueueBatchRequest{}, Errorf(CodeBadRequest, "messages[%d] is null, not a message", i)
+			case m.ID != nil && *m.ID == "":
 				return EnqueueBatchRequest{}, Errorf(CodeInvalidID, "messages[%d]: %s", i, errEmptyID.Message)
 			}
 		}

@@ -80,13 +80,18 @@ func FuzzDecodeEnqueue(f *testing.F) {
 		var wantBatch subjects.EnqueueBatchRequest
 		wantErr = subjects.Decode(data, &wantBatch)
 		var givenBatch struct {
-			Messages []struct {
-				ID *string `json:"id"`
-			} `json:"messages"`
+			Messages []json.RawMessage `json:"messages"`
 		}
 		if wantErr == nil && json.Unmarshal(data, &givenBatch) == nil {
-			for i, m := range givenBatch.Messages {
-				if m.ID != nil && *m.ID == "" {
+			for i, raw := range givenBatch.Messages {
+				var m struct {
+					ID *string `json:"id"`
+				}
+				if string(raw) == "null" {
+					wantErr = subjects.Errorf(subjects.CodeBadRequest, "messages[%d] is null, not a message", i)
+					break
+				}
+				if json.Unmarshal(raw, &m) == nil && m.ID != nil && *m.ID == "" {
 					wantErr = emptyID(fmt.Sprintf("messages[%d]: ", i))
 					break
 				}
@@ -134,6 +139,12 @@ func TestDecodeEnqueueFastPath(t *testing.T) {
 	}
 	if _, err := subjects.DecodeEnqueueBatch([]byte(`{"messages":[{"id":"a"},{"id":""}]}`)); err == nil || !strings.Contains(err.Error(), "invalid_id: messages[1]: id is empty") {
 		t.Errorf("a batch with an empty id: %v", err)
+	}
+	// A null message is not one of defaults, which encoding/json would make of it.
+	for _, body := range []string{`{"messages":[null]}`, `{"messages":[{"id":"a"}, null ]}`} {
+		if _, err := subjects.DecodeEnqueueBatch([]byte(body)); subjects.CodeOf(err) != subjects.CodeBadRequest || !strings.Contains(err.Error(), "is null, not a message") {
+			t.Errorf("DecodeEnqueueBatch(%s): %v, want a bad_request", body, err)
+		}
 	}
 	b, err := subjects.DecodeEnqueueBatch([]byte(`{"messages":[{"payload":"a"},{"payload":"b","priority":2}]}`))
 	if err != nil || len(b.Messages) != 2 || b.Messages[1].Payload != "b" || *b.Messages[1].Priority != 2 {
