@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -71,11 +73,67 @@ func (c *Client) request(ctx context.Context, op subjects.Op, queue string, body
 	var data []byte
 	if body != nil {
 		var err error
-		if data, err = json.Marshal(body); err != nil {
-			return fmt.Errorf("natstone: %s %s: encode request: %w", op, queue, err)
+		if data, err = encodeRequest(body); err != nil {
+			return fmt.Errorf("natstone: %s %s: %w", op, queue, err)
 		}
 	}
 	return c.send(ctx, op, queue, &nats.Msg{Data: data}, 0, out)
+}
+
+// encodeRequest returns the JSON of v. A string of v that is not valid UTF-8 is an error, as the
+// broker's (bad_request): json.Marshal would send each invalid byte as U+FFFD, so that the broker
+// would get another id, key or value than the caller's, and two ids could become one.
+func encodeRequest(v any) ([]byte, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	// json.Marshal writes a U+FFFD it was given as is, and one it made as this escape (which a
+	// string's own backslash, escaped as \\, can also end in: then the walk finds nothing).
+	if bytes.Contains(data, []byte(`\ufffd`)) {
+		if s, bad := invalidText(reflect.ValueOf(v)); bad {
+			return nil, apiError(subjects.Errorf(subjects.CodeBadRequest, "%q is not valid UTF-8", s))
+		}
+	}
+	return data, nil
+}
+
+// invalidText returns the first string in v (structs, pointers, maps and slices of them, as request
+// bodies are) that is not valid UTF-8. Byte slices are payloads, sent as base64, and not looked at.
+func invalidText(v reflect.Value) (string, bool) {
+	switch v.Kind() {
+	case reflect.String:
+		return v.String(), !utf8.ValidString(v.String())
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			return invalidText(v.Elem())
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if s, bad := invalidText(v.Field(i)); bad {
+				return s, true
+			}
+		}
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			if s, bad := invalidText(it.Key()); bad {
+				return s, true
+			}
+			if s, bad := invalidText(it.Value()); bad {
+				return s, true
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return "", false
+		}
+		for i := range v.Len() {
+			if s, bad := invalidText(v.Index(i)); bad {
+				return s, true
+			}
+		}
+	}
+	return "", false
 }
 
 // send sends msg as op on queue, waiting up to the client's timeout plus extra, and decodes a

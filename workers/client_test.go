@@ -741,3 +741,63 @@ func TestQueuesPagesThroughLongLists(t *testing.T) {
 		t.Fatalf("Queues returned %d: %v, want the %d in order", len(got), got, len(want))
 	}
 }
+
+// TestInvalidUTF8IsRefusedNotRewritten: json.Marshal sends each byte of invalid UTF-8 as U+FFFD, so
+// "job-\xff" and "job-\xfe" would both reach the broker as "job-�", and the second enqueue would
+// be answered as a duplicate, its payload dropped. The client refuses such text as the broker
+// refuses it in a body, and sends nothing.
+func TestInvalidUTF8IsRefusedNotRewritten(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	e.createQueue("q", nil)
+	enqueues := e.count(subjects.OpEnqueueBatch, "q")
+	for name, call := range map[string]func() error{
+		"batch ids": func() error {
+			_, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{
+				{Payload: []byte("first"), EnqueueOpts: workers.EnqueueOpts{ID: "job-\xff"}},
+				{Payload: []byte("second"), EnqueueOpts: workers.EnqueueOpts{ID: "job-\xfe"}},
+			})
+			return err
+		},
+		"batch metadata value": func() error {
+			_, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{Metadata: map[string]string{"k": "\xff"}}}})
+			return err
+		},
+		"metadata header": func() error {
+			_, err := e.c.Enqueue(c, "q", []byte("z"), &workers.EnqueueOpts{ID: "md", Metadata: map[string]string{"k\xfe": "v"}})
+			return err
+		},
+		"id sent as JSON": func() error { // a trailing space keeps it out of a header
+			_, err := e.c.Enqueue(c, "q", []byte("z"), &workers.EnqueueOpts{ID: "a\xff "})
+			return err
+		},
+		"filter": func() error {
+			_, err := e.c.Dequeue(c, "q", &workers.DequeueOpts{Filter: map[string]string{"k": "\xc0"}})
+			return err
+		},
+		"lease id": func() error {
+			_, err := e.c.Complete(c, "q", "m", "L\xff")
+			return err
+		},
+	} {
+		if err := call(); !errors.Is(err, workers.ErrBadRequest) || !strings.Contains(err.Error(), "not valid UTF-8") {
+			t.Errorf("%s: %v, want a bad request for invalid UTF-8", name, err)
+		}
+	}
+	if n := enqueues.n(t); n != 0 {
+		t.Errorf("%d enqueue_batch requests sent, want none", n)
+	}
+	if counts, err := e.c.Depth(c, "q", nil); err != nil || counts != (subjects.Counts{}) {
+		t.Fatalf("depth = %+v, %v; want nothing enqueued", counts, err)
+	}
+	// A U+FFFD given is a character like any other, and an escaped backslash before "ufffd" is text.
+	for _, id := range []string{"job-\ufffd", `job-\ufffd`} {
+		if _, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{ID: id}}}); err != nil {
+			t.Errorf("id %q: %v", id, err)
+		}
+		if m := e.get("q", id); m.ID != id {
+			t.Errorf("id %q stored as %q", id, m.ID)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -136,9 +135,9 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 		msg.Header.Set(subjects.HeaderPriority, strconv.FormatInt(*p, 10))
 	}
 	if len(o.Metadata) > 0 {
-		md, err := json.Marshal(o.Metadata) // escapes control characters: one header line
+		md, err := encodeRequest(o.Metadata) // escapes control characters: one header line
 		if err != nil {
-			return reply, fmt.Errorf("natstone: enqueue %s: encode metadata: %w", queue, err)
+			return reply, fmt.Errorf("natstone: enqueue %s: metadata: %w", queue, err)
 		}
 		msg.Header.Set(subjects.HeaderMetadata, string(md))
 	}
@@ -210,9 +209,9 @@ type DequeueOpts struct {
 // (a bad RequestID).
 func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) ([]Message, error) {
 	req := opts.request()
-	body, err := json.Marshal(req)
+	body, err := encodeRequest(req)
 	if err != nil {
-		return nil, fmt.Errorf("natstone: dequeue %s: encode request: %w", queue, err)
+		return nil, fmt.Errorf("natstone: dequeue %s: %w", queue, err)
 	}
 	var r subjects.DequeueReply
 	if err := c.send(ctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
