@@ -96,8 +96,9 @@ func apiError(e *subjects.Error) *APIError {
 }
 
 // isLeaseLost reports whether err says the lease a worker holds is no longer valid: the message was
-// leased again, its lease ran out, it changed state under the holder, or it is gone.
+// leased again, its lease ran out, it changed state under the holder, or it is gone, with its queue
+// or alone.
 func isLeaseLost(err error) bool {
 	return errors.Is(err, ErrLeaseMismatch) || errors.Is(err, ErrLeaseExpired) ||
-		errors.Is(err, ErrInvalidState) || errors.Is(err, ErrMessageNotFound)
+		errors.Is(err, ErrInvalidState) || errors.Is(err, ErrMessageNotFound) || errors.Is(err, ErrQueueNotFound)
 }

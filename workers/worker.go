@@ -23,8 +23,9 @@ const (
 	DefaultPollWait    = 20 * time.Second
 )
 
-// stopSettleTimeout bounds the one try of a complete, release or cancel once Stop's ctx is done:
-// Stop then returns soon, and a lease not settled ends on its own.
+// stopSettleTimeout bounds the last try of a complete, release or cancel once Stop's ctx is done
+// (one in flight then, or one sent after): Stop then returns soon, and a lease not settled ends on
+// its own.
 const stopSettleTimeout = time.Second
 
 // WorkerConfig configures a Worker. Only Queue is required.
@@ -187,7 +188,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // Stop drains the worker: no new message is dequeued (long polls in flight are abandoned), and the
 // running handlers may finish and settle their messages until ctx is done. Then their contexts are
 // cancelled (cause ErrWorkerStopped) and their messages released at once, with one try of at most a
-// second each (a lease not released ends on its own). Stop returns when every goroutine of the
+// second each (a lease not released ends on its own); a complete, release or cancel still in flight
+// then has at most a second more, whatever the client's timeout. Stop returns when every goroutine of the
 // worker has returned: nil if the handlers finished in time, else ctx's error.
 // Stopping a worker that was never started, or stopping it again, returns nil.
 //
@@ -223,8 +225,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 // message is settled together with the dequeue of the slot's next one (CompleteNext, ReleaseNext):
 // the slot long-polls only when that dequeue found nothing.
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
-	failures := 0   // consecutive polls that failed or came back suspiciously early
-	uncertain := "" // the request id of the last dequeue whose outcome is unknown: the next poll's
+	failures := 0            // consecutive polls that failed or came back suspiciously early
+	var uncertain requestTry // the last dequeue whose outcome is unknown: the next poll's
 	for pollCtx.Err() == nil {
 		began := time.Now()
 		d, err := w.poll(pollCtx, uncertain)
@@ -235,7 +237,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 				return
 			}
 			m, rest := d.msgs[0], d.msgs[1:]
-			d = w.process(pollCtx, jobCtx, &m, d.retried)
+			d = w.process(pollCtx, jobCtx, &m, d.retried, d.sent)
 			d.msgs = append(rest, d.msgs...)
 		}
 		uncertain = d.uncertain
@@ -292,21 +294,30 @@ func (w *Worker) next(pollCtx context.Context) *DequeueOpts {
 type dequeued struct {
 	msgs []Message
 	// retried: the messages came back to a dequeue sent again with its request id, so their leases
-	// may have run for a while already.
+	// may have run for a while already: since sent, at the earliest.
 	retried bool
-	// uncertain is the request id of a dequeue whose outcome is unknown (it timed out, or the broker
-	// answered unavailable): it may have leased a message whose reply was lost. The slot's next poll
-	// sends that id again, and the broker then returns that lease instead of leasing another message
-	// and leaving the first to expire unprocessed.
-	uncertain string
+	sent    time.Time // when the dequeue's request id was first sent
+	// uncertain is a dequeue whose outcome is unknown (it timed out, or the broker answered
+	// unavailable): it may have leased a message whose reply was lost. The slot's next poll sends
+	// its id again, and the broker then returns that lease instead of leasing another message and
+	// leaving the first to expire unprocessed.
+	uncertain requestTry
 }
 
-// poll long-polls for one message, with request id (a new one if empty). A dequeue whose outcome is
-// unknown is sent again at once with the same id; if that fails too, the id is returned as uncertain.
-func (w *Worker) poll(ctx context.Context, id string) (dequeued, error) {
-	d := dequeued{retried: id != ""}
+// requestTry is a dequeue's request id, and when it was first sent.
+type requestTry struct {
+	id   string
+	sent time.Time
+}
+
+// poll long-polls for one message, with the request id of retry (a new one if none). A dequeue
+// whose outcome is unknown is sent again at once with the same id; if that fails too, it is
+// returned as uncertain.
+func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
+	d := dequeued{retried: retry.id != "", sent: retry.sent}
+	id := retry.id
 	if id == "" {
-		id = nuid.Next()
+		id, d.sent = nuid.Next(), time.Now()
 	}
 	opts := &DequeueOpts{
 		Batch:     1,
@@ -324,7 +335,7 @@ func (w *Worker) poll(ctx context.Context, id string) (dequeued, error) {
 		d.retried = true
 	}
 	if unknownOutcome(err) {
-		d.uncertain = id
+		d.uncertain = requestTry{id: id, sent: d.sent}
 	}
 	return d, err
 }
@@ -340,9 +351,12 @@ func unknownOutcome(err error) bool {
 // jobs never wait for one another (a shared ticker would serialise them behind the slowest request).
 // It returns once the handler has returned, with what the settle's dequeue of the slot's next message
 // gave. A message that came back to a retried dequeue (retried) has its lease extended at once: it
-// may have run for a while before the retry.
-func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bool) dequeued {
-	received := time.Now()
+// may have run for a while before the retry: since sent, the first try's, at the earliest.
+func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bool, sent time.Time) dequeued {
+	leased := time.Now() // at the latest
+	if retried {
+		leased = sent // at the earliest, as its end must be reckoned
+	}
 	lease := w.cfg.Lease
 	if lease == 0 {
 		// The lease the broker chose: both stamps come from its clock at the dequeue.
@@ -355,14 +369,18 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 	}
 	// expires is when the lease ends at the latest as far as the worker knows; it only matters while
 	// the broker cannot be reached.
-	expires := received.Add(lease)
+	expires := leased.Add(lease)
 	log := w.log.With("queue", m.Queue, "message_id", m.ID, "lease_id", m.LeaseID, "attempt", m.Attempts)
 	job := &Job{Message: *m, client: w.client}
 
 	hctx, cancel := context.WithCancelCause(jobCtx)
 	defer cancel(nil)
 	result := make(chan error, 1)
-	go func() { result <- w.run(hctx, job, log) }()
+	go func() {
+		err := errGoexit
+		defer func() { result <- err }() // also when the handler calls runtime.Goexit
+		err = w.run(hctx, job, log)
+	}()
 
 	first := every
 	if retried {
@@ -404,6 +422,10 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		}
 	}
 }
+
+// errGoexit is the result of a handler that called runtime.Goexit (t.FailNow in a test, say)
+// rather than return.
+var errGoexit = errors.New("natstone: handler exited without returning (runtime.Goexit)")
 
 // run calls the handler, turning a panic into an error.
 func (w *Worker) run(ctx context.Context, job *Job, log *slog.Logger) (err error) {
@@ -457,6 +479,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		return dequeued{}
 	}
 	next := w.next(pollCtx) // one request id for every try
+	sent := time.Now()
 	var got dequeued
 	tries := 0
 	keep := func(s Settled, err error) {
@@ -464,11 +487,11 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		uncertain := got.uncertain // a try that failed outright says nothing of an earlier one's dequeue
 		switch {
 		case unknownOutcome(err) || unknownOutcome(s.NextErr):
-			uncertain = next.RequestID
+			uncertain = requestTry{id: next.RequestID, sent: sent}
 		case err == nil && s.NextErr == nil:
-			uncertain = "" // this try's next is what the request id leased
+			uncertain = requestTry{} // this try's next is what the request id leased
 		}
-		got = dequeued{msgs: s.Next, retried: tries > 1, uncertain: uncertain}
+		got = dequeued{msgs: s.Next, retried: tries > 1, sent: sent, uncertain: uncertain}
 		if s.NextErr != nil {
 			log.Debug("dequeue after the settle failed; the slot polls", "error", s.NextErr)
 		}
@@ -521,16 +544,14 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 // cannot be reached and the lease may still be held (a broker's restart, or a standby taking over,
 // takes seconds), with the slot's backoff. Each of these is idempotent for the same lease. It runs
 // even when the worker is stopping, a finished handler's result being worth recording; but once
-// Stop's ctx is done (jobCtx), it makes one more try of at most stopSettleTimeout.
+// Stop's ctx is done (jobCtx), the try in flight, or else one more, is the last, and has at most
+// stopSettleTimeout from then.
 func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, log *slog.Logger, op func(context.Context) error) {
 	for try := 1; ; try++ {
-		ctx, cancel := context.WithoutCancel(jobCtx), context.CancelFunc(func() {})
-		stopping := jobCtx.Err() != nil
-		if stopping {
-			ctx, cancel = context.WithTimeout(ctx, stopSettleTimeout)
-		}
+		ctx, cancel := tryCtx(jobCtx)
 		err := op(ctx)
 		cancel()
+		stopping := jobCtx.Err() != nil // then that try was the last
 		switch {
 		case err == nil:
 			return
@@ -551,6 +572,19 @@ func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, 
 			return
 		}
 	}
+}
+
+// tryCtx returns the context of one try of a settle. It outlives jobCtx by stopSettleTimeout: a try
+// sent after Stop's ctx is done has that long, and so has one still in flight then (were it cut at
+// once, its message would neither be settled nor released; were it left to its request timeout,
+// Stop would overrun its ctx by that much).
+func tryCtx(jobCtx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(jobCtx))
+	stop := context.AfterFunc(jobCtx, func() {
+		t := time.AfterFunc(stopSettleTimeout, cancel)
+		context.AfterFunc(ctx, func() { t.Stop() })
+	})
+	return ctx, func() { stop(); cancel() }
 }
 
 // retryable reports whether a request may succeed if sent again: no reply in time, no broker, or a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -685,8 +686,14 @@ func workerOnFake(t *testing.T, srv *natstest.Server, fake *nats.Conn, timeout t
 // leased for an hour.
 func leasedReply(t *testing.T, leased time.Time) (subjects.Message, []byte) {
 	t.Helper()
+	return leasedReplyFor(t, leased, time.Hour)
+}
+
+// leasedReplyFor is leasedReply with a lease of d.
+func leasedReplyFor(t *testing.T, leased time.Time, d time.Duration) (subjects.Message, []byte) {
+	t.Helper()
 	leased = leased.UTC()
-	expires := leased.Add(time.Hour)
+	expires := leased.Add(d)
 	msg := subjects.Message{ID: "m", Queue: "q", State: subjects.StateRunning, Attempts: 1, AttemptsLeft: 4,
 		LeaseID: "L", LeaseExpiresAt: &expires, EnqueuedAt: leased, VisibleAt: leased, UpdatedAt: leased}
 	reply, err := json.Marshal(subjects.DequeueReply{Messages: []subjects.Message{msg}})
@@ -991,5 +998,125 @@ func TestWorkerGivesBackNextWhenStopping(t *testing.T) {
 	stop(t, w)
 	if n := handled.Load(); n != 1 {
 		t.Fatalf("%d messages handled; want m1 only: m2, leased by the complete's next as the worker stopped, is given back unhandled", n)
+	}
+}
+
+// TestWorkerStopCutsASettleInFlight: a complete sent before Stop's ctx ran out, and not answered,
+// gets stopSettleTimeout from then, not the rest of the client's request timeout.
+func TestWorkerStopCutsASettleInFlight(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	fake, space, _ := fakeLeasingOnce(t, srv)
+	completes := make(chan struct{}, 16)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(*nats.Msg) { completes <- struct{}{} }); err != nil {
+		t.Fatal(err) // never answered
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: discard()},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, completes) // in flight
+	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(sctx) }()
+	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want its ctx's error", err)
+	}
+}
+
+// TestWorkerLeaseLostWithItsQueue: an extend that finds the queue deleted has lost the lease; the
+// handler is not left running until the lease's end (an hour here).
+func TestWorkerLeaseLostWithItsQueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", &workers.QueueOpts{Lease: time.Hour})
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	started, lost := make(chan struct{}, 1), make(chan error, 1)
+	e.startWorker(&workers.WorkerConfig{Queue: "q", ExtendEveryFunc: func(time.Duration) time.Duration { return 20 * time.Millisecond }},
+		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			lost <- context.Cause(ctx)
+			return nil
+		}))
+	recv(t, started)
+	if _, err := e.c.DeleteQueue(ctx(t), "q"); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, lost); !errors.Is(err, workers.ErrLeaseLost) {
+		t.Fatalf("handler's context ended with %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestWorkerHandlerGoexit: a handler that calls runtime.Goexit (as t.FailNow does) instead of
+// returning has failed: its message is released, and the worker goes on and stops.
+func TestWorkerHandlerGoexit(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	var calls atomic.Int32
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q", BackoffFunc: func(int) time.Duration { return time.Hour }},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error {
+			calls.Add(1)
+			runtime.Goexit()
+			return nil
+		}))
+	m := e.waitState("q", "m1", subjects.StateInvisible) // released with its backoff
+	if m.Attempts != 1 || calls.Load() != 1 {
+		t.Fatalf("after the handler's Goexit: %+v, %d calls", m, calls.Load())
+	}
+	stop(t, w)
+}
+
+// TestWorkerRetriedLeaseReckonedFromTheFirstTry: a lease that came back to a dequeue sent again
+// (the first try's reply was lost) began at the first try, not at the retry's reply. While the
+// broker does not answer extends, the handler is told the lease is lost at its end so reckoned, not
+// a request timeout later, when another worker may already have the message.
+func TestWorkerRetriedLeaseReckonedFromTheFirstTry(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	const lease, timeout = 3 * time.Second, 3 * time.Second
+	firstTry := make(chan time.Time, 1)
+	var retry []byte
+	fake, space, _ := fakeDequeues(t, srv, func(n int32) []byte {
+		switch n {
+		case 1:
+			leased := time.Now()
+			firstTry <- leased
+			_, retry = leasedReplyFor(t, leased, lease)
+			return nil // its reply is lost
+		case 2:
+			return retry
+		}
+		return []byte(`{"messages":[]}`)
+	})
+	if _, err := fake.Subscribe(space.Subject(subjects.OpExtend, "q"), func(*nats.Msg) {}); err != nil {
+		t.Fatal(err) // never answered
+	}
+	lost := make(chan time.Time, 1)
+	workerOnFake(t, srv, fake, timeout, func(ctx context.Context, _ *workers.Job) error {
+		<-ctx.Done()
+		if errors.Is(context.Cause(ctx), workers.ErrLeaseLost) {
+			lost <- time.Now()
+		}
+		return ctx.Err()
+	})
+	began := recv(t, firstTry)
+	// Reckoned from the retry's reply, the lease would end a timeout later than it does.
+	if over := recv(t, lost).Sub(began) - lease; over > timeout/2 {
+		t.Fatalf("the handler was told its lease was lost %v after the lease's end", over)
 	}
 }
