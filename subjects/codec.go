@@ -48,7 +48,69 @@ func Decode(data []byte, v any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return Errorf(CodeBadRequest, "malformed JSON body: data after the object")
 	}
+	if key, ok := duplicateKey(data); ok {
+		return Errorf(CodeBadRequest, "malformed JSON body: %q given twice in one object", key)
+	}
 	return nil
+}
+
+// duplicateKey returns a key that valid JSON text data gives twice in one object. encoding/json
+// keeps the last value and drops the others silently: a batch's messages, an id checked before
+// another replaced it. The names of a request's fields match whatever their case (as encoding/json
+// matches them), so they are compared case-folded; the keys of metadata and filters are compared as
+// they are, "k" and "K" being two keys. It reads data once, decoding only the keys.
+func duplicateKey(data []byte) (string, bool) {
+	stack := make([]keyFrame, 0, 4)
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; c {
+		case '{', '[':
+			fold := true
+			if n := len(stack); n > 0 && stack[n-1].object {
+				last := string(stack[n-1].last) // not copied to compare
+				fold = last != pairsFields[0] && last != pairsFields[1]
+			}
+			stack = append(stack, keyFrame{object: c == '{', fold: fold, wantKey: c == '{'})
+		case '}', ']':
+			stack = stack[:len(stack)-1]
+		case ',':
+			if f := &stack[len(stack)-1]; f.object {
+				f.wantKey = true
+			}
+		case '"':
+			end := i + 1
+			for {
+				end += bytes.IndexByte(data[end:], '"') // valid JSON: there is one
+				backslashes := 0
+				for data[end-1-backslashes] == '\\' {
+					backslashes++
+				}
+				if backslashes%2 == 0 {
+					break // not escaped
+				}
+				end++
+			}
+			if n := len(stack); n > 0 && stack[n-1].wantKey {
+				f := &stack[n-1]
+				k := data[i+1 : end]
+				if bytes.IndexByte(k, '\\') >= 0 || f.fold && !folded(k) {
+					var key string
+					_ = json.Unmarshal(data[i:end+1], &key) // valid JSON: it decodes
+					if f.fold {
+						key = foldKey(key)
+					}
+					k = []byte(key)
+				}
+				if f.seen(k) {
+					var key string
+					_ = json.Unmarshal(data[i:end+1], &key)
+					return key, true
+				}
+				f.last, f.wantKey = k, false
+			}
+			i = end
+		}
+	}
+	return "", false
 }
 
 // jsonSpace is JSON's white space. Other Unicode spaces (bytes.TrimSpace's) are not JSON.
@@ -85,6 +147,70 @@ func loneSurrogate(data []byte) bool {
 		i += j
 	}
 	return false
+}
+
+// keyFrame is an object or an array that duplicateKey is in.
+type keyFrame struct {
+	object  bool
+	fold    bool // an object of fields, not a map
+	wantKey bool
+	last    []byte              // the last key read (folded)
+	keys    [][]byte            // the keys read (folded), while few
+	set     map[string]struct{} // past a few
+}
+
+// seen reports whether f has had key k, and records it.
+func (f *keyFrame) seen(k []byte) bool {
+	if f.set == nil {
+		if slices.ContainsFunc(f.keys, func(b []byte) bool { return bytes.Equal(b, k) }) {
+			return true
+		}
+		if f.keys = append(f.keys, k); len(f.keys) <= 8 {
+			return false
+		}
+		f.set = make(map[string]struct{}, 2*len(f.keys))
+		for _, k := range f.keys {
+			f.set[string(k)] = struct{}{}
+		}
+		return false
+	}
+	if _, ok := f.set[string(k)]; ok {
+		return true
+	}
+	f.set[string(k)] = struct{}{}
+	return false
+}
+
+// folded reports whether foldKey leaves the key k as it is (lower-case ASCII letters, digits and _:
+// the names of every field).
+func folded(k []byte) bool {
+	for _, c := range k {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// pairsFields are the fields whose values are Pairs (folded): maps, whose keys are compared as
+// they are.
+var pairsFields = [2]string{foldKey("metadata"), foldKey("filter")}
+
+// foldKey returns s with each letter replaced by one letter of those it equals under Unicode
+// simple case folding (the lower case of the least), as strings.EqualFold (and encoding/json's field
+// matching) compares them: "ID" and "id" fold alike, and so do "k", "K" and the Kelvin sign. A key
+// in lower-case ASCII is returned as it is.
+func foldKey(s string) string {
+	return strings.Map(func(r rune) rune {
+		if 'a' <= r && r <= 'z' || '0' <= r && r <= '9' || r == '_' {
+			return r
+		}
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		return unicode.ToLower(least)
+	}, s)
 }
 
 // hex4 decodes the four hex digits that start b, or returns -1.

@@ -79,6 +79,20 @@ func TestDecodeStrict(t *testing.T) {
 		{"invalid UTF-8 in a payload", "{\"payload\":\"x\xfey\"}", func() any { return new(subjects.EnqueueRequest) }},
 		{"invalid UTF-8 in a key", "{\"metadata\":{\"k\xff\":\"v\"}}", func() any { return new(subjects.EnqueueRequest) }},
 		{"invalid UTF-8 between fields", "{\"id\":\"a\"\xc0}", func() any { return new(subjects.GetRequest) }},
+		// encoding/json alone would keep the last and drop the others.
+		{"duplicate id", `{"id":"d1","id":"d2"}`, func() any { return new(subjects.GetRequest) }},
+		{"duplicate id in another case", `{"id":"d3","ID":"d4"}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"duplicate id escaped", `{"id":"d3","\u0069d":"d4"}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"duplicate field by the Kelvin sign", "{\"worker\":\"a\",\"wor\u212aer\":\"b\"}", func() any { return new(subjects.DequeueRequest) }},
+		{"empty id then another", `{"id":"","id":"d5"}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"duplicate messages", `{"messages":[{"id":"dm1"}],"messages":[{"id":"dm2"}]}`, func() any { return new(subjects.EnqueueBatchRequest) }},
+		{"duplicate in a message", `{"messages":[{"id":"a"},{"payload":"x","payload":"y"}]}`, func() any { return new(subjects.EnqueueBatchRequest) }},
+		{"duplicate metadata key", `{"metadata":{"k":"1","k":"2"}}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"duplicate metadata", `{"metadata":{"k":"1"},"Metadata":{"j":"2"}}`, func() any { return new(subjects.EnqueueRequest) }},
+		{"duplicate filter key", `{"filter":{"k":"1","k":"1"}}`, func() any { return new(subjects.DepthRequest) }},
+		{"duplicate batch", `{"batch":1,"batch":2}`, func() any { return new(subjects.DequeueRequest) }},
+		{"duplicate in next", `{"id":"m","lease_id":"L","next":{"batch":300,"batch":1}}`, func() any { return new(subjects.LeaseRequest) }},
+		{"duplicate next", `{"id":"m","lease_id":"L","next":{"batch":300},"next":{"batch":1}}`, func() any { return new(subjects.LeaseRequest) }},
 		// Not JSON's white space; bytes.TrimSpace's.
 		{"no-break space only", "\u00a0", func() any { return new(subjects.EnqueueRequest) }},
 		{"ideographic space only", "\u3000", func() any { return new(subjects.DequeueRequest) }},
@@ -124,6 +138,26 @@ func TestDecodeSurrogatePairs(t *testing.T) {
 		} else if r.Payload != tc.want {
 			t.Errorf("Decode(%s): payload %q, want %q", tc.body, r.Payload, tc.want)
 		}
+	}
+}
+
+// TestDecodeDistinctKeys: the keys of metadata and filters are compared as they are, and the same
+// name in different objects is no duplicate.
+func TestDecodeDistinctKeys(t *testing.T) {
+	var r subjects.EnqueueBatchRequest
+	body := `{"messages":[{"id":"a","metadata":{"k":"1","K":"2","id":"3"}},{"id":"b","metadata":{"k":"1"}}]}`
+	if err := subjects.Decode([]byte(body), &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Messages) != 2 || r.Messages[0].Metadata["K"] != "2" || r.Messages[1].ID != "b" {
+		t.Fatalf("decoded %+v", r)
+	}
+	var l subjects.LeaseRequest
+	if err := subjects.Decode([]byte(`{"id":"m","lease_id":"L","next":{"filter":{"id":"x","ID":"y"},"request_id":"r"}}`), &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Next == nil || l.Next.Filter["ID"] != "y" {
+		t.Fatalf("decoded %+v", l)
 	}
 }
 
