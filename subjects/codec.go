@@ -59,12 +59,15 @@ func Decode(data []byte, v any) error {
 // another replaced it. The names of a request's fields match whatever their case (as encoding/json
 // matches them), so they are compared case-folded; the keys of metadata and filters are compared as
 // they are, "k" and "K" being two keys. It reads data once, decoding only the keys.
-func duplicateKey(data []byte) (string, bool) {
+func duplicateKey(data []byte) (string, bool) { return duplicateKeyIn(data, true) }
+
+// duplicateKeyIn is duplicateKey of an object whose keys are field names (fold), or a map's.
+func duplicateKeyIn(data []byte, fold bool) (string, bool) {
 	stack := make([]keyFrame, 0, 4)
 	for i := 0; i < len(data); i++ {
 		switch c := data[i]; c {
 		case '{', '[':
-			fold := true
+			fold := fold
 			if n := len(stack); n > 0 && stack[n-1].object {
 				last := string(stack[n-1].last) // not copied to compare
 				fold = last != pairsFields[0] && last != pairsFields[1]
@@ -292,6 +295,9 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 		}
 		if err := json.Unmarshal([]byte(v), &req.Metadata); err != nil {
 			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: want a JSON object of strings: %v", HeaderMetadata, err)
+		}
+		if key, dup := duplicateKeyIn([]byte(v), false); dup {
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %q given twice", HeaderMetadata, key)
 		}
 	}
 	return req, nil

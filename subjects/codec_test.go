@@ -445,6 +445,7 @@ func TestDecodeRawEnqueueBadHeaders(t *testing.T) {
 		{subjects.HeaderMetadata, `a=b`},
 		{subjects.HeaderMetadata, `{"a":null}`},
 		{subjects.HeaderMetadata, `{"a":"\ud800"}`},
+		{subjects.HeaderMetadata, `{"a":"1","a":"2"}`},
 		{subjects.HeaderPriority, "+5"}, // JSON has no plus sign either
 		{subjects.HeaderLeaseMS, "+1000"},
 	} {
@@ -492,7 +493,7 @@ func TestDecodeRawEnqueueMetadataForms(t *testing.T) {
 		{`{}`, subjects.Pairs{}},
 		{`null`, nil},
 		{` {"a" : "b"} `, subjects.Pairs{"a": "b"}},
-		{`{"a":"b","a":"c"}`, subjects.Pairs{"a": "c"}},
+		{`{"a":"b","A":"c"}`, subjects.Pairs{"a": "b", "A": "c"}},
 		{`{"é":"✓","x":""}`, subjects.Pairs{"é": "✓", "x": ""}},
 	} {
 		req, err := subjects.DecodeRawEnqueue(map[string][]string{subjects.HeaderMetadata: {tc.value}}, nil)

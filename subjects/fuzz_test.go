@@ -194,6 +194,9 @@ func FuzzDecode(f *testing.F) {
 				!bytes.Contains(bytes.ToLower(data), []byte(`\ufffd`)) {
 				t.Fatalf("Decode(%q, %T) made a U+FFFD: %s", data, v1, b1)
 			}
+			if key, dup := tokenDuplicate(data, true); dup {
+				t.Fatalf("Decode(%q, %T) took %q twice", data, v1, key)
+			}
 			v2 := newV()
 			if err := subjects.Decode(b1, v2); err != nil {
 				t.Fatalf("Decode(%s) of the re-marshaled %T (from %q): %v", b1, v1, data, err)
@@ -268,8 +271,9 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 		if !bytes.Equal(body, bodyCopy) {
 			t.Fatalf("DecodeRawEnqueue modified the body")
 		}
+		emptyID := present&rawID != 0 && id == "" // invalid_id: omit the header for a generated id
 		if err != nil {
-			if c := subjects.CodeOf(err); c != subjects.CodeBadRequest {
+			if c := subjects.CodeOf(err); c != subjects.CodeBadRequest && (c != subjects.CodeInvalidID || !emptyID) {
 				t.Fatalf("DecodeRawEnqueue: code %q: %v", c, err)
 			}
 		} else {
@@ -287,7 +291,7 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 		}
 
 		// Canonical keys: the result must be exactly what each header says.
-		wantErr := false
+		wantErr := emptyID
 		wantInt := func(bit uint8, v string) *int64 {
 			if present&bit == 0 {
 				return nil
@@ -325,6 +329,9 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 					break
 				}
 				want.Metadata[k] = *v
+			}
+			if _, dup := tokenDuplicate([]byte(metadata), false); dup {
+				wantErr = true
 			}
 		}
 		if (err != nil) != wantErr {
@@ -405,4 +412,64 @@ func FuzzValidateID(f *testing.F) {
 			t.Fatalf("ValidateRequestID(%q): code %q", id, subjects.CodeOf(err))
 		}
 	})
+}
+
+// tokenDuplicate is the oracle of Decode's duplicate keys, read another way (json.Decoder's tokens,
+// strings.EqualFold): a key that the JSON text data gives twice in one object, field names
+// compared in any case, the keys of metadata and filters (and of a top object that is a map: not
+// fold) as they are. Text that is not JSON has none.
+func tokenDuplicate(data []byte, fold bool) (string, bool) {
+	type object struct {
+		keys    []string
+		fold    bool
+		wantKey bool
+		last    string
+	}
+	var stack []*object
+	var arrays []int // for each object, the arrays open in it
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		var top *object
+		if len(stack) > 0 && arrays[len(arrays)-1] == 0 {
+			top = stack[len(stack)-1]
+		}
+		if key, ok := tok.(string); ok && top != nil && top.wantKey {
+			for _, k := range top.keys {
+				if k == key || top.fold && strings.EqualFold(k, key) {
+					return key, true
+				}
+			}
+			top.keys = append(top.keys, key)
+			top.last, top.wantKey = key, false
+			continue
+		}
+		if top != nil {
+			top.wantKey = true
+		}
+		switch tok {
+		case json.Delim('{'):
+			f := fold
+			if top != nil {
+				f = !strings.EqualFold(top.last, "metadata") && !strings.EqualFold(top.last, "filter")
+			} else if len(stack) > 0 {
+				f = true // an object in an array: a message
+			}
+			stack = append(stack, &object{fold: f, wantKey: true})
+			arrays = append(arrays, 0)
+		case json.Delim('}'):
+			stack, arrays = stack[:len(stack)-1], arrays[:len(arrays)-1]
+		case json.Delim('['):
+			if len(arrays) > 0 {
+				arrays[len(arrays)-1]++
+			}
+		case json.Delim(']'):
+			if len(arrays) > 0 {
+				arrays[len(arrays)-1]--
+			}
+		}
+	}
 }
