@@ -174,6 +174,10 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 	}
 	switch e.State() {
 	case subjects.StateCanceled:
+		if r := e.record(); req.LeaseID != "" && req.LeaseID != r.LeaseID {
+			// Not the holder's retry: as complete answers on a canceled message.
+			return q.view(e), subjects.Errorf(subjects.CodeLeaseMismatch, "message %q: lease %q is not its current lease", r.ID, req.LeaseID)
+		}
 		return q.view(e), nil
 	case subjects.StateCompleted, subjects.StateErrored:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.ID, e.State())

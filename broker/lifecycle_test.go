@@ -174,6 +174,17 @@ func TestIdempotentOperations(t *testing.T) {
 	if x1.Version != x2.Version || x2.State != subjects.StateCanceled {
 		t.Fatalf("canceling twice: v%d then v%d", x1.Version, x2.Version)
 	}
+
+	// The holder's cancel, repeated, is its own retry; another lease's is not.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "h"})
+	hl := e.dequeueOne("q")
+	h1 := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "h", LeaseID: hl.LeaseID})
+	h2 := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "h", LeaseID: hl.LeaseID})
+	if h1.Version != h2.Version || h2.State != subjects.StateCanceled {
+		t.Fatalf("the holder canceling twice: v%d then v%d (%s)", h1.Version, h2.Version, h2.State)
+	}
+	fails(e, subjects.CodeLeaseMismatch, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "h", LeaseID: "bogus"})
+	fails(e, subjects.CodeLeaseMismatch, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "r", LeaseID: l.LeaseID + "x"})
 }
 
 func TestRetriedDequeueReturnsSameLeases(t *testing.T) {
