@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -72,6 +73,7 @@ type Worker struct {
 	cfg     WorkerConfig // defaults applied
 	handler Handler      // with the middleware
 	log     *slog.Logger
+	running atomic.Int32 // messages in process: their handlers running, or their settles
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -189,8 +191,9 @@ func (w *Worker) Start(ctx context.Context) error {
 // running handlers may finish and settle their messages until ctx is done. Then their contexts are
 // cancelled (cause ErrWorkerStopped) and their messages released at once, with one try of at most a
 // second each (a lease not released ends on its own); a complete, release or cancel still in flight
-// then has at most a second more, whatever the client's timeout. Stop returns when every goroutine of the
-// worker has returned: nil if the handlers finished in time, else ctx's error.
+// then has at most a second more, whatever the client's timeout. Stop returns when every goroutine
+// of the worker has returned: nil if the handlers finished and settled their messages in time (or
+// none was running), else ctx's error.
 // Stopping a worker that was never started, or stopping it again, returns nil.
 //
 // The broker does not learn that a long poll was abandoned: a message that becomes pending before
@@ -216,8 +219,12 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return nil
 	default:
 	}
+	idle := w.running.Load() == 0 // no handler or settle to interrupt: the slots are only stopping
 	stopJobs(ErrWorkerStopped)
 	<-done
+	if idle {
+		return nil
+	}
 	return fmt.Errorf("natstone: worker stop: %w", ctx.Err())
 }
 
@@ -353,6 +360,8 @@ func unknownOutcome(err error) bool {
 // gave. A message that came back to a retried dequeue (retried) has its lease extended at once: it
 // may have run for a while before the retry: since sent, the first try's, at the earliest.
 func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bool, sent time.Time) dequeued {
+	w.running.Add(1)
+	defer w.running.Add(-1)
 	leased := time.Now() // at the latest
 	if retried {
 		leased = sent // at the earliest, as its end must be reckoned

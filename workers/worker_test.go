@@ -1120,3 +1120,22 @@ func TestWorkerRetriedLeaseReckonedFromTheFirstTry(t *testing.T) {
 		t.Fatalf("the handler was told its lease was lost %v after the lease's end", over)
 	}
 }
+
+// TestWorkerStopIdle: Stop of a worker running no handler has nothing to interrupt, so it returns
+// nil even with its ctx done already.
+func TestWorkerStopIdle(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	polls := e.count(subjects.OpDequeue, "q")
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q", Concurrency: 4, PollWait: time.Minute}, workers.HandlerFunc(func(context.Context, *workers.Job) error {
+		t.Error("no message to handle")
+		return nil
+	}))
+	waitFor(t, "the slots' long polls", func() bool { return polls.n(t) == 4 })
+	sctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.Stop(sctx); err != nil {
+		t.Fatalf("Stop of an idle worker: %v, want nil", err)
+	}
+}
