@@ -327,6 +327,9 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 	q.mu.Lock()
 	q.closed = subjects.Errorf(subjects.CodeQueueNotFound, "queue %s was deleted", q.name)
 	q.mu.Unlock()
+	if o, ok := b.observer.(QueueObserver); ok {
+		o.QueueDeleted(q.name)
+	}
 	return subjects.DeleteReply{Name: q.name, Messages: n}, nil
 }
 

@@ -21,6 +21,14 @@ type Observer interface {
 	Transition(queue string, kind subjects.EventKind, reason string)
 }
 
+// QueueObserver is an Observer that is also told when a queue is deleted, so that what it keeps by
+// queue (a metric's series) can go with the queue. The broker calls QueueDeleted once the queue is
+// gone from storage; a transition of the queue reported just before may still be counted after it.
+type QueueObserver interface {
+	Observer
+	QueueDeleted(queue string)
+}
+
 // Snapshot is the broker's state at one moment, for metrics and dashboards.
 type Snapshot struct {
 	// Serving is true while the broker answers requests: started, not stopped, its claim on the

@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,5 +137,22 @@ func TestBroker(t *testing.T) {
 	}
 	if got := f.gauge(t, "natstone_queue_blocked", "queue=jobs", "direction=enqueue"); got != 0 {
 		t.Errorf("natstone_queue_blocked{queue=jobs,direction=enqueue} = %v, want 0", got)
+	}
+
+	// A deleted queue takes its series with it: queues made and deleted (or auto-created by
+	// enqueues to made-up names) do not grow the scrape without bound.
+	if _, err := client.Enqueue(ctx, "other", []byte("x"), nil); err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	if _, err := client.DeleteQueue(ctx, "jobs"); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	f = scrape(t, m.Handler())
+	for _, name := range []string{"natstone_transitions_total", "natstone_lease_expiries_total"} {
+		for _, set := range f.labelSets(t, name, dto.MetricType_COUNTER) {
+			if strings.Contains(set, "queue=jobs") {
+				t.Errorf("%s{%s} outlived its queue", name, set)
+			}
+		}
 	}
 }

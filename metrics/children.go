@@ -33,3 +33,13 @@ func (c *children[K, V]) get(k K) V {
 	}
 	return v
 }
+
+// remove forgets k's value, which is made again if k is seen again, and calls drop (which undoes
+// what create did) under the same lock, so that no get makes k's value again meanwhile from what
+// drop is undoing.
+func (c *children[K, V]) remove(k K, drop func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.byKey, k)
+	drop()
+}

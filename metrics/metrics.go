@@ -61,8 +61,8 @@ type queueChildren struct {
 	expiries prometheus.Counter
 }
 
-// Interface check: Metrics is what broker.Config.Observer takes.
-var _ broker.Observer = (*Metrics)(nil)
+// Interface check: Metrics is what broker.Config.Observer takes, and is told of deleted queues.
+var _ broker.QueueObserver = (*Metrics)(nil)
 
 // New returns Metrics registered in a new registry along with the Go and process collectors. The
 // gauges read from the broker's state appear once Watch is called.
@@ -177,4 +177,14 @@ func (m *Metrics) Transition(queue string, kind subjects.EventKind, reason strin
 	if kind == subjects.EventExpired || kind == subjects.EventErrored && reason == subjects.ReasonLeaseExpired {
 		q.expiries.Inc()
 	}
+}
+
+// QueueDeleted removes the deleted queue's transition and lease expiry series, so that queues
+// created and deleted (or auto-created by enqueues to made-up names) do not grow the metrics
+// without bound. A queue created again under the name counts from zero.
+func (m *Metrics) QueueDeleted(queue string) {
+	m.queues.remove(queue, func() {
+		m.transitions.DeletePartialMatch(prometheus.Labels{"queue": queue})
+		m.leaseExpiries.DeleteLabelValues(queue)
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -228,5 +229,37 @@ func BenchmarkWrite(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		m.Write(time.Millisecond, nil)
+	}
+}
+
+// TestQueueDeleted: a deleted queue's transition and expiry series go with it, and come back from
+// zero if the queue is made again; other queues' stay.
+func TestQueueDeleted(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	m.Transition("gone", subjects.EventEnqueued, "")
+	m.Transition("gone", subjects.EventExpired, "")
+	m.Transition("stays", subjects.EventEnqueued, "")
+	m.QueueDeleted("gone")
+
+	f := scrape(t, m.Handler())
+	for _, name := range []string{"natstone_transitions_total", "natstone_lease_expiries_total"} {
+		for _, set := range f.labelSets(t, name, dto.MetricType_COUNTER) {
+			if strings.Contains(set, "queue=gone") {
+				t.Errorf("%s{%s} outlived its queue", name, set)
+			}
+		}
+	}
+	if got := f.counter(t, "natstone_transitions_total", "queue=stays", "kind=enqueued"); got != 1 {
+		t.Errorf("natstone_transitions_total{queue=stays,kind=enqueued} = %v, want 1", got)
+	}
+
+	m.Transition("gone", subjects.EventEnqueued, "") // made again
+	f = scrape(t, m.Handler())
+	if got := f.counter(t, "natstone_transitions_total", "queue=gone", "kind=enqueued"); got != 1 {
+		t.Errorf("natstone_transitions_total{queue=gone,kind=enqueued} = %v after the queue came back, want 1", got)
+	}
+	if got := f.counter(t, "natstone_lease_expiries_total", "queue=gone"); got != 0 {
+		t.Errorf("natstone_lease_expiries_total{queue=gone} = %v after the queue came back, want 0", got)
 	}
 }
