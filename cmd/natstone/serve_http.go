@@ -19,8 +19,26 @@ import (
 	"github.com/natstone/natstone/workers"
 )
 
-// httpReadHeaderTimeout bounds how long a client may take to send its request's headers.
-const httpReadHeaderTimeout = 10 * time.Second
+// httpTimeouts bound the HTTP listener's clients, so that none holds a connection (and its
+// goroutine) open without end: readHeader for a request's headers, read for all of it (the bodies
+// are of 1 KiB at most), idle between the requests of a connection kept alive. Replies are
+// bounded, and /metrics of many queues may take a while to write: no write timeout.
+type httpTimeouts struct{ readHeader, read, idle time.Duration }
+
+// defaultHTTPTimeouts are the listener's.
+var defaultHTTPTimeouts = httpTimeouts{readHeader: 10 * time.Second, read: 15 * time.Second, idle: time.Minute}
+
+// newHTTPServer returns the server of the HTTP listener: h under base's context, errors to log.
+func newHTTPServer(h http.Handler, base context.Context, log *slog.Logger, to httpTimeouts) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: to.readHeader,
+		ReadTimeout:       to.read,
+		IdleTimeout:       to.idle,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return base },
+	}
+}
 
 // httpShutdownTimeout bounds how long a stop waits for the HTTP requests in flight, which it
 // cancels: the broker's stop, which comes next, must keep its time for the snapshot and the claim.
@@ -69,8 +87,7 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 	// Requests run under base, which a stop cancels: a dashboard request waiting on the broker must
 	// not hold the stop up.
 	base, cancelBase := context.WithCancel(context.Background())
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: httpReadHeaderTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		BaseContext: func(net.Listener) context.Context { return base }}
+	hs := newHTTPServer(srv.Handler(), base, log, defaultHTTPTimeouts)
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	addr := ln.Addr().String()

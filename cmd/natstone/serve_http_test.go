@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
@@ -157,6 +161,47 @@ func TestLoopbackHosts(t *testing.T) {
 	} {
 		if got := loopbackHosts(addr); !slices.Equal(got, want) {
 			t.Errorf("loopbackHosts(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// TestHTTPServerDropsIdleAndSlowClients: the HTTP listener closes a kept-alive connection left
+// idle, and one whose request body does not come, so no client holds a connection open forever.
+func TestHTTPServerDropsIdleAndSlowClients(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "ok")
+	})
+	to := httpTimeouts{readHeader: time.Second, read: 200 * time.Millisecond, idle: 200 * time.Millisecond}
+	hs := newHTTPServer(h, context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), to)
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { hs.Close() })
+
+	for name, req := range map[string]string{
+		// One whole request, answered; then the connection idles.
+		"idle": "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+		// A body announced and never sent.
+		"slow body": "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{",
+	} {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := io.WriteString(conn, req); err != nil {
+			t.Fatal(err)
+		}
+		// The server closes the connection (after the reply, if any) long before this deadline.
+		if err := conn.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadAll(conn); err != nil {
+			t.Errorf("%s: the connection was not closed by the server: %v", name, err)
 		}
 	}
 }
