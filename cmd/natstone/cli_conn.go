@@ -228,7 +228,7 @@ func describeError(err error, conn *cliConn) string {
 	case errors.Is(err, nats.ErrNoResponders):
 		return fmt.Sprintf("natstone: no natstone broker answers%s (%v)", where, nats.ErrNoResponders)
 	case errors.Is(err, nats.ErrTimeout):
-		return fmt.Sprintf("natstone: no reply in time%s; a write may still have been carried out, and retrying it is safe (%v)", where, nats.ErrTimeout)
+		return fmt.Sprintf("natstone: no reply in time%s; a write may still have been carried out (a retry is safe, but for an enqueue without --id or a dequeue without --request-id) (%v)", where, nats.ErrTimeout)
 	}
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "natstone: ") {

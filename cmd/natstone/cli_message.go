@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nuid"
+
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/workers"
 )
@@ -67,6 +69,10 @@ shows the progress.
 		return parseExit(c.usageError("--in-flight needs --import"))
 	}
 
+	if given["id"] && *id == "" {
+		// Most likely a variable that was not set: the enqueue would lose its idempotency.
+		return parseExit(c.usageError("--id is empty: leave it out for the broker to make one"))
+	}
 	opts := &workers.EnqueueOpts{ID: *id, Metadata: meta, Invisible: *invisible, Lease: *lease}
 	switch {
 	case given["priority"] && given["deadline"]:
@@ -136,10 +142,21 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 	if err := subjects.ValidateWorker(*worker); err != nil {
 		return parseExit(c.usageError("--worker must be at most %d bytes of printable UTF-8", subjects.MaxWorkerLen))
 	}
+	if c.set()["request-id"] && *requestID == "" {
+		return parseExit(c.usageError("--request-id is empty: leave it out, or give one to retry with"))
+	}
+	if *requestID == "" && *wait > 0 {
+		// A long poll interrupted here goes on at the broker, which may lease a message to it that
+		// nobody then holds: with an id, the user can take that lease back.
+		*requestID = nuid.Next()
+	}
 	opts := &workers.DequeueOpts{Batch: *batch, Lease: *lease, Wait: *wait, Filter: filter, RequestID: *requestID, Worker: *worker}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
 		msgs, err := conn.client.Dequeue(ctx, pos[0], opts)
 		if err != nil {
+			if ctx.Err() != nil && *wait > 0 {
+				fmt.Fprintf(stderr, "natstone dequeue: interrupted: the broker's wait goes on, and a message it leases before the wait ends is leased to nobody until its lease runs out; natstone dequeue %s --request-id %s returns that lease while it holds (within 5 minutes)\n", pos[0], *requestID)
+			}
 			return err
 		}
 		if err := c.output(wireMessages(msgs), func(w io.Writer) {

@@ -2,12 +2,15 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -259,4 +262,54 @@ func TestCLIMessageRoundTrip(t *testing.T) {
 	cli(t, url, "get", "jobs", "nope").fails(t, exitNotFound, "natstone: message_not_found: ")
 	cli(t, url, "complete", "jobs", "m0").fails(t, exitUsage, "missing arguments")
 	cli(t, url, "extend", "jobs", "m0", "l", "x").fails(t, exitUsage, `unexpected argument "x"`)
+}
+
+// TestCLIDequeueInterrupted: a dequeue --wait stopped by Ctrl-C leaves its long poll at the broker,
+// which may lease it a message nobody then holds. The CLI says so and names the request id that
+// takes that lease back.
+func TestCLIDequeueInterrupted(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	cli(t, url, "queue", "create", "q").ok(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	polls, err := nc.SubscribeSync("natstone.v1.dequeue.q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(bin, "dequeue", "q", "--wait", "1m", "--server", url)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := polls.NextMsg(deadline); err != nil { // the long poll is at the broker
+		t.Fatalf("no dequeue seen: %v", err)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait() // an error: interrupted
+	_, id, ok := strings.Cut(stderr.String(), "--request-id ")
+	id, _, _ = strings.Cut(id, " ")
+	if !ok || id == "" {
+		t.Fatalf("stderr names no request id:\n%s", stderr.String())
+	}
+
+	// The abandoned poll takes this message; the named id takes its lease back.
+	cli(t, url, "enqueue", "q", "x", "--id", "m").ok(t)
+	var got subjects.DequeueReply
+	r := cli(t, url, "dequeue", "q", "--request-id", id, "--json")
+	r.ok(t)
+	r.decode(t, &got)
+	if len(got.Messages) != 1 || got.Messages[0].ID != "m" || got.Messages[0].State != subjects.StateRunning {
+		t.Fatalf("dequeue with the interrupted one's request id: %+v", got)
+	}
 }
