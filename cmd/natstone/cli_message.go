@@ -127,7 +127,7 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 	wait := c.duration("wait", 0, time.Millisecond, subjects.MaxWait, "wait up to this long for a first message (at most 5m)")
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "lease only messages with metadata `key=value`, repeatable (all must match)")
-	requestID := c.fs.String("request-id", "", "makes the dequeue retry-safe: a retry with the same `id` within 5 minutes returns the same leases")
+	requestID := c.fs.String("request-id", "", "makes the dequeue retry-safe: a retry with the same `id` within 5 minutes returns the same leases (with --wait, one is made up if not given, and printed if interrupted)")
 	worker := c.fs.String("worker", "", "who dequeues: the `name` the leased events carry (natstone history shows it)")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
