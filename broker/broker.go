@@ -107,11 +107,12 @@ type Broker struct {
 	runner *runner        // the goroutines requests run on
 
 	// mu guards the fields below.
-	mu      sync.Mutex
-	queues  map[string]*queue
-	closed  bool
-	started bool  // Start succeeded
-	lost    error // why the claim was lost, if it was
+	mu       sync.Mutex
+	queues   map[string]*queue
+	closed   bool
+	starting bool  // Start was called: a Broker starts once
+	started  bool  // Start succeeded
+	lost     error // why the claim was lost, if it was
 
 	snapshotBroken bool // a start found the snapshot unreadable: its loads read every record
 
@@ -201,8 +202,16 @@ func (b *Broker) Claim(ctx context.Context) error {
 }
 
 // Start claims the store (see Claim), opens the storage, rebuilds every queue's indexes from it,
-// reconciles exclusivity locks, and only then starts answering requests.
+// reconciles exclusivity locks, and only then starts answering requests. A Broker starts once: a
+// second Start, or a Start after Stop, fails with ErrStarted (make another with New).
 func (b *Broker) Start(ctx context.Context) error {
+	b.mu.Lock()
+	again := b.starting || b.closed
+	b.starting = true
+	b.mu.Unlock()
+	if again {
+		return ErrStarted
+	}
 	if err := b.Claim(ctx); err != nil {
 		return err
 	}

@@ -23,6 +23,10 @@ const DefaultClaimTTL = 10 * time.Second
 // store: another broker took the store over.
 var ErrClaimLost = errors.New("natstone: the broker lost its claim on the store")
 
+// ErrStarted is the error of a Start of a Broker that was started or stopped before: a Broker
+// runs once.
+var ErrStarted = errors.New("natstone: the broker was started before: a Broker starts once, make another with New")
+
 // A claimer takes and keeps the store's claim: one broker serves a store at a time, and others
 // wait as standbys (design.md, "One broker per store"). Its holder rewrites it every ttl/5. A
 // standby takes it over once it has seen it unchanged for ttl (or for the holder's ttl, if

@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -580,5 +581,48 @@ func TestListPages(t *testing.T) {
 		{subjects.ListRequest{After: "a.b"}, subjects.CodeInvalidQueueName},
 	} {
 		fails(e, bad.code, subjects.OpList, "", bad.r)
+	}
+}
+
+// TestBrokerStartsOnce: a second Start, or a Start after Stop, fails at once with ErrStarted, and
+// leaves the running broker as it was (its endpoints subscribed once).
+func TestBrokerStartsOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	subs := e.cfg.Conn.NumSubscriptions()
+	if err := e.b.Start(context.Background()); !errors.Is(err, broker.ErrStarted) {
+		t.Fatalf("second Start: %v, want ErrStarted", err)
+	}
+	if n := e.cfg.Conn.NumSubscriptions(); n != subs {
+		t.Fatalf("%d subscriptions after the second Start, want %d", n, subs)
+	}
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"}) // still serving
+
+	stopped, err := broker.New(&e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.stopBroker(stopped)
+	if err := stopped.Start(context.Background()); !errors.Is(err, broker.ErrStarted) {
+		t.Fatalf("Start after Stop: %v, want ErrStarted", err)
+	}
+}
+
+// TestRetriedBatchInOrderAcrossARestart: a retry after a restart returns a batch's leases in the
+// order the dequeue gave them, earliest deadline first (ties in enqueue order), as without one.
+func TestRetriedBatchInOrderAcrossARestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for i := range 12 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprintf("m%02d", i), Priority: ptr(int64(100 - i/2))}) // pairs tie
+	}
+	first := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 12})
+	want := []string{"m10", "m11", "m08", "m09", "m06", "m07", "m04", "m05", "m02", "m03", "m00", "m01"}
+	if !slices.Equal(ids(first), want) {
+		t.Fatalf("dequeue: %v, want %v", ids(first), want)
+	}
+	e.restartBroker()
+	if got := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 12}); !slices.Equal(ids(got), want) {
+		t.Fatalf("the retry after a restart: %v, want %v", ids(got), want)
 	}
 }

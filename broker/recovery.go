@@ -651,6 +651,11 @@ func (q *queue) rebuildRequests() {
 		if t, ok := leased[id]; ok {
 			at = t // the dequeue's own time: another of its messages left running later (its lease ran out)
 		}
-		q.remember(id, q.requests[id], at)
+		r := q.requests[id]
+		// In the order the dequeue gave them, EDF, as its retry must: not the entries' (a map's).
+		slices.SortFunc(r.leases, func(a, b leaseRef) int {
+			return cmp.Or(cmp.Compare(a.e.Priority, b.e.Priority), cmp.Compare(a.e.Seq, b.e.Seq))
+		})
+		q.remember(id, r, at)
 	}
 }

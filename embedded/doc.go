@@ -6,4 +6,17 @@
 //	...
 //	defer ns.Stop(context.Background())
 //	nc, err := ns.Connect() // an in-process client connection; or nats.Connect(ns.ClientURL())
+//
+// Things to know:
+//   - By default the server listens on 127.0.0.1:4222, the port a `natstone serve` also takes; set
+//     Listen ("127.0.0.1:0" for any free port) or NoListen. It has no authentication: keep it on
+//     loopback, or run natstone against a NATS server of your own (broker.Config) to control access.
+//   - Stop may be called from several goroutines (a signal handler's and a deferred one) and more
+//     than once: every call returns when the one stop has ended. Connections from Connect are closed
+//     by it.
+//   - The broker can stop on its own, when it loses its claim on the store to another broker on the
+//     same store (a cluster, see broker.ErrClaimLost): ns.Broker().Done() is then closed, and a
+//     program that serves on must watch it, as `natstone serve` does.
+//   - Start's ctx bounds the broker's start (its claim and recovery); the nats-server's own start,
+//     which recovers the JetStream store, runs to its end once begun.
 package embedded

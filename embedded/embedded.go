@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -46,6 +47,9 @@ type Natstone struct {
 	closed []chan struct{}
 	log    *slog.Logger
 	unlock func() // releases the data directory
+
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // Start starts the nats-server, connects the broker to it in-process (one connection for requests,
@@ -147,14 +151,25 @@ func (n *Natstone) ClientURL() string {
 // Addr returns the address the server listens on for clients (nil with NoListen).
 func (n *Natstone) Addr() net.Addr { return n.server.Addr() }
 
-// Connect opens an in-process client connection to the server; the caller closes it.
+// Connect opens an in-process client connection to the server; the caller closes it. Such a
+// connection cannot reconnect (its server is this one), so it is closed when Stop shuts the server
+// down: its requests then fail at once with nats.ErrConnectionClosed instead of waiting out their
+// timeouts for a reconnect that cannot come. An option given (nats.MaxReconnects) overrides that.
 func (n *Natstone) Connect(opts ...nats.Option) (*nats.Conn, error) {
-	return nats.Connect("", append(opts, nats.InProcessServer(n.server))...)
+	return nats.Connect("", append([]nats.Option{nats.MaxReconnects(0)}, append(opts, nats.InProcessServer(n.server))...)...)
 }
 
 // Stop stops the broker (within ctx), drains its connections and shuts the server down, in that
-// order, so no request in progress is cut off by a vanishing server.
+// order, so no request in progress is cut off by a vanishing server. It is safe to call more than
+// once and from several goroutines (a signal handler's and a deferred one): every call returns when
+// the first one's stop has ended, with its result.
 func (n *Natstone) Stop(ctx context.Context) error {
+	n.stopOnce.Do(func() { n.stopErr = n.stop(ctx) })
+	return n.stopErr
+}
+
+// stop is Stop's one run.
+func (n *Natstone) stop(ctx context.Context) error {
 	err := n.broker.Stop(ctx)
 	for i, nc := range n.conns {
 		if derr := nc.Drain(); derr != nil {

@@ -3,7 +3,9 @@ package embedded_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -121,5 +123,97 @@ func TestDataDirIsLocked(t *testing.T) {
 	}
 	if err := again.Stop(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStopTwiceAtOnce: two Stops at once (a signal handler's and a deferred one) both return once
+// the one stop has ended, which writes its snapshot: the next start reads it instead of every
+// record. (Whether the second would otherwise return first depends on timing; TestStopRunsOnce
+// pins that Stop runs once.)
+func TestStopTwiceAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	ns, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := ns.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Request("natstone.v1.enqueue.jobs", []byte(`{"id":"a"}`), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			err := ns.Stop(ctx)
+			select {
+			case <-ns.Broker().Done():
+			default:
+				err = errors.Join(err, errors.New("returned while the broker was still stopping"))
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+	}
+	var logs strings.Builder
+	ns, err = embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Stop(ctx)
+	if !strings.Contains(logs.String(), "from=snapshot") {
+		t.Fatalf("the restart did not start from the snapshot the stop writes:\n%s", logs.String())
+	}
+}
+
+// TestConnectionsClosedOnStop: an in-process connection from Connect cannot outlive its server: once
+// Stop has shut it down, the connection is closed, and a request fails at once rather than waiting
+// for a reconnect that cannot come.
+func TestConnectionsClosedOnStop(t *testing.T) {
+	ctx := context.Background()
+	ns, err := embedded.Start(ctx, &embedded.Config{DataDir: t.TempDir(), NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	nc, err := ns.Connect(nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := ns.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the connection is still %v after Stop", nc.Status())
+	}
+	if _, err := nc.Request("natstone.v1.get.jobs", []byte(`{"id":"a"}`), time.Minute); !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("request after Stop: %v, want ErrConnectionClosed", err)
+	}
+}
+
+// TestStopRunsOnce: a Stop after another returns the first one's result, and stops nothing twice.
+func TestStopRunsOnce(t *testing.T) {
+	ns, err := embedded.Start(context.Background(), &embedded.Config{DataDir: t.TempDir(), NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no time: the first Stop reports its ctx's error
+	first := ns.Stop(ctx)
+	if !errors.Is(first, context.Canceled) {
+		t.Fatalf("Stop with a canceled ctx: %v", first)
+	}
+	if again := ns.Stop(context.Background()); again != first {
+		t.Fatalf("second Stop: %v, want the first's %v", again, first)
 	}
 }

@@ -18,7 +18,7 @@ const (
 	pollRetryMax  = 10 * time.Second
 )
 
-// DefaultBackoff is the default WorkerConfig.Backoff: how long a message released after its
+// DefaultBackoff is the default WorkerConfig.BackoffFunc: how long a message released after its
 // attempt-th failed attempt (1 for the first) stays invisible. It is 1s·2^(attempt-1), capped at
 // 5 minutes, with ±25 % of jitter so that messages failing together do not come back together.
 func DefaultBackoff(attempt int) time.Duration {

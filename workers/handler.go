@@ -11,7 +11,7 @@ import (
 //   - nil: the message is completed;
 //   - an error matching ErrDiscard (see Discard): the message is canceled, never retried;
 //   - any other error, or a panic: the message is released, pending again after the worker's
-//     Backoff for its attempt (errored once its attempts are spent).
+//     BackoffFunc for its attempt (errored once its attempts are spent).
 //
 // ctx is cancelled when the lease is lost (context.Cause is ErrLeaseLost: the message is no longer
 // this handler's, and its result is ignored) or when Worker.Stop stops waiting for the handler (cause
