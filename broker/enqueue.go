@@ -256,7 +256,8 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 				return nil, unavailable("wait for message", err)
 			}
 			if q.entries.get(e.ID) != e || e.rev == 0 {
-				return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q: a concurrent enqueue of this id failed; retry", e.ID)
+				// Its write failed (a concurrent enqueue of the id), or it was collected meanwhile.
+				return nil, subjects.Errorf(subjects.CodeUnavailable, "message %q changed while this enqueue waited for it (a concurrent enqueue of the id failed, or the message was collected); retry", e.ID)
 			}
 		}
 		replies[i] = subjects.EnqueueReply{
