@@ -213,7 +213,7 @@ func TestStopRunsOnce(t *testing.T) {
 	if !errors.Is(first, context.Canceled) {
 		t.Fatalf("Stop with a canceled ctx: %v", first)
 	}
-	if again := ns.Stop(context.Background()); again != first {
+	if again := ns.Stop(context.Background()); !errors.Is(again, first) {
 		t.Fatalf("second Stop: %v, want the first's %v", again, first)
 	}
 }
