@@ -156,34 +156,26 @@ func TestIdempotentOperations(t *testing.T) {
 	if *lease.Payload != "one" {
 		t.Fatalf("payload %q: the duplicate must not replace the original", *lease.Payload)
 	}
-	c1 := must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: lease.LeaseID})
-	c2 := must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: lease.LeaseID})
-	if c1.Version != c2.Version || c2.State != subjects.StateCompleted {
-		t.Fatalf("completing twice changed the version: %d then %d", c1.Version, c2.Version)
+	// Each sent twice: the second answers as the first, and writes nothing.
+	twice := func(what string, op subjects.Op, req any, want subjects.State) {
+		t.Helper()
+		first := must[subjects.Message](e, op, "q", req)
+		again := must[subjects.Message](e, op, "q", req)
+		if first.Version != again.Version || again.State != want {
+			t.Fatalf("%s twice: v%d then v%d (%s)", what, first.Version, again.Version, again.State)
+		}
 	}
+	twice("completing", subjects.OpComplete, subjects.LeaseRequest{ID: "m", LeaseID: lease.LeaseID}, subjects.StateCompleted)
 
 	e.enqueue("q", subjects.EnqueueRequest{ID: "r"})
 	l := e.dequeueOne("q")
-	r1 := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "r", LeaseID: l.LeaseID})
-	r2 := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "r", LeaseID: l.LeaseID})
-	if r1.Version != r2.Version || r2.State != subjects.StatePending {
-		t.Fatalf("releasing twice: v%d then v%d (%s)", r1.Version, r2.Version, r2.State)
-	}
-
-	x1 := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "r"})
-	x2 := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "r"})
-	if x1.Version != x2.Version || x2.State != subjects.StateCanceled {
-		t.Fatalf("canceling twice: v%d then v%d", x1.Version, x2.Version)
-	}
+	twice("releasing", subjects.OpRelease, subjects.ReleaseRequest{ID: "r", LeaseID: l.LeaseID}, subjects.StatePending)
+	twice("canceling", subjects.OpCancel, subjects.LeaseRequest{ID: "r"}, subjects.StateCanceled)
 
 	// The holder's cancel, repeated, is its own retry; another lease's is not.
 	e.enqueue("q", subjects.EnqueueRequest{ID: "h"})
 	hl := e.dequeueOne("q")
-	h1 := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "h", LeaseID: hl.LeaseID})
-	h2 := must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "h", LeaseID: hl.LeaseID})
-	if h1.Version != h2.Version || h2.State != subjects.StateCanceled {
-		t.Fatalf("the holder canceling twice: v%d then v%d (%s)", h1.Version, h2.Version, h2.State)
-	}
+	twice("the holder canceling", subjects.OpCancel, subjects.LeaseRequest{ID: "h", LeaseID: hl.LeaseID}, subjects.StateCanceled)
 	fails(e, subjects.CodeLeaseMismatch, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "h", LeaseID: "bogus"})
 	fails(e, subjects.CodeLeaseMismatch, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "r", LeaseID: l.LeaseID + "x"})
 }
