@@ -617,3 +617,34 @@ func TestForeignRequestsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestHostsOfAnExposedListener: a listener on a non-loopback address (AnyIP) answers to its IP
+// addresses and the names it is known by, and still refuses any other name: DNS rebinding needs one.
+func TestHostsOfAnExposedListener(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	brokertest.Start(t, srv, func(c *broker.Config) { c.MemoryStorage = true })
+	c, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := web.New(web.Config{Client: c, Logger: discard(), Hosts: []string{"localhost", "dash.corp"}, AnyIP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]int{
+		"10.1.2.3:8080":         http.StatusOK,
+		"[fe80::1]:8080":        http.StatusOK,
+		"10.1.2.3":              http.StatusOK,
+		"DASH.corp:8080":        http.StatusOK,
+		"localhost:8080":        http.StatusOK,
+		"attacker.example:8080": http.StatusMisdirectedRequest,
+		"10.1.2.3.nip.io:8080":  http.StatusMisdirectedRequest,
+	} {
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://"+host+"/api/queues", nil))
+		if rec.Code != want {
+			t.Errorf("Host %s: status %d, want %d", host, rec.Code, want)
+		}
+	}
+}

@@ -53,10 +53,11 @@
 //	     "revision", "created_at", "counts"}. A POST from a page of another origin (Sec-Fetch-Site,
 //	     else Origin against Host: net/http's CrossOriginProtection) is refused with 403.
 //
-// With [Config.Hosts] set (natstone serve sets the loopback names when --http is a loopback
-// address), a request whose Host header names another host is answered 421: a page of a site whose
-// name was made to resolve to the listener's address (DNS rebinding) is same-origin to the browser
-// and would otherwise read the API and toggle the flags.
+// With [Config.Hosts] set, a request whose Host header names another host is answered 421: a page
+// of a site whose name was made to resolve to the listener's address (DNS rebinding) is same-origin
+// to the browser and would otherwise read the API and toggle the flags. natstone serve sets the
+// loopback names when --http is a loopback address; else localhost and the --http-host names, with
+// [Config.AnyIP] (a Host that is an IP address is no rebinding).
 //
 // # Errors
 //

@@ -44,6 +44,10 @@ type Config struct {
 	// the loopback names: a page of another site whose name an attacker made resolve to 127.0.0.1
 	// (DNS rebinding) is then not answered, though to the browser it is same-origin.
 	Hosts []string
+	// AnyIP, with Hosts set, also allows every Host that is an IP address: DNS rebinding needs a
+	// name, so a listener reached by its addresses is safe with only the names it is known by in
+	// Hosts.
+	AnyIP bool
 }
 
 // Server is the HTTP side of natstone: the JSON API and the dashboard. It is safe for concurrent
@@ -96,12 +100,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	// Cross-origin POSTs are refused (Sec-Fetch-Site, else Origin against Host): a page of another
 	// origin cannot toggle a queue's flags through the user's browser.
-	s.handler = secure(allowHosts(cfg.Hosts, http.NewCrossOriginProtection().Handler(mux)))
+	s.handler = secure(allowHosts(cfg.Hosts, cfg.AnyIP, http.NewCrossOriginProtection().Handler(mux)))
 	return s, nil
 }
 
-// allowHosts answers only requests whose Host names one of hosts (all of them if hosts is empty).
-func allowHosts(hosts []string, next http.Handler) http.Handler {
+// allowHosts answers only requests whose Host names one of hosts, or with anyIP is an IP address
+// (all of them if hosts is empty).
+func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 	if len(hosts) == 0 {
 		return next
 	}
@@ -111,8 +116,12 @@ func allowHosts(hosts []string, next http.Handler) http.Handler {
 			host = h
 		}
 		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		if anyIP && net.ParseIP(host) != nil {
+			next.ServeHTTP(w, r)
+			return
+		}
 		if !slices.ContainsFunc(hosts, func(h string) bool { return strings.EqualFold(h, host) }) {
-			http.Error(w, fmt.Sprintf("natstone: this dashboard does not answer to host %q", r.Host), http.StatusMisdirectedRequest)
+			http.Error(w, fmt.Sprintf("natstone: this dashboard does not answer to host %q (natstone serve --http-host NAME adds a name)", r.Host), http.StatusMisdirectedRequest)
 			return
 		}
 		next.ServeHTTP(w, r)

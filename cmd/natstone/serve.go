@@ -64,6 +64,7 @@ type serveConfig struct {
 	eventsMaxAge      time.Duration
 	eventsMaxBytes    int64
 	httpAddr          string // empty: no HTTP listener
+	httpHosts         hostsFlag
 	claimTTL          time.Duration
 	startTimeout      time.Duration // 0: no bound
 	logLevel          slog.Level
@@ -127,6 +128,7 @@ Flags:
 	fs.DurationVar(&cfg.claimTTL, "claim-ttl", broker.DefaultClaimTTL, "how long a standby broker waits, seeing the store's claim unchanged, before it takes the store over (at least 1s)")
 	fs.DurationVar(&cfg.startTimeout, "start-timeout", DefaultStartTimeout, "how long a start may take until requests are answered, the recovery of every pending message included (0: no bound)")
 	fs.StringVar(&cfg.httpAddr, "http", "", "`host:port` of an HTTP listener for the dashboard, /metrics and /healthz (off unless given)")
+	fs.Var(&cfg.httpHosts, "http-host", "a host `name` the HTTP listener answers to, besides localhost and its IP addresses (a DNS name or a proxy's; repeatable): others are refused, against DNS rebinding")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	if err := fs.Parse(args); err != nil {
@@ -193,6 +195,8 @@ Flags:
 		if _, _, err := net.SplitHostPort(cfg.httpAddr); err != nil {
 			return usageErr("--http %q: %v", cfg.httpAddr, err)
 		}
+	} else if len(cfg.httpHosts) > 0 {
+		return usageErr("--http-host needs --http")
 	}
 	if cfg.replicas < 1 {
 		return usageErr("--replicas must be at least 1, not %d", cfg.replicas)
@@ -450,4 +454,17 @@ func withBound(ctx context.Context, d time.Duration) (context.Context, context.C
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, d)
+}
+
+// hostsFlag is a repeatable flag of host names.
+type hostsFlag []string
+
+func (h *hostsFlag) String() string { return strings.Join(*h, ",") }
+
+func (h *hostsFlag) Set(v string) error {
+	if v == "" || strings.ContainsAny(v, ":/ ") {
+		return fmt.Errorf("%q is not a host name (give it without port or scheme)", v)
+	}
+	*h = append(*h, v)
+	return nil
 }

@@ -73,7 +73,8 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 			Events:      !cfg.noEvents,
 		}),
 		Logger: log,
-		Hosts:  loopbackHosts(cfg.httpAddr),
+		Hosts:  dashboardHosts(cfg.httpAddr, cfg.httpHosts),
+		AnyIP:  loopbackHosts(cfg.httpAddr) == nil,
 	})
 	if err != nil {
 		nc.Close()
@@ -103,6 +104,18 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 		nc.Close()
 		return err
 	}, nil
+}
+
+// dashboardHosts returns the host names a dashboard listening on addr answers to (besides its IP
+// addresses, when it is not on a loopback address): the loopback names on a loopback address,
+// else localhost; and the names given with --http-host. A name an attacker made resolve to the
+// listener's address (DNS rebinding) is not among them.
+func dashboardHosts(addr string, names []string) []string {
+	hosts := loopbackHosts(addr)
+	if hosts == nil {
+		hosts = []string{"localhost"}
+	}
+	return append(hosts, names...)
 }
 
 // loopbackHosts returns the host names a dashboard listening on addr answers to: with a loopback

@@ -165,6 +165,26 @@ func TestLoopbackHosts(t *testing.T) {
 	}
 }
 
+// TestDashboardHosts: a dashboard answers to the loopback names on a loopback address, else to
+// localhost (and its IP addresses, web.Config.AnyIP), and to the names given with --http-host.
+func TestDashboardHosts(t *testing.T) {
+	for _, tc := range []struct {
+		addr  string
+		names []string
+		want  []string
+	}{
+		{"127.0.0.1:8080", nil, []string{"localhost", "127.0.0.1", "::1", "127.0.0.1"}},
+		{"127.0.0.1:8080", []string{"dash"}, []string{"localhost", "127.0.0.1", "::1", "127.0.0.1", "dash"}},
+		{"0.0.0.0:8080", nil, []string{"localhost"}},
+		{":8080", []string{"dash.corp", "natstone"}, []string{"localhost", "dash.corp", "natstone"}},
+		{"10.1.2.3:8080", []string{"dash.corp"}, []string{"localhost", "dash.corp"}},
+	} {
+		if got := dashboardHosts(tc.addr, tc.names); !slices.Equal(got, tc.want) {
+			t.Errorf("dashboardHosts(%q, %q) = %q, want %q", tc.addr, tc.names, got, tc.want)
+		}
+	}
+}
+
 // TestHTTPServerDropsIdleAndSlowClients: the HTTP listener closes a kept-alive connection left
 // idle, and one whose request body does not come, so no client holds a connection open forever.
 func TestHTTPServerDropsIdleAndSlowClients(t *testing.T) {

@@ -258,6 +258,8 @@ func TestUsageErrors(t *testing.T) {
 		{"negative events max bytes", []string{"serve", "--events-max-bytes", "-2"}, "--events-max-bytes must be positive or -1"},
 		{"short claim ttl", []string{"serve", "--claim-ttl", "500ms"}, "--claim-ttl must be at least 1s"},
 		{"negative start timeout", []string{"serve", "--start-timeout", "-1s"}, "--start-timeout cannot be negative"},
+		{"http host without http", []string{"serve", "--http-host", "dash.corp"}, "--http-host needs --http"},
+		{"http host with a port", []string{"serve", "--http", "127.0.0.1:0", "--http-host", "dash.corp:8080"}, "is not a host name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
