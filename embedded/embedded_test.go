@@ -111,7 +111,7 @@ func TestDataDirIsLocked(t *testing.T) {
 		_ = first.Stop(ctx)
 		t.Fatal("a second natstone started on a data directory in use")
 	}
-	if !strings.Contains(err.Error(), "in use by another natstone") {
+	if !errors.Is(err, embedded.ErrDataDirInUse) || !strings.Contains(err.Error(), "in use by another natstone") {
 		t.Errorf("error %q does not say the directory is in use", err)
 	}
 	if err := first.Stop(ctx); err != nil {

@@ -10,6 +10,10 @@ import (
 // lockName is the file in a data directory that a running natstone holds locked.
 const lockName = "natstone.lock"
 
+// ErrDataDirInUse is the error of a Start on a data directory that another natstone (in this
+// process or another) is using.
+var ErrDataDirInUse = errors.New("natstone: the data directory is in use by another natstone")
+
 // errLocked is what lockFile returns when another process holds the lock.
 var errLocked = errors.New("locked by another process")
 
@@ -28,7 +32,7 @@ func lockDir(dir string) (unlock func(), err error) {
 	if err := lockFile(f); err != nil {
 		f.Close()
 		if errors.Is(err, errLocked) {
-			return nil, fmt.Errorf("natstone: data directory %s is in use by another natstone (it holds %s locked)", dir, path)
+			return nil, fmt.Errorf("%w: %s (it holds %s locked)", ErrDataDirInUse, dir, path)
 		}
 		return nil, fmt.Errorf("natstone: lock %s: %w", path, err)
 	}
