@@ -115,6 +115,7 @@ func TestCLIQueueUsage(t *testing.T) {
 		{[]string{"queue", "frob"}, exitUsage, `unknown command "frob"`},
 		{[]string{"queue", "-h"}, exitOK, "Usage: natstone queue <command>"},
 		{[]string{"help", "queue"}, exitOK, "Exit codes:"},
+		{[]string{"help", "queue", "create"}, exitOK, "--max-attempts"},
 		{[]string{"help", "dequeue"}, exitOK, "4  nothing to dequeue"},
 		{[]string{"queue", "create", "-h"}, exitOK, "--max-attempts"},
 		{[]string{"queue", "create"}, exitUsage, "missing arguments"},

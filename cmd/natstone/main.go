@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"syscall"
 
 	"github.com/natstone/natstone/broker"
@@ -86,7 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-// runHelp prints the overview, or a command's flags for "natstone help <command>".
+// runHelp prints the overview, or a command's flags for "natstone help <command> [<subcommand>]".
 func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(stdout)
@@ -94,7 +95,7 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	for _, c := range commands {
 		if c.name == args[0] {
-			return c.run(ctx, []string{"-h"}, stdout, stdout)
+			return c.run(ctx, append(slices.Clone(args[1:]), "-h"), stdout, stdout) // queue create -h
 		}
 	}
 	fmt.Fprintf(stderr, "natstone: unknown help topic %q\n\n", args[0])
