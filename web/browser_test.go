@@ -114,6 +114,20 @@ func TestDashboard(t *testing.T) {
 	b.noError()
 	b.screenshot(shots, "dashboard-queue.png")
 
+	// The filter box's text: pairs split at commas, a backslash taking the next character as is.
+	for text, want := range map[string][]string{
+		`kind=a`:               {"kind=a"},
+		` kind=a , team=b, `:   {"kind=a", "team=b"},
+		`path=a\,b, kind=c`:    {"path=a,b", "kind=c"},
+		`note=back\\slash,x=y`: {`note=back\slash`, "x=y"},
+		`k=trailing\`:          {`k=trailing\`},
+	} {
+		js, _ := json.Marshal(text)
+		if got := evaluate[[]string](b, "parseFilter("+string(js)+")"); !slices.Equal(got, want) {
+			t.Errorf("parseFilter(%s) = %q, want %q", js, got, want)
+		}
+	}
+
 	// A filter narrows the list to the matching messages.
 	b.do(chromedp.SendKeys(chromedp.CSS(`#filter`), "kind=a"))
 	b.do(chromedp.Click(chromedp.CSS(`#filter-form button[type="submit"]`)))

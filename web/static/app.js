@@ -154,8 +154,23 @@ function query(pairs) {
 }
 
 // parseFilter turns "k=v, k2=v2" into ["k=v", "k2=v2"], throwing on a piece that is not key=value.
+// A backslash takes the next character as it is: "k=a\,b" is the one pair k = "a,b".
 function parseFilter(text) {
-  const pairs = text.split(',').map(p => p.trim()).filter(p => p !== '');
+  const pieces = [];
+  let piece = '';
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '\\' && i + 1 < text.length) {
+      piece += text[++i];
+    } else if (c === ',') {
+      pieces.push(piece);
+      piece = '';
+    } else {
+      piece += c;
+    }
+  }
+  pieces.push(piece);
+  const pairs = pieces.map(p => p.trim()).filter(p => p !== '');
   for (const p of pairs) {
     if (p.indexOf('=') < 1) throw new Error('filter "' + p + '": want key=value');
   }
@@ -311,7 +326,8 @@ function queueView(r) {
   const dequeueSwitch = blockSwitch('dequeue_blocked', 'Block dequeues');
 
   const filterInput = h('input', {
-    id: 'filter', type: 'text', value: r.filter, placeholder: 'key=value, key2=value2',
+    id: 'filter', type: 'text', value: r.filter, placeholder: 'key=value, key2=a\\,b',
+    title: 'pairs key=value, comma-separated; a backslash takes the next character as it is (\\, for a comma in a value)',
     'aria-label': 'metadata filter', autocomplete: 'off', spellcheck: 'false',
   });
   const filterForm = h('form', { id: 'filter-form', class: 'filter', onsubmit: e => { e.preventDefault(); applyFilter(filterInput.value); } },
