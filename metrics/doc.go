@@ -33,14 +33,15 @@
 //	| natstone_events_dropped_total         | counter   |                  | events given up on (buffer full, or the stream refused them)             |
 //	| natstone_events_buffered              | gauge     |                  | events waiting to be published                                           |
 //	| natstone_events_enabled               | gauge     |                  | 1 if the events stream is on, else 0                                     |
+//	| natstone_broker_serving               | gauge     |                  | 1 while the broker answers requests (holds the store's claim), else 0    |
 //
 // The first six are counted as they happen. Every op's success counter and histogram exist at 0
 // from New, and a queue's transition counters of every kind and its expiry counter from its first
 // transition, so that rate() sees their first increment; an error code's series appears when first
-// counted. The last seven are read from the
-// broker's snapshot at each scrape and are absent until Watch is called; the counters among them
-// restart from 0 with the broker. A deleted queue's counters remain until the process restarts;
-// its gauges disappear with it.
+// counted. The last eight are read from the broker's snapshot at each scrape and are absent until
+// Watch is called; the counters among them restart from 0 with the broker. A deleted queue's
+// series go with it: its gauges from the next scrape, and its transition and expiry counters when
+// the broker reports the deletion (QueueDeleted).
 //
 // # Health
 //
