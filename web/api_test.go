@@ -628,23 +628,40 @@ func TestHostsOfAnExposedListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := web.New(web.Config{Client: c, Logger: discard(), Hosts: []string{"localhost", "dash.corp"}, AnyIP: true})
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	s, err := web.New(web.Config{Client: c, Logger: discard(), Hosts: []string{"localhost", "dash.corp"}, AnyIP: true, Metrics: ok, Health: ok})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for host, want := range map[string]int{
-		"10.1.2.3:8080":         http.StatusOK,
-		"[fe80::1]:8080":        http.StatusOK,
-		"10.1.2.3":              http.StatusOK,
-		"DASH.corp:8080":        http.StatusOK,
-		"localhost:8080":        http.StatusOK,
-		"attacker.example:8080": http.StatusMisdirectedRequest,
-		"10.1.2.3.nip.io:8080":  http.StatusMisdirectedRequest,
+		"10.1.2.3:8080":          http.StatusOK,
+		"[fe80::1]:8080":         http.StatusOK,
+		"[fe80::1%eth0]:8080":    http.StatusOK,
+		"10.1.2.3":               http.StatusOK,
+		"DASH.corp:8080":         http.StatusOK,
+		"localhost:8080":         http.StatusOK,
+		"localhost.:8080":        http.StatusOK,
+		"":                       http.StatusOK, // HTTP/1.0: no browser
+		"attacker.example:8080":  http.StatusMisdirectedRequest,
+		"10.1.2.3.nip.io:8080":   http.StatusMisdirectedRequest,
+		"attacker.example.:8080": http.StatusMisdirectedRequest,
 	} {
+		req := httptest.NewRequest(http.MethodGet, "/api/queues", nil)
+		req.Host = host
 		rec := httptest.NewRecorder()
-		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://"+host+"/api/queues", nil))
+		s.Handler().ServeHTTP(rec, req)
 		if rec.Code != want {
-			t.Errorf("Host %s: status %d, want %d", host, rec.Code, want)
+			t.Errorf("Host %q: status %d, want %d", host, rec.Code, want)
+		}
+	}
+	// Machines scrape /metrics and probe /healthz by whatever name they know the listener by.
+	for _, path := range []string{"/metrics", "/healthz"} {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.Host = "natstone.monitoring.svc:8080"
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Errorf("GET %s by a service name: status %d, want 200", path, rec.Code)
 		}
 	}
 }

@@ -56,8 +56,9 @@
 // With [Config.Hosts] set, a request whose Host header names another host is answered 421: a page
 // of a site whose name was made to resolve to the listener's address (DNS rebinding) is same-origin
 // to the browser and would otherwise read the API and toggle the flags. natstone serve sets the
-// loopback names when --http is a loopback address; else localhost and the --http-host names, with
-// [Config.AnyIP] (a Host that is an IP address is no rebinding).
+// loopback names when --http is a loopback address; else localhost, the --http name and the
+// --http-host names, with [Config.AnyIP] (a Host that is an IP address is no rebinding). /metrics,
+// /healthz and requests without a Host are answered whatever the name.
 //
 // # Errors
 //

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -105,7 +106,9 @@ func New(cfg Config) (*Server, error) {
 }
 
 // allowHosts answers only requests whose Host names one of hosts, or with anyIP is an IP address
-// (all of them if hosts is empty).
+// (all of them if hosts is empty). A request without a Host (HTTP/1.0, a load balancer's health
+// check) comes from no browser, and /metrics and /healthz are for machines that scrape them by
+// whatever name they know the listener by: those are answered whatever the Host.
 func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 	if len(hosts) == 0 {
 		return next
@@ -115,8 +118,9 @@ func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h
 		}
-		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-		if anyIP && net.ParseIP(host) != nil {
+		host = strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ".")
+		_, ipErr := netip.ParseAddr(host) // zones (fe80::1%eth0) included
+		if host == "" || anyIP && ipErr == nil || r.URL.Path == "/metrics" || r.URL.Path == "/healthz" {
 			next.ServeHTTP(w, r)
 			return
 		}

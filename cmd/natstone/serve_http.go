@@ -108,12 +108,15 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 
 // dashboardHosts returns the host names a dashboard listening on addr answers to (besides its IP
 // addresses, when it is not on a loopback address): the loopback names on a loopback address,
-// else localhost; and the names given with --http-host. A name an attacker made resolve to the
-// listener's address (DNS rebinding) is not among them.
+// else localhost and the name --http gives, if a name; and the names given with --http-host. A
+// name an attacker made resolve to the listener's address (DNS rebinding) is not among them.
 func dashboardHosts(addr string, names []string) []string {
 	hosts := loopbackHosts(addr)
 	if hosts == nil {
 		hosts = []string{"localhost"}
+		if host, _, err := net.SplitHostPort(addr); err == nil && host != "" && net.ParseIP(host) == nil {
+			hosts = append(hosts, host) // --http dash.corp:8080: its own name
+		}
 	}
 	return append(hosts, names...)
 }

@@ -178,6 +178,7 @@ func TestDashboardHosts(t *testing.T) {
 		{"0.0.0.0:8080", nil, []string{"localhost"}},
 		{":8080", []string{"dash.corp", "natstone"}, []string{"localhost", "dash.corp", "natstone"}},
 		{"10.1.2.3:8080", []string{"dash.corp"}, []string{"localhost", "dash.corp"}},
+		{"dash.corp:8080", nil, []string{"localhost", "dash.corp"}},
 	} {
 		if got := dashboardHosts(tc.addr, tc.names); !slices.Equal(got, tc.want) {
 			t.Errorf("dashboardHosts(%q, %q) = %q, want %q", tc.addr, tc.names, got, tc.want)
