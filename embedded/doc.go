@@ -12,8 +12,8 @@
 //     Listen ("127.0.0.1:0" for any free port) or NoListen. It has no authentication: keep it on
 //     loopback, or run natstone against a NATS server of your own (broker.Config) to control access.
 //   - Stop may be called from several goroutines (a signal handler's and a deferred one) and more
-//     than once: every call returns when the one stop has ended. Connections from Connect are closed
-//     by it.
+//     than once: every call returns when the one stop has ended. It closes the connections from
+//     Connect once the server is down.
 //   - The broker can stop on its own, when it loses its claim on the store to another broker on the
 //     same store (a cluster, see broker.ErrClaimLost): ns.Broker().Done() is then closed, and a
 //     program that serves on must watch it, as `natstone serve` does.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -50,6 +51,9 @@ type Natstone struct {
 
 	stopOnce sync.Once
 	stopErr  error
+
+	mu      sync.Mutex   // guards clients
+	clients []*nats.Conn // Connect's connections, closed by Stop
 }
 
 // Start starts the nats-server, connects the broker to it in-process (one connection for requests,
@@ -151,12 +155,20 @@ func (n *Natstone) ClientURL() string {
 // Addr returns the address the server listens on for clients (nil with NoListen).
 func (n *Natstone) Addr() net.Addr { return n.server.Addr() }
 
-// Connect opens an in-process client connection to the server; the caller closes it. Such a
-// connection cannot reconnect (its server is this one), so it is closed when Stop shuts the server
-// down: its requests then fail at once with nats.ErrConnectionClosed instead of waiting out their
-// timeouts for a reconnect that cannot come. An option given (nats.MaxReconnects) overrides that.
+// Connect opens an in-process client connection to the server; the caller closes it. It
+// reconnects as any nats.go connection does while the server runs, and Stop closes it once the
+// server is down: its requests then fail at once with nats.ErrConnectionClosed, rather than wait
+// out their timeouts for a server that will not come back.
 func (n *Natstone) Connect(opts ...nats.Option) (*nats.Conn, error) {
-	return nats.Connect("", append([]nats.Option{nats.MaxReconnects(0)}, append(opts, nats.InProcessServer(n.server))...)...)
+	nc, err := nats.Connect("", append(opts, nats.InProcessServer(n.server))...)
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.clients = slices.DeleteFunc(n.clients, (*nats.Conn).IsClosed) // those the caller closed
+	n.clients = append(n.clients, nc)
+	return nc, nil
 }
 
 // Stop stops the broker (within ctx), drains its connections and shuts the server down, in that
@@ -185,6 +197,12 @@ func (n *Natstone) stop(ctx context.Context) error {
 	}
 	n.server.Shutdown()
 	n.server.WaitForShutdown()
+	n.mu.Lock()
+	for _, nc := range n.clients {
+		nc.Close()
+	}
+	n.clients = nil
+	n.mu.Unlock()
 	n.unlock()
 	return err
 }

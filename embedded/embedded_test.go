@@ -173,21 +173,37 @@ func TestStopTwiceAtOnce(t *testing.T) {
 	}
 }
 
-// TestConnectionsClosedOnStop: an in-process connection from Connect cannot outlive its server: once
-// Stop has shut it down, the connection is closed, and a request fails at once rather than waiting
-// for a reconnect that cannot come.
+// TestConnectionsClosedOnStop: an in-process connection from Connect reconnects while its server
+// runs, and cannot outlive it: once Stop has shut it down, the connection is closed, and a request
+// fails at once rather than waiting for a reconnect that cannot come.
 func TestConnectionsClosedOnStop(t *testing.T) {
 	ctx := context.Background()
 	ns, err := embedded.Start(ctx, &embedded.Config{DataDir: t.TempDir(), NoListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := make(chan struct{})
-	nc, err := ns.Connect(nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	closed, reconnected := make(chan struct{}), make(chan struct{}, 1)
+	nc, err := ns.Connect(nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+		nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
+	id, err := nc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Server().DisconnectClientByID(id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-reconnected:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the connection is %v after the server dropped it, want reconnected", nc.Status())
+	}
+	if _, err := nc.Request("natstone.v1.enqueue.jobs", []byte(`{"id":"a"}`), 10*time.Second); err != nil {
+		t.Fatalf("request after the reconnect: %v", err)
+	}
 	if err := ns.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
