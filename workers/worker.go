@@ -73,7 +73,7 @@ type Worker struct {
 	cfg     WorkerConfig // defaults applied
 	handler Handler      // with the middleware
 	log     *slog.Logger
-	running atomic.Int32 // messages in process: their handlers running, or their settles
+	running atomic.Int32 // slots with messages: their handlers running, their settles, or given back
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -238,14 +238,8 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 		began := time.Now()
 		d, err := w.poll(pollCtx, uncertain)
 		got := len(d.msgs) > 0
-		for len(d.msgs) > 0 {
-			if pollCtx.Err() != nil {
-				w.giveBack(jobCtx, d.msgs) // leased by a settle as the worker began to stop
-				return
-			}
-			m, rest := d.msgs[0], d.msgs[1:]
-			d = w.process(pollCtx, jobCtx, &m, d.retried, d.sent)
-			d.msgs = append(rest, d.msgs...)
+		if got && w.work(pollCtx, jobCtx, &d) {
+			return
 		}
 		uncertain = d.uncertain
 		switch {
@@ -274,6 +268,24 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			return
 		}
 	}
+}
+
+// work runs the messages of d, and those their settles lease in turn, until a settle leases none;
+// d is then what the last settle gave. It returns true if the worker began to stop meanwhile: the
+// messages left are given back. While it runs the worker counts as busy (Stop).
+func (w *Worker) work(pollCtx, jobCtx context.Context, d *dequeued) (stopped bool) {
+	w.running.Add(1)
+	defer w.running.Add(-1)
+	for len(d.msgs) > 0 {
+		if pollCtx.Err() != nil {
+			w.giveBack(jobCtx, d.msgs) // leased by a settle as the worker began to stop
+			return true
+		}
+		m, rest := d.msgs[0], d.msgs[1:]
+		*d = w.process(pollCtx, jobCtx, &m, d.retried, d.sent)
+		d.msgs = append(rest, d.msgs...)
+	}
+	return false
 }
 
 // giveBack releases msgs at once, unprocessed (each has spent an attempt).
@@ -357,11 +369,10 @@ func unknownOutcome(err error) bool {
 // supervises its own job: each job has exactly one extension timer, and the extensions of different
 // jobs never wait for one another (a shared ticker would serialise them behind the slowest request).
 // It returns once the handler has returned, with what the settle's dequeue of the slot's next message
-// gave. A message that came back to a retried dequeue (retried) has its lease extended at once: it
-// may have run for a while before the retry: since sent, the first try's, at the earliest.
+// gave. A message that came back to a retried dequeue (retried) may have run for a while before the
+// retry (since sent, the first try's, at the earliest): its lease is extended before its handler
+// starts, which does not start unless the lease holds.
 func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bool, sent time.Time) dequeued {
-	w.running.Add(1)
-	defer w.running.Add(-1)
 	leased := time.Now() // at the latest
 	if retried {
 		leased = sent // at the earliest, as its end must be reckoned
@@ -382,6 +393,15 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 	log := w.log.With("queue", m.Queue, "message_id", m.ID, "lease_id", m.LeaseID, "attempt", m.Attempts)
 	job := &Job{Message: *m, client: w.client}
 
+	first := every
+	if retried {
+		var lost bool
+		if first, lost = w.extend(jobCtx, job, lease, every, &expires, true, log); lost {
+			log.Warn("message not run: its lease, from a retried dequeue, could not be confirmed")
+			return dequeued{}
+		}
+	}
+
 	hctx, cancel := context.WithCancelCause(jobCtx)
 	defer cancel(nil)
 	result := make(chan error, 1)
@@ -391,10 +411,6 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		err = w.run(hctx, job, log)
 	}()
 
-	first := every
-	if retried {
-		first = 0
-	}
 	timer := time.NewTimer(first)
 	defer timer.Stop()
 	for {
@@ -418,7 +434,7 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 			log.Info("handler interrupted: worker stopped", "error", err)
 			return dequeued{}
 		case <-timer.C:
-			next, lost := w.extend(jobCtx, job, lease, every, &expires, log)
+			next, lost := w.extend(jobCtx, job, lease, every, &expires, false, log)
 			if lost {
 				cancel(ErrLeaseLost)
 				err := <-result
@@ -448,15 +464,22 @@ func (w *Worker) run(ctx context.Context, job *Job, log *slog.Logger) (err error
 }
 
 // extend pushes job's lease to lease from now. It returns when to extend next (0: never, the handler
-// settled the message itself) or lost when the lease is gone.
-func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Duration, expires *time.Time, log *slog.Logger) (next time.Duration, lost bool) {
+// settled the message itself) or lost when the lease is gone. retried is for the extension of a
+// lease a retried dequeue returned, before its handler starts: its end, reckoned from the dequeue's
+// first try, may be past already though the broker holds it still (it said so), so that extension
+// has a request timeout whatever; if it fails the lease counts as lost, and no handler ran.
+func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Duration, expires *time.Time, retried bool, log *slog.Logger) (next time.Duration, lost bool) {
 	job.leaseMu.Lock()
 	defer job.leaseMu.Unlock()
 	if job.settled {
 		return 0, false
 	}
 	// An answer after the lease's end would come too late to matter.
-	ctx, cancel := context.WithDeadline(jobCtx, *expires)
+	deadline := *expires
+	if retried {
+		deadline = later(deadline, time.Now().Add(w.client.timeout))
+	}
+	ctx, cancel := context.WithDeadline(jobCtx, deadline)
 	defer cancel()
 	sent := time.Now()
 	_, err := w.client.Extend(ctx, job.Queue, job.ID, job.LeaseID, lease)
@@ -600,4 +623,12 @@ func tryCtx(jobCtx context.Context) (context.Context, context.CancelFunc) {
 // broker that said to retry.
 func retryable(err error) bool {
 	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, ErrUnavailable)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
