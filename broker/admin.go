@@ -319,6 +319,11 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 	if err := b.store.DeleteQueue(ctx, q.name); err != nil {
 		return subjects.DeleteReply{}, unavailable("delete queue", err)
 	}
+	if o, ok := b.observer.(QueueObserver); ok {
+		// While the queue is still in b.queues, deleting: no queue of the name can be made again
+		// and count transitions that this would remove.
+		o.QueueDeleted(q.name)
+	}
 	b.mu.Lock()
 	if b.queues[q.name] == q {
 		delete(b.queues, q.name)
@@ -327,9 +332,6 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 	q.mu.Lock()
 	q.closed = subjects.Errorf(subjects.CodeQueueNotFound, "queue %s was deleted", q.name)
 	q.mu.Unlock()
-	if o, ok := b.observer.(QueueObserver); ok {
-		o.QueueDeleted(q.name)
-	}
 	return subjects.DeleteReply{Name: q.name, Messages: n}, nil
 }
 

@@ -203,7 +203,8 @@ func (b *Broker) Claim(ctx context.Context) error {
 
 // Start claims the store (see Claim), opens the storage, rebuilds every queue's indexes from it,
 // reconciles exclusivity locks, and only then starts answering requests. A Broker starts once: a
-// second Start, or a Start after Stop, fails with ErrStarted (make another with New).
+// second Start, or a Start after Stop, fails with ErrStarted (make another with New); but a Start
+// that failed to take the claim (a standby whose ctx ended) may be called again.
 func (b *Broker) Start(ctx context.Context) error {
 	b.mu.Lock()
 	again := b.starting || b.closed
@@ -213,6 +214,9 @@ func (b *Broker) Start(ctx context.Context) error {
 		return ErrStarted
 	}
 	if err := b.Claim(ctx); err != nil {
+		b.mu.Lock()
+		b.starting = false // nothing started: a standby whose ctx ended may try again
+		b.mu.Unlock()
 		return err
 	}
 	err := b.open(ctx)

@@ -618,3 +618,28 @@ func TestRetriedBatchInOrderAcrossARestart(t *testing.T) {
 		t.Fatalf("the retry after a restart: %v, want %v", ids(got), want)
 	}
 }
+
+// TestBrokerStartAgainAfterClaimTimeout: a standby whose Start gave up waiting for the claim (its
+// ctx ended) may call Start again, and serves once the claim is free.
+func TestBrokerStartAgainAfterClaimTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	standby, err := broker.New(&e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := standby.Start(ctx); err == nil || errors.Is(err, broker.ErrStarted) {
+		t.Fatalf("Start while another broker holds the claim: %v, want its ctx's error", err)
+	}
+	e.stopBroker(e.b) // releases the claim
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := standby.Start(ctx); err != nil {
+		t.Fatalf("Start again once the claim is free: %v", err)
+	}
+	defer e.stopBroker(standby)
+	e.b = standby
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
+}

@@ -23,7 +23,8 @@ type Observer interface {
 
 // QueueObserver is an Observer that is also told when a queue is deleted, so that what it keeps by
 // queue (a metric's series) can go with the queue. The broker calls QueueDeleted once the queue is
-// gone from storage; a transition of the queue reported just before may still be counted after it.
+// gone from storage, before a queue of the same name can be made again; the deleted queue is
+// closed by then, its transitions reported.
 type QueueObserver interface {
 	Observer
 	QueueDeleted(queue string)

@@ -281,7 +281,7 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 			continue
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || v[0] == '+' { // JSON has no plus sign, and neither has the header form
+		if err != nil || v[0] == '+' || leadingZero(v) { // as JSON numbers: no plus sign, no 007
 			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %q is not a decimal int64", h.name, v)
 		}
 		*h.dst = &n
@@ -301,6 +301,13 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 		}
 	}
 	return req, nil
+}
+
+// leadingZero reports whether the decimal v has a zero before other digits ("007", "-01"), which a
+// JSON number may not.
+func leadingZero(v string) bool {
+	v = strings.TrimPrefix(v, "-")
+	return len(v) > 1 && v[0] == '0'
 }
 
 // PayloadBytes returns the payload of r and whether both payload forms were given (which is an error).

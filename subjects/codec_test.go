@@ -446,7 +446,9 @@ func TestDecodeRawEnqueueBadHeaders(t *testing.T) {
 		{subjects.HeaderMetadata, `{"a":null}`},
 		{subjects.HeaderMetadata, `{"a":"\ud800"}`},
 		{subjects.HeaderMetadata, `{"a":"1","a":"2"}`},
-		{subjects.HeaderPriority, "+5"}, // JSON has no plus sign either
+		{subjects.HeaderPriority, "+5"},  // JSON has no plus sign either
+		{subjects.HeaderPriority, "007"}, // nor leading zeros
+		{subjects.HeaderInvisibleMS, "-01"},
 		{subjects.HeaderLeaseMS, "+1000"},
 	} {
 		h := map[string][]string{
@@ -470,7 +472,7 @@ func TestDecodeRawEnqueueGoodInts(t *testing.T) {
 		value string
 		want  int64
 	}{
-		{"0", 0}, {"-0", 0}, {"-5", -5}, {"007", 7},
+		{"0", 0}, {"-0", 0}, {"-5", -5}, {"70", 70},
 		{"9223372036854775807", 9223372036854775807},
 		{"-9223372036854775808", -9223372036854775808},
 	} {

@@ -297,7 +297,7 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 				return nil
 			}
 			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || strings.HasPrefix(v, "+") {
+			if digits := strings.TrimPrefix(v, "-"); err != nil || strings.HasPrefix(v, "+") || len(digits) > 1 && digits[0] == '0' {
 				wantErr = true
 				return nil
 			}

@@ -155,7 +155,7 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 		msgs, err := conn.client.Dequeue(ctx, pos[0], opts)
 		if err != nil {
 			if ctx.Err() != nil && *wait > 0 {
-				fmt.Fprintf(stderr, "natstone dequeue: interrupted: the broker's wait goes on, and a message it leases before the wait ends is leased to nobody until its lease runs out; natstone dequeue %s --request-id %s returns that lease while it holds (within 5 minutes)\n", pos[0], *requestID)
+				fmt.Fprintf(stderr, "natstone dequeue: interrupted: the broker's wait goes on, and a message it leases before the wait ends is leased to nobody until its lease runs out; natstone dequeue %s --request-id %s --wait %v returns that lease while it holds (within 5 minutes; it answers once the wait is over)\n", pos[0], *requestID, *wait)
 			}
 			return err
 		}
