@@ -622,14 +622,9 @@ func TestForeignRequestsRefused(t *testing.T) {
 // addresses and the names it is known by, and still refuses any other name: DNS rebinding needs one.
 func TestHostsOfAnExposedListener(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	brokertest.Start(t, srv, func(c *broker.Config) { c.MemoryStorage = true })
-	c, err := workers.NewClient(srv.Connect(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := setup(t) // for its client
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
-	s, err := web.New(web.Config{Client: c, Logger: discard(), Hosts: []string{"localhost", "dash.corp"}, AnyIP: true, Metrics: ok, Health: ok})
+	s, err := web.New(web.Config{Client: e.c, Logger: discard(), Hosts: []string{"localhost", "dash.corp"}, AnyIP: true, Metrics: ok, Health: ok})
 	if err != nil {
 		t.Fatal(err)
 	}
