@@ -40,7 +40,7 @@ func (q *queue) fence(e *entry, leaseID string, op subjects.Op) (idempotent bool
 	}
 	r := e.record()
 	if r.LeaseID != leaseID {
-		return false, subjects.Errorf(subjects.CodeLeaseMismatch, "message %q: lease %q is not its current lease", r.ID, leaseID)
+		return false, leaseMismatch(r.ID, leaseID)
 	}
 	switch r.State {
 	case subjects.StateRunning:
@@ -65,6 +65,11 @@ func (q *queue) fence(e *entry, leaseID string, op subjects.Op) (idempotent bool
 		}
 		return false, subjects.Errorf(subjects.CodeLeaseExpired, "message %q: lease %q has expired", r.ID, leaseID)
 	}
+}
+
+// leaseMismatch is the error of a lease operation with a lease that is not message id's last.
+func leaseMismatch(id, leaseID string) error {
+	return subjects.Errorf(subjects.CodeLeaseMismatch, "message %q: lease %q is not its current lease", id, leaseID)
 }
 
 // transition writes e's record as edit changes it and returns the message's new view.
@@ -174,9 +179,8 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 	}
 	switch e.State() {
 	case subjects.StateCanceled:
-		if r := e.record(); req.LeaseID != "" && req.LeaseID != r.LeaseID {
-			// Not the holder's retry: as complete answers on a canceled message.
-			return q.view(e), subjects.Errorf(subjects.CodeLeaseMismatch, "message %q: lease %q is not its current lease", r.ID, req.LeaseID)
+		if req.LeaseID != "" && req.LeaseID != e.extra().LeaseID {
+			return q.view(e), leaseMismatch(e.ID, req.LeaseID) // not the holder's retry: as complete answers
 		}
 		return q.view(e), nil
 	case subjects.StateCompleted, subjects.StateErrored:

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/natstone/natstone/broker/index"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
@@ -653,9 +654,7 @@ func (q *queue) rebuildRequests() {
 		}
 		r := q.requests[id]
 		// In the order the dequeue gave them, EDF, as its retry must: not the entries' (a map's).
-		slices.SortFunc(r.leases, func(a, b leaseRef) int {
-			return cmp.Or(cmp.Compare(a.e.Priority, b.e.Priority), cmp.Compare(a.e.Seq, b.e.Seq))
-		})
+		slices.SortFunc(r.leases, func(a, b leaseRef) int { return index.Compare(a.e, b.e) })
 		q.remember(id, r, at)
 	}
 }

@@ -81,6 +81,18 @@ func less[T Elem](a, b T) bool {
 	return x.Seq < y.Seq
 }
 
+// Compare is the EDF order of less as a three-way comparison, for sorting elements outside the
+// index (slices.SortFunc).
+func Compare[T Elem](a, b T) int {
+	switch {
+	case less(a, b):
+		return -1
+	case less(b, a):
+		return 1
+	}
+	return 0
+}
+
 // item returns e's Item, or nil if e cannot be dereferenced. The zero T is
 // rejected before IndexItem is called because for the usual pointer types
 // IndexItem would dereference nil.
