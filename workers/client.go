@@ -73,20 +73,21 @@ func (c *Client) request(ctx context.Context, op subjects.Op, queue string, body
 	var data []byte
 	if body != nil {
 		var err error
-		if data, err = encodeRequest(body); err != nil {
-			return fmt.Errorf("natstone: %s %s: %w", op, queue, err)
+		if data, err = encodeRequest(op, queue, body); err != nil {
+			return err
 		}
 	}
 	return c.send(ctx, op, queue, &nats.Msg{Data: data}, 0, out)
 }
 
-// encodeRequest returns the JSON of v. A string of v that is not valid UTF-8 is an error, as the
-// broker's (bad_request): json.Marshal would send each invalid byte as U+FFFD, so that the broker
-// would get another id, key or value than the caller's, and two ids could become one.
-func encodeRequest(v any) ([]byte, error) {
+// encodeRequest returns the JSON of v, for op on queue. A string of v that is not valid UTF-8 is
+// an *APIError as the broker's would be (bad_request): json.Marshal would send each invalid byte as
+// U+FFFD, so that the broker would get another id, key or value than the caller's, and two ids
+// could become one.
+func encodeRequest(op subjects.Op, queue string, v any) ([]byte, error) {
 	data, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("encode request: %w", err)
+		return nil, fmt.Errorf("natstone: %s %s: encode request: %w", op, queue, err)
 	}
 	// json.Marshal writes a U+FFFD it was given as is, and one it made as this escape (which a
 	// string's own backslash, escaped as \\, can also end in: then the walk finds nothing).

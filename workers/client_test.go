@@ -781,7 +781,9 @@ func TestInvalidUTF8IsRefusedNotRewritten(t *testing.T) {
 			return err
 		},
 	} {
-		if err := call(); !errors.Is(err, workers.ErrBadRequest) || !strings.Contains(err.Error(), "not valid UTF-8") {
+		// As the broker's refusal would read: the *APIError itself.
+		if err := call(); !errors.Is(err, workers.ErrBadRequest) || !strings.HasPrefix(err.Error(), "natstone: bad_request: ") ||
+			!strings.Contains(err.Error(), "not valid UTF-8") {
 			t.Errorf("%s: %v, want a bad request for invalid UTF-8", name, err)
 		}
 	}

@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -135,9 +134,9 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 		msg.Header.Set(subjects.HeaderPriority, strconv.FormatInt(*p, 10))
 	}
 	if len(o.Metadata) > 0 {
-		md, err := encodeRequest(o.Metadata) // escapes control characters: one header line
+		md, err := encodeRequest(subjects.OpEnqueueRaw, queue, o.Metadata) // escapes control characters: one header line
 		if err != nil {
-			return reply, fmt.Errorf("natstone: enqueue %s: metadata: %w", queue, err)
+			return reply, err
 		}
 		msg.Header.Set(subjects.HeaderMetadata, string(md))
 	}
@@ -209,9 +208,9 @@ type DequeueOpts struct {
 // (a bad RequestID).
 func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) ([]Message, error) {
 	req := opts.request()
-	body, err := encodeRequest(req)
+	body, err := encodeRequest(subjects.OpDequeue, queue, req)
 	if err != nil {
-		return nil, fmt.Errorf("natstone: dequeue %s: %w", queue, err)
+		return nil, err
 	}
 	var r subjects.DequeueReply
 	if err := c.send(ctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
