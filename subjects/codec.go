@@ -61,13 +61,14 @@ func Decode(data []byte, v any) error {
 // they are, "k" and "K" being two keys. It reads data once, decoding only the keys.
 func duplicateKey(data []byte) (string, bool) { return duplicateKeyIn(data, true) }
 
-// duplicateKeyIn is duplicateKey of an object whose keys are field names (fold), or a map's.
-func duplicateKeyIn(data []byte, fold bool) (string, bool) {
+// duplicateKeyIn is duplicateKey of a value whose objects' keys are field names (fields), or, for
+// a map, a map's keys.
+func duplicateKeyIn(data []byte, fields bool) (string, bool) {
 	stack := make([]keyFrame, 0, 4)
 	for i := 0; i < len(data); i++ {
 		switch c := data[i]; c {
 		case '{', '[':
-			fold := fold
+			fold := fields
 			if n := len(stack); n > 0 && stack[n-1].object {
 				last := string(stack[n-1].last) // not copied to compare
 				fold = last != pairsFields[0] && last != pairsFields[1]

@@ -476,8 +476,8 @@ func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Dura
 	}
 	// An answer after the lease's end would come too late to matter.
 	deadline := *expires
-	if retried {
-		deadline = later(deadline, time.Now().Add(w.client.timeout))
+	if d := time.Now().Add(w.client.timeout); retried && d.After(deadline) {
+		deadline = d
 	}
 	ctx, cancel := context.WithDeadline(jobCtx, deadline)
 	defer cancel()
@@ -623,12 +623,4 @@ func tryCtx(jobCtx context.Context) (context.Context, context.CancelFunc) {
 // broker that said to retry.
 func retryable(err error) bool {
 	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, ErrUnavailable)
-}
-
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

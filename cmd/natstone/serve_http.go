@@ -64,6 +64,7 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 		return nil, nil, err
 	}
 	m.Watch(b.Snapshot)
+	hosts, anyIP := dashboardHosts(cfg.httpAddr, cfg.httpHosts)
 	srv, err := web.New(web.Config{
 		Client:  client,
 		Metrics: m.Handler(),
@@ -73,8 +74,8 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 			Events:      !cfg.noEvents,
 		}),
 		Logger: log,
-		Hosts:  dashboardHosts(cfg.httpAddr, cfg.httpHosts),
-		AnyIP:  loopbackHosts(cfg.httpAddr) == nil,
+		Hosts:  hosts,
+		AnyIP:  anyIP,
 	})
 	if err != nil {
 		nc.Close()
@@ -106,19 +107,20 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 	}, nil
 }
 
-// dashboardHosts returns the host names a dashboard listening on addr answers to (besides its IP
-// addresses, when it is not on a loopback address): the loopback names on a loopback address,
-// else localhost and the name --http gives, if a name; and the names given with --http-host. A
-// name an attacker made resolve to the listener's address (DNS rebinding) is not among them.
-func dashboardHosts(addr string, names []string) []string {
-	hosts := loopbackHosts(addr)
+// dashboardHosts returns the host names a dashboard listening on addr answers to, and whether it
+// answers to any IP address too (web.Config.AnyIP): the loopback names on a loopback address; else
+// localhost and the name --http gives, if a name, and any IP address. The names given with
+// --http-host come on top. A name an attacker made resolve to the listener's address (DNS
+// rebinding) is not among them.
+func dashboardHosts(addr string, names []string) (hosts []string, anyIP bool) {
+	hosts = loopbackHosts(addr)
 	if hosts == nil {
-		hosts = []string{"localhost"}
+		hosts, anyIP = []string{"localhost"}, true
 		if host, _, err := net.SplitHostPort(addr); err == nil && host != "" && net.ParseIP(host) == nil {
 			hosts = append(hosts, host) // --http dash.corp:8080: its own name
 		}
 	}
-	return append(hosts, names...)
+	return append(hosts, names...), anyIP
 }
 
 // loopbackHosts returns the host names a dashboard listening on addr answers to: with a loopback

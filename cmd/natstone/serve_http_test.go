@@ -166,22 +166,24 @@ func TestLoopbackHosts(t *testing.T) {
 }
 
 // TestDashboardHosts: a dashboard answers to the loopback names on a loopback address, else to
-// localhost (and its IP addresses, web.Config.AnyIP), and to the names given with --http-host.
+// localhost, its --http name and any IP address (web.Config.AnyIP); and to the names given with
+// --http-host.
 func TestDashboardHosts(t *testing.T) {
 	for _, tc := range []struct {
 		addr  string
 		names []string
 		want  []string
+		anyIP bool
 	}{
-		{"127.0.0.1:8080", nil, []string{"localhost", "127.0.0.1", "::1", "127.0.0.1"}},
-		{"127.0.0.1:8080", []string{"dash"}, []string{"localhost", "127.0.0.1", "::1", "127.0.0.1", "dash"}},
-		{"0.0.0.0:8080", nil, []string{"localhost"}},
-		{":8080", []string{"dash.corp", "natstone"}, []string{"localhost", "dash.corp", "natstone"}},
-		{"10.1.2.3:8080", []string{"dash.corp"}, []string{"localhost", "dash.corp"}},
-		{"dash.corp:8080", nil, []string{"localhost", "dash.corp"}},
+		{"127.0.0.1:8080", nil, []string{"localhost", "127.0.0.1", "::1", "127.0.0.1"}, false},
+		{"127.0.0.1:8080", []string{"dash"}, []string{"localhost", "127.0.0.1", "::1", "127.0.0.1", "dash"}, false},
+		{"0.0.0.0:8080", nil, []string{"localhost"}, true},
+		{":8080", []string{"dash.corp", "natstone"}, []string{"localhost", "dash.corp", "natstone"}, true},
+		{"10.1.2.3:8080", []string{"dash.corp"}, []string{"localhost", "dash.corp"}, true},
+		{"dash.corp:8080", nil, []string{"localhost", "dash.corp"}, true},
 	} {
-		if got := dashboardHosts(tc.addr, tc.names); !slices.Equal(got, tc.want) {
-			t.Errorf("dashboardHosts(%q, %q) = %q, want %q", tc.addr, tc.names, got, tc.want)
+		if got, anyIP := dashboardHosts(tc.addr, tc.names); !slices.Equal(got, tc.want) || anyIP != tc.anyIP {
+			t.Errorf("dashboardHosts(%q, %q) = %q, %v; want %q, %v", tc.addr, tc.names, got, anyIP, tc.want, tc.anyIP)
 		}
 	}
 }
