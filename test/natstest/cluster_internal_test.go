@@ -32,8 +32,10 @@ func TestStartClusterAgainOnATakenRoutePort(t *testing.T) {
 		return pick()
 	}
 	servers := StartCluster(t, nil)
-	if len(servers) != 3 || picks != 6 {
-		t.Fatalf("%d servers after %d port picks, want 3 after two tries of 3", len(servers), picks)
+	// The first try failed on the taken port; a loaded machine may need a third (a server not
+	// ready within the shortened readyTimeout), never fewer than two.
+	if len(servers) != 3 || picks < 6 || picks%3 != 0 {
+		t.Fatalf("%d servers after %d port picks, want 3 after two tries of 3 or more", len(servers), picks)
 	}
 	nc := servers[1].Connect(t)
 	if _, err := nc.RTT(); err != nil {
