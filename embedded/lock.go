@@ -36,5 +36,13 @@ func lockDir(dir string) (unlock func(), err error) {
 		}
 		return nil, fmt.Errorf("natstone: lock %s: %w", path, err)
 	}
-	return func() { f.Close() }, nil // closing the file releases the lock
+	return func() { release(f) }, nil
+}
+
+// release unlocks the lock file f and closes it. Closing alone would not release the lock while a
+// child process, forked but not yet exec'd (os/exec elsewhere in the program), holds a copy of the
+// descriptor: a Start on the directory at once after would find it locked.
+func release(f *os.File) {
+	unlockFile(f)
+	f.Close()
 }

@@ -17,3 +17,7 @@ func lockFile(f *os.File) error {
 	}
 	return err
 }
+
+// unlockFile releases f's flock: from the open file description, which a forked child's copy of
+// the descriptor shares until it execs.
+func unlockFile(f *os.File) { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN) }

@@ -17,3 +17,9 @@ func lockFile(f *os.File) error {
 	}
 	return err
 }
+
+// unlockFile releases the lock on f's first byte (closing f would too: a child process inherits
+// no handle that was not made inheritable).
+func unlockFile(f *os.File) {
+	_ = windows.UnlockFileEx(windows.Handle(f.Fd()), 0, 1, 0, &windows.Overlapped{})
+}

@@ -1,0 +1,37 @@
+//go:build unix
+
+package embedded
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestReleaseWhileACopyOfTheDescriptorLives: a child process forked by os/exec elsewhere in the
+// program holds a copy of the lock file's descriptor until it execs. Releasing the lock must free
+// the directory all the same: the copy (a dup here) shares the lock, which closing alone would
+// leave held (a bench's restart once failed so: "the data directory is in use").
+func TestReleaseWhileACopyOfTheDescriptorLives(t *testing.T) {
+	dir := t.TempDir()
+	f, err := os.OpenFile(filepath.Join(dir, lockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lockFile(f); err != nil {
+		t.Fatal(err)
+	}
+	child, err := unix.Dup(int(f.Fd())) // the same open file description, as after a fork
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(child)
+	release(f)
+	unlock, err := lockDir(dir)
+	if err != nil {
+		t.Fatalf("lock after release, a copy of the descriptor open: %v", err)
+	}
+	unlock()
+}
