@@ -110,15 +110,19 @@ type Broker struct {
 	mu       sync.Mutex
 	queues   map[string]*queue
 	closed   bool
-	starting bool  // Start was called: a Broker starts once
-	started  bool  // Start succeeded
-	lost     error // why the claim was lost, if it was
+	starting bool          // Start was called: a Broker starts once
+	started  bool          // Start succeeded
+	lost     error         // why the claim was lost, if it was
+	startRun chan struct{} // closed when the Start in progress returns; nil when none is
 
 	snapshotBroken bool // a start found the snapshot unreadable: its loads read every record
 
 	// Set by tests only: called by each attempt of recover once it has loaded everything, before
 	// it arms anything; an error is that of the last load (kv.ErrStale: read again).
 	loaded func() error
+	// Set by tests only: called by Start once the recovery has ended, before it subscribes the
+	// endpoints.
+	recovered func()
 }
 
 // New validates cfg and returns a broker that is not started yet.
@@ -208,19 +212,40 @@ func (b *Broker) Claim(ctx context.Context) error {
 func (b *Broker) Start(ctx context.Context) error {
 	b.mu.Lock()
 	again := b.starting || b.closed
-	b.starting = true
+	if !again {
+		b.starting = true
+		b.startRun = make(chan struct{})
+	}
 	b.mu.Unlock()
 	if again {
 		return ErrStarted
 	}
+	defer func() {
+		b.mu.Lock()
+		close(b.startRun) // a Stop that came meanwhile may go on
+		b.startRun = nil
+		b.mu.Unlock()
+	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(b.ctx, cancel)() // Stop, or the claim lost: stop waiting for the claim
 	if err := b.Claim(ctx); err != nil {
 		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.closed {
+			return ErrStopped
+		}
 		b.starting = false // nothing started: a standby whose ctx ended may try again
-		b.mu.Unlock()
 		return err
 	}
 	err := b.open(ctx)
-	if err == nil {
+	if err != nil {
+		b.mu.Lock()
+		if b.closed {
+			err = ErrStopped
+		}
+		b.mu.Unlock()
+	} else {
 		err = b.start(ctx)
 	}
 	if err != nil {
@@ -278,13 +303,18 @@ func (b *Broker) open(ctx context.Context) error {
 // start recovers and serves, the claim held.
 func (b *Broker) start(ctx context.Context) error {
 	start := time.Now()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(b.ctx, cancel)() // the claim lost: stop recovering
-	n, from, err := b.recover(ctx)
-	if lost := b.lostErr(); lost != nil {
-		err = lost
+	n, from, err := b.recover(ctx) // ctx ends with b.ctx (Start): a Stop, or the claim lost
+	if b.recovered != nil {
+		b.recovered()
 	}
+	b.mu.Lock()
+	switch {
+	case b.lost != nil:
+		err = b.lost
+	case b.closed:
+		err = ErrStopped // a Stop came during the recovery: nothing may subscribe now
+	}
+	b.mu.Unlock()
 	if err != nil {
 		b.cancel()
 		b.mu.Lock()
@@ -307,7 +337,12 @@ func (b *Broker) start(ctx context.Context) error {
 	}
 	if err == nil {
 		b.mu.Lock()
-		if err = b.lost; err == nil {
+		switch {
+		case b.lost != nil:
+			err = b.lost
+		case b.closed:
+			err = ErrStopped
+		default:
 			b.started = true
 		}
 		b.mu.Unlock()
@@ -339,6 +374,7 @@ func flush(ctx context.Context, nc *nats.Conn) error {
 
 // Stop stops answering requests, ends long polls, stops the timers and waits for work in progress
 // (or ctx) to end. Every reply already sent stays true: nothing is acknowledged before it is stored.
+// A Start still under way is ended (it fails with ErrStopped) and waited for first.
 func (b *Broker) Stop(ctx context.Context) error {
 	b.mu.Lock()
 	if b.closed {
@@ -346,6 +382,20 @@ func (b *Broker) Stop(ctx context.Context) error {
 		return nil
 	}
 	b.closed = true
+	starting := b.startRun
+	b.mu.Unlock()
+	if starting != nil {
+		// A Start is in progress: end its claim wait or recovery, and let it fail and undo what it
+		// did (ErrStopped) before this stops the rest, or it could subscribe after Stop returned.
+		b.cancel()
+		select {
+		case <-starting:
+		case <-ctx.Done():
+			close(b.done)
+			return fmt.Errorf("natstone: stop: the Start in progress did not end: %w", ctx.Err())
+		}
+	}
+	b.mu.Lock()
 	qs := make([]*queue, 0, len(b.queues))
 	for _, q := range b.queues {
 		qs = append(qs, q)

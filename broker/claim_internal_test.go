@@ -574,3 +574,66 @@ func TestLateLeaseWriteFencedAtTakeOver(t *testing.T) {
 		t.Fatalf("m1 stored %s, %v: want pending", got.State, err)
 	}
 }
+
+// TestStopDuringStart: a Stop that comes once a Start's recovery has ended, before it subscribes,
+// makes that Start fail with ErrStopped and waits for it: once Stop returns, nothing answers.
+func TestStopDuringStart(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	b := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stopped := make(chan error, 1)
+	b.recovered = func() {
+		go func() { stopped <- b.Stop(ctx) }()
+		select {
+		case <-b.ctx.Done(): // the Stop has begun
+		case <-ctx.Done():
+			t.Error("the Stop did not begin")
+		}
+	}
+	if err := b.Start(ctx); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Start = %v, want ErrStopped", err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Stop did not return")
+	}
+	nc := srv.Connect(t)
+	for _, subj := range []string{b.space.Subject(subjects.OpList, ""), b.space.Subject(subjects.OpEnqueue, "q")} {
+		if _, err := nc.Request(subj, []byte("{}"), 5*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+			t.Fatalf("%s after Stop: %v, want no responders", subj, err)
+		}
+	}
+}
+
+// TestStopOfAStandby: a Stop of a broker whose Start waits for the claim ends that wait at once
+// (ErrStopped); the Start does not wait on for its own ctx, nor take the claim after the Stop.
+func TestStopOfAStandby(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b) // its ctx lasts 30 s
+	standingBy(t, b, cb, started)
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-started:
+		if !errors.Is(err, ErrStopped) {
+			t.Fatalf("the standby's Start = %v, want ErrStopped", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the standby's Start still waits after its Stop returned")
+	}
+	if got := holder(t, a); got != a.claim.mine.Broker {
+		t.Fatalf("the claim names %s, want the serving broker %s", got, a.claim.mine.Broker)
+	}
+}
