@@ -31,7 +31,7 @@ not json
 				events = append(events, e)
 			}
 		}
-		h := buildHistory("q", "m", events, false, now)
+		h := buildHistory("q", "m", events, false, nil, now)
 		for i, e := range h.Events {
 			if e.StateMS < 0 {
 				t.Fatalf("event %d: negative state_ms %d", i, e.StateMS)

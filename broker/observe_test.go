@@ -478,6 +478,34 @@ func TestBrowseReplyFitsMaxPayload(t *testing.T) {
 	}
 }
 
+// TestTruncatedHistoryTimesItsLastEvent: a history cut short by its limit gives its last event the
+// time until the first event left out, not 0, as it gives every other event.
+func TestTruncatedHistoryTimesItsLastEvent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
+	e.advance(3 * time.Second)
+	m := e.dequeueOne("q")
+	e.advance(2 * time.Second)
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: m.LeaseID})
+	for _, c := range []struct {
+		limit int
+		last  subjects.EventKind
+		ms    int64
+		state subjects.State
+	}{{1, subjects.EventEnqueued, 3000, subjects.StatePending}, {2, subjects.EventLeased, 2000, subjects.StateRunning}} {
+		h := must[subjects.HistoryReply](e, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "m", Limit: c.limit})
+		if len(h.Events) != c.limit || !h.Truncated {
+			t.Fatalf("limit %d: %d events, truncated %v", c.limit, len(h.Events), h.Truncated)
+		}
+		last := h.Events[c.limit-1]
+		if last.Kind != c.last || last.StateMS != c.ms || last.Current || h.StateMS[c.state] != c.ms {
+			t.Errorf("limit %d: last event %s, state_ms %d (current %v), %s in all %d; want %s, %d",
+				c.limit, last.Kind, last.StateMS, last.Current, c.state, h.StateMS[c.state], c.last, c.ms)
+		}
+	}
+}
+
 // TestHistoryReplyFitsMaxPayload: a history whose events would make the reply larger than the
 // server's max_payload (1 MiB), which would drop it, returns the oldest that fit, truncated.
 func TestHistoryReplyFitsMaxPayload(t *testing.T) {

@@ -291,7 +291,8 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 	if err := b.events.sync(ctx); err != nil {
 		return subjects.HistoryReply{}, unavailable("publish pending events", err)
 	}
-	raw, more, err := b.events.store.Read(ctx, queue, r.ID, limit)
+	// One more than limit: the first event left out is when the last one given ended (state_ms).
+	raw, more, err := b.events.store.Read(ctx, queue, r.ID, limit+1)
 	if errors.Is(err, kv.ErrNotFound) {
 		return subjects.HistoryReply{}, subjects.Errorf(subjects.CodeMessageNotFound, "no events of message %q in queue %s", r.ID, queue)
 	}
@@ -299,29 +300,37 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 		return subjects.HistoryReply{}, unavailable("read events", err)
 	}
 	events := make([]subjects.Event, 0, len(raw))
+	var after *subjects.Event // the first event left out, if one is
 	budget, size := b.replyBudget(), 0
 	for i, data := range raw {
-		// No more than the server takes in one reply (max_payload): an event grows by about 100
-		// bytes in it (its time in state).
-		if size += len(data) + 128; size > budget && i > 0 {
-			more = true
-			break
-		}
+		// No more than limit, and no more than the server takes in one reply (max_payload): an
+		// event grows by about 100 bytes in it (its time in state).
+		size += len(data) + 128
+		left := i == limit || size > budget && i > 0
 		var e subjects.Event
 		if err := json.Unmarshal(data, &e); err != nil {
 			b.log.Warn("undecodable event skipped", "queue", queue, "message_id", r.ID, "error", err)
+			if left {
+				more = true
+				break
+			}
 			continue
+		}
+		if left {
+			more, after = true, &e
+			break
 		}
 		events = append(events, e)
 	}
-	return buildHistory(queue, r.ID, events, more, b.clock.Now()), nil
+	return buildHistory(queue, r.ID, events, more, after, b.clock.Now()), nil
 }
 
 // buildHistory orders events (in the stream's order) by version (an event published twice counts
 // once) and works out the time spent in each state. An id can be enqueued again once its message
 // was collected, and versions start again at 1: only the latest message's events are kept (see
-// latestLife).
-func buildHistory(queue, id string, events []subjects.Event, more bool, now time.Time) subjects.HistoryReply {
+// latestLife). When more events exist, after is the first of them, if it was read: the last
+// event's time in its state ends there (without it, that time is not known, and is 0).
+func buildHistory(queue, id string, events []subjects.Event, more bool, after *subjects.Event, now time.Time) subjects.HistoryReply {
 	events = latestLife(events)
 	slices.SortStableFunc(events, func(a, b subjects.Event) int { return cmp.Compare(a.Version, b.Version) })
 	events = slices.CompactFunc(events, func(a, b subjects.Event) bool { return a.Version == b.Version && a.Kind == b.Kind })
@@ -339,6 +348,8 @@ func buildHistory(queue, id string, events []subjects.Event, more bool, now time
 			reply.Collected = true
 		case i+1 < len(events):
 			h.StateMS = max(events[i+1].At.Sub(e.At).Milliseconds(), 0)
+		case more && after != nil:
+			h.StateMS = max(after.At.Sub(e.At).Milliseconds(), 0)
 		case !more:
 			h.StateMS, h.Current = max(now.Sub(e.At).Milliseconds(), 0), true
 		}
