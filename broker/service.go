@@ -64,7 +64,11 @@ type service struct {
 }
 
 func (s *service) identity(b *Broker) micro.ServiceIdentity {
-	return micro.ServiceIdentity{Name: ServiceName, ID: s.id, Version: Version, Metadata: map[string]string{"prefix": b.space.Prefix()}}
+	meta := map[string]string{"prefix": b.space.Prefix()}
+	if b.events.enabled() {
+		meta["events"] = b.events.store.Prefix()
+	}
+	return micro.ServiceIdentity{Name: ServiceName, ID: s.id, Version: Version, Metadata: meta}
 }
 
 // serve subscribes one endpoint per operation (<prefix>.<op>.*, and <prefix>.list) and the

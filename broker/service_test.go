@@ -33,7 +33,7 @@ func TestServiceDiscovery(t *testing.T) {
 	}
 	var info micro.Info
 	discover("$SRV.INFO.natstone."+ping.ID, &info)
-	if len(info.Endpoints) != len(subjects.Ops) || info.Metadata["prefix"] != "natstone.v1" {
+	if len(info.Endpoints) != len(subjects.Ops) || info.Metadata["prefix"] != "natstone.v1" || info.Metadata["events"] != "natstone.events" {
 		t.Fatalf("info: %+v", info)
 	}
 	for i, ep := range info.Endpoints {

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -96,6 +97,9 @@ func OpenEvents(ctx context.Context, cfg *EventsConfig) (*Events, error) {
 	}
 	return &Events{js: cfg.JS, stream: st, subj: prefix + ".events."}, nil
 }
+
+// Prefix returns the prefix of every event's subject: <prefix>.<queue>.<kind>.<id token>.
+func (ev *Events) Prefix() string { return strings.TrimSuffix(ev.subj, ".") }
 
 // Subject returns the subject of an event of kind on message id of queue.
 func (ev *Events) Subject(queue, kind, id string) string {
