@@ -446,6 +446,32 @@ func TestHistoryOfAnIdEnqueuedAgain(t *testing.T) {
 	}
 }
 
+// TestHistoryOfAnIdEnqueuedManyTimes: the history of an id is its latest message's also when the
+// earlier messages of the id left more events than the limit: it once read the oldest events and
+// showed the first message in place of the latest.
+func TestHistoryOfAnIdEnqueuedManyTimes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{RetentionMS: ptr[int64](1000)})
+	for range 3 { // four events each: enqueued, leased, completed, collected
+		e.enqueue("q", subjects.EnqueueRequest{ID: "a"})
+		m := e.dequeueOne("q")
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "a", LeaseID: m.LeaseID})
+		e.advance(time.Second) // collected
+		e.advance(time.Second)
+	}
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a", Priority: ptr[int64](42)})
+	m := e.dequeueOne("q")
+	h := must[subjects.HistoryReply](e, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "a", Limit: 3})
+	checkHistory(t, h, []step{
+		{subjects.EventEnqueued, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+	})
+	if h.Truncated || h.Collected || h.Events[0].Priority != 42 || h.Events[1].LeaseID != m.LeaseID {
+		t.Fatalf("history %+v: want the latest message's, priority 42, lease %s, not truncated", h, m.LeaseID)
+	}
+}
+
 // TestBrowseReplyFitsMaxPayload: a browse whose messages' metadata would make the reply larger than
 // the server's max_payload (1 MiB), which would drop it, returns those that fit, with more set.
 func TestBrowseReplyFitsMaxPayload(t *testing.T) {

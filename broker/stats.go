@@ -291,8 +291,9 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 	if err := b.events.sync(ctx); err != nil {
 		return subjects.HistoryReply{}, unavailable("publish pending events", err)
 	}
-	// One more than limit: the first event left out is when the last one given ended (state_ms).
-	raw, more, err := b.events.store.Read(ctx, queue, r.ID, limit+1)
+	// From the latest message's enqueued event (latestLife), and one more than limit: the first
+	// event left out is when the last one given ended (state_ms).
+	raw, more, err := b.events.store.Read(ctx, queue, r.ID, string(subjects.EventEnqueued), limit+1)
 	if errors.Is(err, kv.ErrNotFound) {
 		return subjects.HistoryReply{}, subjects.Errorf(subjects.CodeMessageNotFound, "no events of message %q in queue %s", r.ID, queue)
 	}

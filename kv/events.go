@@ -138,15 +138,28 @@ func (ev *Events) PublishBatch(subjects []string, datas [][]byte) Write {
 }
 
 // Read returns the stored events of message id of queue in stream order, at most limit of them;
-// more reports that there were more. It returns ErrNotFound when there are none.
-func (ev *Events) Read(ctx context.Context, queue, id string, limit int) (events [][]byte, more bool, err error) {
-	c, err := ev.stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+// more reports that there were more. It returns ErrNotFound when there are none. With a from
+// kind, it reads from the last stored event of that kind on, if the stream holds one: an id
+// enqueued again after its message was collected names a new message, whose events start at its
+// last enqueued event, however many the earlier messages left before it.
+func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (events [][]byte, more bool, err error) {
+	cfg := jetstream.ConsumerConfig{
 		FilterSubject:     ev.subj + queue + ".*." + encodeToken(id),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
 		MemoryStorage:     true,
 		InactiveThreshold: time.Minute, // in case the delete below does not happen
-	})
+	}
+	if from != "" {
+		last, err := ev.stream.GetLastMsgForSubject(ctx, ev.Subject(queue, from, id))
+		switch {
+		case err == nil:
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last.Sequence
+		case !errors.Is(err, jetstream.ErrMsgNotFound): // none: it left the stream, read them all
+			return nil, false, fmt.Errorf("kv: read events: %w", err)
+		}
+	}
+	c, err := ev.stream.CreateConsumer(ctx, cfg)
 	if err != nil {
 		return nil, false, fmt.Errorf("kv: read events: %w", err)
 	}
