@@ -1,6 +1,12 @@
 package kv
 
-import "io"
+import (
+	"io"
+	"time"
+)
+
+// SetSnapshotStall replaces how long a snapshot's read waits for a chunk.
+func (s *Store) SetSnapshotStall(d time.Duration) { s.snapshotStall = d }
 
 // SetScanStarted makes scan call f once its consumer exists, before it reads anything.
 func (s *Store) SetScanStarted(f func()) { s.scanStarted = f }

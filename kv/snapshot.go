@@ -2,6 +2,8 @@ package kv
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -315,13 +317,116 @@ func (s *Store) DeleteSnapshot(ctx context.Context) error {
 // and returns how many there were. A record that does not decode, a snapshot cut short and one whose
 // bytes do not match their digest all fail it with ErrSnapshotBroken; fn may have been called
 // before that.
+//
+// The chunks are read through a consumer of the store's own, not jetstream.ObjectStore.Get: Get's
+// reader waits for a chunk until its ctx ends (for a start, its whole --start-timeout), and one the
+// server counts but cannot deliver (its block damaged on disk) never comes. A chunk that does not
+// come within snapshotStall, or fewer chunks stored than the object has, make the snapshot broken
+// at once, and leave the ctx to the read of every record that follows.
 func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record, rev uint64) error) (int, error) {
-	obj, err := s.snapshots.Get(ctx, SnapshotObject)
+	broken := func(err error) error { return fmt.Errorf("%w: %w", ErrSnapshotBroken, err) }
+	info, err := s.snapshots.GetInfo(ctx, SnapshotObject)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrSnapshotBroken, err)
+		return 0, broken(err)
 	}
-	defer obj.Close()
-	return DecodeSnapshot(bufio.NewReaderSize(obj, 1<<20), fn)
+	want, err := jetstream.DecodeObjectDigest(info.Digest)
+	if err != nil {
+		return 0, broken(err)
+	}
+	stream := s.snapshotStream.CachedInfo().Config.Name
+	c, err := s.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		FilterSubject:     "$O." + s.snapshotBucket() + ".C." + info.NUID,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: time.Minute, // should this process die before it deletes the consumer
+		MemoryStorage:     true,
+		Replicas:          1,
+	})
+	if err != nil {
+		return 0, broken(err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = s.js.DeleteConsumer(dctx, stream, c.CachedInfo().Name)
+	}()
+	if stored := c.CachedInfo().NumPending; stored != uint64(info.Chunks) {
+		return 0, broken(fmt.Errorf("%d of its %d chunks are stored", stored, info.Chunks))
+	}
+	r := &chunkReader{ctx: ctx, c: c, left: info.Chunks, size: info.Size, digest: want, h: sha256.New(),
+		stall: cmp.Or(s.snapshotStall, snapshotStall)}
+	return DecodeSnapshot(bufio.NewReaderSize(r, 1<<20), fn)
+}
+
+// snapshotStall is how long a snapshot's read waits for a chunk before it gives the snapshot up
+// (ReadSnapshot). Chunks stored come in milliseconds.
+const snapshotStall = 5 * time.Second
+
+// chunkReader reads a snapshot's chunks from its consumer, a few at a time, and checks at the end
+// that they were all there: their number, their size and their digest.
+type chunkReader struct {
+	ctx    context.Context
+	c      jetstream.Consumer
+	left   uint32   // chunks not fetched yet
+	size   uint64   // bytes not read yet
+	chunks [][]byte // fetched, not read yet
+	digest []byte
+	h      hash.Hash
+	stall  time.Duration
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	for len(r.chunks) == 0 || len(r.chunks[0]) == 0 {
+		if len(r.chunks) > 0 {
+			r.chunks = r.chunks[1:]
+			continue
+		}
+		if r.left == 0 {
+			switch {
+			case r.size != 0:
+				return 0, fmt.Errorf("%d bytes short", r.size)
+			case !bytes.Equal(r.h.Sum(nil), r.digest):
+				return 0, jetstream.ErrDigestMismatch
+			}
+			return 0, io.EOF
+		}
+		if err := r.fetch(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, r.chunks[0])
+	r.chunks[0] = r.chunks[0][n:]
+	return n, nil
+}
+
+// fetch gets the next chunks, at most 16 (2 MiB) at a time.
+func (r *chunkReader) fetch() error {
+	ctx, cancel := context.WithTimeout(r.ctx, r.stall)
+	defer cancel()
+	batch, err := r.c.Fetch(int(min(r.left, 16)), jetstream.FetchContext(ctx))
+	if err != nil {
+		return err
+	}
+	got := 0
+	for m := range batch.Messages() {
+		data := m.Data()
+		if uint64(len(data)) > r.size {
+			return errors.New("chunks longer than the object")
+		}
+		r.h.Write(data)
+		r.size -= uint64(len(data))
+		r.chunks = append(r.chunks, data)
+		r.left--
+		got++
+	}
+	switch {
+	case r.ctx.Err() != nil:
+		return r.ctx.Err()
+	case got == 0 && batch.Error() != nil:
+		return fmt.Errorf("no chunk came within %v: %w", r.stall, batch.Error())
+	case got == 0:
+		return fmt.Errorf("no chunk came within %v", r.stall)
+	}
+	return nil
 }
 
 // DecodeSnapshot reads a snapshot's bytes from r and calls fn for each record, with its queue's

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -390,14 +392,7 @@ func TestSnapshotOfManyChunks(t *testing.T) {
 	s, srv := open(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var recs []snapRecord
-	for i := range 5000 {
-		r := snapshotRecords()[i%3]
-		r.Queue = fmt.Sprintf("q%d", i/1000)
-		r.Rec.ID = fmt.Sprintf("message-%06d", i)
-		r.Rev = uint64(i + 1)
-		recs = append(recs, r)
-	}
+	recs := manySnapshotRecords(5000)
 	info, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 5000}, uint64(len(recs)), "b", fillWith(recs))
 	if err != nil {
 		t.Fatal(err)
@@ -419,5 +414,103 @@ func TestSnapshotOfManyChunks(t *testing.T) {
 	}
 	if !sameRecords(read, recs) {
 		t.Fatalf("read back %d records, want the %d written", len(read), len(recs))
+	}
+}
+
+// manySnapshotRecords returns n records in queues of 1000, enough for several chunks at 5000.
+func manySnapshotRecords(n int) []snapRecord {
+	var recs []snapRecord
+	for i := range n {
+		r := snapshotRecords()[i%3]
+		r.Queue = fmt.Sprintf("q%d", i/1000)
+		r.Rec.ID = fmt.Sprintf("message-%06d", i)
+		r.Rev = uint64(i + 1)
+		recs = append(recs, r)
+	}
+	return recs
+}
+
+// TestSnapshotMissingChunk: a snapshot whose chunk is not stored (deleted, as `nats stream rmm`
+// does) is broken at once. It was read until its ctx ended, a start's whole --start-timeout, and
+// the read of every record that should have followed then had no time left.
+func TestSnapshotMissingChunk(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recs := snapshotRecords()
+	if _, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 1}, uint64(len(recs)), "b", fillWith(recs)); err != nil {
+		t.Fatal(err)
+	}
+	js := jsOn(t, srv)
+	obs, err := js.ObjectStore(ctx, "natstone-snapshots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oi, err := obs.GetInfo(ctx, kv.SnapshotObject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "OBJ_natstone-snapshots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk, err := st.GetLastMsgForSubject(ctx, "$O.natstone-snapshots.C."+oi.NUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, chunk.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSnapshot(ctx, t, s); !errors.Is(err, kv.ErrSnapshotBroken) || ctx.Err() != nil {
+		t.Fatalf("reading a snapshot with its chunk gone: %v (ctx: %v), want ErrSnapshotBroken before the ctx ends", err, ctx.Err())
+	}
+}
+
+// TestSnapshotChunkDamagedOnDisk: a chunk whose block was damaged on disk, which the server counts
+// but does not deliver, makes the snapshot broken once no chunk came for snapshotStall, not when
+// the read's ctx ends.
+func TestSnapshotChunkDamagedOnDisk(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recs := snapshotRecords()
+	if _, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 1}, uint64(len(recs)), "b", fillWith(recs)); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	blocks, err := filepath.Glob(filepath.Join(srv.StoreDir(), "jetstream", "*", "streams", "OBJ_natstone-snapshots", "msgs", "*.blk"))
+	if err != nil || len(blocks) == 0 {
+		t.Fatalf("the snapshots stream's blocks: %v, %v", blocks, err)
+	}
+	damaged := false
+	for _, f := range blocks {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at := bytes.LastIndex(data, []byte("natstone-snapshot\n")); at >= 0 && at+30 < len(data) {
+			data[at+30] ^= 1
+			if err := os.WriteFile(f, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			damaged = true
+		}
+	}
+	if !damaged {
+		t.Fatal("no block holds the snapshot's chunk")
+	}
+	srv = srv.Restart(t)
+	s, err = kv.Open(ctx, &kv.Config{JS: jsOn(t, srv)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetSnapshotStall(500 * time.Millisecond)
+	if _, err := s.SnapshotInfo(ctx); err != nil {
+		t.Fatalf("the damaged snapshot's info: %v", err)
+	}
+	if _, err := readSnapshot(ctx, t, s); !errors.Is(err, kv.ErrSnapshotBroken) || ctx.Err() != nil {
+		t.Fatalf("reading a damaged snapshot: %v (ctx: %v), want ErrSnapshotBroken before the ctx ends", err, ctx.Err())
 	}
 }

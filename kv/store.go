@@ -74,6 +74,7 @@ type Store struct {
 	// scan asks for; scanLeaderLast, when set, makes scan check its replica against its leader
 	// even on a stream of one replica, with the leader's last sequence replaced by what it returns;
 	// scanRead is called once scan has read everything, before it checks with the leader.
+	snapshotStall  time.Duration // replaces the const snapshotStall
 	scanStarted    func()
 	scanBytes      uint64
 	scanFetching   func(batch uint64)
