@@ -226,9 +226,13 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		for _, e := range es {
 			q.endWrite(e) // and wake whoever waited for them, should the queue have closed meanwhile
 		}
-		if q.usable() != nil {
+		if err := q.usable(); err != nil {
+			deleted := q.deleting
 			q.mu.Unlock()
-			return nil, nil // the queue closed while it waited: a long poll ends empty
+			if deleted {
+				return nil, nil // the queue was deleted while it waited: a long poll ends empty
+			}
+			return nil, err // the broker stops: unavailable, for the poll to be sent again
 		}
 	}
 	if len(es) == 0 {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
@@ -415,6 +417,36 @@ func TestAutoCreate(t *testing.T) {
 	fails(off, subjects.CodeQueueNotFound, subjects.OpEnqueue, "fresh", subjects.EnqueueRequest{ID: "a"})
 	if l := must[subjects.ListReply](off, subjects.OpList, "", nil); len(l.Queues) != 0 {
 		t.Fatalf("queues created with auto-create off: %+v", l.Queues)
+	}
+}
+
+// TestStopEndsALongPollUnavailable: a long poll parked when the broker stops is answered
+// unavailable, to be sent again (to the broker that serves next), not empty as when its queue is
+// deleted: a worker takes "nothing to dequeue" for the end of its work (the CLI's exit 4).
+func TestStopEndsALongPollUnavailable(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	replies := make(chan *nats.Msg, 1)
+	go func() {
+		msg, err := e.nc.Request(e.space.Subject(subjects.OpDequeue, "q"), mustJSON(t, subjects.DequeueRequest{WaitMS: 60_000}), 20*time.Second)
+		if err != nil {
+			t.Errorf("long poll: %v", err)
+		}
+		replies <- msg
+	}()
+	e.waitTimers(1) // the poll is parked
+	e.stopBroker(e.b)
+	select {
+	case msg := <-replies:
+		if msg == nil {
+			return
+		}
+		if ms, rerr := decodeReply[subjects.DequeueReply](t, msg); rerr == nil || rerr.Code != subjects.CodeUnavailable {
+			t.Fatalf("a long poll at a stop: %v, %v; want unavailable", ids(ms.Messages), rerr)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the long poll was not answered at the stop")
 	}
 }
 
