@@ -167,14 +167,15 @@ func (c *claimer) every() time.Duration { return c.ttl / 5 }
 // written (a plain subscription to the key's subject tells it), and takes it when it was released
 // or has stayed unchanged for its ttl. takeOver takes it at once, whoever holds it.
 func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
-	nudge := make(chan struct{}, 1)
-	poke := func() {
+	nudge, written := make(chan struct{}, 1), make(chan struct{}, 1)
+	signal := func(ch chan struct{}) {
 		select {
-		case nudge <- struct{}{}:
+		case ch <- struct{}{}:
 		default:
 		}
 	}
-	sub, err := c.b.cfg.Conn.Subscribe(c.claims.Subject(), func(*nats.Msg) { poke() })
+	poke := func() { signal(nudge) }
+	sub, err := c.b.cfg.Conn.Subscribe(c.claims.Subject(), func(*nats.Msg) { signal(written) })
 	if err != nil {
 		return fmt.Errorf("natstone: watch the store's claim: %w", err)
 	}
@@ -186,6 +187,10 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		seenAt time.Time // when it was first read
 		holder string    // the broker standing by was last told about
 		tried  time.Time // when the last take was sent
+		// Reads left before the standby waits ttl/5 again, after a write of the claim woke it:
+		// the subscription hears of a write as it is sent, and a replicated stream may not have
+		// stored it yet when the read that follows gets there.
+		unseen int
 	)
 	for {
 		cur, rev, err := c.claims.Get(ctx)
@@ -206,7 +211,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			return nil
 		default:
 			if rev != seen {
-				seen, seenAt = rev, now
+				seen, seenAt, unseen = rev, now, 0
 			}
 			if cur.Broker != holder && !takeOver {
 				holder = cur.Broker
@@ -239,13 +244,36 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			wait = c.every()
 		}
 		t := c.clock.AfterFunc(max(wait, time.Millisecond), poke)
+		var again *time.Timer // in real time: how soon storage stores a write is not the claim's clock's
+		if unseen > 0 {
+			unseen--
+			again = time.AfterFunc(claimReread, poke)
+		}
 		select {
 		case <-nudge:
-			t.Stop()
+		case <-written:
+			unseen = claimRereads
 		case <-ctx.Done():
 			t.Stop()
+			stopTimer(again)
 			return fmt.Errorf("natstone: wait for the store's claim: %w", ctx.Err())
 		}
+		t.Stop()
+		stopTimer(again)
+	}
+}
+
+// A standby that a write of the claim woke, and that read it unchanged, reads it again
+// claimRereads times, claimReread apart, before it waits ttl/5: a clean stop's release, stored a
+// moment after its subscription heard of it, is then taken over at once.
+const (
+	claimRereads = 5
+	claimReread  = 20 * time.Millisecond
+)
+
+func stopTimer(t *time.Timer) {
+	if t != nil {
+		t.Stop()
 	}
 }
 
