@@ -338,7 +338,7 @@ func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, m
 		Logger:     log,
 	})
 	if err != nil {
-		return interrupted(ctx, log, err)
+		return interrupted(ctx, log, timedOut(startCtx, cfg.startTimeout, err))
 	}
 	httpAttrs, stopHTTP, err := startHTTP(cfg, n.Broker(), m, func() (*nats.Conn, error) {
 		return n.Connect(nats.Name(connName + "-http"))
@@ -377,13 +377,25 @@ func interrupted(ctx context.Context, log *slog.Logger, err error) error {
 // startBroker starts b within timeout (0: no bound). broker.Start returns once the server has every
 // subscription, so that "natstone ready" means requests are answered.
 func startBroker(ctx context.Context, b *broker.Broker, timeout time.Duration) error {
-	ctx, cancel := withBound(ctx, timeout)
+	bound, cancel := withBound(ctx, timeout)
 	defer cancel()
-	if err := b.Start(ctx); err != nil {
-		return fmt.Errorf("starting the broker: %w", err)
+	if err := b.Start(bound); err != nil {
+		return fmt.Errorf("starting the broker: %w", timedOut(bound, timeout, err))
 	}
 	return nil
 }
+
+// timedOut says, of a start that failed when its bound ctx ran out, that --start-timeout ran out
+// (the error alone says only "context deadline exceeded", from wherever the start was).
+func timedOut(bound context.Context, timeout time.Duration, err error) error {
+	if errors.Is(context.Cause(bound), errStartTimeout) {
+		return fmt.Errorf("not started within --start-timeout %v: %w", timeout, err)
+	}
+	return err
+}
+
+// errStartTimeout is the cause of a start's ctx that --start-timeout ended.
+var errStartTimeout = errors.New("--start-timeout ran out")
 
 // connect opens a connection of the broker named name to cfg.natsURL, reconnecting forever.
 // closed is closed when the connection is.
@@ -448,12 +460,13 @@ func redactURL(s string) string {
 	return strings.Join(urls, ",")
 }
 
-// withBound is context.WithTimeout, with 0 meaning no bound.
+// withBound bounds a start: context.WithTimeout, whose cause is errStartTimeout, with 0 meaning no
+// bound.
 func withBound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	if d == 0 {
 		return context.WithCancel(ctx)
 	}
-	return context.WithTimeout(ctx, d)
+	return context.WithTimeoutCause(ctx, d, errStartTimeout)
 }
 
 // hostsFlag is a repeatable flag of host names.
