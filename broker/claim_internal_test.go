@@ -637,3 +637,20 @@ func TestStopOfAStandby(t *testing.T) {
 		t.Fatalf("the claim names %s, want the serving broker %s", got, a.claim.mine.Broker)
 	}
 }
+
+// TestStandbySnapshot: a standby serves nothing, and says its events are on, as configured
+// (natstone_events_enabled read 0 on every standby).
+func TestStandbySnapshot(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
+	a := claimBroker(t, srv, ca)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := claimBroker(t, srv, cb)
+	started := startAsync(b)
+	standingBy(t, b, cb, started)
+	if s := b.Snapshot(); s.Serving || len(s.Queues) != 0 || !s.Events.Enabled {
+		t.Fatalf("a standby's snapshot: %+v, want not serving, no queues, events on", s)
+	}
+}

@@ -62,7 +62,8 @@ func (b *Broker) Snapshot() Snapshot {
 	b.mu.Lock()
 	if !b.started || b.closed {
 		b.mu.Unlock()
-		return Snapshot{}
+		// A standby (or a stopped broker) serves nothing; whether its events are on is its config.
+		return Snapshot{Events: EventsSnapshot{Enabled: !b.cfg.DisableEvents}}
 	}
 	qs := make([]*queue, 0, len(b.queues))
 	for _, q := range b.queues {
