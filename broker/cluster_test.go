@@ -137,3 +137,32 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestFewerReplicasInAClusterAreLogged: a broker started without the replicas the store has (here
+// 1 against 3) scales the store down, as the new holder's settings apply, and says so in its log.
+func TestFewerReplicasInAClusterAreLogged(t *testing.T) {
+	t.Parallel()
+	srvs := natstest.StartCluster(t, nil)
+	logs := &lockedBuffer{}
+	e := &env{t: t, clk: clock.NewFake(t0), nc: srvs[0].Connect(t)}
+	e.cfg = broker.Config{Conn: srvs[0].Connect(t), Clock: e.clk, Replicas: 3,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	var err error
+	if e.space, err = subjects.NewSpace(""); err != nil {
+		t.Fatal(err)
+	}
+	e.startBroker()
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
+	if strings.Contains(logs.String(), "scaled down") {
+		t.Fatalf("a start with the store's own replicas warned:\n%s", logs)
+	}
+	e.stopBroker(e.b)
+	e.cfg.Replicas = 0 // the default: 1
+	e.startBroker()
+	if !strings.Contains(logs.String(), "the store's streams are scaled down to this broker's replicas") {
+		t.Fatalf("no warning of the store scaled down from 3 replicas to 1:\n%s", logs)
+	}
+	if got := e.get("q", "m"); got.ID != "m" {
+		t.Fatalf("the message after the scale down: %+v", got)
+	}
+}

@@ -118,7 +118,7 @@ Flags:
 	fs.StringVar(&cfg.natsURL, "nats-url", "", "`url` of an existing NATS server with JetStream to use instead of the embedded one")
 	fs.StringVar(&syncMode, "sync", "default", "embedded server's JetStream sync `mode`: always (fsync before every ack) or default")
 	fs.StringVar(&cfg.prefix, "prefix", subjects.DefaultPrefix, "`prefix` of the request subjects")
-	fs.StringVar(&cfg.storePrefix, "store-prefix", kv.DefaultPrefix, "`prefix` of the KV buckets, the bodies and events streams, and the events' subjects")
+	fs.StringVar(&cfg.storePrefix, "store-prefix", kv.DefaultPrefix, "`prefix` of the KV buckets, the bodies and events streams, and the events' subjects (another store needs another --prefix too)")
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas of every bucket and stream (above 1 needs a clustered --nats-url)")
 	fs.BoolVar(&cfg.disableAutoCreate, "no-auto-create", false, "fail an enqueue to an unknown queue instead of creating it")
 	fs.BoolVar(&cfg.noEvents, "no-events", false, "publish no transition events (history then answers unavailable)")
