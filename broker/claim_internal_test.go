@@ -47,6 +47,29 @@ func claimBroker(t *testing.T, srv *natstest.Server, claimClock *clock.Fake, mod
 	return b
 }
 
+// serving starts a broker on srv that serves the store, its claim on a fake clock of its own
+// (returned); mod may adjust its config.
+func serving(t *testing.T, srv *natstest.Server, mod ...func(*Config)) (*Broker, *clock.Fake) {
+	t.Helper()
+	clk := clock.NewFake(time.Unix(0, 0))
+	b := claimBroker(t, srv, clk, mod...)
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return b, clk
+}
+
+// standby starts a broker on srv while another serves, and returns once it stands by, with its
+// claim's fake clock and the channel of its Start's error; mod may adjust its config.
+func standby(t *testing.T, srv *natstest.Server, mod ...func(*Config)) (*Broker, *clock.Fake, <-chan error) {
+	t.Helper()
+	clk := clock.NewFake(time.Unix(0, 0))
+	b := claimBroker(t, srv, clk, mod...)
+	started := startAsync(b)
+	standingBy(t, b, clk, started)
+	return b, clk, started
+}
+
 // startAsync starts b on its own goroutine; the channel gets Start's error.
 func startAsync(b *Broker) <-chan error {
 	started := make(chan error, 1)
@@ -173,14 +196,8 @@ func TestStandbyTakesOverAtAStop(t *testing.T) {
 // unchanged for ClaimTTL, not before; when it comes back, its renewal conflicts and it stops.
 func TestStandbyTakesOverAfterTheTTL(t *testing.T) {
 	srv := natstest.Start(t, nil)
-	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca)
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	b := claimBroker(t, srv, cb)
-	started := startAsync(b)
-	standingBy(t, b, cb, started)
+	a, ca := serving(t, srv)
+	b, cb, started := standby(t, srv)
 
 	cb.Advance(DefaultClaimTTL - time.Millisecond)
 	standingBy(t, b, cb, started) // it looked again, and waits on
@@ -317,14 +334,8 @@ func TestTakeOverClaim(t *testing.T) {
 // with it does not take the store over meanwhile.
 func TestTakeOverClaimKeptAtStop(t *testing.T) {
 	srv := natstest.Start(t, nil)
-	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca, func(c *Config) { c.TakeOverClaim = true })
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	b := claimBroker(t, srv, cb)
-	started := startAsync(b)
-	standingBy(t, b, cb, started)
+	a, _ := serving(t, srv, func(c *Config) { c.TakeOverClaim = true })
+	b, cb, started := standby(t, srv)
 	if err := a.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -354,14 +365,8 @@ func TestFailedStartReleasesTheClaim(t *testing.T) {
 // long.
 func TestStandbyWaitsTheLongerTTL(t *testing.T) {
 	srv := natstest.Start(t, nil)
-	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca, func(c *Config) { c.ClaimTTL = 2 * DefaultClaimTTL })
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	b := claimBroker(t, srv, cb)
-	started := startAsync(b)
-	standingBy(t, b, cb, started)
+	serving(t, srv, func(c *Config) { c.ClaimTTL = 2 * DefaultClaimTTL })
+	b, cb, started := standby(t, srv)
 	cb.Advance(DefaultClaimTTL)
 	standingBy(t, b, cb, started) // its own ttl is up, not the holder's
 	cb.Advance(DefaultClaimTTL)
@@ -428,14 +433,8 @@ func TestStoppedBrokerIsFreed(t *testing.T) {
 // leaves the store's streams as the serving broker set them until it takes over.
 func TestStandbyChangesNoSettings(t *testing.T) {
 	srv := natstest.Start(t, nil)
-	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca)
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	b := claimBroker(t, srv, cb, func(c *Config) { c.EventsMaxAge = time.Hour })
-	started := startAsync(b)
-	standingBy(t, b, cb, started)
+	a, _ := serving(t, srv)
+	_, _, started := standby(t, srv, func(c *Config) { c.EventsMaxAge = time.Hour })
 	js, err := jetstream.New(srv.Connect(t))
 	if err != nil {
 		t.Fatal(err)
@@ -614,14 +613,8 @@ func TestStopDuringStart(t *testing.T) {
 // (ErrStopped); the Start does not wait on for its own ctx, nor take the claim after the Stop.
 func TestStopOfAStandby(t *testing.T) {
 	srv := natstest.Start(t, nil)
-	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca)
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	b := claimBroker(t, srv, cb)
-	started := startAsync(b) // its ctx lasts 30 s
-	standingBy(t, b, cb, started)
+	a, _ := serving(t, srv)
+	b, _, started := standby(t, srv) // its ctx lasts 30 s
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -642,14 +635,8 @@ func TestStopOfAStandby(t *testing.T) {
 // (natstone_events_enabled read 0 on every standby).
 func TestStandbySnapshot(t *testing.T) {
 	srv := natstest.Start(t, nil)
-	ca, cb := clock.NewFake(time.Unix(0, 0)), clock.NewFake(time.Unix(0, 0))
-	a := claimBroker(t, srv, ca)
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	b := claimBroker(t, srv, cb)
-	started := startAsync(b)
-	standingBy(t, b, cb, started)
+	serving(t, srv)
+	b, _, _ := standby(t, srv)
 	if s := b.Snapshot(); s.Serving || len(s.Queues) != 0 || !s.Events.Enabled {
 		t.Fatalf("a standby's snapshot: %+v, want not serving, no queues, events on", s)
 	}

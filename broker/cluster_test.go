@@ -39,15 +39,7 @@ import (
 func TestRestartInAClusterLoadsCurrentRecords(t *testing.T) {
 	t.Parallel()
 	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{SyncAlways: []int{2}})
-	logs := &lockedBuffer{}
-	e := &env{t: t, clk: clock.NewFake(t0), nc: srvs[0].Connect(t)}
-	e.cfg = broker.Config{Conn: srvs[0].Connect(t), Clock: e.clk, Replicas: 3,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-	var err error
-	if e.space, err = subjects.NewSpace(""); err != nil {
-		t.Fatal(err)
-	}
-	e.startBroker()
+	e, logs := clusterEnv(t, srvs[0])
 	e.create("q", subjects.CreateQueueRequest{LeaseMS: 600_000})
 	// Writes that put the messages bucket's replicas behind, the server that fsyncs every write
 	// most of all, on a key that is not a message's (its token is not one natstone writes, so loads
@@ -121,6 +113,22 @@ func TestRestartInAClusterLoadsCurrentRecords(t *testing.T) {
 }
 
 // lockedBuffer is a bytes.Buffer that a logger may write to from several goroutines.
+// clusterEnv starts a broker with every bucket and stream replicated three times, connected to
+// srv, a server of a cluster; its warnings and errors go to logs.
+func clusterEnv(t *testing.T, srv *natstest.Server) (*env, *lockedBuffer) {
+	t.Helper()
+	logs := &lockedBuffer{}
+	e := &env{t: t, clk: clock.NewFake(t0), nc: srv.Connect(t)}
+	e.cfg = broker.Config{Conn: srv.Connect(t), Clock: e.clk, Replicas: 3,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	var err error
+	if e.space, err = subjects.NewSpace(""); err != nil {
+		t.Fatal(err)
+	}
+	e.startBroker()
+	return e, logs
+}
+
 type lockedBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
@@ -142,16 +150,7 @@ func (b *lockedBuffer) String() string {
 // 1 against 3) scales the store down, as the new holder's settings apply, and says so in its log.
 func TestFewerReplicasInAClusterAreLogged(t *testing.T) {
 	t.Parallel()
-	srvs := natstest.StartCluster(t, nil)
-	logs := &lockedBuffer{}
-	e := &env{t: t, clk: clock.NewFake(t0), nc: srvs[0].Connect(t)}
-	e.cfg = broker.Config{Conn: srvs[0].Connect(t), Clock: e.clk, Replicas: 3,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-	var err error
-	if e.space, err = subjects.NewSpace(""); err != nil {
-		t.Fatal(err)
-	}
-	e.startBroker()
+	e, logs := clusterEnv(t, natstest.StartCluster(t, nil)[0])
 	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
 	if strings.Contains(logs.String(), "scaled down") {
 		t.Fatalf("a start with the store's own replicas warned:\n%s", logs)

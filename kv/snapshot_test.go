@@ -226,13 +226,7 @@ func TestSnapshotWriteFailsWhole(t *testing.T) {
 // SnapshotInfo with ErrNoSnapshot.
 func TestSnapshotBrokenIsReported(t *testing.T) {
 	t.Parallel()
-	s, srv := open(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	recs := snapshotRecords()
-	if _, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 1}, uint64(len(recs)), "b", fillWith(recs)); err != nil {
-		t.Fatal(err)
-	}
+	s, srv, ctx := storedSnapshot(t)
 	// A letter of a message id: the snapshot still decodes, only its digest tells.
 	natstest.ChangeObjectByte(t, jsOn(t, srv), "natstone-snapshots", kv.SnapshotObject, []byte("m2 é"), 'n')
 	if _, err := s.SnapshotInfo(ctx); err != nil {
@@ -435,13 +429,7 @@ func manySnapshotRecords(n int) []snapRecord {
 // the read of every record that should have followed then had no time left.
 func TestSnapshotMissingChunk(t *testing.T) {
 	t.Parallel()
-	s, srv := open(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	recs := snapshotRecords()
-	if _, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 1}, uint64(len(recs)), "b", fillWith(recs)); err != nil {
-		t.Fatal(err)
-	}
+	s, srv, ctx := storedSnapshot(t)
 	js := jsOn(t, srv)
 	obs, err := js.ObjectStore(ctx, "natstone-snapshots")
 	if err != nil {
@@ -472,13 +460,7 @@ func TestSnapshotMissingChunk(t *testing.T) {
 // the read's ctx ends.
 func TestSnapshotChunkDamagedOnDisk(t *testing.T) {
 	t.Parallel()
-	s, srv := open(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	recs := snapshotRecords()
-	if _, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 1}, uint64(len(recs)), "b", fillWith(recs)); err != nil {
-		t.Fatal(err)
-	}
+	s, srv, ctx := storedSnapshot(t)
 	srv.Shutdown()
 	blocks, err := filepath.Glob(filepath.Join(srv.StoreDir(), "jetstream", "*", "streams", "OBJ_natstone-snapshots", "msgs", "*.blk"))
 	if err != nil || len(blocks) == 0 {
@@ -513,4 +495,18 @@ func TestSnapshotChunkDamagedOnDisk(t *testing.T) {
 	if _, err := readSnapshot(ctx, t, s); !errors.Is(err, kv.ErrSnapshotBroken) || ctx.Err() != nil {
 		t.Fatalf("reading a damaged snapshot: %v (ctx: %v), want ErrSnapshotBroken before the ctx ends", err, ctx.Err())
 	}
+}
+
+// storedSnapshot opens a store and writes a snapshot of snapshotRecords to it, in one chunk. ctx
+// lasts 30 s, the test's bound.
+func storedSnapshot(t *testing.T) (*kv.Store, *natstest.Server, context.Context) {
+	t.Helper()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	recs := snapshotRecords()
+	if _, err := s.WriteSnapshot(ctx, kv.Fence{Messages: 1}, uint64(len(recs)), "b", fillWith(recs)); err != nil {
+		t.Fatal(err)
+	}
+	return s, srv, ctx
 }
