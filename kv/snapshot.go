@@ -352,7 +352,13 @@ func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record
 	if stored := c.CachedInfo().NumPending; stored != uint64(info.Chunks) {
 		return 0, broken(fmt.Errorf("%d of its %d chunks are stored", stored, info.Chunks))
 	}
-	r := &chunkReader{ctx: ctx, c: c, left: info.Chunks, size: info.Size, digest: want, h: sha256.New(),
+	// Pulls of 32 chunks (4 MiB), the next asked for while the last is read.
+	it, err := c.Messages(jetstream.PullMaxMessages(32))
+	if err != nil {
+		return 0, broken(err)
+	}
+	defer it.Stop()
+	r := &chunkReader{ctx: ctx, it: it, left: info.Chunks, size: info.Size, digest: want, h: sha256.New(),
 		stall: cmp.Or(s.snapshotStall, snapshotStall)}
 	return DecodeSnapshot(bufio.NewReaderSize(r, 1<<20), fn)
 }
@@ -361,25 +367,21 @@ func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record
 // (ReadSnapshot). Chunks stored come in milliseconds.
 const snapshotStall = 5 * time.Second
 
-// chunkReader reads a snapshot's chunks from its consumer, a few at a time, and checks at the end
+// chunkReader reads a snapshot's chunks from its consumer, one at a time, and checks at the end
 // that they were all there: their number, their size and their digest.
 type chunkReader struct {
 	ctx    context.Context
-	c      jetstream.Consumer
-	left   uint32   // chunks not fetched yet
-	size   uint64   // bytes not read yet
-	chunks [][]byte // fetched, not read yet
+	it     jetstream.MessagesContext
+	left   uint32 // chunks not fetched yet
+	size   uint64 // bytes not read yet
+	chunk  []byte // what is left of the chunk being read
 	digest []byte
 	h      hash.Hash
 	stall  time.Duration
 }
 
 func (r *chunkReader) Read(p []byte) (int, error) {
-	for len(r.chunks) == 0 || len(r.chunks[0]) == 0 {
-		if len(r.chunks) > 0 {
-			r.chunks = r.chunks[1:]
-			continue
-		}
+	for len(r.chunk) == 0 {
 		if r.left == 0 {
 			switch {
 			case r.size != 0:
@@ -393,39 +395,32 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	n := copy(p, r.chunks[0])
-	r.chunks[0] = r.chunks[0][n:]
+	n := copy(p, r.chunk)
+	r.chunk = r.chunk[n:]
 	return n, nil
 }
 
-// fetch gets the next chunks, at most 16 (2 MiB) at a time.
+// fetch gets the next chunk.
 func (r *chunkReader) fetch() error {
 	ctx, cancel := context.WithTimeout(r.ctx, r.stall)
 	defer cancel()
-	batch, err := r.c.Fetch(int(min(r.left, 16)), jetstream.FetchContext(ctx))
-	if err != nil {
-		return err
-	}
-	got := 0
-	for m := range batch.Messages() {
-		data := m.Data()
-		if uint64(len(data)) > r.size {
-			return errors.New("chunks longer than the object")
-		}
-		r.h.Write(data)
-		r.size -= uint64(len(data))
-		r.chunks = append(r.chunks, data)
-		r.left--
-		got++
-	}
+	m, err := r.it.Next(jetstream.NextContext(ctx))
 	switch {
 	case r.ctx.Err() != nil:
 		return r.ctx.Err()
-	case got == 0 && batch.Error() != nil:
-		return fmt.Errorf("no chunk came within %v: %w", r.stall, batch.Error())
-	case got == 0:
+	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("no chunk came within %v", r.stall)
+	case err != nil:
+		return err
 	}
+	data := m.Data()
+	if uint64(len(data)) > r.size {
+		return errors.New("chunks longer than the object")
+	}
+	r.h.Write(data)
+	r.size -= uint64(len(data))
+	r.chunk = data
+	r.left--
 	return nil
 }
 
