@@ -234,6 +234,12 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 			}
 			return nil, err // the broker stops: unavailable, for the poll to be sent again
 		}
+		if len(es) == 0 && ctx.Err() != nil {
+			// The broker stops (or lost its claim), and the wait saw it before the stop closed
+			// this queue: unavailable too, not an empty answer.
+			q.mu.Unlock()
+			return nil, subjects.Errorf(subjects.CodeUnavailable, "queue %s: the broker stopped during the wait", q.name)
+		}
 	}
 	if len(es) == 0 {
 		if rec != nil {
