@@ -182,8 +182,15 @@ func New(cfg *Config) (*Broker, error) {
 // store. Then it waits as a standby, until that broker releases the claim (it stops) or stops
 // renewing it for ClaimTTL (it died), or until ctx ends. Start claims the store itself; call Claim
 // first to wait for it under a context of its own. It opens the claims bucket only: the rest of
-// the storage, whose settings a start may change, is opened by Start once the claim is held.
+// the storage, whose settings a start may change, is opened by Start once the claim is held. A
+// Stop ends the wait: Claim then fails with ErrStopped, and leaves no claim behind.
 func (b *Broker) Claim(ctx context.Context) error {
+	if b.stopped() {
+		return ErrStopped
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(b.ctx, cancel)() // Stop, or the claim lost
 	if b.claim.claims == nil {
 		// On the request connection: a renewal must not wait behind the writes in flight.
 		js, err := jetstream.New(b.cfg.Conn, jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout))
@@ -202,13 +209,34 @@ func (b *Broker) Claim(ctx context.Context) error {
 	if held {
 		return nil
 	}
-	return b.claim.acquire(ctx, b.cfg.TakeOverClaim)
+	err := b.claim.acquire(ctx, b.cfg.TakeOverClaim)
+	switch {
+	case err != nil && b.stopped():
+		return ErrStopped
+	case err != nil:
+		return err
+	case b.stopped():
+		// Taken as the broker stopped: its Stop may have found no claim to release.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.WriteTimeout)
+		defer cancel()
+		b.claim.giveBack(rctx)
+		return ErrStopped
+	}
+	return nil
+}
+
+// stopped reports whether Stop was called (or a start failed for good).
+func (b *Broker) stopped() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
 }
 
 // Start claims the store (see Claim), opens the storage, rebuilds every queue's indexes from it,
-// reconciles exclusivity locks, and only then starts answering requests. A Broker starts once: a
-// second Start, or a Start after Stop, fails with ErrStarted (make another with New); but a Start
-// that failed to take the claim (a standby whose ctx ended) may be called again.
+// reconciles exclusivity locks, and only then starts answering requests. A Stop meanwhile makes it
+// fail with ErrStopped. A Broker starts once: a second Start, or a Start after Stop, fails with
+// ErrStarted (make another with New); but a Start that failed to take the claim (a standby whose
+// ctx ended) may be called again.
 func (b *Broker) Start(ctx context.Context) error {
 	b.mu.Lock()
 	again := b.starting || b.closed
@@ -232,10 +260,9 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err := b.Claim(ctx); err != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		if b.closed {
-			return ErrStopped
+		if !b.closed {
+			b.starting = false // nothing started: a standby whose ctx ended may try again
 		}
-		b.starting = false // nothing started: a standby whose ctx ended may try again
 		return err
 	}
 	err := b.open(ctx)
@@ -331,17 +358,7 @@ func (b *Broker) start(ctx context.Context) error {
 	}
 	b.mu.Unlock()
 	if err != nil {
-		b.cancel()
-		b.mu.Lock()
-		b.closed = true
-		qs := b.queues
-		b.mu.Unlock()
-		for _, q := range qs { // some may have armed their timers already
-			q.mu.Lock()
-			q.close(subjects.Errorf(subjects.CodeUnavailable, "the broker did not start"))
-			q.mu.Unlock()
-		}
-		return err
+		return b.failStart(err)
 	}
 	b.log.Info("recovered", "queues", len(b.queues), "messages", n, "from", from, "took", time.Since(start).Round(time.Millisecond))
 	err = b.serve()
@@ -363,17 +380,45 @@ func (b *Broker) start(ctx context.Context) error {
 		b.mu.Unlock()
 	}
 	if err != nil {
-		b.cancel()
-		b.mu.Lock()
-		b.closed = true
-		b.mu.Unlock()
-		if b.svc != nil {
-			_ = b.svc.stop()
-		}
-		b.runner.stop() // requests served meanwhile end on their own; nothing idles on
-		return fmt.Errorf("natstone: serve: %w", err)
+		return b.failStart(fmt.Errorf("natstone: serve: %w", err))
 	}
 	return nil
+}
+
+// failStart undoes a start that did not finish, and returns err: nothing answers any more, no
+// queue's timer runs, and the requests that the endpoints, once subscribed, took meanwhile have
+// ended, for Start to release the claim (a standby takes over at once). Should they not end within
+// WriteTimeout, the claim is left to run out instead, as a Stop whose ctx ends leaves it.
+func (b *Broker) failStart(err error) error {
+	b.cancel()
+	b.mu.Lock()
+	b.closed = true
+	qs := make([]*queue, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	b.mu.Unlock()
+	if b.svc != nil {
+		_ = b.svc.stop()
+	}
+	for _, q := range qs { // some may have armed their timers already
+		q.mu.Lock()
+		q.close(subjects.Errorf(subjects.CodeUnavailable, "the broker did not start"))
+		q.mu.Unlock()
+	}
+	ended := make(chan struct{})
+	go func() {
+		b.wg.Wait()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-time.After(b.cfg.WriteTimeout):
+		b.log.Warn("requests of a start that failed still run: the claim is left to run out", "err", err)
+		b.claim.abandon()
+	}
+	b.runner.stop() // nothing idles on
+	return err
 }
 
 // flush waits for a round trip to the server; nats.go needs a deadline for that, so a context

@@ -189,7 +189,9 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		tried  time.Time // when the last take was sent
 		// Reads left before the standby waits ttl/5 again, after a write of the claim woke it:
 		// the subscription hears of a write as it is sent, and a replicated stream may not have
-		// stored it yet when the read that follows gets there.
+		// stored it yet when the read that follows gets there. A read that shows a change does not
+		// end them: two writes heard as one (a renewal, then the release it held up) show the
+		// first.
 		unseen int
 	)
 	for {
@@ -211,7 +213,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			return nil
 		default:
 			if rev != seen {
-				seen, seenAt, unseen = rev, now, 0
+				seen, seenAt = rev, now
 			}
 			if cur.Broker != holder && !takeOver {
 				holder = cur.Broker
@@ -263,9 +265,9 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 	}
 }
 
-// A standby that a write of the claim woke, and that read it unchanged, reads it again
-// claimRereads times, claimReread apart, before it waits ttl/5: a clean stop's release, stored a
-// moment after its subscription heard of it, is then taken over at once.
+// A standby that a write of the claim woke reads it again claimRereads times, claimReread apart,
+// before it waits ttl/5: a clean stop's release, stored a moment after its subscription heard of
+// it, is then taken over at once.
 const (
 	claimRereads = 5
 	claimReread  = 20 * time.Millisecond
@@ -346,6 +348,24 @@ func (c *claimer) abandon() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.end()
+}
+
+// giveBack removes the claim that acquire has just taken for a broker stopped meanwhile, whose
+// Stop found none to release (and ended the claimer): release would take it for ended already.
+func (c *claimer) giveBack(ctx context.Context) {
+	c.mu.Lock()
+	c.end()
+	c.mu.Unlock()
+	c.write.Lock() // a renewal in flight ends first, so that rev is its
+	defer c.write.Unlock()
+	c.mu.Lock()
+	rev := c.rev
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, c.every())
+	defer cancel()
+	if err := c.claims.Release(ctx, rev); err != nil && !errors.Is(err, kv.ErrConflict) {
+		c.b.log.Warn("could not give back the store's claim, taken as the broker stopped", "err", err)
+	}
 }
 
 // release removes the claim, so that a standby takes the store over at once, unless it was lost.

@@ -641,3 +641,35 @@ func TestStandbySnapshot(t *testing.T) {
 		t.Fatalf("a standby's snapshot: %+v, want not serving, no queues, events on", s)
 	}
 }
+
+// TestStopEndsClaim: a Stop ends a Claim that waits as a standby (ErrStopped), which did wait on
+// for its own ctx; and a Claim after a Stop fails at once.
+func TestStopEndsClaim(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	a, _ := serving(t, srv)
+	b := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)))
+	claimed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		claimed <- b.Claim(ctx)
+	}()
+	standingBy(t, b, b.claim.clock.(*clock.Fake), claimed)
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-claimed:
+		if !errors.Is(err, ErrStopped) {
+			t.Fatalf("Claim = %v, want ErrStopped", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Claim still waits after its broker's Stop returned")
+	}
+	if err := b.Claim(context.Background()); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Claim after Stop = %v, want ErrStopped", err)
+	}
+	if got := holder(t, a); got != a.claim.mine.Broker {
+		t.Fatalf("the claim names %s, want the serving broker %s", got, a.claim.mine.Broker)
+	}
+}
