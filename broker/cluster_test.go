@@ -112,7 +112,6 @@ func TestRestartInAClusterLoadsCurrentRecords(t *testing.T) {
 	t.Logf("loads that a replica behind its leader served, read again: %d", strings.Count(logs.String(), "reading again"))
 }
 
-// lockedBuffer is a bytes.Buffer that a logger may write to from several goroutines.
 // clusterEnv starts a broker with every bucket and stream replicated three times, connected to
 // srv, a server of a cluster; its warnings and errors go to logs.
 func clusterEnv(t *testing.T, srv *natstest.Server) (*env, *lockedBuffer) {
@@ -129,6 +128,7 @@ func clusterEnv(t *testing.T, srv *natstest.Server) (*env, *lockedBuffer) {
 	return e, logs
 }
 
+// lockedBuffer is a bytes.Buffer that a logger may write to from several goroutines.
 type lockedBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
@@ -138,6 +138,12 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Reset()
 }
 
 func (b *lockedBuffer) String() string {
@@ -163,5 +169,29 @@ func TestFewerReplicasInAClusterAreLogged(t *testing.T) {
 	}
 	if got := e.get("q", "m"); got.ID != "m" {
 		t.Fatalf("the message after the scale down: %+v", got)
+	}
+}
+
+// TestSnapshotReadInACluster: on a cluster, a clean restart reads the snapshot the stop wrote,
+// whichever server the broker is connected to and wherever its consumer of the snapshot's chunks
+// lands (a pull whose interest has not reached the client's server yet gets no responders).
+func TestSnapshotReadInACluster(t *testing.T) {
+	t.Parallel()
+	srvs := natstest.StartCluster(t, nil)
+	e, logs := clusterEnv(t, srvs[0])
+	for i := range 50 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprint(i)})
+	}
+	e.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil)) // Info: how each start recovered
+	for round := range 6 {
+		e.nc, e.cfg.Conn = srvs[round%3].Connect(t), srvs[round%3].Connect(t)
+		logs.reset()
+		e.restartBroker()
+		if log := logs.String(); !strings.Contains(log, "from=snapshot") || strings.Contains(log, "level=WARN") {
+			t.Fatalf("restart %d on server %d did not read the snapshot:\n%s", round, round%3, log)
+		}
+		if c := e.depth("q", nil); c.Pending != 50 {
+			t.Fatalf("restart %d: %+v, want 50 pending", round, c)
+		}
 	}
 }
