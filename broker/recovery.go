@@ -31,6 +31,9 @@ func (b *Broker) recover(ctx context.Context) (int, string, error) {
 	wait := 100 * time.Millisecond
 	for try := 1; ; try++ {
 		n, snapshot, err := b.load(ctx)
+		if ctx.Err() != nil {
+			return 0, "", ctx.Err() // a Stop, or the claim lost: not a broken snapshot
+		}
 		if errors.Is(err, errSnapshotBroken) {
 			b.log.Warn("the snapshot could not be read; reading every record", "error", err)
 			b.snapshotBroken = true

@@ -435,7 +435,10 @@ func DecodeSnapshot(r interface {
 		return fmt.Errorf("%w: %s", ErrSnapshotBroken, fmt.Sprintf(format, a...))
 	}
 	magic, err := readBytes(r, nil, len(snapshotMagic))
-	if err != nil || string(magic) != snapshotMagic {
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%w: no snapshot header: %w", ErrSnapshotBroken, err)
+	case string(magic) != snapshotMagic:
 		return 0, broken("no snapshot header")
 	}
 	var buf []byte
