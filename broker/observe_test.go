@@ -446,6 +446,30 @@ func TestHistoryOfAnIdEnqueuedAgain(t *testing.T) {
 	}
 }
 
+// TestHistoryWithACopyAtItsLimit: an event stored twice (a batch of events published again, its
+// acknowledgement lost) just past the limit is not one more event: the history is whole, its last
+// event current, not truncated with that event's time cut to 0.
+func TestHistoryWithACopyAtItsLimit(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
+	e.dequeueOne("q")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, _ := e.eventsStream(ctx)
+	subject := "natstone.events.q.leased." + base64.RawURLEncoding.EncodeToString([]byte("m"))
+	leased, err := st.GetLastMsgForSubject(ctx, subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.storeRaw(subject, leased.Data)
+	e.advance(time.Second)
+	h := must[subjects.HistoryReply](e, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "m", Limit: 2})
+	if len(h.Events) != 2 || h.Truncated || !h.Events[1].Current || h.Events[1].StateMS != 1000 {
+		t.Fatalf("history %+v: want enqueued and leased, not truncated, leased current for 1000 ms", h)
+	}
+}
+
 // TestHistoryOfAnIdEnqueuedManyTimes: the history of an id is its latest message's also when the
 // earlier messages of the id left more events than the limit: it once read the oldest events and
 // showed the first message in place of the latest.
