@@ -298,10 +298,16 @@ func (b *Broker) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
-	b.warnFewerReplicas(ctx, js)
+	had, existed := kv.StoredReplicas(ctx, b.kvConfig(js))
 	store, err := kv.Open(ctx, b.kvConfig(js))
 	if err != nil {
 		return err
+	}
+	if want := cmp.Or(b.cfg.Replicas, 1); existed && had > want {
+		// Opening the store applies this broker's settings (design.md): one started without the
+		// --replicas the store was made with scales it down, which an operator should not learn of
+		// by accident.
+		b.log.Warn("the store is scaled down to this broker's replicas", "replicas", had, "to", want)
 	}
 	var events *kv.Events
 	if !b.cfg.DisableEvents {
@@ -326,20 +332,6 @@ func (b *Broker) open(ctx context.Context) error {
 	b.store = store
 	b.events = newPublisher(b, events, eventLinger)
 	return nil
-}
-
-// warnFewerReplicas logs when the store's streams have more replicas than this broker gives them:
-// opening the store sets its own (design.md), so a broker started without the --replicas the store
-// was made with scales it down, which an operator should not learn of by accident.
-func (b *Broker) warnFewerReplicas(ctx context.Context, js jetstream.JetStream) {
-	name := "KV_" + cmp.Or(b.cfg.StorePrefix, kv.DefaultPrefix) + "-messages"
-	st, err := js.Stream(ctx, name)
-	if err != nil {
-		return // none yet, or storage will say more in a moment
-	}
-	if have, want := st.CachedInfo().Config.Replicas, cmp.Or(b.cfg.Replicas, 1); have > want {
-		b.log.Warn("the store's streams are scaled down to this broker's replicas", "stream", name, "replicas", have, "to", want)
-	}
 }
 
 // start recovers and serves, the claim held.

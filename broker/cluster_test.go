@@ -164,7 +164,7 @@ func TestFewerReplicasInAClusterAreLogged(t *testing.T) {
 	e.stopBroker(e.b)
 	e.cfg.Replicas = 0 // the default: 1
 	e.startBroker()
-	if !strings.Contains(logs.String(), "the store's streams are scaled down to this broker's replicas") {
+	if !strings.Contains(logs.String(), "the store is scaled down to this broker's replicas") {
 		t.Fatalf("no warning of the store scaled down from 3 replicas to 1:\n%s", logs)
 	}
 	if got := e.get("q", "m"); got.ID != "m" {

@@ -206,7 +206,7 @@ func (s *Store) WriteSnapshot(ctx context.Context, fence Fence, records uint64, 
 		return SnapshotInfo{}, fmt.Errorf("kv: write the snapshot: %w", err)
 	}
 	written := SnapshotInfo{Fence: fence, Records: records, Broker: broker, WrittenAt: now, Size: up.info.Size}
-	chunks := "$O." + s.snapshotBucket() + ".C.>"
+	chunks := s.chunkSubject(">")
 	if err := s.snapshotStream.Purge(ctx, jetstream.WithPurgeSubject(chunks), jetstream.WithPurgeSequence(before+1)); err != nil {
 		return written, fmt.Errorf("%w: %w", ErrSnapshotLeftovers, err)
 	}
@@ -215,6 +215,9 @@ func (s *Store) WriteSnapshot(ctx context.Context, fence Fence, records uint64, 
 
 // snapshotBucket is the name of the snapshots object store.
 func (s *Store) snapshotBucket() string { return s.prefix + "-snapshots" }
+
+// chunkSubject is the subject of the chunks of the snapshot object whose NUID is nuid (ADR-20).
+func (s *Store) chunkSubject(nuid string) string { return "$O." + s.snapshotBucket() + ".C." + nuid }
 
 // snapshotChunk is the size of a snapshot's chunks: the object store's default.
 const snapshotChunk = 128 << 10
@@ -240,7 +243,7 @@ type upload struct {
 func (s *Store) newUpload(ctx context.Context) *upload {
 	u := &upload{ctx: ctx, js: s.js, h: sha256.New()}
 	u.info.Bucket, u.info.NUID = s.snapshotBucket(), nuid.Next()
-	u.subject = "$O." + u.info.Bucket + ".C." + u.info.NUID
+	u.subject = s.chunkSubject(u.info.NUID)
 	return u
 }
 
@@ -335,7 +338,7 @@ func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record
 	}
 	stream := s.snapshotStream.CachedInfo().Config.Name
 	c, err := s.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		FilterSubject:     "$O." + s.snapshotBucket() + ".C." + info.NUID,
+		FilterSubject:     s.chunkSubject(info.NUID),
 		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: time.Minute, // should this process die before it deletes the consumer
 		MemoryStorage:     true,

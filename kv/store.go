@@ -124,6 +124,16 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	return s, nil
 }
 
+// StoredReplicas returns the replicas of the store's messages bucket as they stand, before an Open
+// sets cfg's; ok is false when there is no such bucket yet (or it could not be read).
+func StoredReplicas(ctx context.Context, cfg *Config) (replicas int, ok bool) {
+	st, err := cfg.JS.Stream(ctx, "KV_"+cmp.Or(cfg.Prefix, DefaultPrefix)+"-messages")
+	if err != nil {
+		return 0, false
+	}
+	return st.CachedInfo().Config.Replicas, true
+}
+
 func newStore(cfg *Config) (*Store, error) {
 	if cfg == nil || cfg.JS == nil {
 		return nil, errors.New("kv: Config.JS is required")
