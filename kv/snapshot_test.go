@@ -461,7 +461,7 @@ func TestSnapshotMissingChunk(t *testing.T) {
 // the read's ctx ends.
 func TestSnapshotChunkDamagedOnDisk(t *testing.T) {
 	t.Parallel()
-	s, srv, ctx := storedSnapshot(t)
+	_, srv, ctx := storedSnapshot(t)
 	srv.Shutdown()
 	blocks, err := filepath.Glob(filepath.Join(srv.StoreDir(), "jetstream", "*", "streams", "OBJ_natstone-snapshots", "msgs", "*.blk"))
 	if err != nil || len(blocks) == 0 {
@@ -485,7 +485,7 @@ func TestSnapshotChunkDamagedOnDisk(t *testing.T) {
 		t.Fatal("no block holds the snapshot's chunk")
 	}
 	srv = srv.Restart(t)
-	s, err = kv.Open(ctx, &kv.Config{JS: jsOn(t, srv)})
+	s, err := kv.Open(ctx, &kv.Config{JS: jsOn(t, srv)})
 	if err != nil {
 		t.Fatal(err)
 	}
