@@ -356,6 +356,25 @@ func (c *claimer) giveBack(ctx context.Context) {
 	c.mu.Lock()
 	c.end()
 	c.mu.Unlock()
+	c.remove(ctx, "could not give back the store's claim, taken as the broker stopped")
+}
+
+// release removes the claim, so that a standby takes the store over at once, unless it was lost.
+// It waits up to ttl/5 for that; a release that fails (storage out of reach) is only logged: the
+// standby then waits out the ttl.
+func (c *claimer) release(ctx context.Context) {
+	c.mu.Lock()
+	held := !c.ended && c.rev != 0
+	c.end()
+	c.mu.Unlock()
+	if held {
+		c.remove(ctx, "the store's claim was not released: a standby takes over once its ttl is up")
+	}
+}
+
+// remove deletes the ended claimer's claim, within ttl/5, at its revision once a renewal in flight
+// has ended; a failure is logged as failed says.
+func (c *claimer) remove(ctx context.Context, failed string) {
 	c.write.Lock() // a renewal in flight ends first, so that rev is its
 	defer c.write.Unlock()
 	c.mu.Lock()
@@ -364,30 +383,6 @@ func (c *claimer) giveBack(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, c.every())
 	defer cancel()
 	if err := c.claims.Release(ctx, rev); err != nil && !errors.Is(err, kv.ErrConflict) {
-		c.b.log.Warn("could not give back the store's claim, taken as the broker stopped", "err", err)
-	}
-}
-
-// release removes the claim, so that a standby takes the store over at once, unless it was lost.
-// It waits up to ttl/5 for that; a release that fails (storage out of reach) is only logged: the
-// standby then waits out the ttl.
-func (c *claimer) release(ctx context.Context) {
-	c.mu.Lock()
-	if c.ended || c.rev == 0 {
-		c.end()
-		c.mu.Unlock()
-		return
-	}
-	c.end()
-	c.mu.Unlock()
-	c.write.Lock() // a renewal in flight ends first, so the release has its revision
-	defer c.write.Unlock()
-	c.mu.Lock()
-	rev := c.rev
-	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, c.every())
-	defer cancel()
-	if err := c.claims.Release(ctx, rev); err != nil && !errors.Is(err, kv.ErrConflict) {
-		c.b.log.Warn("the store's claim was not released: a standby takes over once its ttl is up", "err", err)
+		c.b.log.Warn(failed, "err", err)
 	}
 }
