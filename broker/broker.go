@@ -377,6 +377,16 @@ func (b *Broker) start(ctx context.Context) error {
 	return nil
 }
 
+// closeQueues closes every queue of qs: their timers stop, their long polls end, and their
+// requests from then on get why.
+func closeQueues(qs []*queue, why error) {
+	for _, q := range qs {
+		q.mu.Lock()
+		q.close(why)
+		q.mu.Unlock()
+	}
+}
+
 // failStart undoes a start that did not finish, and returns err: nothing answers any more, no
 // queue's timer runs, and the requests that the endpoints, once subscribed, took meanwhile have
 // ended, for Start to release the claim (a standby takes over at once). Should they not end within
@@ -393,11 +403,7 @@ func (b *Broker) failStart(err error) error {
 	if b.svc != nil {
 		_ = b.svc.stop()
 	}
-	for _, q := range qs { // some may have armed their timers already
-		q.mu.Lock()
-		q.close(subjects.Errorf(subjects.CodeUnavailable, "the broker did not start"))
-		q.mu.Unlock()
-	}
+	closeQueues(qs, subjects.Errorf(subjects.CodeUnavailable, "the broker did not start")) // some may have armed their timers
 	ended := make(chan struct{})
 	go func() {
 		b.wg.Wait()
@@ -460,11 +466,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 	if b.cancel != nil {
 		b.cancel()
 	}
-	for _, q := range qs {
-		q.mu.Lock()
-		q.close(subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
-		q.mu.Unlock()
-	}
+	closeQueues(qs, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
 	done := make(chan struct{})
 	go func() {
 		b.wg.Wait()
