@@ -468,6 +468,13 @@ func TestHistoryWithACopyAtItsLimit(t *testing.T) {
 	if len(h.Events) != 2 || h.Truncated || !h.Events[1].Current || h.Events[1].StateMS != 1000 {
 		t.Fatalf("history %+v: want enqueued and leased, not truncated, leased current for 1000 ms", h)
 	}
+	// With an event after the copy, the leased event's time runs to it.
+	e.advance(time.Second)
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: e.get("q", "m").LeaseID})
+	h = must[subjects.HistoryReply](e, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "m", Limit: 2})
+	if len(h.Events) != 2 || !h.Truncated || h.Events[1].Current || h.Events[1].StateMS != 2000 {
+		t.Fatalf("history %+v: want enqueued and leased, truncated, leased for 2000 ms until its completion", h)
+	}
 }
 
 // TestHistoryOfAnIdEnqueuedManyTimes: the history of an id is its latest message's also when the

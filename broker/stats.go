@@ -291,44 +291,50 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 	if err := b.events.sync(ctx); err != nil {
 		return subjects.HistoryReply{}, unavailable("publish pending events", err)
 	}
-	// From the latest message's enqueued event (latestLife), and one more than limit: the first
-	// event left out is when the last one given ended (state_ms).
-	raw, more, err := b.events.store.Read(ctx, queue, r.ID, string(subjects.EventEnqueued), limit+1)
+	// From the latest message's enqueued event (latestLife), and past limit: the first event left
+	// out is when the last one given ended (state_ms), and copies of events (a batch of events
+	// published twice) do not count.
+	raw, more, err := b.events.store.Read(ctx, queue, r.ID, string(subjects.EventEnqueued), limit+historyCopies+1)
 	if errors.Is(err, kv.ErrNotFound) {
 		return subjects.HistoryReply{}, subjects.Errorf(subjects.CodeMessageNotFound, "no events of message %q in queue %s", r.ID, queue)
 	}
 	if err != nil {
 		return subjects.HistoryReply{}, unavailable("read events", err)
 	}
-	events := make([]subjects.Event, 0, len(raw))
+	events := make([]subjects.Event, 0, min(len(raw), limit))
 	var after *subjects.Event // the first event left out, if one is
+	type key struct {
+		version uint64
+		kind    subjects.EventKind
+		at      int64
+	}
+	kept := make(map[key]bool, min(len(raw), limit))
 	budget, size := b.replyBudget(), 0
-	for i, data := range raw {
-		// No more than limit, and no more than the server takes in one reply (max_payload): an
-		// event grows by about 100 bytes in it (its time in state).
-		size += len(data) + 128
-		left := i == limit || size > budget && i > 0
+	for _, data := range raw {
 		var e subjects.Event
 		if err := json.Unmarshal(data, &e); err != nil {
 			b.log.Warn("undecodable event skipped", "queue", queue, "message_id", r.ID, "error", err)
-			if left {
-				more = true
-				break
-			}
 			continue
 		}
-		if left {
-			if i == limit && slices.ContainsFunc(events, func(k subjects.Event) bool { return k.Version == e.Version && k.Kind == e.Kind }) {
-				// A copy of an event given (a batch of events published twice): not one more.
-				break // more is as Read said: whether anything came after it
-			}
+		k := key{e.Version, e.Kind, e.At.UnixNano()}
+		if kept[k] {
+			continue // a copy of an event kept
+		}
+		// No more than limit, and no more than the server takes in one reply (max_payload): an
+		// event grows by about 100 bytes in it (its time in state).
+		if size += len(data) + 128; len(events) == limit || size > budget && len(events) > 0 {
 			more, after = true, &e
 			break
 		}
+		kept[k] = true
 		events = append(events, e)
 	}
 	return buildHistory(queue, r.ID, events, more, after, b.clock.Now()), nil
 }
+
+// historyCopies is how many copies of events (a batch of events published twice) history reads
+// past its limit, to find the first event left out.
+const historyCopies = 16
 
 // buildHistory orders events (in the stream's order) by version (an event published twice counts
 // once) and works out the time spent in each state. An id can be enqueued again once its message
