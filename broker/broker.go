@@ -110,10 +110,11 @@ type Broker struct {
 	mu       sync.Mutex
 	queues   map[string]*queue
 	closed   bool
-	starting bool          // Start was called: a Broker starts once
-	started  bool          // Start succeeded
-	lost     error         // why the claim was lost, if it was
-	startRun chan struct{} // closed when the Start in progress returns; nil when none is
+	starting bool           // Start was called: a Broker starts once
+	started  bool           // Start succeeded
+	lost     error          // why the claim was lost, if it was
+	calls    int            // Start and Claim calls under way
+	called   sync.WaitGroup // the same: Stop waits for them
 
 	snapshotBroken bool // a start found the snapshot unreadable: its loads read every record
 
@@ -183,10 +184,15 @@ func New(cfg *Config) (*Broker, error) {
 // renewing it for ClaimTTL (it died), or until ctx ends. Start claims the store itself; call Claim
 // first to wait for it under a context of its own. It opens the claims bucket only: the rest of
 // the storage, whose settings a start may change, is opened by Start once the claim is held. A
-// Stop ends the wait: Claim then fails with ErrStopped, and leaves no claim behind.
+// Stop ends the wait, and waits for it: Claim then fails with ErrStopped, and leaves no claim
+// behind. After the claim was lost, Claim fails with Err's error.
 func (b *Broker) Claim(ctx context.Context) error {
-	if b.stopped() {
+	if !b.enter() {
 		return ErrStopped
+	}
+	defer b.leave()
+	if err := b.lostErr(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -225,6 +231,26 @@ func (b *Broker) Claim(ctx context.Context) error {
 	return nil
 }
 
+// enter counts a Start or Claim call under way, unless Stop was called (or a start failed for good);
+// leave ends it.
+func (b *Broker) enter() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.calls++
+	b.called.Add(1)
+	return true
+}
+
+func (b *Broker) leave() {
+	b.mu.Lock()
+	b.calls--
+	b.mu.Unlock()
+	b.called.Done()
+}
+
 // stopped reports whether Stop was called (or a start failed for good).
 func (b *Broker) stopped() bool {
 	b.mu.Lock()
@@ -242,18 +268,14 @@ func (b *Broker) Start(ctx context.Context) error {
 	again := b.starting || b.closed
 	if !again {
 		b.starting = true
-		b.startRun = make(chan struct{})
+		b.calls++
+		b.called.Add(1)
 	}
 	b.mu.Unlock()
 	if again {
 		return ErrStarted
 	}
-	defer func() {
-		b.mu.Lock()
-		close(b.startRun) // a Stop that came meanwhile may go on
-		b.startRun = nil
-		b.mu.Unlock()
-	}()
+	defer b.leave() // a Stop that came meanwhile may go on
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(b.ctx, cancel)() // Stop, or the claim lost: stop waiting for the claim
@@ -435,22 +457,25 @@ func flush(ctx context.Context, nc *nats.Conn) error {
 // A Start still under way is ended (it fails with ErrStopped) and waited for first.
 func (b *Broker) Stop(ctx context.Context) error {
 	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	closed, starting := b.closed, b.calls > 0
+	b.closed = true
+	b.mu.Unlock()
+	if closed {
+		if starting {
+			// A start failing on its own closed the broker: let it finish undoing what it did (its
+			// claim's release) before this returns.
+			return b.waitCalls(ctx)
+		}
 		return nil
 	}
-	b.closed = true
-	starting := b.startRun
-	b.mu.Unlock()
-	if starting != nil {
-		// A Start is in progress: end its claim wait or recovery, and let it fail and undo what it
-		// did (ErrStopped) before this stops the rest, or it could subscribe after Stop returned.
+	if starting {
+		// A Start or Claim is under way: end its claim wait or recovery, and let it fail and undo
+		// what it did (ErrStopped) before this stops the rest, or it could subscribe, or take the
+		// claim, after Stop returned.
 		b.cancel()
-		select {
-		case <-starting:
-		case <-ctx.Done():
+		if err := b.waitCalls(ctx); err != nil {
 			close(b.done)
-			return fmt.Errorf("natstone: stop: the Start in progress did not end: %w", ctx.Err())
+			return err
 		}
 	}
 	b.mu.Lock()
@@ -499,6 +524,21 @@ func (b *Broker) Stop(ctx context.Context) error {
 	}
 	close(b.done)
 	return err
+}
+
+// waitCalls waits for the Start and Claim calls under way to return, or for ctx.
+func (b *Broker) waitCalls(ctx context.Context) error {
+	ended := make(chan struct{})
+	go func() {
+		b.called.Wait()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("natstone: stop: a Start or Claim under way did not end: %w", ctx.Err())
+	}
 }
 
 // Done is closed once a started broker has stopped: after Stop, or on its own when it lost its

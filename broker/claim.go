@@ -211,6 +211,10 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		case cur.Broker == c.mine.Broker && !tried.IsZero():
 			c.took(rev, tried) // a take whose answer was lost was stored after all
 			return nil
+		case cur.Broker == c.mine.Broker:
+			// Taken by an earlier call of this broker whose answer was lost (its ctx ended): it is
+			// this broker's, to take again at its revision.
+			take = true
 		default:
 			if rev != seen {
 				seen, seenAt = rev, now
@@ -240,6 +244,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 				continue // another write came first: read it
 			}
 			if ctx.Err() != nil {
+				c.disown(context.WithoutCancel(ctx))
 				return fmt.Errorf("natstone: take the store's claim: %w", ctx.Err())
 			}
 			c.b.log.Warn("could not take the store's claim", "err", err)
@@ -348,6 +353,20 @@ func (c *claimer) abandon() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.end()
+}
+
+// disown removes the claim if it names this broker: a take that the ctx cut short may have been
+// stored all the same, and nobody would renew or release it.
+func (c *claimer) disown(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, c.every())
+	defer cancel()
+	cur, rev, err := c.claims.Get(ctx)
+	if err != nil || cur.Broker != c.mine.Broker {
+		return // not stored, or not known: a claim never renewed runs out in its ttl
+	}
+	if err := c.claims.Release(ctx, rev); err != nil && !errors.Is(err, kv.ErrConflict) {
+		c.b.log.Warn("could not remove the store's claim, taken as the wait for it ended", "err", err)
+	}
 }
 
 // giveBack removes the claim that acquire has just taken for a broker stopped meanwhile, whose

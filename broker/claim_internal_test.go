@@ -673,3 +673,57 @@ func TestStopEndsClaim(t *testing.T) {
 		t.Fatalf("the claim names %s, want the serving broker %s", got, a.claim.mine.Broker)
 	}
 }
+
+// TestClaimNamingThisBrokerIsTaken: a claim that names this broker (a take of an earlier Claim
+// whose answer was lost as its ctx ended) is this broker's: the next Start takes it at once, and
+// does not stand by for its own claim's ttl.
+func TestClaimNamingThisBrokerIsTaken(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	b := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)))
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	claims, err := kv.OpenClaims(ctx, &kv.Config{JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := b.claim.mine
+	if _, err := claims.Put(ctx, &mine, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx); err != nil {
+		t.Fatalf("Start over a claim naming this broker: %v (its claim clock never moved)", err)
+	}
+}
+
+// TestClaimAfterItWasLost: a Claim after the claim it took was lost, before any Start, fails with
+// ErrClaimLost; it answered that the claim was held.
+func TestClaimAfterItWasLost(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	clk := clock.NewFake(time.Unix(0, 0))
+	b := claimBroker(t, srv, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.Claim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, rev, err := b.claim.claims.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.claim.claims.Put(ctx, &kv.Claim{Broker: "other", TTLMillis: DefaultClaimTTL.Milliseconds()}, rev); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(DefaultClaimTTL / 5) // the renewal finds the claim taken
+	select {
+	case <-b.ctx.Done(): // lost
+	case <-ctx.Done():
+		t.Fatal("the claim taken by another was not found lost")
+	}
+	if err := b.Claim(ctx); !errors.Is(err, ErrClaimLost) {
+		t.Fatalf("Claim after the claim was lost = %v, want ErrClaimLost", err)
+	}
+}
