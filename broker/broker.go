@@ -426,14 +426,9 @@ func (b *Broker) failStart(err error) error {
 		_ = b.svc.stop()
 	}
 	closeQueues(qs, subjects.Errorf(subjects.CodeUnavailable, "the broker did not start")) // some may have armed their timers
-	ended := make(chan struct{})
-	go func() {
-		b.wg.Wait()
-		close(ended)
-	}()
-	select {
-	case <-ended:
-	case <-time.After(b.cfg.WriteTimeout):
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.WriteTimeout)
+	defer cancel()
+	if !waitFor(ctx, &b.wg) {
 		b.log.Warn("requests of a start that failed still run: the claim is left to run out", "err", err)
 		b.claim.abandon()
 	}
@@ -528,16 +523,24 @@ func (b *Broker) Stop(ctx context.Context) error {
 
 // waitCalls waits for the Start and Claim calls under way to return, or for ctx.
 func (b *Broker) waitCalls(ctx context.Context) error {
-	ended := make(chan struct{})
+	if !waitFor(ctx, &b.called) {
+		return fmt.Errorf("natstone: stop: a Start or Claim under way did not end: %w", ctx.Err())
+	}
+	return nil
+}
+
+// waitFor waits for wg, or for ctx to end; it reports whether wg was done.
+func waitFor(ctx context.Context, wg *sync.WaitGroup) bool {
+	done := make(chan struct{})
 	go func() {
-		b.called.Wait()
-		close(ended)
+		wg.Wait()
+		close(done)
 	}()
 	select {
-	case <-ended:
-		return nil
+	case <-done:
+		return true
 	case <-ctx.Done():
-		return fmt.Errorf("natstone: stop: a Start or Claim under way did not end: %w", ctx.Err())
+		return false
 	}
 }
 
