@@ -143,13 +143,7 @@ func (ev *Events) PublishBatch(subjects []string, datas [][]byte) Write {
 // enqueued again after its message was collected names a new message, whose events start at its
 // last enqueued event, however many the earlier messages left before it.
 func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (events [][]byte, more bool, err error) {
-	cfg := jetstream.ConsumerConfig{
-		FilterSubject:     ev.subj + queue + ".*." + encodeToken(id),
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
-		MemoryStorage:     true,
-		InactiveThreshold: time.Minute, // in case the delete below does not happen
-	}
+	cfg := jetstream.ConsumerConfig{FilterSubject: ev.subj + queue + ".*." + encodeToken(id)}
 	if from != "" {
 		last, err := ev.stream.GetLastMsgForSubject(ctx, ev.Subject(queue, from, id))
 		switch {
@@ -159,16 +153,11 @@ func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (
 			return nil, false, fmt.Errorf("kv: read events: %w", err)
 		}
 	}
-	c, err := ev.stream.CreateConsumer(ctx, cfg)
+	c, drop, err := readConsumer(ctx, ev.js, ev.stream.CachedInfo().Config.Name, cfg)
 	if err != nil {
 		return nil, false, fmt.Errorf("kv: read events: %w", err)
 	}
-	defer func() {
-		// A fresh context: the read's may have ended; a consumer left behind expires on its own.
-		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = ev.stream.DeleteConsumer(dctx, c.CachedInfo().Name)
-	}()
+	defer drop()
 	pending := int(c.CachedInfo().NumPending)
 	if pending == 0 {
 		return nil, false, ErrNotFound

@@ -336,22 +336,12 @@ func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record
 	if err != nil {
 		return 0, broken(err)
 	}
-	stream := s.snapshotStream.CachedInfo().Config.Name
-	c, err := s.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		FilterSubject:     s.chunkSubject(info.NUID),
-		AckPolicy:         jetstream.AckNonePolicy,
-		InactiveThreshold: time.Minute, // should this process die before it deletes the consumer
-		MemoryStorage:     true,
-		Replicas:          1,
-	})
+	c, drop, err := readConsumer(ctx, s.js, s.snapshotStream.CachedInfo().Config.Name,
+		jetstream.ConsumerConfig{FilterSubject: s.chunkSubject(info.NUID)})
 	if err != nil {
 		return 0, broken(err)
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = s.js.DeleteConsumer(dctx, stream, c.CachedInfo().Name)
-	}()
+	defer drop()
 	if stored := c.CachedInfo().NumPending; stored != uint64(info.Chunks) {
 		return 0, broken(fmt.Errorf("%d of its %d chunks are stored", stored, info.Chunks))
 	}

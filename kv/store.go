@@ -124,6 +124,21 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	return s, nil
 }
 
+// readConsumer creates a consumer of stream for one read, as cfg says but unacknowledged, in memory
+// and of one replica. drop deletes it, with a ctx of its own (the read's may have ended); should this
+// process die first, the server deletes it a minute later.
+func readConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (c jetstream.Consumer, drop func(), err error) {
+	cfg.AckPolicy, cfg.MemoryStorage, cfg.Replicas, cfg.InactiveThreshold = jetstream.AckNonePolicy, true, 1, time.Minute
+	if c, err = js.CreateConsumer(ctx, stream, cfg); err != nil {
+		return nil, nil, err
+	}
+	return c, func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteConsumer(dctx, stream, c.CachedInfo().Name)
+	}, nil
+}
+
 // StoredReplicas returns the replicas of the store's messages bucket as they stand, before an Open
 // sets cfg's; ok is false when there is no such bucket yet (or it could not be read).
 func StoredReplicas(ctx context.Context, cfg *Config) (replicas int, ok bool) {
@@ -476,22 +491,14 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	if s.scanLeaderLast != nil {
 		check, leaderLast = true, s.scanLeaderLast(leaderLast)
 	}
-	c, err := s.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
-		FilterSubject:     prefix + keys,
-		InactiveThreshold: time.Minute, // should this process die before it deletes the consumer
-		MemoryStorage:     true,
-		Replicas:          1,
+	c, drop, err := readConsumer(ctx, s.js, stream, jetstream.ConsumerConfig{
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		FilterSubject: prefix + keys,
 	})
 	if err != nil {
 		return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
 	}
-	defer func() {
-		delCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = s.js.DeleteConsumer(delCtx, stream, c.CachedInfo().Name)
-	}()
+	defer drop()
 	initial := c.CachedInfo().NumPending // what was stored when it started
 	if s.scanStarted != nil {
 		s.scanStarted()
