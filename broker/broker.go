@@ -239,9 +239,14 @@ func (b *Broker) enter() bool {
 	if b.closed {
 		return false
 	}
+	b.enterLocked()
+	return true
+}
+
+// enterLocked is enter with b.mu held and b not closed.
+func (b *Broker) enterLocked() {
 	b.calls++
 	b.called.Add(1)
-	return true
 }
 
 func (b *Broker) leave() {
@@ -268,8 +273,7 @@ func (b *Broker) Start(ctx context.Context) error {
 	again := b.starting || b.closed
 	if !again {
 		b.starting = true
-		b.calls++
-		b.called.Add(1)
+		b.enterLocked()
 	}
 	b.mu.Unlock()
 	if again {
@@ -483,9 +487,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 	if b.svc != nil {
 		err = b.svc.stop()
 	}
-	if b.cancel != nil {
-		b.cancel()
-	}
+	b.cancel()
 	closeQueues(qs, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
 	done := make(chan struct{})
 	go func() {
