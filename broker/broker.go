@@ -185,7 +185,8 @@ func New(cfg *Config) (*Broker, error) {
 // first to wait for it under a context of its own. It opens the claims bucket only: the rest of
 // the storage, whose settings a start may change, is opened by Start once the claim is held. A
 // Stop ends the wait, and waits for it: Claim then fails with ErrStopped, and leaves no claim
-// behind. After the claim was lost, Claim fails with Err's error.
+// behind (so does any Claim after Stop, or after a broker that served lost its claim: it stopped).
+// A Claim after the claim it took was lost, before any Start, fails with ErrClaimLost.
 func (b *Broker) Claim(ctx context.Context) error {
 	if !b.enter() {
 		return ErrStopped

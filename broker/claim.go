@@ -27,8 +27,8 @@ var ErrClaimLost = errors.New("natstone: the broker lost its claim on the store"
 // runs once.
 var ErrStarted = errors.New("natstone: the broker was started before: a Broker starts once, make another with New")
 
-// ErrStopped is the error of a Start that a Stop called meanwhile ended: the broker never served.
-var ErrStopped = errors.New("natstone: the broker was stopped while it started")
+// ErrStopped is the error of a Start or Claim that a Stop ended, or that came after it.
+var ErrStopped = errors.New("natstone: the broker was stopped")
 
 // A claimer takes and keeps the store's claim: one broker serves a store at a time, and others
 // wait as standbys (design.md, "One broker per store"). Its holder rewrites it every ttl/5. A

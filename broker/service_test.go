@@ -65,3 +65,33 @@ func TestServiceDiscovery(t *testing.T) {
 		t.Fatalf("stats: %+v", stats)
 	}
 }
+
+// TestServiceMetadataEvents: the discovery's events prefix follows the store prefix, and is absent
+// when the events are off.
+func TestServiceMetadataEvents(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		mod  func(*broker.Config)
+		want string // "" for absent
+	}{
+		{"store prefix", func(c *broker.Config) { c.StorePrefix = "other" }, "other.events"},
+		{"no events", func(c *broker.Config) { c.DisableEvents = true }, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, c.mod)
+			msg, err := e.nc.Request("$SRV.INFO.natstone", nil, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var info micro.Info
+			if err := json.Unmarshal(msg.Data, &info); err != nil {
+				t.Fatal(err)
+			}
+			if got, ok := info.Metadata["events"]; got != c.want || ok != (c.want != "") {
+				t.Fatalf("metadata events = %q (present %v), want %q", got, ok, c.want)
+			}
+		})
+	}
+}
