@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/natstone/natstone/broker/index"
@@ -264,6 +265,9 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		q.stamp(&next, now)
 		cs[i] = &change{e: e, next: next, worker: r.Worker}
 		seqs[i] = e.Seq
+	}
+	if q.testLeasing != nil {
+		q.testLeasing()
 	}
 	bodies := q.readBodies(ctx, seqs) // in parallel with the lease writes: payloads are immutable
 	q.commit(cs)
@@ -551,8 +555,13 @@ type bodyResult struct {
 }
 
 // readBodies starts reading the payloads at seqs concurrently, on the runner's goroutines; each
-// channel yields one result.
+// channel yields one result. The reads go on when the broker stops (which cancels ctx), bounded by
+// ctx's deadline: a dequeue that leased messages just before the stop still hands them over, rather
+// than leaving its leases to run out unseen, each spending an attempt.
 func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult {
+	ctx, cancel := q.unstopped(ctx)
+	left := atomic.Int32{}
+	left.Store(int32(len(seqs)))
 	out := make([]chan bodyResult, len(seqs))
 	for i, seq := range seqs {
 		ch := make(chan bodyResult, 1)
@@ -560,9 +569,25 @@ func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult
 		q.b.runner.run(func() {
 			data, err := q.b.store.GetBody(ctx, seq)
 			ch <- bodyResult{data, err}
+			if left.Add(-1) == 0 {
+				cancel()
+			}
 		})
 	}
+	if len(seqs) == 0 {
+		cancel()
+	}
 	return out
+}
+
+// unstopped returns ctx without its cancellation, keeping its deadline (if it has none, the
+// broker's write timeout's).
+func (q *queue) unstopped(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(q.b.cfg.WriteTimeout)
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), d)
 }
 
 // view describes e for a reply (without payload).

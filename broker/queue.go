@@ -61,6 +61,9 @@ type queue struct {
 	// testAfterBodies, when a test sets it, runs after an enqueue has stored its payloads and
 	// before it takes mu again to store the records. Nil outside tests.
 	testAfterBodies func()
+	// testLeasing, when a test sets it, runs when a dequeue has taken its messages from the index,
+	// before it reads their payloads and writes their leases, with mu held. Nil outside tests.
+	testLeasing func()
 	// testRetryWaits, when a test sets it, runs when a retried dequeue starts waiting for the first
 	// with its request id, with mu held. Nil outside tests.
 	testRetryWaits func()
