@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -296,7 +297,10 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait() // an error: interrupted
+	var exit *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &exit) || exit.ExitCode() != exitError {
+		t.Fatalf("interrupted dequeue: %v; want exit %d\n%s", err, exitError, stderr.String())
+	}
 	_, id, ok := strings.Cut(stderr.String(), "--request-id ")
 	id, _, _ = strings.Cut(id, " ")
 	if !ok || id == "" {
