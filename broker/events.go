@@ -35,8 +35,9 @@ type pendingEvent struct {
 	reason string
 	prev   subjects.State
 	rec    kv.Record // the record after the transition (for collected: the last one)
-	worker string
-	at     int64 // Unix ms
+	worker string    // a lease's: the dequeue's worker
+	err    string    // a release's: why the attempt failed
+	at     int64     // Unix ms
 }
 
 // publisher publishes the transitions of every queue to the events stream, in batches, from one
@@ -299,6 +300,8 @@ func eventOf(e *pendingEvent) subjects.Event {
 	case subjects.EventLeased:
 		ev.RequestID = r.RequestID
 		ev.Worker = e.worker
+	case subjects.EventReleased, subjects.EventErrored:
+		ev.Error = e.err
 	case subjects.EventCollected:
 		ev.State = ""
 		ev.PrevState = r.State

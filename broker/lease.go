@@ -75,11 +75,16 @@ func leaseMismatch(id, leaseID string) error {
 // transition writes e's record as edit changes it and returns the message's new view.
 // Called with q.mu held.
 func (q *queue) transition(e *entry, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
+	return q.transitionFailed(e, "", edit)
+}
+
+// transitionFailed is transition for a release, whose event carries failure, the release's error.
+func (q *queue) transitionFailed(e *entry, failure string, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
 	now := q.now()
 	r := e.record()
 	edit(&r, now)
 	q.stamp(&r, now)
-	c := &change{e: e, next: r}
+	c := &change{e: e, next: r, failure: failure}
 	q.commit([]*change{c})
 	if c.err != nil {
 		return subjects.Message{}, unavailable("store message", c.err)
@@ -135,12 +140,16 @@ func (q *queue) extend(ctx context.Context, req subjects.ExtendRequest) (subject
 func usedLease(r *kv.Record) { r.RequestID = "" }
 
 // release gives a running message back: pending now, or invisible for DelayMS. The attempt it used
-// stays spent; with none left the message is errored. Releasing it again with the same lease succeeds
-// and writes nothing.
+// stays spent; with none left the message is errored. Its event (released or errored) carries
+// req.Error. Releasing it again with the same lease succeeds and writes nothing (its error is not
+// kept).
 func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := checkRange("delay_ms", req.DelayMS, 0, subjects.MaxInvisible); err != nil {
+		return subjects.Message{}, err
+	}
+	if err := subjects.ValidateError(req.Error); err != nil {
 		return subjects.Message{}, err
 	}
 	e, err := q.find(ctx, req.ID)
@@ -150,7 +159,7 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 	if done, err := q.fence(e, req.LeaseID, subjects.OpRelease); err != nil || done {
 		return q.view(e), err
 	}
-	return q.transition(e, func(r *kv.Record, now int64) {
+	return q.transitionFailed(e, req.Error, func(r *kv.Record, now int64) {
 		r.Released = true
 		usedLease(r)
 		switch {

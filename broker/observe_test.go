@@ -408,6 +408,50 @@ func TestDequeueWorkerValidated(t *testing.T) {
 	e.unchanged(before)
 }
 
+// TestReleaseErrorInHistory: a release's error, why its attempt failed, is in its event: the
+// released one, and the errored one when no attempt is left. A retried release keeps the first's, a
+// complete carries none, and an error over MaxErrorLen is refused and writes nothing.
+func TestReleaseErrorInHistory(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{MaxAttempts: 2})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "x"})
+	m := e.dequeueOne("q")
+	before := e.snap()
+	fails(e, subjects.CodeBadRequest, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID, Error: strings.Repeat("e", subjects.MaxErrorLen+1)})
+	e.unchanged(before)
+
+	first := "upstream said 429\n\tat fetch()"
+	must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID, Error: first})
+	must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID, Error: "the retry's"})
+	m = e.dequeueOne("q")
+	last := strings.Repeat("é", subjects.MaxErrorLen/2) // at the limit
+	must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID, Error: last})
+
+	h := e.history("q", "m")
+	checkHistory(t, h, []step{
+		{subjects.EventEnqueued, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventReleased, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventErrored, subjects.StateErrored, subjects.ReasonReleased},
+	})
+	for i, want := range []string{"", "", first, "", last} {
+		if got := h.Events[i].Error; got != want {
+			t.Errorf("event %d (%s): error %q, want %q", i, h.Events[i].Kind, got, want)
+		}
+	}
+
+	// A completed message's events carry no error.
+	e.enqueue("q", subjects.EnqueueRequest{ID: "c", Payload: "x"})
+	m = e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "c", LeaseID: m.LeaseID})
+	for _, ev := range e.history("q", "c").Events {
+		if ev.Error != "" {
+			t.Errorf("%s event of c: error %q, want none", ev.Kind, ev.Error)
+		}
+	}
+}
+
 // TestEventsConfigErrors: New refuses an events bound it cannot honour.
 func TestEventsConfigErrors(t *testing.T) {
 	srv := natstest.Start(t, nil)

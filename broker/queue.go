@@ -401,7 +401,7 @@ func (q *queue) collect(es []*entry) {
 			q.unplace(e)
 			q.entries.remove(e.ID)
 			r := e.record()
-			q.transitioned(subjects.EventCollected, "", r.State, &r, "", q.now())
+			q.transitioned(pendingEvent{kind: subjects.EventCollected, prev: r.State, rec: r, at: q.now()})
 		}
 		q.endWrite(e)
 	}

@@ -14,7 +14,8 @@ import (
 
 // transitioned counts one stored transition and hands it to the observer and the events stream.
 // Called with q.mu held.
-func (q *queue) transitioned(kind subjects.EventKind, reason string, prev subjects.State, r *kv.Record, worker string, at int64) {
+func (q *queue) transitioned(ev pendingEvent) {
+	kind, reason, at := ev.kind, ev.reason, ev.at
 	t := &q.totals
 	switch kind {
 	case subjects.EventEnqueued:
@@ -42,7 +43,8 @@ func (q *queue) transitioned(kind subjects.EventKind, reason string, prev subjec
 		t.Collected++
 	}
 	q.b.observer.Transition(q.name, kind, reason)
-	q.b.events.emit(pendingEvent{queue: q.name, kind: kind, reason: reason, prev: prev, rec: *r, worker: worker, at: at})
+	ev.queue = q.name
+	q.b.events.emit(ev)
 }
 
 // The transitions rateWindow counts.

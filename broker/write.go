@@ -20,6 +20,7 @@ type change struct {
 	err     error          // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
 	truth   *kv.Record     // on a conflict: what storage holds instead (nil: the key is gone)
 	worker  string         // a lease's: the dequeue's worker, for its event
+	failure string         // a release's: why the attempt failed, for its event
 	skipped bool           // never issued: its exclusivity lock was not taken (err says why)
 }
 
@@ -85,7 +86,7 @@ func (q *queue) finish(cs []*change) {
 		case c.err == nil:
 			q.apply(e, c.next, c.rev)
 			kind, reason := eventKind(c.create, c.prev, &c.next)
-			q.transitioned(kind, reason, c.prev, &c.next, c.worker, c.next.UpdatedAt)
+			q.transitioned(pendingEvent{kind: kind, reason: reason, prev: c.prev, rec: c.next, worker: c.worker, err: c.failure, at: c.next.UpdatedAt})
 		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:
 			q.log().Warn("message changed in storage; reloaded", "message_id", e.ID)
 			q.apply(e, *c.truth, c.rev)

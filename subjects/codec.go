@@ -426,6 +426,15 @@ func printable(s string) bool {
 	return true
 }
 
+// ValidateError checks a release's error: why the attempt failed (empty means not said). Any text
+// goes, new lines too (the body's decoding has checked that it is UTF-8); only its length is bounded.
+func ValidateError(e string) error {
+	if len(e) > MaxErrorLen {
+		return Errorf(CodeBadRequest, "error must be at most %d bytes, got %d", MaxErrorLen, len(e))
+	}
+	return nil
+}
+
 // ValidateWorker checks a dequeue's worker name (empty means none).
 func ValidateWorker(w string) error {
 	if len(w) > MaxWorkerLen || !printable(w) {

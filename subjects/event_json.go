@@ -30,6 +30,10 @@ func AppendEvent(b []byte, e *Event) ([]byte, error) {
 		b = append(b, `,"reason":`...)
 		b = AppendString(b, e.Reason)
 	}
+	if e.Error != "" {
+		b = append(b, `,"error":`...)
+		b = AppendString(b, e.Error)
+	}
 	b = append(b, `,"version":`...)
 	b = strconv.AppendUint(b, e.Version, 10)
 	b = append(b, `,"attempts":`...)

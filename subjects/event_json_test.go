@@ -23,6 +23,7 @@ func FuzzAppendEvent(f *testing.F) {
 	f.Add("orders", "01JD42", "leased", "running", "pending", "", "L1", "req-1", "w-17", "", "", uint64(3), 1, 3, int64(-5), 0, int64(1_790_000_000_123), int64(1_790_000_030_123), byte(0x03))
 	f.Add("q", "é<&>\"\\\n", "enqueued", "pending", "", "", "", "", "", "k", "v\u2028", uint64(1), 0, 1, int64(1)<<62, 2048, int64(-62_200_000_000_000), int64(0), byte(0x1c))
 	f.Add("q", "m", "errored", "errored", "running", "lease_expired", "", "", "", "a", "b", uint64(9), 3, 3, int64(0), 0, int64(253_402_300_800_000), int64(1), byte(0x0f))
+	f.Add("q", "m", "released", "pending", "running", "", "L2", "", "", "k", "upstream said 429 <retry>", uint64(4), 2, 5, int64(7), 0, int64(1_790_000_000_123), int64(0), byte(0x20))
 	f.Fuzz(func(t *testing.T, queue, id, kind, state, prev, reason, lease, req, worker, mk, mv string,
 		version uint64, attempts, maxAttempts int, priority int64, size int, at, other int64, flags byte) {
 		zone := time.UTC
@@ -45,6 +46,9 @@ func FuzzAppendEvent(f *testing.F) {
 		}
 		if flags&0x08 != 0 {
 			e.Metadata = map[string]string{} // empty, not nil: omitted all the same
+		}
+		if flags&0x20 != 0 {
+			e.Error = mv + "\n\t" + reason // a release's error: any text, new lines too
 		}
 		want, wantErr := json.Marshal(e)
 		got, err := subjects.AppendEvent([]byte("prefix"), e)

@@ -42,6 +42,7 @@ type Event struct {
 	State          State             `json:"state"`                // the state it entered ("" for collected)
 	PrevState      State             `json:"prev_state,omitempty"` // the state it left ("" for enqueued)
 	Reason         string            `json:"reason,omitempty"`     // errored: lease_expired or released
+	Error          string            `json:"error,omitempty"`      // released, or errored by a release: the release's error
 	Version        uint64            `json:"version"`
 	Attempts       int               `json:"attempts"`
 	MaxAttempts    int               `json:"max_attempts"`

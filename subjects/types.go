@@ -182,12 +182,15 @@ type ExtendRequest struct {
 	LeaseMS int64  `json:"lease_ms,omitempty"`
 }
 
-// ReleaseRequest is the body of release: the message is pending again at once, or invisible for DelayMS.
+// ReleaseRequest is the body of release: the message is pending again at once, or invisible for
+// DelayMS. Error, if given, says why the attempt failed (a handler's error): the released or errored
+// event keeps it, and history shows it.
 type ReleaseRequest struct {
 	ID      string          `json:"id"`
 	LeaseID string          `json:"lease_id"`
 	DelayMS int64           `json:"delay_ms,omitempty"`
-	Next    *DequeueRequest `json:"next,omitempty"` // as LeaseRequest's
+	Error   string          `json:"error,omitempty"` // at most MaxErrorLen bytes
+	Next    *DequeueRequest `json:"next,omitempty"`  // as LeaseRequest's
 }
 
 // SettleReply is the reply of a complete, release or cancel whose request carried next: the settled
