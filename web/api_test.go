@@ -295,7 +295,7 @@ func TestMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := e.dequeue("q", 1, "worker-7")[0] // small
-	if _, err := e.c.Release(ctx(t), "q", m.ID, m.LeaseID, 0); err != nil {
+	if _, err := e.c.Release(ctx(t), "q", m.ID, m.LeaseID, nil); err != nil {
 		t.Fatal(err)
 	}
 	m = e.dequeue("q", 1, "worker-8")[0]

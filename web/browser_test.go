@@ -48,7 +48,7 @@ func TestDashboard(t *testing.T) {
 		e.enqueue("orders", fmt.Sprintf("order-%d", i+1), base+int64(i)*60_000, fmt.Sprintf(`{"order": %d, "sku": "A-10%d"}`, i+1, i), md)
 	}
 	first := e.dequeue("orders", 2, "worker-a") // order-1 and order-2
-	if _, err := e.c.Release(ctx(t), "orders", first[0].ID, first[0].LeaseID, 0); err != nil {
+	if _, err := e.c.Release(ctx(t), "orders", first[0].ID, first[0].LeaseID, &workers.ReleaseOpts{Error: "upstream said 429 <b>"}); err != nil {
 		t.Fatal(err)
 	}
 	again := e.dequeue("orders", 1, "worker-b")[0] // order-1 again
@@ -162,6 +162,9 @@ func TestDashboard(t *testing.T) {
 	}
 	if !slices.Equal(got, want) || kinds(h.Events) != "enqueued leased released leased completed" {
 		t.Errorf("message page: timeline %v, history says %v", got, want)
+	}
+	if got := evaluate[string](b, `document.querySelector('#timeline tr[data-event-kind="released"] .event-error').textContent`); got != "upstream said 429 <b>" {
+		t.Errorf("message page: the released event's error %q, want the release's, as text", got)
 	}
 	if got := evaluate[int](b, `Number(document.querySelector('#failures').dataset.failures)`); got != h.Failures || got != 1 {
 		t.Errorf("message page: %d failures, history says %d", got, h.Failures)

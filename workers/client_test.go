@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -178,7 +179,7 @@ func TestMessageLifecycle(t *testing.T) {
 
 	// Release with a delay: invisible.
 	m2 := dequeueOne(t, e, "q")
-	rel, err := e.c.Release(c, "q", m2.ID, m2.LeaseID, time.Hour)
+	rel, err := e.c.Release(c, "q", m2.ID, m2.LeaseID, &workers.ReleaseOpts{Delay: time.Hour})
 	if err != nil || rel.State != subjects.StateInvisible || rel.VisibleAt.Sub(rel.UpdatedAt) != time.Hour {
 		t.Fatalf("release = %+v, %v", rel, err)
 	}
@@ -223,7 +224,7 @@ func TestSettleNext(t *testing.T) {
 	if n := s.Next[0]; n.ID != "c" || string(n.Payload) != "p-c" || n.LeaseExpiresAt.Sub(n.UpdatedAt) != 30*time.Second {
 		t.Fatalf("next %+v, want c with its payload and a 30s lease", n)
 	}
-	s, err = e.c.ReleaseNext(c, "q", "c", s.Next[0].LeaseID, time.Hour, nil)
+	s, err = e.c.ReleaseNext(c, "q", "c", s.Next[0].LeaseID, &workers.ReleaseOpts{Delay: time.Hour}, nil)
 	if err != nil || s.Message.State != subjects.StateInvisible || len(s.Next) != 1 || s.Next[0].ID != "b" {
 		t.Fatalf("ReleaseNext = %+v, %v; want c invisible, then b", s, err)
 	}
@@ -402,7 +403,7 @@ func TestErrorCodes(t *testing.T) {
 	m0 := dequeueOne(t, e, "q")
 	m1 := dequeueOne(t, e, "q")
 	m2 := dequeueOne(t, e, "q")
-	if _, err := e.c.Release(c, "q", m1.ID, m1.LeaseID, 0); err != nil {
+	if _, err := e.c.Release(c, "q", m1.ID, m1.LeaseID, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.clk.Advance(time.Second) // the leases of m0 and m2 run out
@@ -800,6 +801,30 @@ func TestInvalidUTF8IsRefusedNotRewritten(t *testing.T) {
 		}
 		if m := e.get("q", id); m.ID != id {
 			t.Errorf("id %q stored as %q", id, m.ID)
+		}
+	}
+}
+
+// TestFailureText: a handler's error becomes a release's error that the broker takes: valid UTF-8,
+// at most subjects.MaxErrorLen bytes, cut at a character's boundary.
+func TestFailureText(t *testing.T) {
+	long := strings.Repeat("a", subjects.MaxErrorLen-1) + "é and more"
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{errors.New("upstream said 429\n\tat fetch()"), "upstream said 429\n\tat fetch()"},
+		{errors.New("bad byte \xff here"), "bad byte \uFFFD here"},
+		{errors.New(long), strings.Repeat("a", subjects.MaxErrorLen-1)}, // é would pass the limit
+		{errors.New(strings.Repeat("é", subjects.MaxErrorLen)), strings.Repeat("é", subjects.MaxErrorLen/2)},
+	} {
+		got := workers.FailureText(tc.err)
+		if got != tc.want {
+			t.Errorf("FailureText(%.40q…): %.40q… (%d bytes), want %.40q… (%d bytes)", fmt.Sprint(tc.err), got, len(got), tc.want, len(tc.want))
+		}
+		if subjects.ValidateError(got) != nil || !utf8.ValidString(got) {
+			t.Errorf("FailureText(%.40q…) = %.40q…: the broker would refuse it", fmt.Sprint(tc.err), got)
 		}
 	}
 }

@@ -4,7 +4,8 @@
 // queue administration, enqueue, dequeue, the lease holder's complete/extend/release/cancel, and
 // queries. A [Worker] runs a [Handler] on a queue's messages: it long-polls for messages, extends
 // their leases while the handler runs, and completes, releases (with backoff) or cancels each one by
-// what the handler returned. A slot's complete (or the release of a failed attempt) also leases the
+// what the handler returned. A failed handler's error goes with the release ([FailureText]): the
+// message's history ([Client.History]) shows why each attempt failed. A slot's complete (or the release of a failed attempt) also leases the
 // slot's next message, in the same request ([Client.CompleteNext]): a slot costs one round trip per
 // message while the queue has work, and long-polls only when it has none.
 //

@@ -93,7 +93,7 @@ func ExampleAPIError() {
 		panic(err)
 	}
 	msgs, _ := c.Dequeue(ctx, "emails", nil)
-	if _, err := c.Release(ctx, "emails", "m1", msgs[0].LeaseID, 0); err != nil {
+	if _, err := c.Release(ctx, "emails", "m1", msgs[0].LeaseID, nil); err != nil {
 		panic(err)
 	}
 

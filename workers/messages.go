@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -274,9 +275,11 @@ func (c *Client) CompleteNext(ctx context.Context, queue, id, leaseID string, ne
 }
 
 // ReleaseNext releases a running message as Release does, then dequeues as CompleteNext does.
-func (c *Client) ReleaseNext(ctx context.Context, queue, id, leaseID string, delay time.Duration, next *DequeueOpts) (Settled, error) {
+func (c *Client) ReleaseNext(ctx context.Context, queue, id, leaseID string, opts *ReleaseOpts, next *DequeueOpts) (Settled, error) {
+	r := opts.request(id, leaseID)
 	n := next.request()
-	return c.settleNext(ctx, subjects.OpRelease, queue, subjects.ReleaseRequest{ID: id, LeaseID: leaseID, DelayMS: ms(delay), Next: &n})
+	r.Next = &n
+	return c.settleNext(ctx, subjects.OpRelease, queue, r)
 }
 
 // settleNext sends a settle whose body carries next.
@@ -301,11 +304,51 @@ func (c *Client) Extend(ctx context.Context, queue, id, leaseID string, lease ti
 	return c.leaseOp(ctx, subjects.OpExtend, queue, subjects.ExtendRequest{ID: id, LeaseID: leaseID, LeaseMS: ms(lease)})
 }
 
-// Release gives a running message back: pending at once, or invisible for delay. The attempt stays
-// spent; with none left the message is errored. Releasing it again with the same lease succeeds.
-// Errors: as Complete, and ErrOutOfRange for a delay outside 0 to subjects.MaxInvisible.
-func (c *Client) Release(ctx context.Context, queue, id, leaseID string, delay time.Duration) (Message, error) {
-	return c.leaseOp(ctx, subjects.OpRelease, queue, subjects.ReleaseRequest{ID: id, LeaseID: leaseID, DelayMS: ms(delay)})
+// ReleaseOpts are the options of Release and ReleaseNext; nil means none.
+type ReleaseOpts struct {
+	// Delay keeps the message invisible this long before it is pending again (0: pending at once),
+	// up to subjects.MaxInvisible. Sent in whole milliseconds, rounded down.
+	Delay time.Duration
+	// Error says why the attempt failed (a handler's error, say): the message's released event keeps
+	// it, or its errored event when no attempt is left, and History shows it. At most
+	// subjects.MaxErrorLen bytes of UTF-8 (FailureText makes any error's text so).
+	Error string
+}
+
+// request is the release of the lease leaseID of message id with o.
+func (o *ReleaseOpts) request(id, leaseID string) subjects.ReleaseRequest {
+	r := subjects.ReleaseRequest{ID: id, LeaseID: leaseID}
+	if o != nil {
+		r.DelayMS, r.Error = ms(o.Delay), o.Error
+	}
+	return r
+}
+
+// FailureText is err's text as a release's error: valid UTF-8 (each invalid byte becomes U+FFFD),
+// cut to subjects.MaxErrorLen bytes at a character's boundary. The worker releases the message of a
+// failed handler with it.
+func FailureText(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	if len(s) <= subjects.MaxErrorLen {
+		return s
+	}
+	cut := subjects.MaxErrorLen
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// Release gives a running message back: pending at once, or invisible for opts.Delay. The attempt
+// stays spent; with none left the message is errored. opts.Error, if given, says why (see
+// ReleaseOpts). Releasing it again with the same lease succeeds, and keeps the first release's error.
+// Errors: as Complete, ErrOutOfRange for a delay outside 0 to subjects.MaxInvisible, and
+// ErrBadRequest for an error over subjects.MaxErrorLen bytes or not UTF-8.
+func (c *Client) Release(ctx context.Context, queue, id, leaseID string, opts *ReleaseOpts) (Message, error) {
+	return c.leaseOp(ctx, subjects.OpRelease, queue, opts.request(id, leaseID))
 }
 
 // Cancel moves a message that is not terminal to canceled. With a leaseID the cancel of a running

@@ -288,6 +288,12 @@ func (w *Worker) work(pollCtx, jobCtx context.Context, d *dequeued) (stopped boo
 	return false
 }
 
+// The errors of the releases a stopping worker makes, as History shows them.
+const (
+	unprocessed = "natstone worker stopped before it ran the message"
+	interrupted = "natstone worker stopped while its handler ran"
+)
+
 // giveBack releases msgs at once, unprocessed (each has spent an attempt).
 func (w *Worker) giveBack(jobCtx context.Context, msgs []Message) {
 	for _, m := range msgs {
@@ -295,7 +301,7 @@ func (w *Worker) giveBack(jobCtx context.Context, msgs []Message) {
 		log.Info("message released unprocessed: worker stopped")
 		expires := time.Now().Add(m.LeaseExpiresAt.Sub(m.UpdatedAt)) // as process reckons it
 		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-			_, err := w.client.Release(ctx, m.Queue, m.ID, m.LeaseID, 0)
+			_, err := w.client.Release(ctx, m.Queue, m.ID, m.LeaseID, &ReleaseOpts{Error: unprocessed})
 			return err
 		})
 	}
@@ -426,7 +432,7 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 			// Stop gave up waiting: hand the message back now rather than when the handler returns.
 			if !job.isSettled() {
 				w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-					_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, 0)
+					_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted})
 					return err
 				})
 			}
@@ -549,7 +555,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		// The handler was interrupted (the worker is stopping), not failing: no backoff.
 		log.Info("handler interrupted: worker stopped", "error", err)
 		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-			_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, 0)
+			_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted})
 			return err
 		})
 	default:
@@ -559,12 +565,13 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		} else {
 			log.Warn("handler failed; message released", "error", err, "retry_in", delay)
 		}
+		opts := &ReleaseOpts{Delay: delay, Error: FailureText(err)}
 		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
 			if next == nil {
-				_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, delay)
+				_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, opts)
 				return err
 			}
-			s, err := w.client.ReleaseNext(ctx, job.Queue, job.ID, job.LeaseID, delay, next)
+			s, err := w.client.ReleaseNext(ctx, job.Queue, job.ID, job.LeaseID, opts, next)
 			keep(s, err)
 			return err
 		})

@@ -221,6 +221,20 @@ func TestWorkerReleasesWithBackoff(t *testing.T) {
 	if !slices.Equal(attempts, []int{1, 2, 3}) || !slices.Equal(backoffs, []int{1, 2, 3}) {
 		t.Fatalf("handler saw attempts %v, backoff asked for %v; want 1, 2, 3", attempts, backoffs)
 	}
+	// Each failure's error is in the message's history: the released events', the errored one's.
+	hist, err := e.c.History(ctx(t), "q", "m1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range hist.Events {
+		if ev.Kind == subjects.EventReleased || ev.Kind == subjects.EventErrored {
+			got = append(got, string(ev.Kind)+": "+ev.Error)
+		}
+	}
+	if want := []string{"released: attempt 1 failed", "released: attempt 2 failed", "errored: attempt 3 failed"}; !slices.Equal(got, want) {
+		t.Fatalf("history's failures %q, want %q", got, want)
+	}
 }
 
 func TestWorkerDiscard(t *testing.T) {
@@ -871,7 +885,7 @@ func TestWorkerStopPastItsContext(t *testing.T) {
 	}
 	// A last release on the worker's connection: the fake gets the connection's requests in order,
 	// so every release the worker sent comes before it.
-	_, _ = c.Release(context.Background(), "q", "sentinel", "S", 0)
+	_, _ = c.Release(context.Background(), "q", "sentinel", "S", nil)
 	var got []string
 	for r := recv(t, releases); r.ID != "sentinel"; r = recv(t, releases) {
 		got = append(got, r.ID+"/"+r.LeaseID)
@@ -998,6 +1012,13 @@ func TestWorkerGivesBackNextWhenStopping(t *testing.T) {
 	stop(t, w)
 	if n := handled.Load(); n != 1 {
 		t.Fatalf("%d messages handled; want m1 only: m2, leased by the complete's next as the worker stopped, is given back unhandled", n)
+	}
+	hist, err := e.c.History(ctx(t), "q", "m2", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := hist.Events[len(hist.Events)-1]; last.Kind != subjects.EventReleased || last.Error != "natstone worker stopped before it ran the message" {
+		t.Fatalf("m2's last event %s with error %q, want released as unprocessed", last.Kind, last.Error)
 	}
 }
 

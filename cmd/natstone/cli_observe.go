@@ -191,11 +191,14 @@ func printBrowse(w io.Writer, state subjects.State, msgs []workers.Message, more
 	}
 }
 
+// errorRunes bounds a release's error in the history table, on one line (--json has all of it).
+const errorRunes = 120
+
 // printHistory prints a history reply: a timeline of the events, then the time spent in each
 // state, the failed attempts, and whether the message was collected.
 func printHistory(w io.Writer, r *subjects.HistoryReply) {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "VERSION\tTIME\tKIND\tSTATE\tIN_STATE\tATTEMPT\tWORKER\tLEASE")
+	fmt.Fprintln(tw, "VERSION\tTIME\tKIND\tSTATE\tIN_STATE\tATTEMPT\tWORKER\tLEASE\tERROR")
 	for i := range r.Events {
 		e := &r.Events[i]
 		kind := string(e.Kind)
@@ -210,8 +213,9 @@ func printHistory(w io.Writer, r *subjects.HistoryReply) {
 		default:
 			inState = fmtAge(e.StateMS)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", e.Version, fmtTime(e.At), kind, orDash(string(e.State)),
-			inState, e.Attempts, e.MaxAttempts, printable(orDash(e.Worker), 0), orDash(e.LeaseID))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", e.Version, fmtTime(e.At), kind, orDash(string(e.State)),
+			inState, e.Attempts, e.MaxAttempts, printable(orDash(e.Worker), 0), orDash(e.LeaseID),
+			printable(orDash(strings.Join(strings.Fields(e.Error), " ")), errorRunes))
 	}
 	tw.Flush()
 	if r.Truncated {

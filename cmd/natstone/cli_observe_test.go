@@ -294,7 +294,7 @@ func TestCLIHistory(t *testing.T) {
 
 	// h1: leased by w1, released (a failure), leased by w2, completed, collected.
 	first := dequeueOne(t, url, "hist", "--worker", "w1")
-	cli(t, url, "release", "hist", "h1", first.LeaseID).ok(t)
+	cli(t, url, "release", "hist", "h1", first.LeaseID, "--error", "upstream said\n\t429").ok(t)
 	second := dequeueOne(t, url, "hist", "--worker", "w2")
 	if first.ID != "h1" || second.ID != "h1" {
 		t.Fatalf("dequeued %s and %s, want h1 twice", first.ID, second.ID)
@@ -330,6 +330,9 @@ func TestCLIHistory(t *testing.T) {
 	if got.Queue != "hist" || got.ID != "h1" || !slices.Equal(kinds, wantKinds) || got.Failures != 1 || !got.Collected || got.Truncated {
 		t.Fatalf("history --json: kinds %v, %+v; want kinds %v, one failure, collected", kinds, got, wantKinds)
 	}
+	if e := got.Events[2]; e.Error != "upstream said\n\t429" {
+		t.Errorf("history: released event %+v, want the release's error", e)
+	}
 	if e := got.Events[1]; e.Worker != "w1" || e.LeaseID != first.LeaseID {
 		t.Errorf("history: first leased event %+v, want worker w1 and lease %s", e, first.LeaseID)
 	}
@@ -349,7 +352,7 @@ func TestCLIHistory(t *testing.T) {
 		t.Fatalf("history: want a timeline and totals:\n%s", out)
 	}
 	rows := tableRows(parts[0])
-	if len(rows) != 7 || !slices.Equal(rows[0], []string{"VERSION", "TIME", "KIND", "STATE", "IN_STATE", "ATTEMPT", "WORKER", "LEASE"}) {
+	if len(rows) != 7 || !slices.Equal(rows[0], []string{"VERSION", "TIME", "KIND", "STATE", "IN_STATE", "ATTEMPT", "WORKER", "LEASE", "ERROR"}) {
 		t.Fatalf("history timeline: %q", rows)
 	}
 	for i, want := range [][]string{
@@ -366,6 +369,11 @@ func TestCLIHistory(t *testing.T) {
 		}
 		if e := got.Events[i]; row[1] != fmtTime(e.At) || row[4] != map[bool]string{true: "-", false: fmtAge(e.StateMS)}[e.Kind == subjects.EventCollected] {
 			t.Errorf("history row %d = %q, want TIME %s and IN_STATE of %dms", i+1, row, fmtTime(e.At), e.StateMS)
+		}
+	}
+	for i, want := range []string{"-", "-", "upstream said 429", "-", "-", "-"} {
+		if have := strings.Join(rows[i+1][8:], " "); have != want {
+			t.Errorf("history row %d's ERROR %q, want %q (on one line)", i+1, have, want)
 		}
 	}
 	if rows[2][7] != first.LeaseID || rows[4][7] != second.LeaseID {
@@ -404,7 +412,7 @@ func TestCLIHistory(t *testing.T) {
 	}
 	out = cli(t, url, "history", "hist", "h2").ok(t)
 	rows = tableRows(sections(out)[0])
-	if len(rows) != 3 || !strings.HasSuffix(strings.Join(rows[2], " "), " so far 1/3 w3 "+got.Events[1].LeaseID) ||
+	if len(rows) != 3 || !strings.HasSuffix(strings.Join(rows[2], " "), " so far 1/3 w3 "+got.Events[1].LeaseID+" -") ||
 		strings.Contains(out, "(collected)") {
 		t.Fatalf("history of a running message:\n%s", out)
 	}
