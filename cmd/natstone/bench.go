@@ -24,7 +24,7 @@ import (
 	"github.com/natstone/natstone/subjects"
 )
 
-// Defaults of the bench flags. The full scale of PERFORMANCE.md is --pending 1000000
+// Defaults of the bench flags. The full scale of the performance brief is --pending 1000000
 // --s5-pending 10000000; the defaults keep a run under about five minutes on two cores.
 const (
 	DefaultBenchPending   = 200_000
@@ -109,6 +109,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
+// benchExitCodesHelp ends bench's help.
+const benchExitCodesHelp = `
+Exit codes:
+  0  the run ended (whether the targets were met or not: see the table)
+  1  failure: a phase failed, or the JSON could not be written (the table shows what ran)
+  2  bad command line: unknown flag, a bad value
+`
+
 // parseBenchFlags parses and validates the bench command line; a usage error has been reported on
 // stderr when it returns.
 func parseBenchFlags(args []string, stderr io.Writer) (*benchConfig, error) {
@@ -121,22 +129,23 @@ Measures natstone against plain JetStream on this machine. Starts a fresh embedd
 JetStream on a temporary store, in this process, with in-process clients; runs the baselines, then
 the scenarios (S5 on a server of its own, S9 on another with --sync always), and prints a table:
 each figure, its latency percentiles, the CPU used (process CPU seconds per wall second), its
-baseline from the same run, the ratio and the target of PERFORMANCE.md. Every phase is bounded in
-count and in time.
+baseline from the same run, the ratio and its target (docs/performance.md lists the scenarios,
+the baselines and the targets). Every phase is bounded in count and in time.
 
-PERFORMANCE.md's full scale is --pending 1000000 --s5-pending 10000000. See docs/performance.md.
+The targets' full scale is --pending 1000000 --s5-pending 10000000.
 
 Flags:
 `)
-		fs.PrintDefaults()
+		printFlags(fs.Output(), fs, func(string) bool { return true })
+		fmt.Fprint(fs.Output(), benchExitCodesHelp)
 	}
 	cfg := &benchConfig{}
 	var scenarios, baselines, syncMode string
 	fs.StringVar(&scenarios, "scenarios", strings.Join(benchScenarios, ","), "comma-separated `list` of scenarios to run (S4 and S7 also run S1)")
 	fs.StringVar(&baselines, "baselines", strings.Join(benchBaselines, ","), "comma-separated `list` of baselines to run, or none (B-WQ is fetch 1 and fetch 10)")
 	fs.IntVar(&cfg.pending, "pending", DefaultBenchPending, "pending messages of S1, S2, S4, S7, S8, S9, keys of B-CAS, messages of B-WQ, B-PUT and S3")
-	fs.IntVar(&cfg.s5Pending, "s5-pending", DefaultBenchS5Pending, "pending messages of S5 (PERFORMANCE.md: 10000000)")
-	fs.IntVar(&cfg.s6Pending, "s6-pending", DefaultBenchS6Pending, "pending messages of S6 and keys of B-LOAD (PERFORMANCE.md: 1000000)")
+	fs.IntVar(&cfg.s5Pending, "s5-pending", DefaultBenchS5Pending, "pending messages of S5 (the target's scale: 10000000)")
+	fs.IntVar(&cfg.s6Pending, "s6-pending", DefaultBenchS6Pending, "pending messages of S6 and keys of B-LOAD (the target's scale: 1000000)")
 	fs.IntVar(&cfg.workers, "workers", DefaultBenchWorkers, "concurrent workers or clients")
 	fs.DurationVar(&cfg.duration, "duration", DefaultBenchDuration, "longest measured phase")
 	fs.IntVar(&cfg.payload, "payload", DefaultBenchPayload, "payload and value `bytes` (S3 and B-PUT use 2048, S5 16)")

@@ -29,7 +29,8 @@ const exitCodesHelp = `
 Exit codes:
   0  success
   1  failure: the broker refused the request ("natstone: <code>: <message>" on stderr), an
-     import had failed lines, or another error (e.g. a file that cannot be read)
+     import had failed lines, the command was interrupted (SIGINT, SIGTERM), or another error
+     (e.g. a file that cannot be read)
   2  bad command line: unknown flag, wrong arguments, unknown or unusable nats context
   3  not found: the broker replied queue_not_found or message_not_found
   4  nothing to dequeue: dequeue got no message (within --wait)

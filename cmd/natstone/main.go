@@ -98,6 +98,14 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return c.run(ctx, append(slices.Clone(args[1:]), "-h"), stdout, stdout) // queue create -h
 		}
 	}
+	switch args[0] {
+	case "help":
+		usage(stdout)
+		return exitOK
+	case "version":
+		fmt.Fprint(stdout, "Usage: natstone version\n\nPrints natstone's version and the Go version it was built with. Exits 0.\n")
+		return exitOK
+	}
 	fmt.Fprintf(stderr, "natstone: unknown help topic %q\n\n", args[0])
 	usage(stderr)
 	return exitUsage

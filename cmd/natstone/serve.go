@@ -71,6 +71,15 @@ type serveConfig struct {
 	logFormat         string
 }
 
+// serveExitCodesHelp ends serve's help.
+const serveExitCodesHelp = `
+Exit codes:
+  0  stopped cleanly (SIGINT or SIGTERM)
+  1  failure: the start or the stop failed (--start-timeout passed, the data directory is in use,
+     the NATS server cannot be reached…), or the broker lost its claim on the store to another
+  2  bad command line: unknown flag, a bad value
+`
+
 // runServe is the serve command: it runs the broker until ctx is cancelled, then shuts down
 // gracefully. It returns exitUsage for a bad command line, exitError if starting or stopping fails.
 func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
@@ -103,7 +112,8 @@ down gracefully; a second signal exits at once.
 
 Flags:
 `)
-		fs.PrintDefaults()
+		printFlags(fs.Output(), fs, func(string) bool { return true })
+		fmt.Fprint(fs.Output(), serveExitCodesHelp)
 	}
 	var (
 		cfg       serveConfig

@@ -298,8 +298,17 @@ func TestHelpAndVersion(t *testing.T) {
 	}{
 		{[]string{"help"}, []string{"Usage: natstone <command>", "serve", "version"}},
 		{[]string{"--help"}, []string{"Usage: natstone <command>"}},
-		{[]string{"help", "serve"}, []string{"Usage: natstone serve", "-nats-url", "-sync", "-no-auto-create"}},
+		{[]string{"help", "serve"}, []string{"Usage: natstone serve", "\n  --nats-url url", "\n  --sync mode", "\n  --no-auto-create", "Exit codes:"}},
+		{[]string{"help", "bench"}, []string{"Usage: natstone bench", "\n  --scenarios list", "docs/performance.md", "Exit codes:"}},
+		{[]string{"help", "help"}, []string{"Usage: natstone <command>"}},
+		{[]string{"help", "version"}, []string{"Usage: natstone version"}},
 		{[]string{"version"}, []string{"natstone " + broker.Version}},
+	}
+	for _, c := range commands { // every command's help ends with its exit codes
+		tests = append(tests, struct {
+			args []string
+			want []string
+		}{[]string{"help", c.name}, []string{"Usage: natstone " + c.name, "Exit codes:"}})
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
@@ -315,7 +324,7 @@ func TestHelpAndVersion(t *testing.T) {
 
 	// -h on the command itself prints its flags where flag errors go, and is no error.
 	var stderr bytes.Buffer
-	if c := runServe(context.Background(), []string{"-h"}, nil, &stderr); c != exitOK || !strings.Contains(stderr.String(), "-data dir") {
+	if c := runServe(context.Background(), []string{"-h"}, nil, &stderr); c != exitOK || !strings.Contains(stderr.String(), "\n  --data dir") {
 		t.Fatalf("serve -h = %d, want 0 with the flags; stderr:\n%s", c, &stderr)
 	}
 }
