@@ -22,8 +22,9 @@ var errNothingToDequeue = errors.New("natstone: nothing to dequeue")
 func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newClientCommand("natstone enqueue", "QUEUE [PAYLOAD] [flags]\n       natstone enqueue QUEUE --import FILE.jsonl [flags]", `
 Adds a message to QUEUE (creating the queue with the defaults unless the broker runs with
---no-auto-create) and prints its id, state and priority. The payload is PAYLOAD, else the content
-of --file, else stdin (also when PAYLOAD or --file is "-").
+--no-auto-create) and prints its id, state, priority, when it is visible, and whether it was a
+duplicate. The payload is PAYLOAD, else the content of --file, else stdin (also when PAYLOAD or
+--file is "-").
 
 With --import, reads JSON lines instead (- for stdin), one message per line in the protocol's
 enqueue form: {"id", "priority", "payload" | "payload_base64", "metadata", "invisible_ms",
@@ -161,7 +162,7 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 		}
 		if err := c.output(wireMessages(msgs), func(w io.Writer) {
 			if len(msgs) > 0 {
-				printMessages(w, msgs, time.Now())
+				printMessages(w, msgs, time.Now(), true)
 			}
 		}); err != nil {
 			return err
@@ -190,7 +191,7 @@ func runLeaseOp(ctx context.Context, c *clientCommand, args []string, minArgs in
 		if err != nil {
 			return err
 		}
-		return c.output(wireMessage(&m), func(w io.Writer) { printMessages(w, []workers.Message{m}, time.Now()) })
+		return c.output(wireMessage(&m), func(w io.Writer) { printMessages(w, []workers.Message{m}, time.Now(), false) })
 	})
 }
 

@@ -189,7 +189,8 @@ func TestCLIMessageRoundTrip(t *testing.T) {
 	}
 	cli(t, url, "complete", "jobs", "m0", "not-the-lease").fails(t, exitError, "natstone: lease_mismatch: ")
 	rows = tableRows(cli(t, url, "complete", "jobs", "m0", m0.LeaseID).ok(t))
-	if len(rows) != 2 || rows[0][0] != "ID" || rows[1][0] != "m0" || rows[1][1] != "completed" {
+	if len(rows) != 2 || !slices.Equal(rows[0], []string{"ID", "STATE", "PRIORITY", "ATTEMPTS", "LEASE", "EXPIRES", "METADATA"}) ||
+		rows[1][0] != "m0" || rows[1][1] != "completed" {
 		t.Fatalf("complete: %q", rows)
 	}
 	cli(t, url, "complete", "jobs", "m0", m0.LeaseID).ok(t) // idempotent

@@ -170,16 +170,24 @@ func wireMessages(msgs []workers.Message) subjects.DequeueReply {
 	return r
 }
 
-// printMessages prints messages as a table, one row each.
-func printMessages(w io.Writer, msgs []workers.Message, now time.Time) {
+// printMessages prints messages as a table, one row each, with a preview of their payloads when
+// payloads is set (a dequeue's; a settle's reply has none).
+func printMessages(w io.Writer, msgs []workers.Message, now time.Time, payloads bool) {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tPRIORITY\tATTEMPTS\tLEASE\tEXPIRES\tMETADATA\tPAYLOAD")
+	head := "ID\tSTATE\tPRIORITY\tATTEMPTS\tLEASE\tEXPIRES\tMETADATA"
+	if payloads {
+		head += "\tPAYLOAD"
+	}
+	fmt.Fprintln(tw, head)
 	for i := range msgs {
 		m := &msgs[i]
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s",
 			printable(m.ID, 0), m.State, m.Priority, fmtAttempts(m), orDash(m.LeaseID),
-			fmtExpires(m.LeaseExpiresAt, now), printable(fmtPairs(m.Metadata, ","), previewRunes),
-			payloadPreview(m.Payload, previewRunes))
+			fmtExpires(m.LeaseExpiresAt, now), printable(fmtPairs(m.Metadata, ","), previewRunes))
+		if payloads {
+			fmt.Fprintf(tw, "\t%s", payloadPreview(m.Payload, previewRunes))
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 }

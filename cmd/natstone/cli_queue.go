@@ -196,8 +196,9 @@ that revision (compare-and-swap), else it fails with revision_mismatch.
 		return parseExit(err)
 	}
 	if u.Lease == nil && u.Invisible == nil && u.Retention == nil && u.MaxAttempts == nil &&
-		u.MaxPayloadBytes == nil && u.MaxMetadataPairs == nil && u.EnqueueBlocked == nil && u.DequeueBlocked == nil {
-		return parseExit(c.usageError("nothing to update: give at least one setting"))
+		u.MaxPayloadBytes == nil && u.MaxMetadataPairs == nil && u.EnqueueBlocked == nil && u.DequeueBlocked == nil &&
+		!given["revision"] {
+		return parseExit(c.usageError("nothing to update: give at least one setting (or --revision alone, to check it)"))
 	}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
 		info, err := conn.client.UpdateQueue(ctx, pos[0], u)

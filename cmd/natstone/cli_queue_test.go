@@ -82,6 +82,18 @@ func TestCLIQueueLifecycle(t *testing.T) {
 		t.Fatalf("update --unblock-enqueue:\n%s", out)
 	}
 	cli(t, url, "queue", "update", "simple").fails(t, exitUsage, "nothing to update")
+	// --revision alone checks the revision and changes nothing.
+	var before, same subjects.QueueInfo
+	r = cli(t, url, "queue", "info", "simple", "--json")
+	r.ok(t)
+	r.decode(t, &before)
+	cli(t, url, "queue", "update", "simple", "--revision", strconv.FormatUint(rev, 10)).fails(t, exitError, "natstone: revision_mismatch: ")
+	r = cli(t, url, "queue", "update", "simple", "--json", "--revision", strconv.FormatUint(before.Revision, 10))
+	r.ok(t)
+	r.decode(t, &same)
+	if same.Revision != before.Revision || same.Config != before.Config {
+		t.Fatalf("update --revision alone changed the queue: %+v, was %+v", same, before)
+	}
 	cli(t, url, "queue", "update", "simple", "--block-enqueue", "--unblock-enqueue").fails(t, exitUsage, "not both")
 
 	// rm says what it deleted; then the queue is not found.
