@@ -55,6 +55,7 @@ func TestErrInvalidQueueNameInSubject(t *testing.T) {
 		subjects.OpExtend:       subjects.ExtendRequest{ID: "m1", LeaseID: "L"},
 		subjects.OpRelease:      subjects.ReleaseRequest{ID: "m1", LeaseID: "L"},
 		subjects.OpCancel:       subjects.LeaseRequest{ID: "m1"},
+		subjects.OpRetry:        subjects.RetryRequest{ID: "m1"},
 		subjects.OpGet:          subjects.GetRequest{ID: "m1"},
 		subjects.OpDepth:        subjects.DepthRequest{},
 	}
@@ -213,7 +214,7 @@ func TestErrMalformedJSON(t *testing.T) {
 	ops := []subjects.Op{
 		subjects.OpCreate, subjects.OpInfo, subjects.OpUpdate, subjects.OpDelete,
 		subjects.OpEnqueue, subjects.OpEnqueueBatch, subjects.OpDequeue,
-		subjects.OpComplete, subjects.OpExtend, subjects.OpRelease, subjects.OpCancel,
+		subjects.OpComplete, subjects.OpExtend, subjects.OpRelease, subjects.OpCancel, subjects.OpRetry,
 		subjects.OpGet, subjects.OpDepth,
 	}
 	var cases []errCase
@@ -237,6 +238,7 @@ func TestErrMalformedJSON(t *testing.T) {
 		subjects.OpExtend:   {`{"id":"r1","lease_id":"` + lease + `","lease_ms":"1000"}`, `{"id":"r1","lease_id":"` + lease + `","delay_ms":1}`},
 		subjects.OpRelease:  {`{"id":"r1","lease_id":"` + lease + `","delay_ms":true}`, `{"id":"r1","lease_id":"` + lease + `","lease_ms":100}`},
 		subjects.OpCancel:   {`{"id":"m1","state":"canceled"}`, `{"id":1}`},
+		subjects.OpRetry:    {`{"id":"m1","version":-1}`, `{"id":"m1","delay_ms":"1"}`, `{"id":"m1","lease_id":"x"}`, `{"id":"m1","version":1.5}`},
 		subjects.OpGet:      {`{"id":1}`, `{"id":"m1","lease_id":"x"}`},
 		subjects.OpDepth:    {`{"filter":{"a":1}}`, `{"filter":"a"}`, `{"queue":"q"}`, `{"filter":{"a":null}}`},
 		subjects.OpInfo:     {`{"name":"q"}`},

@@ -325,6 +325,9 @@ func eventKind(created bool, prev subjects.State, next *kv.Record) (subjects.Eve
 	if created {
 		return subjects.EventEnqueued, ""
 	}
+	if prev.Terminal() && !next.State.Terminal() {
+		return subjects.EventRetried, ""
+	}
 	switch next.State {
 	case subjects.StateCompleted:
 		return subjects.EventCompleted, ""

@@ -227,6 +227,12 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			return nil, err
 		}
 		return q.andNext(ctx, settleKey{op: subjects.OpCancel, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.cancel(ctx, r) })
+	case subjects.OpRetry:
+		var r subjects.RetryRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return q.retry(ctx, r)
 	case subjects.OpGet:
 		var r subjects.GetRequest
 		if err := subjects.Decode(data, &r); err != nil {

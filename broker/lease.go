@@ -208,6 +208,42 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 	})
 }
 
+// retry makes an errored or canceled message pending again, or invisible for DelayMS, with its
+// attempts anew: an operator's re-drive of a failed message, which keeps its id and its history.
+// With a Version, only the message at that version is retried (revision_mismatch otherwise). A
+// message that is not finished is left as it is, and the retry succeeds writing nothing: the same
+// retry, sent again, so changes nothing. A completed message is not retried.
+func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.Message, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := checkRange("delay_ms", req.DelayMS, 0, subjects.MaxInvisible); err != nil {
+		return subjects.Message{}, err
+	}
+	e, err := q.find(ctx, req.ID)
+	if err != nil {
+		return subjects.Message{}, err
+	}
+	switch state := e.State(); {
+	case !state.Terminal():
+		return q.view(e), nil
+	case state == subjects.StateCompleted:
+		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is completed: only errored or canceled messages are retried", e.ID)
+	case req.Version != 0 && req.Version != e.Version():
+		return q.view(e), subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is at version %d, not %d: it changed since", e.ID, e.Version(), req.Version)
+	}
+	return q.transition(e, func(r *kv.Record, now int64) {
+		r.State = subjects.StatePending
+		r.VisibleAt = now
+		if req.DelayMS > 0 {
+			r.State = subjects.StateInvisible
+			r.VisibleAt = now + req.DelayMS
+		}
+		r.Attempts = 0
+		r.LeaseID, r.LeaseExpires, r.RequestID, r.Released = "", 0, "", false
+		r.EndedAt = 0
+	})
+}
+
 // get returns a message with its payload.
 func (q *queue) get(ctx context.Context, id string) (subjects.Message, error) {
 	q.mu.Lock()

@@ -39,6 +39,8 @@ func (q *queue) transitioned(ev pendingEvent) {
 		if reason == subjects.ReasonLeaseExpired {
 			t.Expired++
 		}
+	case subjects.EventRetried:
+		t.Retried++
 	case subjects.EventCollected:
 		t.Collected++
 	}

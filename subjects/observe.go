@@ -16,13 +16,14 @@ const (
 	EventCanceled  EventKind = "canceled"  // canceled, by its holder or by an operator
 	EventExpired   EventKind = "expired"   // its lease ran out with attempts left: pending again
 	EventErrored   EventKind = "errored"   // out of attempts (Reason says how)
+	EventRetried   EventKind = "retried"   // errored or canceled, retried: pending or invisible again
 	EventCollected EventKind = "collected" // garbage-collected after its retention
 )
 
 // EventKinds lists every kind in the order of a message's life.
 var EventKinds = []EventKind{
 	EventEnqueued, EventPending, EventLeased, EventExtended, EventReleased,
-	EventCompleted, EventCanceled, EventExpired, EventErrored, EventCollected,
+	EventCompleted, EventCanceled, EventExpired, EventErrored, EventRetried, EventCollected,
 }
 
 // The reasons of an errored event.
@@ -108,6 +109,7 @@ type Totals struct {
 	Errored   uint64 `json:"errored"`
 	Released  uint64 `json:"released"`
 	Expired   uint64 `json:"expired"` // leases that ran out (errored ones included)
+	Retried   uint64 `json:"retried"`
 	Collected uint64 `json:"collected"`
 }
 

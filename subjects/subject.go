@@ -29,6 +29,7 @@ const (
 	OpExtend       Op = "extend"        // push a lease's expiry (lease holder)
 	OpRelease      Op = "release"       // running → pending or invisible (lease holder)
 	OpCancel       Op = "cancel"        // any non-terminal state → canceled
+	OpRetry        Op = "retry"         // errored or canceled → pending or invisible, its attempts anew
 	OpGet          Op = "get"           // one message by id
 	OpDepth        Op = "depth"         // counts by state, optionally filtered
 	OpStats        Op = "stats"         // the current view: counts, oldest pending, rates, expiring leases
@@ -40,7 +41,7 @@ const (
 var Ops = []Op{
 	OpCreate, OpInfo, OpUpdate, OpDelete, OpList,
 	OpEnqueue, OpEnqueueBatch, OpEnqueueRaw, OpDequeue,
-	OpComplete, OpExtend, OpRelease, OpCancel, OpGet, OpDepth,
+	OpComplete, OpExtend, OpRelease, OpCancel, OpRetry, OpGet, OpDepth,
 	OpStats, OpBrowse, OpHistory,
 }
 

@@ -11,7 +11,7 @@ func TestOpsList(t *testing.T) {
 	want := []subjects.Op{
 		"create", "info", "update", "delete", "list",
 		"enqueue", "enqueue_batch", "enqueue_raw", "dequeue",
-		"complete", "extend", "release", "cancel", "get", "depth",
+		"complete", "extend", "release", "cancel", "retry", "get", "depth",
 		"stats", "browse", "history",
 	}
 	if len(subjects.Ops) != len(want) {
@@ -115,6 +115,7 @@ func TestSubjectEveryOp(t *testing.T) {
 		{subjects.OpExtend, "natstone.v1.extend.encode", "natstone.v1.extend.*"},
 		{subjects.OpRelease, "natstone.v1.release.encode", "natstone.v1.release.*"},
 		{subjects.OpCancel, "natstone.v1.cancel.encode", "natstone.v1.cancel.*"},
+		{subjects.OpRetry, "natstone.v1.retry.encode", "natstone.v1.retry.*"},
 		{subjects.OpGet, "natstone.v1.get.encode", "natstone.v1.get.*"},
 		{subjects.OpDepth, "natstone.v1.depth.encode", "natstone.v1.depth.*"},
 		{subjects.OpStats, "natstone.v1.stats.encode", "natstone.v1.stats.*"},

@@ -193,6 +193,16 @@ type ReleaseRequest struct {
 	Next    *DequeueRequest `json:"next,omitempty"`  // as LeaseRequest's
 }
 
+// RetryRequest is the body of retry: an errored or canceled message is pending again, or invisible
+// for DelayMS, with its attempts anew. With Version, only if the message is still at that version
+// (the errored or canceled message the caller looked at). A message that is not finished (the
+// retry happened already, say) is left as it is; a completed one is not retried.
+type RetryRequest struct {
+	ID      string `json:"id"`
+	Version uint64 `json:"version,omitempty"`
+	DelayMS int64  `json:"delay_ms,omitempty"`
+}
+
 // SettleReply is the reply of a complete, release or cancel whose request carried next: the settled
 // message (without payload), and what the dequeue in next did. That dequeue runs only once the
 // settle is stored, and cannot long-poll (its wait_ms must be 0). Its failure does not undo the

@@ -828,3 +828,33 @@ func TestFailureText(t *testing.T) {
 		}
 	}
 }
+
+// TestRetry: Retry re-drives an errored message with its attempts anew, fenced by RetryOpts.Version.
+func TestRetry(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 1})
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m"})
+	msgs, err := e.c.Dequeue(c, "q", nil)
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("dequeue: %v, %v", msgs, err)
+	}
+	errored, err := e.c.Release(c, "q", "m", msgs[0].LeaseID, &workers.ReleaseOpts{Error: "boom"})
+	if err != nil || errored.State != subjects.StateErrored {
+		t.Fatalf("release on the last attempt: %+v, %v", errored, err)
+	}
+	if _, err := e.c.Retry(c, "q", "m", &workers.RetryOpts{Version: errored.Version + 1}); !errors.Is(err, workers.ErrRevisionMismatch) {
+		t.Fatalf("retry at another version: %v, want ErrRevisionMismatch", err)
+	}
+	m, err := e.c.Retry(c, "q", "m", &workers.RetryOpts{Version: errored.Version, Delay: time.Minute})
+	if err != nil || m.State != subjects.StateInvisible || m.Attempts != 0 || m.VisibleAt.Sub(m.UpdatedAt) != time.Minute {
+		t.Fatalf("retry with a delay: %+v, %v; want invisible for a minute, no attempt spent", m, err)
+	}
+	if again, err := e.c.Retry(c, "q", "m", nil); err != nil || again.Version != m.Version {
+		t.Fatalf("retry of a message that is not finished: %+v, %v; want it unchanged", again, err)
+	}
+	if _, err := e.c.Retry(c, "q", "nope", nil); !errors.Is(err, workers.ErrMessageNotFound) {
+		t.Fatalf("retry of an unknown id: %v, want ErrMessageNotFound", err)
+	}
+}

@@ -359,6 +359,29 @@ func (c *Client) Cancel(ctx context.Context, queue, id, leaseID string) (Message
 	return c.leaseOp(ctx, subjects.OpCancel, queue, subjects.LeaseRequest{ID: id, LeaseID: leaseID})
 }
 
+// RetryOpts are the options of Retry; nil means none.
+type RetryOpts struct {
+	// Version, if not 0, retries the message only while it is at this version: the errored or
+	// canceled message the caller looked at (ErrRevisionMismatch once it changed).
+	Version uint64
+	// Delay keeps the message invisible this long before it is pending again (0: pending at once).
+	Delay time.Duration
+}
+
+// Retry makes an errored or canceled message pending again (or invisible for opts.Delay), with its
+// attempts anew; it keeps its id, payload, metadata and history. A message that is not finished
+// (the same retry sent again, say) is left as it is, and Retry succeeds. Errors: ErrInvalidState
+// (completed), ErrRevisionMismatch (opts.Version is not the message's), ErrMessageNotFound
+// (never enqueued, or collected after its retention), ErrOutOfRange (a delay outside 0 to
+// subjects.MaxInvisible).
+func (c *Client) Retry(ctx context.Context, queue, id string, opts *RetryOpts) (Message, error) {
+	r := subjects.RetryRequest{ID: id}
+	if opts != nil {
+		r.Version, r.DelayMS = opts.Version, ms(opts.Delay)
+	}
+	return c.leaseOp(ctx, subjects.OpRetry, queue, r)
+}
+
 // Get returns the message id of queue, with its payload, in any state until it is garbage-collected.
 // Errors: ErrMessageNotFound, ErrInvalidID.
 func (c *Client) Get(ctx context.Context, queue, id string) (Message, error) {

@@ -293,3 +293,94 @@ func quoteLines(lines []int, limit int) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+func runRetry(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone retry", "QUEUE ID [flags]\n       natstone retry QUEUE --errored [flags]", `
+Retries message ID, errored or canceled: it is pending again (or invisible for --delay) with its
+attempts anew, and keeps its id, payload, metadata and history. With --version, only while the
+message is at that version. A message that is not finished is left as it is (the command
+succeeds); a completed one is not retried (invalid_state).
+
+With --errored instead of ID, retries the queue's errored messages (those with every --filter
+pair), at most --limit of them, those that errored first first, each at the version it had when
+listed: one that changed meanwhile, or was collected, is skipped. A last line says when more were
+left, for the command to be run again. --json prints {"retried": [ids], "skipped": [{"id",
+"error"}], "more": bool}.
+`, stdout, stderr)
+	version := c.fs.Uint64("version", 0, "retry only while the message is at this `version` (see get)")
+	delay := c.duration("delay", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending again")
+	errored := c.fs.Bool("errored", false, "retry the queue's errored messages instead of message ID")
+	var filter pairsFlag
+	c.fs.Var(&filter, "filter", "with --errored: only messages with metadata `key=value`, repeatable (all must match)")
+	limit := c.fs.Int("limit", subjects.MaxBrowseLimit, "with --errored: retry at most `n` messages (1 to 1000)")
+	pos, err := c.parse(args, 1, 2)
+	if err != nil {
+		return parseExit(err)
+	}
+	given := c.set()
+	switch {
+	case *errored && len(pos) != 1:
+		return parseExit(c.usageError("--errored takes no ID"))
+	case *errored && given["version"]:
+		return parseExit(c.usageError("--errored takes no --version: each message is retried at the version it was listed with"))
+	case !*errored && len(pos) != 2:
+		return parseExit(c.usageError("give the message's ID, or --errored"))
+	case !*errored && (given["filter"] || given["limit"]):
+		return parseExit(c.usageError("--filter and --limit go with --errored"))
+	case *limit < 1 || *limit > subjects.MaxBrowseLimit:
+		return parseExit(c.usageError("--limit must be 1 to %d, not %d", subjects.MaxBrowseLimit, *limit))
+	}
+	if !*errored {
+		return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+			m, err := conn.client.Retry(ctx, pos[0], pos[1], &workers.RetryOpts{Version: *version, Delay: *delay})
+			if err != nil {
+				return err
+			}
+			return c.output(wireMessage(&m), func(w io.Writer) { printMessages(w, []workers.Message{m}, time.Now(), false) })
+		})
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		msgs, more, err := conn.client.Browse(ctx, pos[0], subjects.StateErrored, &workers.BrowseOpts{Filter: filter, Limit: *limit})
+		if err != nil {
+			return err
+		}
+		sum := retrySummary{Retried: []string{}, Skipped: []retrySkip{}, More: more}
+		for _, m := range msgs {
+			_, err := conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
+			switch {
+			case err == nil:
+				sum.Retried = append(sum.Retried, m.ID)
+			case errors.Is(err, workers.ErrRevisionMismatch), errors.Is(err, workers.ErrMessageNotFound):
+				sum.Skipped = append(sum.Skipped, retrySkip{ID: m.ID, Error: err.Error()})
+			default:
+				// Storage or the broker failed: say what was done before failing with it.
+				_ = c.output(sum, sum.print)
+				return err
+			}
+		}
+		return c.output(sum, sum.print)
+	})
+}
+
+// retrySummary is what retry --errored did.
+type retrySummary struct {
+	Retried []string    `json:"retried"`
+	Skipped []retrySkip `json:"skipped"`
+	More    bool        `json:"more"`
+}
+
+// retrySkip is an errored message that retry --errored listed but did not retry.
+type retrySkip struct {
+	ID    string `json:"id"`
+	Error string `json:"error"`
+}
+
+func (s *retrySummary) print(w io.Writer) {
+	fmt.Fprintf(w, "retried %d errored messages\n", len(s.Retried))
+	for _, k := range s.Skipped {
+		fmt.Fprintf(w, "skipped %s: %s\n", printable(k.ID, 0), k.Error)
+	}
+	if s.More {
+		fmt.Fprintln(w, "… more errored messages: run it again")
+	}
+}

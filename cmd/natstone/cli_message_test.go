@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -316,5 +317,51 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 	r.decode(t, &got)
 	if len(got.Messages) != 1 || got.Messages[0].ID != "m" || got.Messages[0].State != subjects.StateRunning {
 		t.Fatalf("dequeue with the interrupted one's request id: %+v", got)
+	}
+}
+
+// TestCLIRetry: retry re-drives one errored or canceled message, fenced by --version, or with
+// --errored every errored message matching a filter, each at the version it was listed with.
+func TestCLIRetry(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	cli(t, url, "queue", "create", "q", "--max-attempts", "1").ok(t)
+	for _, m := range []struct{ id, kind string }{{"a", "x"}, {"b", "x"}, {"c", "y"}} {
+		cli(t, url, "enqueue", "q", "p-"+m.id, "--id", m.id, "--meta", "kind="+m.kind, "--priority", "1").ok(t)
+		d := dequeueOne(t, url, "q")
+		cli(t, url, "release", "q", d.ID, d.LeaseID, "--error", "boom").ok(t)
+	}
+	errored := jsonOf[subjects.Message](t, cli(t, url, "get", "q", "a", "--json"))
+	if errored.State != subjects.StateErrored {
+		t.Fatalf("a after its only attempt was released: %s", errored.State)
+	}
+
+	cli(t, url, "retry", "q").fails(t, exitUsage, "give the message's ID, or --errored")
+	cli(t, url, "retry", "q", "a", "--errored").fails(t, exitUsage, "--errored takes no ID")
+	cli(t, url, "retry", "q", "--errored", "--version", "3").fails(t, exitUsage, "--errored takes no --version")
+	cli(t, url, "retry", "q", "a", "--limit", "5").fails(t, exitUsage, "go with --errored")
+	cli(t, url, "retry", "q", "nope").fails(t, exitNotFound, "natstone: message_not_found: ")
+	cli(t, url, "retry", "q", "a", "--version", strconv.FormatUint(errored.Version+1, 10)).fails(t, exitError, "natstone: revision_mismatch: ")
+
+	rows := tableRows(cli(t, url, "retry", "q", "a", "--version", strconv.FormatUint(errored.Version, 10)).ok(t))
+	if len(rows) != 2 || rows[1][0] != "a" || rows[1][1] != "pending" {
+		t.Fatalf("retry a: %q", rows)
+	}
+	var sum struct {
+		Retried []string          `json:"retried"`
+		Skipped []json.RawMessage `json:"skipped"`
+		More    bool              `json:"more"`
+	}
+	r := cli(t, url, "retry", "q", "--errored", "--filter", "kind=x", "--json")
+	r.ok(t)
+	r.decode(t, &sum)
+	if !slices.Equal(sum.Retried, []string{"b"}) || len(sum.Skipped) != 0 || sum.More {
+		t.Fatalf("retry --errored --filter kind=x: %+v, want b retried (a is pending already)", sum)
+	}
+	if out := cli(t, url, "retry", "q", "--errored").ok(t); out != "retried 1 errored messages\n" {
+		t.Fatalf("retry --errored: %q", out)
+	}
+	if d := jsonOf[subjects.DepthReply](t, cli(t, url, "depth", "q", "--json")); d.Counts != (subjects.Counts{Pending: 3}) {
+		t.Fatalf("after the retries: %+v, want 3 pending", d)
 	}
 }

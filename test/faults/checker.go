@@ -268,11 +268,13 @@ func (c *checker) checkAttempts() {
 }
 
 // checkLost: every acknowledged enqueue is still there at the end, and acknowledged completes and
-// cancels stuck. In a queue that keeps nothing that ended (Collected), a message may instead be gone
-// if a complete or cancel of it may have taken effect.
+// cancels stuck (a cancel until a retry that may have landed after it). In a queue that keeps
+// nothing that ended (Collected), a message may instead be gone if a complete or cancel of it may
+// have taken effect.
 func (c *checker) checkLost() {
 	mayHaveEnded := map[string]bool{}
 	lastEnqueue := map[string]time.Time{} // when the last enqueue of each message that may have happened ended
+	lastRetry := map[string]time.Time{}   // when the last retry of each message that may have happened ended
 	for _, op := range c.run.Ops {
 		key := op.Queue + "/" + op.MessageID
 		if (op.Kind == Complete || op.Kind == Cancel) && op.Outcome != Failed {
@@ -280,6 +282,9 @@ func (c *checker) checkLost() {
 		}
 		if op.Kind == Enqueue && op.Outcome != Failed && op.End.After(lastEnqueue[key]) {
 			lastEnqueue[key] = op.End
+		}
+		if op.Kind == Retry && op.Outcome != Failed && op.End.After(lastRetry[key]) {
+			lastRetry[key] = op.End
 		}
 	}
 	// In a queue that keeps nothing that ended, an id is free again once its message is collected
@@ -305,7 +310,7 @@ func (c *checker) checkLost() {
 				c.fail("lost", "%s: complete acknowledged at %s, but it ended %s", key, ts(op.End), f.State)
 			}
 		case Cancel:
-			if read && f.State != "canceled" && !collected && !reEnqueued(op) {
+			if read && f.State != "canceled" && !collected && !reEnqueued(op) && !lastRetry[key].After(op.Start) {
 				c.fail("lost", "%s: cancel acknowledged at %s, but it ended %s", key, ts(op.End), f.State)
 			}
 		}

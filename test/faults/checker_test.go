@@ -136,6 +136,24 @@ func TestChecker(t *testing.T) {
 			}, Final: finals("x/a", "canceled", 1, "x/b", "running", 1)},
 		},
 		{
+			name: "a cancel acknowledged, then retried: pending again, not lost",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				done(Cancel, "s", "a", "", 10, 12, OK),
+				done(Retry, "s", "a", "", 20, 22, OK),
+			}, Final: finals("s/a", "pending", 0)},
+		},
+		{
+			name: "a cancel acknowledged, its retry refused: canceled it stays",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				done(Cancel, "s", "a", "", 10, 12, OK),
+				done(Retry, "s", "a", "", 20, 22, Failed),
+				done(Retry, "s", "a", "", 5, 8, Unknown), // ended before the cancel was sent
+			}, Final: finals("s/a", "pending", 0)},
+			rules: []string{"lost"},
+		},
+		{
 			name: "a stale holder's complete accepted",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),

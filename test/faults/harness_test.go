@@ -658,7 +658,9 @@ func (s *runStats) add(f func(*runStats)) {
 type enqueuedID struct{ queue, id string }
 
 // cancelSome is an operator canceling messages (without a lease id) while workers race to dequeue
-// them: a cancel acknowledged must stick, whatever the dequeues do.
+// them: a cancel acknowledged must stick, whatever the dequeues do, until a retry. Half of the
+// messages it canceled it retries at once, at the version the cancel gave them: pending again,
+// with their attempts anew, for the workers to lease.
 func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 42))
 	for {
@@ -676,6 +678,14 @@ func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 		op.Outcome, op.Code = c.call(subjects.OpCancel, m.queue, subjects.LeaseRequest{ID: m.id}, &r)
 		op.End = time.Now()
 		c.h.Add(op)
+		if op.Outcome != OK || r.State != subjects.StateCanceled || rng.IntN(2) != 0 {
+			continue
+		}
+		retry := Op{Kind: Retry, Queue: m.queue, Client: c.name, MessageID: m.id, Start: time.Now()}
+		var rr subjects.Message
+		retry.Outcome, retry.Code = c.call(subjects.OpRetry, m.queue, subjects.RetryRequest{ID: m.id, Version: r.Version}, &rr)
+		retry.End = time.Now()
+		c.h.Add(retry)
 	}
 }
 

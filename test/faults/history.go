@@ -44,6 +44,7 @@ const (
 	Extend   Kind = "extend"
 	Release  Kind = "release"
 	Cancel   Kind = "cancel"
+	Retry    Kind = "retry" // an operator's retry of a canceled or errored message (MessageID)
 )
 
 // Lease is one message leased by a dequeue, as its reply described it. Times come from the broker.

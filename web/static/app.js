@@ -424,7 +424,7 @@ function queueView(r) {
     set(numbers, ...facts([
       ['oldest pending', q.counts.pending ? duration(q.oldest_pending_ms) : '—', { 'data-oldest-pending-ms': q.oldest_pending_ms }],
       ...RATES.map(k => [k + ' per second', rate(q.rates[k]), { 'data-rate': k }]),
-      ['since start', ['enqueued', 'dequeued', 'completed', 'canceled', 'errored', 'released', 'expired', 'collected']
+      ['since start', ['enqueued', 'dequeued', 'completed', 'canceled', 'errored', 'released', 'expired', 'retried', 'collected']
         .map(k => k + ' ' + q.totals[k]).join(' · ')],
       ...(filter.length ? [['counts', 'of the messages matching ' + filter.join(', ')]] : []),
     ]));
