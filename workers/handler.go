@@ -49,6 +49,10 @@ func Discard(reason error) error {
 // out, or the broker could not be reached before the lease's end.
 var ErrLeaseLost = errors.New("natstone: lease lost")
 
+// ErrHandlerTimeout is the context.Cause of a handler's context when it ran longer than
+// WorkerConfig.Timeout.
+var ErrHandlerTimeout = errors.New("natstone: handler timed out")
+
 // ErrWorkerStopped is the context.Cause of a handler's context when Worker.Stop's context ended
 // before the handler returned.
 var ErrWorkerStopped = errors.New("natstone: worker stopped")

@@ -50,6 +50,12 @@ type WorkerConfig struct {
 	// ExtendEveryFunc returns how often a running handler's lease is extended, given the lease
 	// duration; a result outside (0, lease) is replaced by the default, lease/3.
 	ExtendEveryFunc func(lease time.Duration) time.Duration
+	// Timeout bounds a handler's run: its context then ends, with the cause ErrHandlerTimeout, and
+	// what it returns (but nil) is a failed attempt, released with backoff like any other, with an
+	// error saying it timed out. The lease is extended until the handler returns, whether it heeds
+	// its context or not: a message (and in an exclusive queue its value) stays held while its
+	// handler runs. Default 0: no bound.
+	Timeout time.Duration
 	// Name identifies the worker in the leased events of its messages (history shows it); at most
 	// subjects.MaxWorkerLen bytes. Default "<hostname>:<pid>".
 	Name string
@@ -136,6 +142,9 @@ func (cfg *WorkerConfig) validate() error {
 	}
 	if cfg.Concurrency < 0 {
 		return fmt.Errorf("natstone: WorkerConfig.Concurrency %d is negative", cfg.Concurrency)
+	}
+	if cfg.Timeout < 0 {
+		return fmt.Errorf("natstone: WorkerConfig.Timeout %v is negative", cfg.Timeout)
 	}
 	if err := subjects.ValidateWorker(cfg.Name); err != nil {
 		return fmt.Errorf("natstone: WorkerConfig.Name: %w", err)
@@ -410,6 +419,11 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 
 	hctx, cancel := context.WithCancelCause(jobCtx)
 	defer cancel(nil)
+	if w.cfg.Timeout > 0 {
+		var stop context.CancelFunc
+		hctx, stop = context.WithTimeoutCause(hctx, w.cfg.Timeout, ErrHandlerTimeout)
+		defer stop()
+	}
 	result := make(chan error, 1)
 	go func() {
 		err := errGoexit
@@ -551,7 +565,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 			_, err := w.client.Cancel(ctx, job.Queue, job.ID, job.LeaseID)
 			return err
 		})
-	case hctx.Err() != nil:
+	case hctx.Err() != nil && !errors.Is(context.Cause(hctx), ErrHandlerTimeout):
 		// The handler was interrupted (the worker is stopping), not failing: no backoff.
 		log.Info("handler interrupted: worker stopped", "error", err)
 		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
@@ -559,6 +573,9 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 			return err
 		})
 	default:
+		if errors.Is(context.Cause(hctx), ErrHandlerTimeout) {
+			err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, w.cfg.Timeout, err)
+		}
 		delay := min(max(w.cfg.BackoffFunc(job.Attempts), 0), subjects.MaxInvisible)
 		if job.AttemptsLeft == 0 {
 			log.Error("handler failed; no attempts left, the message is errored", "error", err)

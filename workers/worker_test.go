@@ -38,6 +38,7 @@ func TestNewWorkerValidates(t *testing.T) {
 		{"no queue", &workers.WorkerConfig{}, "WorkerConfig.Queue"},
 		{"bad queue", &workers.WorkerConfig{Queue: "a.b"}, "WorkerConfig.Queue"},
 		{"negative concurrency", &workers.WorkerConfig{Queue: "q", Concurrency: -1}, "WorkerConfig.Concurrency"},
+		{"negative timeout", &workers.WorkerConfig{Queue: "q", Timeout: -time.Second}, "WorkerConfig.Timeout"},
 		{"bad filter", &workers.WorkerConfig{Queue: "q", Filter: map[string]string{"": "x"}}, "WorkerConfig.Filter"},
 		{"short lease", &workers.WorkerConfig{Queue: "q", Lease: 99 * time.Millisecond}, "WorkerConfig.Lease"},
 		{"long lease", &workers.WorkerConfig{Queue: "q", Lease: 25 * time.Hour}, "WorkerConfig.Lease"},
@@ -234,6 +235,43 @@ func TestWorkerReleasesWithBackoff(t *testing.T) {
 	}
 	if want := []string{"released: attempt 1 failed", "released: attempt 2 failed", "errored: attempt 3 failed"}; !slices.Equal(got, want) {
 		t.Fatalf("history's failures %q, want %q", got, want)
+	}
+}
+
+// TestWorkerHandlerTimeout: a handler that runs past WorkerConfig.Timeout has its context ended with
+// ErrHandlerTimeout, and its attempt fails: released, then errored on the last, each time with an
+// error saying so in the history.
+func TestWorkerHandlerTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 2})
+	e.enqueue("q", "slow", &workers.EnqueueOpts{ID: "m"})
+	causes := make(chan error, 2)
+	e.startWorker(&workers.WorkerConfig{Queue: "q", Timeout: 50 * time.Millisecond, BackoffFunc: func(int) time.Duration { return 0 }},
+		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return ctx.Err()
+		}))
+	for range 2 {
+		if err := recv(t, causes); !errors.Is(err, workers.ErrHandlerTimeout) {
+			t.Fatalf("handler's context ended with %v, want ErrHandlerTimeout", err)
+		}
+	}
+	e.waitState("q", "m", subjects.StateErrored)
+	hist, err := e.c.History(ctx(t), "q", "m", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range hist.Events {
+		if ev.Kind == subjects.EventReleased || ev.Kind == subjects.EventErrored {
+			got = append(got, string(ev.Kind)+": "+ev.Error)
+		}
+	}
+	want := "natstone: handler timed out after 50ms: context deadline exceeded"
+	if !slices.Equal(got, []string{"released: " + want, "errored: " + want}) {
+		t.Fatalf("history's failures %q, want released and errored with %q", got, want)
 	}
 }
 
