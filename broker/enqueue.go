@@ -85,6 +85,13 @@ func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now 
 			return nil, err
 		}
 	}
+	maxAttempts := cfg.MaxAttempts
+	if r.MaxAttempts != nil {
+		if *r.MaxAttempts < 1 || *r.MaxAttempts > subjects.MaxAttemptsLimit {
+			return nil, subjects.Errorf(subjects.CodeOutOfRange, "max_attempts must be 1 to %d, got %d", subjects.MaxAttemptsLimit, *r.MaxAttempts)
+		}
+		maxAttempts = int(*r.MaxAttempts)
+	}
 	if r.ID != "" {
 		if err := subjects.ValidateID(r.ID); err != nil {
 			return nil, err
@@ -101,7 +108,7 @@ func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now 
 		PayloadSize: len(payload),
 		Metadata:    r.Metadata,
 		Version:     1,
-		MaxAttempts: cfg.MaxAttempts,
+		MaxAttempts: maxAttempts,
 		LeaseMS:     leaseMS,
 		EnqueuedAt:  now,
 		VisibleAt:   now + invisible,

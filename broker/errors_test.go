@@ -330,6 +330,9 @@ func TestErrRawEnqueueHeaders(t *testing.T) {
 		{"invisible too long", "q", map[string]string{subjects.HeaderInvisibleMS: strconv.FormatInt(maxInvisibleMS+1, 10)}, subjects.CodeOutOfRange},
 		{"lease too short", "q", map[string]string{subjects.HeaderLeaseMS: "99"}, subjects.CodeOutOfRange},
 		{"lease too long", "q", map[string]string{subjects.HeaderLeaseMS: strconv.FormatInt(maxLeaseMS+1, 10)}, subjects.CodeOutOfRange},
+		{"max attempts word", "q", map[string]string{subjects.HeaderMaxAttempts: "three"}, subjects.CodeBadRequest},
+		{"max attempts 0", "q", map[string]string{subjects.HeaderMaxAttempts: "0"}, subjects.CodeOutOfRange},
+		{"max attempts too many", "q", map[string]string{subjects.HeaderMaxAttempts: "1001"}, subjects.CodeOutOfRange},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -344,9 +347,12 @@ func TestErrRawEnqueueHeaders(t *testing.T) {
 	}
 	// The same headers with good values work.
 	r := e.rawOK("q", map[string]string{subjects.HeaderID: "m1", subjects.HeaderPriority: "5", subjects.HeaderLeaseMS: "100",
-		subjects.HeaderInvisibleMS: "0", subjects.HeaderMetadata: `{"a":"1","b":"2"}`}, []byte("payload"))
+		subjects.HeaderInvisibleMS: "0", subjects.HeaderMetadata: `{"a":"1","b":"2"}`, subjects.HeaderMaxAttempts: "2"}, []byte("payload"))
 	if r.ID != "m1" || r.Priority != 5 || r.State != subjects.StatePending {
 		t.Fatalf("raw enqueue: %+v", r)
+	}
+	if m := e.get("q", "m1"); m.AttemptsLeft != 2 {
+		t.Fatalf("raw enqueue with %s 2: %d attempts left", subjects.HeaderMaxAttempts, m.AttemptsLeft)
 	}
 }
 
@@ -686,6 +692,9 @@ func TestErrEnqueueOutOfRange(t *testing.T) {
 		{"lease 99", subjects.OpEnqueue, "q", mk(nil, ptr(int64(99))), subjects.CodeOutOfRange},
 		{"lease -1", subjects.OpEnqueue, "q", mk(nil, ptr(int64(-1))), subjects.CodeOutOfRange},
 		{"lease max+1", subjects.OpEnqueue, "q", mk(nil, ptr(maxLeaseMS+1)), subjects.CodeOutOfRange},
+		{"max_attempts 0", subjects.OpEnqueue, "q", subjects.EnqueueRequest{ID: "x", MaxAttempts: ptr(int64(0))}, subjects.CodeOutOfRange},
+		{"max_attempts max+1", subjects.OpEnqueue, "q", subjects.EnqueueRequest{ID: "x", MaxAttempts: ptr(int64(subjects.MaxAttemptsLimit + 1))}, subjects.CodeOutOfRange},
+		{"max_attempts 2^32+1", subjects.OpEnqueue, "q", subjects.EnqueueRequest{ID: "x", MaxAttempts: ptr(int64(1<<32 + 1))}, subjects.CodeOutOfRange},
 	})
 	if c := e.depth("q", nil); c != (subjects.Counts{}) {
 		t.Fatalf("depth = %+v, want zero", c)
@@ -695,6 +704,13 @@ func TestErrEnqueueOutOfRange(t *testing.T) {
 	e.enqueue("q", subjects.EnqueueRequest{ID: "b", InvisibleMS: ptr(maxInvisibleMS), LeaseMS: ptr(maxLeaseMS)})
 	if c := e.depth("q", nil); c != (subjects.Counts{Pending: 1, Invisible: 1}) {
 		t.Fatalf("depth = %+v", c)
+	}
+	// max_attempts is the message's own, at the bounds too.
+	for id, n := range map[string]int64{"one": 1, "most": subjects.MaxAttemptsLimit} {
+		r := e.enqueue("q", subjects.EnqueueRequest{ID: id, MaxAttempts: ptr(n), InvisibleMS: ptr(maxInvisibleMS)})
+		if m := e.get("q", r.ID); int64(m.AttemptsLeft) != n {
+			t.Fatalf("%s enqueued with max_attempts %d: %d attempts left", id, n, m.AttemptsLeft)
+		}
 	}
 	// lease_ms 0 is the queue's, as on dequeue and extend.
 	e.enqueue("q", subjects.EnqueueRequest{ID: "c", LeaseMS: ptr(int64(0)), Priority: ptr(int64(-1))})

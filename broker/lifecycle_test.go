@@ -683,3 +683,19 @@ func TestBrokerStartAgainAfterClaimTimeout(t *testing.T) {
 	e.b = standby
 	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
 }
+
+// TestMessageMaxAttempts: a message's own max_attempts, given at its enqueue, bounds its leases
+// instead of the queue's.
+func TestMessageMaxAttempts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{MaxAttempts: 5})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "once", Payload: "x", MaxAttempts: ptr(int64(1))})
+	m := e.dequeueOne("q")
+	if m.ID != "once" || m.AttemptsLeft != 0 {
+		t.Fatalf("dequeued %+v, want once with no attempt left", m)
+	}
+	if r := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "once", LeaseID: m.LeaseID}); r.State != subjects.StateErrored {
+		t.Fatalf("released its only attempt: %s, want errored", r.State)
+	}
+}

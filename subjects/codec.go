@@ -20,10 +20,11 @@ const (
 	HeaderMetadata    = "Natstone-Metadata"     // a JSON object of string values
 	HeaderInvisibleMS = "Natstone-Invisible-Ms" // int64 ms, decimal
 	HeaderLeaseMS     = "Natstone-Lease-Ms"     // int64 ms, decimal
+	HeaderMaxAttempts = "Natstone-Max-Attempts" // decimal
 )
 
 // rawHeaders are the headers enqueue_raw reads.
-var rawHeaders = []string{HeaderID, HeaderPriority, HeaderMetadata, HeaderInvisibleMS, HeaderLeaseMS}
+var rawHeaders = []string{HeaderID, HeaderPriority, HeaderMetadata, HeaderInvisibleMS, HeaderLeaseMS, HeaderMaxAttempts}
 
 // Decode strictly decodes a JSON request body into v: one object of valid UTF-8, no unknown fields,
 // nothing after it. An empty (or all white space) body, or null, leaves v at its zero value. Errors
@@ -276,7 +277,7 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 	for _, h := range []struct {
 		name string
 		dst  **int64
-	}{{HeaderPriority, &req.Priority}, {HeaderInvisibleMS, &req.InvisibleMS}, {HeaderLeaseMS, &req.LeaseMS}} {
+	}{{HeaderPriority, &req.Priority}, {HeaderInvisibleMS, &req.InvisibleMS}, {HeaderLeaseMS, &req.LeaseMS}, {HeaderMaxAttempts, &req.MaxAttempts}} {
 		v, ok := values[h.name]
 		if !ok {
 			continue

@@ -273,6 +273,7 @@ func TestDecodeRawEnqueueAllHeaders(t *testing.T) {
 		subjects.HeaderMetadata:    {`{"customer":"c1","k":"v ✓"}`},
 		subjects.HeaderInvisibleMS: {"1500"},
 		subjects.HeaderLeaseMS:     {"60000"},
+		subjects.HeaderMaxAttempts: {"3"},
 	}
 	body := []byte{0, 1, 0xff, 'x'}
 	req, err := subjects.DecodeRawEnqueue(h, body)
@@ -282,7 +283,7 @@ func TestDecodeRawEnqueueAllHeaders(t *testing.T) {
 	want := subjects.EnqueueRequest{
 		ID: "m-1", Priority: ptr(int64(-42)), PayloadBase64: body,
 		Metadata:    map[string]string{"customer": "c1", "k": "v ✓"},
-		InvisibleMS: ptr(int64(1500)), LeaseMS: ptr(int64(60000)),
+		InvisibleMS: ptr(int64(1500)), LeaseMS: ptr(int64(60000)), MaxAttempts: ptr(int64(3)),
 	}
 	if !reflect.DeepEqual(req, want) {
 		t.Fatalf("DecodeRawEnqueue = %+v, want %+v", req, want)

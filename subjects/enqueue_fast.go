@@ -110,14 +110,14 @@ func fastEnqueueBatch(data []byte, r *EnqueueBatchRequest) bool {
 }
 
 // fastEnqueue decodes one flat enqueue object starting at data[p] (after optional white space):
-// keys id, payload (plain strings) and priority, invisible_ms, lease_ms (integers), each at most
-// once. It returns the position after the object and false for anything else.
+// keys id, payload (plain strings) and priority, invisible_ms, lease_ms, max_attempts (integers),
+// each at most once. It returns the position after the object and false for anything else.
 func fastEnqueue(data []byte, p int, r *EnqueueRequest) (int, bool) {
 	p, ok := expect(data, skip(data, p), '{')
 	if !ok {
 		return 0, false
 	}
-	var seen [5]bool
+	var seen [6]bool
 	p = skip(data, p)
 	if p < len(data) && data[p] == '}' {
 		return p + 1, true
@@ -149,6 +149,9 @@ func fastEnqueue(data []byte, p int, r *EnqueueRequest) (int, bool) {
 		case "lease_ms":
 			i = 4
 			r.LeaseMS, p, ok = plainInt(data, p)
+		case "max_attempts":
+			i = 5
+			r.MaxAttempts, p, ok = plainInt(data, p)
 		default:
 			return 0, false
 		}

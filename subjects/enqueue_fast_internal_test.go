@@ -7,7 +7,7 @@ import "testing"
 func TestFastEnqueueTaken(t *testing.T) {
 	for _, body := range []string{
 		`{"payload":"hello","priority":1700000000000}`,
-		` {"id":"job-1", "payload":"x", "invisible_ms":0, "lease_ms":30000}` + "\n",
+		` {"id":"job-1", "payload":"x", "invisible_ms":0, "lease_ms":30000, "max_attempts":3}` + "\n",
 		`{}`,
 	} {
 		var r EnqueueRequest

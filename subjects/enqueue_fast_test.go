@@ -15,6 +15,8 @@ import (
 var enqueueBodies = []string{
 	`{"payload":"hello","priority":1700000000000}`,
 	` { "id" : "job-1" , "payload" : "x" , "priority" : -5 , "invisible_ms" : 0 , "lease_ms" : 30000 } `,
+	`{"payload":"x","max_attempts":3}`,
+	`{"payload":"x","max_attempts":3,"max_attempts":4}`,
 	`{}`,
 	``,
 	`   `,
@@ -119,9 +121,9 @@ func checkSame[T any](t *testing.T, data []byte, got T, err error, want T, wantE
 // TestDecodeEnqueueFastPath: the common bodies decode as Decode decodes them (FuzzDecodeEnqueue
 // runs the seeds too), and the decoders are used for what they are for.
 func TestDecodeEnqueueFastPath(t *testing.T) {
-	r, err := subjects.DecodeEnqueue([]byte(`{"id":"j","payload":"hello","priority":-7,"invisible_ms":5,"lease_ms":6}`))
+	r, err := subjects.DecodeEnqueue([]byte(`{"id":"j","payload":"hello","priority":-7,"invisible_ms":5,"lease_ms":6,"max_attempts":7}`))
 	if err != nil || r.ID != "j" || r.Payload != "hello" || r.Priority == nil || *r.Priority != -7 ||
-		r.InvisibleMS == nil || *r.InvisibleMS != 5 || r.LeaseMS == nil || *r.LeaseMS != 6 {
+		r.InvisibleMS == nil || *r.InvisibleMS != 5 || r.LeaseMS == nil || *r.LeaseMS != 6 || r.MaxAttempts == nil || *r.MaxAttempts != 7 {
 		t.Fatalf("DecodeEnqueue: %+v, %v", r, err)
 	}
 	if _, err := subjects.DecodeEnqueue([]byte(`{"bogus":1}`)); err == nil {

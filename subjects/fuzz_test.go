@@ -232,11 +232,12 @@ const (
 	rawMetadata
 	rawInvisible
 	rawLease
-	rawLowerCase // send every header key in lower case (as a nats.Header map would keep it)
+	rawLowerCase   // send every header key in lower case (as a nats.Header map would keep it)
+	rawMaxAttempts // Natstone-Max-Attempts, with the invisible argument's value
 )
 
 func FuzzDecodeRawEnqueue(f *testing.F) {
-	all := uint8(rawID | rawPriority | rawMetadata | rawInvisible | rawLease)
+	all := uint8(rawID | rawPriority | rawMetadata | rawInvisible | rawLease | rawMaxAttempts)
 	f.Add("m1", "5", `{"a":"b"}`, "1000", "30000", []byte("payload"), all)
 	f.Add("", "", "", "", "", []byte(nil), uint8(0))
 	f.Add("héllo ✓", "-9223372036854775808", `{}`, "0", "+1", []byte{0, 0xff}, all)
@@ -261,6 +262,7 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 			{rawMetadata, subjects.HeaderMetadata, metadata},
 			{rawInvisible, subjects.HeaderInvisibleMS, invisible},
 			{rawLease, subjects.HeaderLeaseMS, lease},
+			{rawMaxAttempts, subjects.HeaderMaxAttempts, invisible},
 		} {
 			if present&hv.bit != 0 {
 				h[key(hv.name)] = []string{hv.value}
@@ -308,6 +310,7 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 			Priority:      wantInt(rawPriority, priority),
 			InvisibleMS:   wantInt(rawInvisible, invisible),
 			LeaseMS:       wantInt(rawLease, lease),
+			MaxAttempts:   wantInt(rawMaxAttempts, invisible),
 		}
 		if want.PayloadBase64 == nil {
 			want.PayloadBase64 = []byte{}
@@ -315,10 +318,22 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 		if present&rawID != 0 {
 			want.ID = id
 		}
+		// encoding/json reads invalid UTF-8, and an escaped half of a surrogate pair, as U+FFFD; the
+		// decoder refuses both. Where the metadata has a U+FFFD of its own, it cannot be told which.
+		ambiguous := false
 		if present&rawMetadata != 0 {
 			var md map[string]*string
 			if err := json.Unmarshal([]byte(metadata), &md); err != nil {
 				wantErr = true
+			}
+			ambiguous = strings.ContainsRune(metadata, utf8.RuneError) || strings.Contains(strings.ToLower(metadata), `\ufffd`)
+			if !utf8.ValidString(metadata) {
+				wantErr = true
+			}
+			for k, v := range md {
+				if !ambiguous && (strings.ContainsRune(k, utf8.RuneError) || v != nil && strings.ContainsRune(*v, utf8.RuneError)) {
+					wantErr = true // made by encoding/json: a lone surrogate
+				}
 			}
 			if md != nil {
 				want.Metadata = subjects.Pairs{}
@@ -333,6 +348,9 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 			if _, dup := tokenDuplicate([]byte(metadata), false); dup {
 				wantErr = true
 			}
+		}
+		if ambiguous && !wantErr && subjects.CodeOf(err) == subjects.CodeBadRequest {
+			return // a lone surrogate beside a U+FFFD of its own: refused, rightly
 		}
 		if (err != nil) != wantErr {
 			t.Fatalf("DecodeRawEnqueue(%v) error = %v, want error %v", h, err, wantErr)

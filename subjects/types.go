@@ -127,6 +127,7 @@ type EnqueueRequest struct {
 	Metadata      Pairs  `json:"metadata,omitempty"`
 	InvisibleMS   *int64 `json:"invisible_ms,omitempty"` // overrides the queue's invisibility
 	LeaseMS       *int64 `json:"lease_ms,omitempty"`     // overrides the queue's lease for this message
+	MaxAttempts   *int64 `json:"max_attempts,omitempty"` // overrides the queue's max_attempts for this message
 }
 
 // EnqueueBatchRequest is the body of enqueue_batch.

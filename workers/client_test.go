@@ -275,6 +275,22 @@ func TestEnqueueAttributes(t *testing.T) {
 		t.Fatalf("dequeue = %+v", d)
 	}
 
+	// MaxAttempts is the message's own, in the raw form (a header), as JSON (an id a header would
+	// change), and in a batch.
+	e.enqueue("q", "p", &workers.EnqueueOpts{ID: "attempts-raw", MaxAttempts: 2, Invisible: time.Hour})
+	e.enqueue("q", "p", &workers.EnqueueOpts{ID: " attempts-json ", MaxAttempts: 3, Invisible: time.Hour})
+	if _, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{ID: "attempts-batch", MaxAttempts: 4, Invisible: time.Hour}}}); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]int{"attempts-raw": 2, " attempts-json ": 3, "attempts-batch": 4, "raw-1": subjects.DefaultMaxAttempts} {
+		if m := e.get("q", id); m.AttemptsLeft != want {
+			t.Errorf("%q: %d attempts left, want %d", id, m.AttemptsLeft, want)
+		}
+	}
+	if _, err := e.c.Enqueue(c, "q", []byte("p"), &workers.EnqueueOpts{MaxAttempts: subjects.MaxAttemptsLimit + 1}); !errors.Is(err, workers.ErrOutOfRange) {
+		t.Fatalf("enqueue with MaxAttempts over the limit: %v, want ErrOutOfRange", err)
+	}
+
 	// A negative Invisible is none, whatever the queue's default; 0 is the queue's.
 	e.createQueue("later", &workers.QueueOpts{Invisible: time.Hour})
 	if r := e.enqueue("later", "p", &workers.EnqueueOpts{Invisible: -1}); r.State != subjects.StatePending {

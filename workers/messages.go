@@ -72,6 +72,9 @@ type EnqueueOpts struct {
 	Invisible time.Duration
 	// Lease is this message's lease when a dequeue does not ask for one.
 	Lease time.Duration
+	// MaxAttempts is how many times this message may be leased (1 to subjects.MaxAttemptsLimit).
+	// Default (0) the queue's max_attempts.
+	MaxAttempts int
 }
 
 // priority returns the priority to send, or nil for the broker's default.
@@ -104,6 +107,10 @@ func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 	}
 	if o.Lease > 0 {
 		r.LeaseMS = msPtr(&o.Lease)
+	}
+	if o.MaxAttempts != 0 {
+		n := int64(o.MaxAttempts)
+		r.MaxAttempts = &n
 	}
 	return r
 }
@@ -146,6 +153,9 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 	}
 	if o.Lease > 0 {
 		msg.Header.Set(subjects.HeaderLeaseMS, strconv.FormatInt(ms(o.Lease), 10))
+	}
+	if o.MaxAttempts != 0 {
+		msg.Header.Set(subjects.HeaderMaxAttempts, strconv.Itoa(o.MaxAttempts))
 	}
 	err := c.send(ctx, subjects.OpEnqueueRaw, queue, msg, 0, &reply)
 	return reply, err

@@ -28,7 +28,7 @@ duplicate. The payload is PAYLOAD, else the content of --file, else stdin (also 
 
 With --import, reads JSON lines instead (- for stdin), one message per line in the protocol's
 enqueue form: {"id", "priority", "payload" | "payload_base64", "metadata", "invisible_ms",
-"lease_ms"}, all optional ("invisible_ms": 0 is pending at once, "lease_ms": 0 the queue's lease,
+"lease_ms", "max_attempts"}, all optional ("invisible_ms": 0 is pending at once, "lease_ms": 0 the queue's lease,
 as in the protocol). They are sent in batches of up to 1000, --in-flight at a time. The first line
 with an id is the one written, later ones are its duplicates. Messages without a priority get the
 time the broker enqueues them, so with several batches in flight their order may differ from the
@@ -45,6 +45,7 @@ stderr on a terminal it shows the progress.
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
 	invisible := c.duration("invisible", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending (default the queue's)")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "the message's lease when a dequeue does not ask for one (default the queue's)")
+	maxAttempts := c.fs.Int("max-attempts", 0, "how many times this message may be leased, 1 to 1000 (default the queue's)")
 	importFile := c.fs.String("import", "", "import JSON lines from `file` (- for stdin) instead of enqueueing one message")
 	inFlight := c.fs.Int("in-flight", importInFlight, "with --import: send `n` batches at once; 1 enqueues the messages without a priority in the file's order")
 	pos, err := c.parse(args, 1, 2)
@@ -53,7 +54,7 @@ stderr on a terminal it shows the progress.
 	}
 	given := c.set()
 	if given["import"] {
-		for _, name := range []string{"file", "id", "priority", "deadline", "meta", "invisible", "lease"} {
+		for _, name := range []string{"file", "id", "priority", "deadline", "meta", "invisible", "lease", "max-attempts"} {
 			if given[name] {
 				return parseExit(c.usageError("--import takes the attributes from each line: drop --%s", name))
 			}
@@ -74,7 +75,10 @@ stderr on a terminal it shows the progress.
 		// Most likely a variable that was not set: the enqueue would lose its idempotency.
 		return parseExit(c.usageError("--id is empty: leave it out for the broker to make one"))
 	}
-	opts := &workers.EnqueueOpts{ID: *id, Metadata: meta, Invisible: *invisible, Lease: *lease}
+	if given["max-attempts"] && (*maxAttempts < 1 || *maxAttempts > subjects.MaxAttemptsLimit) {
+		return parseExit(c.usageError("--max-attempts must be 1 to %d, not %d", subjects.MaxAttemptsLimit, *maxAttempts))
+	}
+	opts := &workers.EnqueueOpts{ID: *id, Metadata: meta, Invisible: *invisible, Lease: *lease, MaxAttempts: *maxAttempts}
 	switch {
 	case given["priority"] && given["deadline"]:
 		return parseExit(c.usageError("give --priority or --deadline, not both"))

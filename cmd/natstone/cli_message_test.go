@@ -44,16 +44,17 @@ func TestCLIEnqueue(t *testing.T) {
 	// From the argument, with every attribute.
 	var reply subjects.EnqueueReply
 	r := cli(t, url, "enqueue", "q", "from the argument", "--json", "--id", "arg", "--priority", "-7",
-		"--meta", "kind=encode", "--meta", "project=foo", "--lease", "2m")
+		"--meta", "kind=encode", "--meta", "project=foo", "--lease", "2m", "--max-attempts", "2")
 	r.ok(t)
 	r.decode(t, &reply)
 	if reply.ID != "arg" || reply.State != subjects.StatePending || reply.Priority != -7 || reply.Duplicate {
 		t.Fatalf("enqueue: %+v", reply)
 	}
 	m := getMessage(t, url, "q", "arg")
-	if payloadText(t, m) != "from the argument" || m.Metadata["kind"] != "encode" || m.Metadata["project"] != "foo" {
+	if payloadText(t, m) != "from the argument" || m.Metadata["kind"] != "encode" || m.Metadata["project"] != "foo" || m.AttemptsLeft != 2 {
 		t.Fatalf("get arg: %+v", m)
 	}
+	cli(t, url, "enqueue", "q", "x", "--max-attempts", "0").fails(t, exitUsage, "--max-attempts must be 1 to 1000")
 
 	// The same id again is a duplicate, and the table says so.
 	rows := tableRows(cli(t, url, "enqueue", "q", "other", "--id", "arg").ok(t))
