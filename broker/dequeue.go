@@ -555,9 +555,9 @@ type bodyResult struct {
 }
 
 // readBodies starts reading the payloads at seqs concurrently, on the runner's goroutines; each
-// channel yields one result. The reads go on when the broker stops (which cancels ctx), bounded by
-// ctx's deadline: a dequeue that leased messages just before the stop still hands them over, rather
-// than leaving its leases to run out unseen, each spending an attempt.
+// channel yields one result. The reads go on when the broker stops (which cancels ctx), for the
+// write timeout at most: a dequeue that leased messages just before the stop still hands them
+// over, rather than leaving its leases to run out unseen, each spending an attempt.
 func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult {
 	ctx, cancel := q.unstopped(ctx)
 	left := atomic.Int32{}
@@ -580,12 +580,13 @@ func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult
 	return out
 }
 
-// unstopped returns ctx without its cancellation, keeping its deadline (if it has none, the
-// broker's write timeout's).
+// unstopped returns ctx without its cancellation, ending at its deadline or after the broker's
+// write timeout, whichever comes first: a stop waits for the reads of the requests under way, and
+// a request's own deadline is minutes away (a long poll's).
 func (q *queue) unstopped(ctx context.Context) (context.Context, context.CancelFunc) {
-	d, ok := ctx.Deadline()
-	if !ok {
-		d = time.Now().Add(q.b.cfg.WriteTimeout)
+	d := time.Now().Add(q.b.cfg.WriteTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(d) {
+		d = dl
 	}
 	return context.WithDeadline(context.WithoutCancel(ctx), d)
 }

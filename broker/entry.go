@@ -31,7 +31,7 @@ type entry struct {
 	MaxAttempts uint16
 	// bits holds the payload size (the low 24 bits, saturating; at most subjects.MaxPayloadBytes in
 	// anything natstone writes), the state (1 + stateIndex; 0 for a record not stored yet), the
-	// released flag and the busy flag.
+	// released flag, the busy flag and the collecting flag.
 	bits uint32
 }
 
@@ -45,6 +45,9 @@ const (
 	// the queue's writes to end (queue.waitIdle) and look again, so each entry has at most one write
 	// in flight and every write's expected revision is the one before it.
 	busyFlag = 1 << 29
+	// collectingFlag is set once a collection of the (finished) entry began: its payload may be
+	// deleted, so it is never retried; it leaves memory when a collection removes its record.
+	collectingFlag = 1 << 30
 )
 
 // IndexItem implements index.Elem.
@@ -74,6 +77,9 @@ func (e *entry) UpdatedAt() int64 { return e.EnqueuedAt + e.extra().UpdatedDelta
 
 // busy reports whether a write on e is in flight.
 func (e *entry) busy() bool { return e.bits&busyFlag != 0 }
+
+// collecting reports whether a collection of e began (its payload may be gone).
+func (e *entry) collecting() bool { return e.bits&collectingFlag != 0 }
 
 // setBusy marks e as having a write in flight, or not. A write ends through queue.endWrite, which
 // also wakes whoever waits for it.
@@ -107,7 +113,7 @@ func (e *entry) set(r *kv.Record) {
 	e.version = uint32(r.Version)
 	e.Attempts = clamp16(r.Attempts)
 	e.MaxAttempts = clamp16(r.MaxAttempts)
-	bits := uint32(min(max(r.PayloadSize, 0), maxSize)) | uint32(1+stateIndex(r.State))<<stateShift | e.bits&busyFlag
+	bits := uint32(min(max(r.PayloadSize, 0), maxSize)) | uint32(1+stateIndex(r.State))<<stateShift | e.bits&(busyFlag|collectingFlag)
 	if r.Released {
 		bits |= releasedFlag
 	}

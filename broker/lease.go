@@ -228,6 +228,9 @@ func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.
 		return q.view(e), nil
 	case state == subjects.StateCompleted:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is completed: only errored or canceled messages are retried", e.ID)
+	case e.collecting():
+		// Its retention ended and its collection began: its payload may be deleted already.
+		return q.view(e), subjects.Errorf(subjects.CodeMessageNotFound, "message %q is being garbage-collected (its retention ended): it cannot be retried", e.ID)
 	case req.Version != 0 && req.Version != e.Version():
 		return q.view(e), subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is at version %d, not %d: it changed since", e.ID, e.Version(), req.Version)
 	}

@@ -64,6 +64,9 @@ type queue struct {
 	// testLeasing, when a test sets it, runs when a dequeue has taken its messages from the index,
 	// before it reads their payloads and writes their leases, with mu held. Nil outside tests.
 	testLeasing func()
+	// testCollected, when a test sets it, runs when a collection has deleted its payloads, before it
+	// removes their records, without mu. Nil outside tests.
+	testCollected func()
 	// testRetryWaits, when a test sets it, runs when a retried dequeue starts waiting for the first
 	// with its request id, with mu held. Nil outside tests.
 	testRetryWaits func()
@@ -349,6 +352,7 @@ func (q *queue) collect(es []*entry) {
 	}
 	for _, e := range es {
 		e.setBusy(true)
+		e.bits |= collectingFlag
 	}
 	q.collecting = true
 	q.mu.Unlock()
@@ -378,6 +382,9 @@ func (q *queue) collect(es []*entry) {
 		})
 	}
 	wg.Wait()
+	if q.testCollected != nil {
+		q.testCollected()
+	}
 	writes := make([]kv.Write, len(es))
 	for i, e := range es {
 		if errs[i] == nil {

@@ -311,7 +311,8 @@ func (q *queue) takeLocks(cs []*change) []*change {
 
 // dropLock settles the value of a take whose lease is not written, from what its lock write did.
 // A lock that landed names a lease that never ran, so it holds nothing. A lock another writer wrote
-// holds nothing if it names a message that has ended here, since an ended message never runs again;
+// holds nothing if it names a message that has ended here, since an ended message runs again only
+// once retried, and a retry, like a lease, reaches a client only from the broker holding the claim;
 // otherwise whether its holder runs is known only from storage's messages, which a restart's
 // reconcile reads, and until then the value stays held. While the write's outcome is unknown the
 // value stays held and the write is doubtful: the doubt timer asks storage again. Called with q.mu

@@ -307,7 +307,7 @@ succeeds); a completed one is not retried (invalid_state).
 
 With --errored instead of ID, retries the queue's errored messages (those with every --filter
 pair), at most --limit of them, those that errored first first, each at the version it had when
-listed: one that changed meanwhile, or was collected, is skipped. A last line says when more were
+listed: one that changed meanwhile, or was collected, is skipped and named. A last line says when more were
 left, for the command to be run again. --json prints {"retried": [ids], "skipped": [{"id",
 "error"}], "more": bool}.
 `, stdout, stderr)
@@ -350,8 +350,12 @@ left, for the command to be run again. --json prints {"retried": [ids], "skipped
 		}
 		sum := retrySummary{Retried: []string{}, Skipped: []retrySkip{}, More: more}
 		for _, m := range msgs {
-			_, err := conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
+			r, err := conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
 			switch {
+			case err == nil && r.Version != m.Version+1:
+				// Not finished any more: retried, or canceled and retried, by someone else since the
+				// list (the broker left it as it is).
+				sum.Skipped = append(sum.Skipped, retrySkip{ID: m.ID, Error: fmt.Sprintf("%s at version %d since it was listed at version %d", r.State, r.Version, m.Version)})
 			case err == nil:
 				sum.Retried = append(sum.Retried, m.ID)
 			case errors.Is(err, workers.ErrRevisionMismatch), errors.Is(err, workers.ErrMessageNotFound):

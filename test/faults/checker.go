@@ -275,6 +275,7 @@ func (c *checker) checkLost() {
 	mayHaveEnded := map[string]bool{}
 	lastEnqueue := map[string]time.Time{} // when the last enqueue of each message that may have happened ended
 	lastRetry := map[string]time.Time{}   // when the last retry of each message that may have happened ended
+	lastCancel := map[string]time.Time{}  // when the last cancel of each message that may have happened ended
 	for _, op := range c.run.Ops {
 		key := op.Queue + "/" + op.MessageID
 		if (op.Kind == Complete || op.Kind == Cancel) && op.Outcome != Failed {
@@ -285,6 +286,9 @@ func (c *checker) checkLost() {
 		}
 		if op.Kind == Retry && op.Outcome != Failed && op.End.After(lastRetry[key]) {
 			lastRetry[key] = op.End
+		}
+		if op.Kind == Cancel && op.Outcome != Failed && op.End.After(lastCancel[key]) {
+			lastCancel[key] = op.End
 		}
 	}
 	// In a queue that keeps nothing that ended, an id is free again once its message is collected
@@ -312,6 +316,11 @@ func (c *checker) checkLost() {
 		case Cancel:
 			if read && f.State != "canceled" && !collected && !reEnqueued(op) && !lastRetry[key].After(op.Start) {
 				c.fail("lost", "%s: cancel acknowledged at %s, but it ended %s", key, ts(op.End), f.State)
+			}
+		case Retry:
+			// Only a cancel can end a retried message canceled again.
+			if read && f.State == "canceled" && !lastCancel[key].After(op.Start) {
+				c.fail("lost", "%s: retry acknowledged at %s, but it ended canceled", key, ts(op.End))
 			}
 		}
 	}

@@ -154,6 +154,15 @@ func TestChecker(t *testing.T) {
 			rules: []string{"lost"},
 		},
 		{
+			name: "a retry acknowledged, yet canceled at the end with no cancel after it",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				done(Cancel, "s", "a", "", 10, 12, OK),
+				done(Retry, "s", "a", "", 20, 22, OK),
+			}, Final: finals("s/a", "canceled", 0)},
+			rules: []string{"lost"},
+		},
+		{
 			name: "a stale holder's complete accepted",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),

@@ -658,11 +658,12 @@ func (s *runStats) add(f func(*runStats)) {
 type enqueuedID struct{ queue, id string }
 
 // cancelSome is an operator canceling messages (without a lease id) while workers race to dequeue
-// them: a cancel acknowledged must stick, whatever the dequeues do, until a retry. Half of the
-// messages it canceled it retries at once, at the version the cancel gave them: pending again,
-// with their attempts anew, for the workers to lease.
+// them: a cancel acknowledged must stick, whatever the dequeues do, until a retry. Every other
+// message it canceled it retries at once, at the version the cancel gave it: pending again, with
+// its attempts anew, for the workers to lease.
 func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 42))
+	canceled := 0
 	for {
 		var m enqueuedID
 		select {
@@ -678,7 +679,10 @@ func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 		op.Outcome, op.Code = c.call(subjects.OpCancel, m.queue, subjects.LeaseRequest{ID: m.id}, &r)
 		op.End = time.Now()
 		c.h.Add(op)
-		if op.Outcome != OK || r.State != subjects.StateCanceled || rng.IntN(2) != 0 {
+		if op.Outcome != OK || r.State != subjects.StateCanceled {
+			continue
+		}
+		if canceled++; canceled%2 == 0 {
 			continue
 		}
 		retry := Op{Kind: Retry, Queue: m.queue, Client: c.name, MessageID: m.id, Start: time.Now()}
