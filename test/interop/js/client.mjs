@@ -6,7 +6,8 @@
 // from NATSTONE_PREFIX (default natstone.v1). The script creates an exclusive queue, enqueues
 // messages with JSON and with enqueue_raw, dequeues them in earliest-deadline-first order, checks
 // exclusivity, completes with the lease id, checks the error replies of the protocol's error table
-// and reads the depth. On success it prints one JSON line to stdout:
+// and reads the depth; then settles with next, releases with an error and retries the errored
+// message, and reads payloads in both forms and the list of queues. On success it prints one JSON line to stdout:
 //
 //   {"ok":true,"queue":"…","steps":["…",…],"errors":[{"code":"…","status":409,"op":"…"},…]}
 //
@@ -357,6 +358,28 @@ async function run(nc, q) {
   eq([s.state, s.next.messages.length], ["invisible", 0], "release n-2 with next: invisible, nothing next");
   await ok(nc, "delete", nq);
   done("complete with next leased n-2 with its payload; release with next found nothing; next with wait_ms: out_of_range");
+
+  step("release with an error, history, retry");
+  const rq = `${q}-retry`;
+  await ok(nc, "create", rq, { max_attempts: 3 });
+  await ok(nc, "enqueue", rq, { id: "r-1", payload: "again", max_attempts: 1 });
+  dq = await ok(nc, "dequeue", rq, {});
+  eq([dq.messages[0].id, dq.messages[0].attempts_left], ["r-1", 0], "dequeue r-1: its own max_attempts");
+  const why = "upstream said 429\n\tat fetch()";
+  const rel = await ok(nc, "release", rq, { id: "r-1", lease_id: dq.messages[0].lease_id, error: why });
+  eq(rel.state, "errored", "release r-1 on its only attempt");
+  const hist = await ok(nc, "history", rq, { id: "r-1" });
+  const last = hist.events[hist.events.length - 1];
+  eq([last.kind, last.reason, last.error], ["errored", "released", why], "history r-1: the errored event carries the release's error");
+  await expectError(nc, "retry", rq, { id: "r-1", version: rel.version + 1 }, "revision_mismatch", 409);
+  const rt = await ok(nc, "retry", rq, { id: "r-1", version: rel.version });
+  eq([rt.state, rt.attempts, rt.version], ["pending", 0, rel.version + 1], "retry r-1: pending, attempts anew");
+  const rt2 = await ok(nc, "retry", rq, { id: "r-1", version: rel.version });
+  eq([rt2.state, rt2.version], ["pending", rt.version], "retry r-1 again: writes nothing");
+  dq = await ok(nc, "dequeue", rq, {});
+  eq([dq.messages[0].id, dq.messages[0].payload, dq.messages[0].attempts], ["r-1", "again", 1], "dequeue the retried r-1");
+  await ok(nc, "delete", rq);
+  done("max_attempts 1 on enqueue; release with an error: errored, its history says why; retry fenced by version, again writes nothing; leased again");
 
   step("payload forms");
   // A reply carries a payload as a JSON string when escapes grow it by at most half, else as
