@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"cmp"
 	"container/heap"
+	"slices"
 	"time"
 
 	"github.com/natstone/natstone/broker/clock"
@@ -65,6 +67,67 @@ func (d *deadlines) due(now int64, max int) []*entry {
 		stack = append(stack, 2*i+1, 2*i+2)
 	}
 	return out
+}
+
+// ascend calls fn with d's entries in the order of their deadlines, ties by Seq (the enqueue
+// order), until fn returns false. It walks the heap from its root with a frontier of the nodes
+// not yet reached, so a browse of the first entries of a large heap reads about as many as it
+// shows, instead of sorting them all under the queue's lock.
+func (d *deadlines) ascend(fn func(*entry) bool) {
+	if len(d.items) == 0 {
+		return
+	}
+	f := &frontier{d: d, idx: []int{0}}
+	var group []*entry
+	var stack []int
+	for f.Len() > 0 {
+		// Every entry of the smallest deadline left: the frontier's with it, and those below them
+		// with it too (a heap's children are never earlier), in Seq order.
+		k := d.key(d.items[f.idx[0]])
+		group, stack = group[:0], stack[:0]
+		for f.Len() > 0 && d.key(d.items[f.idx[0]]) == k {
+			stack = append(stack, heap.Pop(f).(int))
+		}
+		for len(stack) > 0 {
+			i := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			group = append(group, d.items[i])
+			for _, c := range [2]int{2*i + 1, 2*i + 2} {
+				switch {
+				case c >= len(d.items):
+				case d.key(d.items[c]) == k:
+					stack = append(stack, c)
+				default:
+					heap.Push(f, c)
+				}
+			}
+		}
+		slices.SortFunc(group, func(a, b *entry) int { return cmp.Compare(a.Seq, b.Seq) })
+		for _, e := range group {
+			if !fn(e) {
+				return
+			}
+		}
+	}
+}
+
+// frontier is a min-heap of positions in d's heap, by their entries' deadlines (ascend).
+type frontier struct {
+	d   *deadlines
+	idx []int
+}
+
+func (f *frontier) Len() int { return len(f.idx) }
+func (f *frontier) Less(i, j int) bool {
+	return f.d.key(f.d.items[f.idx[i]]) < f.d.key(f.d.items[f.idx[j]])
+}
+func (f *frontier) Swap(i, j int) { f.idx[i], f.idx[j] = f.idx[j], f.idx[i] }
+func (f *frontier) Push(x any)    { f.idx = append(f.idx, x.(int)) }
+func (f *frontier) Pop() any {
+	n := len(f.idx) - 1
+	i := f.idx[n]
+	f.idx = f.idx[:n]
+	return i
 }
 
 // arm (re)sets the timer for the earliest deadline; fire runs when it elapses.

@@ -201,9 +201,15 @@ func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
 			reply.OldestPendingMS = max(now-oldest, 0)
 		}
 	}
-	due := q.leases.due(now+within, len(q.leases.items)) // every lease ending within the window, in heap order
-	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.extra().LeaseExpires, b.extra().LeaseExpires) })
-	for _, e := range due[:min(len(due), limit)] {
+	var due []*entry // the soonest leases ending within the window, up to limit
+	q.leases.ascend(func(e *entry) bool {
+		if q.leases.key(e) > now+within || len(due) == limit {
+			return false
+		}
+		due = append(due, e)
+		return true
+	})
+	for _, e := range due {
 		reply.Expiring = append(reply.Expiring, subjects.ExpiringLease{
 			ID:             e.ID,
 			LeaseID:        e.extra().LeaseID,
@@ -242,14 +248,11 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 			return len(found) <= limit
 		})
 	} else {
-		d := q.heapOf(r.State)
-		for _, e := range d.items {
+		q.heapOf(r.State).ascend(func(e *entry) bool {
 			if e.State() == r.State && matches(e.extra().Metadata, r.Filter) {
 				found = append(found, e)
 			}
-		}
-		slices.SortFunc(found, func(a, b *entry) int {
-			return cmp.Or(cmp.Compare(d.key(a), d.key(b)), cmp.Compare(a.Seq, b.Seq))
+			return len(found) <= limit
 		})
 	}
 	if len(found) > limit {

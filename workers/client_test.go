@@ -282,9 +282,12 @@ func TestEnqueueAttributes(t *testing.T) {
 	if _, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{ID: "attempts-batch", MaxAttempts: 4, Invisible: time.Hour}}}); err != nil {
 		t.Fatal(err)
 	}
-	for id, want := range map[string]int{"attempts-raw": 2, " attempts-json ": 3, "attempts-batch": 4, "raw-1": subjects.DefaultMaxAttempts} {
-		if m := e.get("q", id); m.AttemptsLeft != want {
-			t.Errorf("%q: %d attempts left, want %d", id, m.AttemptsLeft, want)
+	for _, tc := range []struct {
+		id   string
+		want int
+	}{{"attempts-raw", 2}, {" attempts-json ", 3}, {"attempts-batch", 4}, {"raw-1", subjects.DefaultMaxAttempts}} {
+		if m := e.get("q", tc.id); m.AttemptsLeft != tc.want {
+			t.Errorf("%q: %d attempts left, want %d", tc.id, m.AttemptsLeft, tc.want)
 		}
 	}
 	if _, err := e.c.Enqueue(c, "q", []byte("p"), &workers.EnqueueOpts{MaxAttempts: subjects.MaxAttemptsLimit + 1}); !errors.Is(err, workers.ErrOutOfRange) {
