@@ -327,17 +327,57 @@ func (s *Server) setBlocked(r *http.Request) (any, error) {
 	return info, nil
 }
 
+// retryRequest is the body of POST /api/queues/{name}/retry: the message and the version the page
+// showed, so that a click retries that errored or canceled message and nothing it became since.
+type retryRequest struct {
+	ID      string `json:"id"`
+	Version uint64 `json:"version"`
+}
+
+// retryMessage answers POST /api/queues/{name}/retry with the retried message (protocol.md's retry).
+func (s *Server) retryMessage(r *http.Request) (any, error) {
+	if _, err := query(r.URL, nil); err != nil {
+		return nil, err
+	}
+	var req retryRequest
+	if err := decodeBody(r, &req, `{"id": string, "version": number}`); err != nil {
+		return nil, err
+	}
+	if req.ID == "" || req.Version == 0 {
+		return nil, badRequest("body: give the message's id and the version shown")
+	}
+	name := r.PathValue("name")
+	m, err := s.client.Retry(r.Context(), name, req.ID, &workers.RetryOpts{Version: req.Version})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("web: message retried", "queue", name, "message_id", req.ID, "version", req.Version, "remote_addr", r.RemoteAddr)
+	return newMessage(&m), nil
+}
+
 // decodeBlocked reads the body of a POST /api/queues/{name}/blocked strictly: JSON content type,
 // known fields only, one object, at least one flag.
 func decodeBlocked(r *http.Request) (blockedRequest, error) {
 	var req blockedRequest
+	if err := decodeBody(r, &req, `{"enqueue_blocked": bool, "dequeue_blocked": bool}`); err != nil {
+		return req, err
+	}
+	if req.EnqueueBlocked == nil && req.DequeueBlocked == nil {
+		return req, badRequest("body: give enqueue_blocked, dequeue_blocked or both")
+	}
+	return req, nil
+}
+
+// decodeBody reads a POST's body into v strictly: JSON content type, known fields only, one object;
+// want describes the body for the error of an empty one.
+func decodeBody(r *http.Request, v any, want string) error {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return req, &inputError{status: http.StatusUnsupportedMediaType, code: subjects.CodeBadRequest,
+		return &inputError{status: http.StatusUnsupportedMediaType, code: subjects.CodeBadRequest,
 			msg: "Content-Type must be application/json"}
 	}
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
-	err := dec.Decode(&req)
+	err := dec.Decode(v)
 	if err == nil {
 		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
 			err = errors.New("data after the JSON object")
@@ -350,14 +390,12 @@ func decodeBlocked(r *http.Request) (blockedRequest, error) {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return req, &inputError{status: http.StatusRequestEntityTooLarge, code: subjects.CodeBadRequest,
+		return &inputError{status: http.StatusRequestEntityTooLarge, code: subjects.CodeBadRequest,
 			msg: "body over " + strconv.FormatInt(tooLarge.Limit, 10) + " bytes"}
 	case errors.Is(err, io.EOF):
-		return req, badRequest(`empty body: want {"enqueue_blocked": bool, "dequeue_blocked": bool}`)
+		return badRequest("empty body: want %s", want)
 	case err != nil:
-		return req, badRequest("body: %v", err)
-	case req.EnqueueBlocked == nil && req.DequeueBlocked == nil:
-		return req, badRequest("body: give enqueue_blocked, dequeue_blocked or both")
+		return badRequest("body: %v", err)
 	}
-	return req, nil
+	return nil
 }

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -466,6 +467,48 @@ func TestBlocked(t *testing.T) {
 	if status, _, _ := e.do(http.MethodDelete, "/api/queues/q", "", ""); status != http.StatusMethodNotAllowed {
 		t.Errorf("DELETE of a queue: status %d, want 405", status)
 	}
+}
+
+// TestRetryMessage: POST /api/queues/{name}/retry retries an errored or canceled message at the
+// version the page showed; bad bodies never reach the broker.
+func TestRetryMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "m", 1, "x", nil)
+	canceled, err := e.c.Cancel(ctx(t), "q", "m", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	reqs := e.watch("q", subjects.OpRetry)
+	for _, c := range []struct {
+		name, contentType, body string
+		status                  int
+	}{
+		{"plain text", "text/plain", `{"id":"m","version":2}`, http.StatusUnsupportedMediaType},
+		{"empty body", "application/json", ``, http.StatusBadRequest},
+		{"no version", "application/json", `{"id":"m"}`, http.StatusBadRequest},
+		{"no id", "application/json", `{"version":2}`, http.StatusBadRequest},
+		{"unknown field", "application/json", `{"id":"m","version":2,"delay_ms":5}`, http.StatusBadRequest},
+		{"negative version", "application/json", `{"id":"m","version":-1}`, http.StatusBadRequest},
+	} {
+		status, h, body := e.do(http.MethodPost, "/api/queues/q/retry", c.contentType, c.body)
+		wantError(t, c.name, status, h, body, c.status, subjects.CodeBadRequest)
+	}
+	if n := reqs.count(); n != 0 {
+		t.Errorf("%d requests reached the broker, want none", n)
+	}
+
+	status, h, body := e.do(http.MethodPost, "/api/queues/q/retry", "application/json", fmt.Sprintf(`{"id":"m","version":%d}`, canceled.Version+1))
+	wantError(t, "another version", status, h, body, http.StatusConflict, subjects.CodeRevisionMismatch)
+	var m subjects.Message
+	e.post("/api/queues/q/retry", fmt.Sprintf(`{"id":"m","version":%d}`, canceled.Version), &m)
+	if m.State != subjects.StatePending || m.Attempts != 0 || m.Version != canceled.Version+1 {
+		t.Errorf("retried: %+v, want pending at the next version", m)
+	}
+	status, h, body = e.do(http.MethodPost, "/api/queues/q/retry", "application/json", `{"id":"nope","version":1}`)
+	wantError(t, "unknown message", status, h, body, http.StatusNotFound, subjects.CodeMessageNotFound)
 }
 
 // TestUnavailable checks that a broker that does not answer gives 503 unavailable.

@@ -180,6 +180,20 @@ func TestDashboard(t *testing.T) {
 	}
 	b.noError()
 	b.screenshot(shots, "dashboard-message.png")
+	if got := evaluate[int](b, `document.querySelectorAll('#retry').length`); got != 0 {
+		t.Errorf("a completed message's page offers %d retry buttons, want none", got)
+	}
+
+	// A canceled message's page retries it: pending again.
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/orders/messages/order-5"))
+	b.waitLoaded(`[data-view="message"][data-message-id="order-5"]`)
+	b.poll(`document.querySelector('#retry') !== null`)
+	b.do(chromedp.Click(chromedp.ID(`retry`)))
+	b.poll(`document.querySelector('#fields [data-field="state"]').textContent === 'pending' && document.querySelector('#retry') === null`)
+	if m, err := e.c.Get(ctx(t), "orders", "order-5"); err != nil || m.State != subjects.StatePending || m.Attempts != 0 {
+		t.Errorf("after the retry button: %+v, %v; want pending with no attempt spent", m, err)
+	}
+	b.noError()
 
 	// The refresh can be paused.
 	b.do(chromedp.Click(chromedp.ID(`refresh-toggle`)))

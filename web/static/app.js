@@ -477,6 +477,7 @@ function queueView(r) {
 // messageView: one message's fields, payload and history timeline.
 function messageView(r) {
   const fields = h('dl', { class: 'facts', id: 'fields' });
+  const actions = h('div', { class: 'actions', id: 'actions' });
   const metadata = h('div', { id: 'metadata' });
   const payload = h('div', { id: 'payload' });
   const summary = h('div', { class: 'totals', id: 'history-summary' });
@@ -484,6 +485,7 @@ function messageView(r) {
   const timeline = h('tbody', { id: 'timeline' });
   const root = h('section', { 'data-view': 'message', 'data-queue': r.queue, 'data-message-id': r.id },
     h('h1', {}, 'Message ', h('code', {}, r.id)),
+    actions,
     h('div', { class: 'cols' },
       h('section', {}, h('h2', {}, 'Fields'), fields),
       h('section', {}, h('h2', {}, 'Metadata'), metadata)),
@@ -495,7 +497,35 @@ function messageView(r) {
         h('th', { class: 'num' }, 'attempt'), h('th', {}, 'worker'), h('th', {}, 'lease'), h('th', {}, 'time in state'))),
       timeline));
 
+  // A finished message that failed (errored or canceled) can be retried: pending again, its
+  // attempts anew. The click retries the version shown, nothing it became since.
+  function renderActions(m) {
+    if (!m || (m.state !== 'errored' && m.state !== 'canceled')) {
+      set(actions);
+      return;
+    }
+    const button = h('button', { type: 'button', id: 'retry', 'data-version': m.version }, 'Retry');
+    button.addEventListener('click', async () => {
+      button.disabled = true;
+      try {
+        await api(apiQueue(r.queue) + '/retry', {
+          method: 'POST',
+          headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
+          body: JSON.stringify({ id: r.id, version: m.version }),
+        });
+        setError(null);
+      } catch (err) {
+        setError(err);
+      } finally {
+        button.disabled = false;
+      }
+      refresh(view);
+    });
+    set(actions, button, ' ', h('span', { class: 'muted' }, 'pending again, with ' + (m.attempts + m.attempts_left) + ' attempts anew'));
+  }
+
   function renderMessage(m, events) {
+    renderActions(m);
     if (!m) {
       set(fields, h('p', { class: 'muted' }, 'Garbage-collected after its retention; its history remains.'));
       const enqueued = events.find(e => e.kind === 'enqueued');
@@ -563,7 +593,7 @@ function messageView(r) {
       h('td', { class: 'dur' }, e.state ? [bar(e.state_ms / longest, 'state-' + e.state), ' ', duration(e.state_ms), e.current ? ' so far' : ''] : ''))));
   }
 
-  return {
+  const view = {
     root,
     async update() {
       // The id in the query: a path would lose an id of "." or "..", which browsers resolve.
@@ -573,6 +603,7 @@ function messageView(r) {
       renderHistory(data.history, data.history_error);
     },
   };
+  return view;
 }
 
 window.addEventListener('hashchange', show);
