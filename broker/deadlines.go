@@ -69,10 +69,70 @@ func (d *deadlines) due(now int64, max int) []*entry {
 	return out
 }
 
+// first returns up to n of d's entries that keep accepts, the first in the order of their deadlines,
+// ties by Seq (the enqueue order). While matches come often it walks the heap from its root
+// (ascend), reading about as many entries as it returns; past a budget of 16 reads per entry it
+// wants (a state, or a filter, few entries match) it reads every entry once instead, keeping the n
+// first in a bounded heap. Either way it never sorts the whole heap, which under the queue's lock
+// held up every request of a queue of a million finished messages for seconds.
+func (d *deadlines) first(n int, keep func(*entry) bool) []*entry {
+	budget, read := 16*n+64, 0
+	var out []*entry
+	d.ascend(func(e *entry) bool {
+		if read++; read > budget {
+			return false
+		}
+		if keep(e) {
+			out = append(out, e)
+		}
+		return len(out) < n
+	})
+	if read <= budget {
+		return out
+	}
+	best := &latest{d: d}
+	for _, e := range d.items {
+		if !keep(e) {
+			continue
+		}
+		if len(best.es) < n {
+			heap.Push(best, e)
+		} else if d.before(e, best.es[0]) {
+			best.es[0] = e
+			heap.Fix(best, 0)
+		}
+	}
+	slices.SortFunc(best.es, func(a, b *entry) int { return d.compare(a, b) })
+	return best.es
+}
+
+// compare orders entries as first and ascend give them: by deadline, then Seq.
+func (d *deadlines) compare(a, b *entry) int {
+	return cmp.Or(cmp.Compare(d.key(a), d.key(b)), cmp.Compare(a.Seq, b.Seq))
+}
+
+func (d *deadlines) before(a, b *entry) bool { return d.compare(a, b) < 0 }
+
+// latest is a max-heap of entries by (deadline, Seq): first's n best so far, the worst on top.
+type latest struct {
+	d  *deadlines
+	es []*entry
+}
+
+func (l *latest) Len() int           { return len(l.es) }
+func (l *latest) Less(i, j int) bool { return l.d.before(l.es[j], l.es[i]) }
+func (l *latest) Swap(i, j int)      { l.es[i], l.es[j] = l.es[j], l.es[i] }
+func (l *latest) Push(x any)         { l.es = append(l.es, x.(*entry)) }
+func (l *latest) Pop() any {
+	n := len(l.es) - 1
+	e := l.es[n]
+	l.es = l.es[:n]
+	return e
+}
+
 // ascend calls fn with d's entries in the order of their deadlines, ties by Seq (the enqueue
 // order), until fn returns false. It walks the heap from its root with a frontier of the nodes
-// not yet reached, so a browse of the first entries of a large heap reads about as many as it
-// shows, instead of sorting them all under the queue's lock.
+// not yet reached, reading about as many entries as fn takes.
 func (d *deadlines) ascend(fn func(*entry) bool) {
 	if len(d.items) == 0 {
 		return

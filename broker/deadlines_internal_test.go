@@ -51,8 +51,38 @@ func TestDeadlinesAscend(t *testing.T) {
 	}
 }
 
+// TestDeadlinesFirst: first gives the first n entries a function keeps, in ascend's order, whether
+// they are many (the walk from the root) or few (the scan past the walk's budget).
+func TestDeadlinesFirst(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for round := range 300 {
+		d := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
+		size := rng.IntN(2000)
+		for i := range size {
+			e := &entry{EnqueuedAt: int64(rng.IntN(1 + size/3)), Attempts: uint16(rng.IntN(100)), heapIdx: -1}
+			e.Seq = uint64(rng.IntN(1_000_000))*10_000 + uint64(i)
+			d.add(e)
+		}
+		every := 1 + rng.IntN(200) // keep one entry in every
+		keep := func(e *entry) bool { return int(e.Attempts)%every == 0 }
+		n := 1 + rng.IntN(60)
+		var want []*entry
+		for _, e := range d.items {
+			if keep(e) {
+				want = append(want, e)
+			}
+		}
+		slices.SortFunc(want, d.compare)
+		want = want[:min(n, len(want))]
+		if got := d.first(n, keep); !slices.Equal(got, want) {
+			t.Fatalf("round %d (%d entries, one kept in %d, first %d): got %d entries, not the %d first in order", round, size, every, n, len(got), len(want))
+		}
+	}
+}
+
 // BenchmarkDeadlinesFirst51 compares what a browse of the first 50 entries (and one for "more")
-// of a heap of a million costs: ascend against the sort of every entry that browse used to make.
+// of a heap of a million costs: first against the sort that browse used to make, of every entry
+// when all match, of the matches when few do.
 func BenchmarkDeadlinesFirst51(b *testing.B) {
 	d := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -61,10 +91,27 @@ func BenchmarkDeadlinesFirst51(b *testing.B) {
 		e.Seq = uint64(i)
 		d.add(e)
 	}
-	b.Run("ascend", func(b *testing.B) {
+	b.Run("first", func(b *testing.B) {
 		for b.Loop() {
-			n := 0
-			d.ascend(func(*entry) bool { n++; return n < 51 })
+			d.first(51, func(*entry) bool { return true })
+		}
+	})
+	// One entry in 20,000 kept (50 of the million): the walk gives up, and the scan takes over.
+	sparse := func(e *entry) bool { return e.Seq%20_000 == 0 }
+	b.Run("first-sparse", func(b *testing.B) {
+		for b.Loop() {
+			d.first(51, sparse)
+		}
+	})
+	b.Run("sort-sparse", func(b *testing.B) {
+		for b.Loop() {
+			var found []*entry
+			for _, e := range d.items {
+				if sparse(e) {
+					found = append(found, e)
+				}
+			}
+			slices.SortFunc(found, d.compare)
 		}
 	})
 	b.Run("sort", func(b *testing.B) {

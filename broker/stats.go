@@ -248,11 +248,8 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 			return len(found) <= limit
 		})
 	} else {
-		q.heapOf(r.State).ascend(func(e *entry) bool {
-			if e.State() == r.State && matches(e.extra().Metadata, r.Filter) {
-				found = append(found, e)
-			}
-			return len(found) <= limit
+		found = q.heapOf(r.State).first(limit+1, func(e *entry) bool {
+			return e.State() == r.State && matches(e.extra().Metadata, r.Filter)
 		})
 	}
 	if len(found) > limit {

@@ -274,6 +274,13 @@ func parseImportLine(data []byte) (workers.BatchMessage, error) {
 	if m.Lease, err = lineDuration("lease_ms", r.LeaseMS, 0); err != nil {
 		return workers.BatchMessage{}, err
 	}
+	if r.MaxAttempts != nil {
+		// The Client's zero MaxAttempts is the queue's: a line's 0 is out of range, as the broker says.
+		if n := *r.MaxAttempts; n < 1 || n > subjects.MaxAttemptsLimit {
+			return workers.BatchMessage{}, fmt.Errorf("max_attempts must be 1 to %d, not %d", subjects.MaxAttemptsLimit, n)
+		}
+		m.MaxAttempts = int(*r.MaxAttempts)
+	}
 	return m, nil
 }
 

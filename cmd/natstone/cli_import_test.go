@@ -183,6 +183,9 @@ func TestParseImportLine(t *testing.T) {
 				Invisible: 1500 * time.Millisecond, Lease: time.Minute, Metadata: map[string]string{"k": "v"}}}},
 		{line: `{"invisible_ms":0}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{Invisible: -1}}}, // pending at once
 		{line: `{"lease_ms":0}`}, // the queue's
+		{line: `{"max_attempts":3}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{MaxAttempts: 3}}},
+		{line: `{"max_attempts":0}`, wantErr: "max_attempts must be 1 to 1000, not 0"},
+		{line: `{"max_attempts":5000}`, wantErr: "max_attempts must be 1 to 1000, not 5000"},
 		{line: `{"id":""}`, wantErr: "id is empty"},
 		{line: `[]`, wantErr: "not a JSON object"},
 		{line: `{"priority":"1"}`, wantErr: "cannot unmarshal string"},
