@@ -332,6 +332,15 @@ func TestStats(t *testing.T) {
 	if len(s.Expiring) != 1 || s.Expiring[0].ID != "0" || s.Expiring[0].ExpiresInMS != 10_000 {
 		t.Errorf("expiring within 15 s: %+v, want message 0 in 10 s", s.Expiring)
 	}
+	// Within 20 s both leases end, the soonest first; a limit of 1 keeps the soonest.
+	s = must[subjects.StatsReply](e, subjects.OpStats, "q", subjects.StatsRequest{ExpiringWithinMS: 20_000})
+	if len(s.Expiring) != 2 || s.Expiring[0].ID != "0" || s.Expiring[1].ID != "1" {
+		t.Errorf("expiring within 20 s: %+v, want messages 0 then 1", s.Expiring)
+	}
+	s = must[subjects.StatsReply](e, subjects.OpStats, "q", subjects.StatsRequest{ExpiringWithinMS: 20_000, ExpiringLimit: 1})
+	if len(s.Expiring) != 1 || s.Expiring[0].ID != "0" {
+		t.Errorf("expiring within 20 s, limit 1: %+v, want message 0 alone", s.Expiring)
+	}
 	s = must[subjects.StatsReply](e, subjects.OpStats, "q", subjects.StatsRequest{Filter: map[string]string{"odd": "1"}})
 	if want := (subjects.Counts{Pending: 2, Running: 1}); s.Counts != want || s.OldestPendingMS != 3000 {
 		t.Errorf("odd: counts %+v oldest %d, want %+v and 3000", s.Counts, s.OldestPendingMS, want)

@@ -246,16 +246,23 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 	e := setup(t)
 	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 2})
 	e.enqueue("q", "slow", &workers.EnqueueOpts{ID: "m"})
-	causes := make(chan error, 2)
-	e.startWorker(&workers.WorkerConfig{Queue: "q", Timeout: 50 * time.Millisecond, BackoffFunc: func(int) time.Duration { return 0 }},
+	causes, backoffs := make(chan error, 2), make(chan int, 2)
+	backoff := func(attempt int) time.Duration {
+		backoffs <- attempt // a timed-out attempt is a failure: it backs off like any other
+		return 0
+	}
+	e.startWorker(&workers.WorkerConfig{Queue: "q", Timeout: 50 * time.Millisecond, BackoffFunc: backoff},
 		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
 			<-ctx.Done()
 			causes <- context.Cause(ctx)
 			return ctx.Err()
 		}))
-	for range 2 {
+	for attempt := 1; attempt <= 2; attempt++ {
 		if err := recv(t, causes); !errors.Is(err, workers.ErrHandlerTimeout) {
 			t.Fatalf("handler's context ended with %v, want ErrHandlerTimeout", err)
+		}
+		if got := recv(t, backoffs); got != attempt {
+			t.Fatalf("backoff asked for attempt %d, want %d", got, attempt)
 		}
 	}
 	e.waitState("q", "m", subjects.StateErrored)
