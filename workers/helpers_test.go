@@ -135,6 +135,23 @@ func (e *env) get(queue, id string) workers.Message {
 }
 
 // waitState waits until the message is in state and returns it.
+// failures returns the message's released and errored events from its history, each as
+// "<kind>: <the release's error>".
+func (e *env) failures(queue, id string) []string {
+	e.t.Helper()
+	hist, err := e.c.History(ctx(e.t), queue, id, 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, ev := range hist.Events {
+		if ev.Kind == subjects.EventReleased || ev.Kind == subjects.EventErrored {
+			out = append(out, string(ev.Kind)+": "+ev.Error)
+		}
+	}
+	return out
+}
+
 func (e *env) waitState(queue, id string, state subjects.State) workers.Message {
 	e.t.Helper()
 	var m workers.Message

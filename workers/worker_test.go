@@ -223,17 +223,7 @@ func TestWorkerReleasesWithBackoff(t *testing.T) {
 		t.Fatalf("handler saw attempts %v, backoff asked for %v; want 1, 2, 3", attempts, backoffs)
 	}
 	// Each failure's error is in the message's history: the released events', the errored one's.
-	hist, err := e.c.History(ctx(t), "q", "m1", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, ev := range hist.Events {
-		if ev.Kind == subjects.EventReleased || ev.Kind == subjects.EventErrored {
-			got = append(got, string(ev.Kind)+": "+ev.Error)
-		}
-	}
-	if want := []string{"released: attempt 1 failed", "released: attempt 2 failed", "errored: attempt 3 failed"}; !slices.Equal(got, want) {
+	if got, want := e.failures("q", "m1"), []string{"released: attempt 1 failed", "released: attempt 2 failed", "errored: attempt 3 failed"}; !slices.Equal(got, want) {
 		t.Fatalf("history's failures %q, want %q", got, want)
 	}
 }
@@ -266,16 +256,7 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 		}
 	}
 	e.waitState("q", "m", subjects.StateErrored)
-	hist, err := e.c.History(ctx(t), "q", "m", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, ev := range hist.Events {
-		if ev.Kind == subjects.EventReleased || ev.Kind == subjects.EventErrored {
-			got = append(got, string(ev.Kind)+": "+ev.Error)
-		}
-	}
+	got := e.failures("q", "m")
 	want := "natstone: handler timed out after 50ms: context deadline exceeded"
 	if !slices.Equal(got, []string{"released: " + want, "errored: " + want}) {
 		t.Fatalf("history's failures %q, want released and errored with %q", got, want)
