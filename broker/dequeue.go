@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/natstone/natstone/broker/index"
@@ -555,40 +554,25 @@ type bodyResult struct {
 }
 
 // readBodies starts reading the payloads at seqs concurrently, on the runner's goroutines; each
-// channel yields one result. The reads go on when the broker stops (which cancels ctx), for the
-// write timeout at most: a dequeue that leased messages just before the stop still hands them
-// over, rather than leaving its leases to run out unseen, each spending an attempt.
+// channel yields one result. A read that the broker's stop cut short (the stop cancels ctx) is made
+// again, bounded by the write timeout alone: a dequeue that leased messages just before the stop
+// still hands them over, rather than leaving its leases to run out unseen, each spending an attempt.
 func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult {
-	ctx, cancel := q.unstopped(ctx)
-	left := atomic.Int32{}
-	left.Store(int32(len(seqs)))
 	out := make([]chan bodyResult, len(seqs))
 	for i, seq := range seqs {
 		ch := make(chan bodyResult, 1)
 		out[i] = ch
 		q.b.runner.run(func() {
 			data, err := q.b.store.GetBody(ctx, seq)
-			ch <- bodyResult{data, err}
-			if left.Add(-1) == 0 {
+			if err != nil && q.b.ctx.Err() != nil {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.b.cfg.WriteTimeout)
+				data, err = q.b.store.GetBody(rctx, seq)
 				cancel()
 			}
+			ch <- bodyResult{data, err}
 		})
 	}
-	if len(seqs) == 0 {
-		cancel()
-	}
 	return out
-}
-
-// unstopped returns ctx without its cancellation, ending at its deadline or after the broker's
-// write timeout, whichever comes first: a stop waits for the reads of the requests under way, and
-// a request's own deadline is minutes away (a long poll's).
-func (q *queue) unstopped(ctx context.Context) (context.Context, context.CancelFunc) {
-	d := time.Now().Add(q.b.cfg.WriteTimeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(d) {
-		d = dl
-	}
-	return context.WithDeadline(context.WithoutCancel(ctx), d)
 }
 
 // view describes e for a reply (without payload).
