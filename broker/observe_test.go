@@ -632,3 +632,59 @@ func TestHistoryReplyFitsMaxPayload(t *testing.T) {
 		t.Fatalf("history: %d of %d events, truncated %v: want the oldest that fit in 1 MiB, truncated", len(h.Events), extends+2, h.Truncated)
 	}
 }
+
+// TestBrowsePages: a browse's next, given back as after, lists the page after it, until no more
+// match: the pages together are the whole listing, in its order, for the pending index (ties of
+// priority) and for a deadline heap (ties of end time), with a filter too.
+func TestBrowsePages(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	for i := range 9 {
+		e.enqueue("q", subjects.EnqueueRequest{ID: fmt.Sprint("m", i), Priority: ptr(int64(i / 3)), Metadata: map[string]string{"odd": fmt.Sprint(i % 2)}})
+	}
+	pages := func(state subjects.State, filter map[string]string, limit int) (all, paged []string) {
+		t.Helper()
+		whole := must[subjects.BrowseReply](e, subjects.OpBrowse, "q", subjects.BrowseRequest{State: state, Filter: filter, Limit: 1000})
+		for _, m := range whole.Messages {
+			all = append(all, m.ID)
+		}
+		after := ""
+		for range 20 {
+			r := must[subjects.BrowseReply](e, subjects.OpBrowse, "q", subjects.BrowseRequest{State: state, Filter: filter, Limit: limit, After: after})
+			for _, m := range r.Messages {
+				paged = append(paged, m.ID)
+			}
+			if r.More != (r.Next != "") {
+				t.Fatalf("%s page after %q: more %v, next %q", state, after, r.More, r.Next)
+			}
+			if after = r.Next; after == "" {
+				return all, paged
+			}
+		}
+		t.Fatalf("%s: more than 20 pages", state)
+		return nil, nil
+	}
+	check := func(state subjects.State, filter map[string]string, limit, want int) {
+		t.Helper()
+		all, paged := pages(state, filter, limit)
+		if len(all) != want || !slices.Equal(all, paged) {
+			t.Errorf("%s %v by %d: pages %v, the whole listing %v (want %d)", state, filter, limit, paged, all, want)
+		}
+	}
+	check(subjects.StatePending, nil, 2, 9)
+	check(subjects.StatePending, map[string]string{"odd": "1"}, 1, 4)
+	// Completed in two batches at two times: ties of end time, broken by enqueue order.
+	for i := range 9 {
+		if i == 5 {
+			e.advance(time.Millisecond)
+		}
+		m := e.dequeueOne("q")
+		must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	}
+	check(subjects.StateCompleted, nil, 2, 9)
+	check(subjects.StateCompleted, map[string]string{"odd": "0"}, 2, 5)
+	check(subjects.StatePending, nil, 3, 0)
+
+	fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, After: "soon"})
+	fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, After: "1:-2"})
+}

@@ -39,6 +39,8 @@ func TestRetry(t *testing.T) {
 	if again := must[subjects.Message](e, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m", Version: errored.Version}); again.Version != retried.Version || again.State != subjects.StatePending {
 		t.Fatalf("retry sent again: %+v", again)
 	}
+	// With a version it is not as that retry left it: a mismatch, and nothing written.
+	fails(e, subjects.CodeRevisionMismatch, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m", Version: 999})
 	e.unchanged(before)
 
 	// Past the retention of the errored message, the pending one is still there, and runs.
@@ -49,6 +51,11 @@ func TestRetry(t *testing.T) {
 	m = e.dequeueOne("q")
 	if m.ID != "m" || m.Attempts != 1 || string(m.PayloadBytes()) != "x" || m.Metadata["k"] != "v" {
 		t.Fatalf("retried message dequeued as %+v", m)
+	}
+	// Leased since: the retry at the errored version is no longer the same retry sent again.
+	fails(e, subjects.CodeRevisionMismatch, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m", Version: errored.Version})
+	if got := must[subjects.Message](e, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m"}); got.State != subjects.StateRunning {
+		t.Fatalf("retry without a version of a running message: %s, want it left running", got.State)
 	}
 	// The lease before the retry is no longer the message's.
 	fails(e, subjects.CodeLeaseMismatch, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: errored.LeaseID})

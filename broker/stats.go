@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/natstone/natstone/kv"
@@ -234,6 +236,10 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	if limit < 1 || limit > subjects.MaxBrowseLimit {
 		return subjects.BrowseReply{}, subjects.Errorf(subjects.CodeOutOfRange, "limit must be 1 to %d, got %d", subjects.MaxBrowseLimit, limit)
 	}
+	after, err := parseCursor(r.After)
+	if err != nil {
+		return subjects.BrowseReply{}, err
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.usable(); err != nil {
@@ -241,15 +247,22 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	}
 	reply := subjects.BrowseReply{Queue: q.name, State: r.State, Messages: []subjects.Message{}}
 	var found []*entry
+	var key func(*entry) int64 // the order's first key; ties by Seq
 	if r.State == subjects.StatePending {
-		// The index holds the pending messages in EDF order; the filter is the dequeue's.
+		// The index holds the pending messages in EDF order; the filter is the dequeue's. A page
+		// after the first skips the messages up to its cursor.
+		key = func(e *entry) int64 { return e.Priority }
 		q.pending.Ascend(toFilter(r.Filter), func(e *entry) bool {
-			found = append(found, e)
+			if after.before(key(e), e.Seq) {
+				found = append(found, e)
+			}
 			return len(found) <= limit
 		})
 	} else {
-		found = q.heapOf(r.State).first(limit+1, func(e *entry) bool {
-			return e.State() == r.State && matches(e.extra().Metadata, r.Filter)
+		d := q.heapOf(r.State)
+		key = d.key
+		found = d.first(limit+1, func(e *entry) bool {
+			return e.State() == r.State && matches(e.extra().Metadata, r.Filter) && after.before(d.key(e), e.Seq)
 		})
 	}
 	if len(found) > limit {
@@ -264,7 +277,42 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 		}
 		reply.Messages = append(reply.Messages, q.view(e))
 	}
+	if reply.More {
+		last := found[len(reply.Messages)-1]
+		reply.Next = cursor{key: key(last), seq: last.Seq, set: true}.String()
+	}
 	return reply, nil
+}
+
+// cursor is a place in a state's order (browse's after and next): the order's first key
+// (priority, or the deadline of the state's heap) and the body sequence that breaks its ties.
+type cursor struct {
+	key int64
+	seq uint64
+	set bool // the zero cursor is before every message
+}
+
+func (c cursor) String() string {
+	return strconv.FormatInt(c.key, 10) + ":" + strconv.FormatUint(c.seq, 10)
+}
+
+// before reports whether c comes before the message at (key, seq): the message is on a later page.
+func (c cursor) before(key int64, seq uint64) bool {
+	return !c.set || key > c.key || key == c.key && seq > c.seq
+}
+
+// parseCursor reads browse's after: empty for the first page, else a next a reply gave.
+func parseCursor(s string) (cursor, error) {
+	if s == "" {
+		return cursor{}, nil
+	}
+	k, sq, ok := strings.Cut(s, ":")
+	key, kerr := strconv.ParseInt(k, 10, 64)
+	seq, serr := strconv.ParseUint(sq, 10, 64)
+	if !ok || kerr != nil || serr != nil {
+		return cursor{}, subjects.Errorf(subjects.CodeBadRequest, "after %q is not a browse's next", s)
+	}
+	return cursor{key: key, seq: seq, set: true}, nil
 }
 
 // heapOf returns the deadline heap that holds the entries of state s (not pending).

@@ -141,9 +141,10 @@ type StatsReply struct {
 // pending in EDF order, invisible by when they become pending, running by lease expiry, terminal by
 // when they ended — optionally only those matching Filter.
 type BrowseRequest struct {
-	State  State `json:"state"`
-	Filter Pairs `json:"filter,omitempty"`
-	Limit  int   `json:"limit,omitempty"` // 1 to MaxBrowseLimit, default DefaultBrowseLimit
+	State  State  `json:"state"`
+	Filter Pairs  `json:"filter,omitempty"`
+	Limit  int    `json:"limit,omitempty"` // 1 to MaxBrowseLimit, default DefaultBrowseLimit
+	After  string `json:"after,omitempty"` // a reply's next: the page after it
 }
 
 // BrowseReply is the reply of browse: messages without payloads. More is true when more matched.
@@ -152,4 +153,5 @@ type BrowseReply struct {
 	State    State     `json:"state"`
 	Messages []Message `json:"messages"`
 	More     bool      `json:"more,omitempty"`
+	Next     string    `json:"next,omitempty"` // with more: the after of the next page
 }

@@ -213,7 +213,8 @@ func (s *Server) listMessages(r *http.Request) (any, error) {
 		return nil, err
 	}
 	name := r.PathValue("name")
-	msgs, more, err := s.client.Browse(r.Context(), name, state, &workers.BrowseOpts{Filter: filter, Limit: limit})
+	msgs, next, err := s.client.Browse(r.Context(), name, state, &workers.BrowseOpts{Filter: filter, Limit: limit})
+	more := next != ""
 	if err != nil {
 		return nil, err
 	}

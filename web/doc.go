@@ -37,7 +37,7 @@
 //	     browser removes from a path as dot segments even when escaped): {"message": <message> + {"payload_size", "payload" (UTF-8)
 //	     or "payload_base64" (other bytes), "payload_omitted"}, "history": {"events": [{"kind",
 //	     "state", "prev_state", "reason", "version", "attempts", "max_attempts", "lease_id",
-//	     "lease_expires_at", "worker", "request_id", "at", "state_ms", "current"}, …], "state_ms":
+//	     "lease_expires_at", "worker", "request_id", "error", "at", "state_ms", "current"}, …], "state_ms":
 //	     {<state>: ms}, "failures", "collected", "truncated"}, "history_error": {"code", "message"}}.
 //	     The payload is included only up to 4 KiB (MaxPayloadPreview); a larger one is left out with
 //	     payload_omitted set. "message" is null once the message was garbage-collected: its history

@@ -334,9 +334,9 @@ func (o *ReleaseOpts) request(id, leaseID string) subjects.ReleaseRequest {
 	return r
 }
 
-// FailureText is err's text as a release's error: valid UTF-8 (each invalid byte becomes U+FFFD),
-// cut to subjects.MaxErrorLen bytes at a character's boundary. The worker releases the message of a
-// failed handler with it.
+// FailureText is err's text as a release's error: valid UTF-8 (each run of invalid bytes becomes one
+// U+FFFD), cut to subjects.MaxErrorLen bytes at a character's boundary. The worker releases the
+// message of a failed handler with it.
 func FailureText(err error) string {
 	if err == nil {
 		return ""

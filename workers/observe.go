@@ -40,28 +40,31 @@ type BrowseOpts struct {
 	// Limit bounds how many messages are returned (1 to subjects.MaxBrowseLimit). Default
 	// subjects.DefaultBrowseLimit.
 	Limit int
+	// After is the next of an earlier Browse: this one returns the page after it.
+	After string
 }
 
 // Browse lists queue's messages in state, without payloads and without changing them, in that
 // state's order: pending ones earliest deadline first, invisible ones by when they become pending,
-// running ones by lease expiry, terminal ones by when they ended. more reports that more matched
-// than were returned. opts may be nil. Errors: ErrQueueNotFound, ErrBadRequest (an unknown state),
-// ErrInvalidMetadata, ErrOutOfRange.
-func (c *Client) Browse(ctx context.Context, queue string, state subjects.State, opts *BrowseOpts) (msgs []Message, more bool, err error) {
+// running ones by lease expiry, terminal ones by when they ended. next is empty when no more
+// matched; else it is the BrowseOpts.After of the next page. opts may be nil. Errors:
+// ErrQueueNotFound, ErrBadRequest (an unknown state, an After no Browse gave), ErrInvalidMetadata,
+// ErrOutOfRange.
+func (c *Client) Browse(ctx context.Context, queue string, state subjects.State, opts *BrowseOpts) (msgs []Message, next string, err error) {
 	var o BrowseOpts
 	if opts != nil {
 		o = *opts
 	}
-	req := subjects.BrowseRequest{State: state, Filter: o.Filter, Limit: o.Limit}
+	req := subjects.BrowseRequest{State: state, Filter: o.Filter, Limit: o.Limit, After: o.After}
 	var r subjects.BrowseReply
 	if err := c.request(ctx, subjects.OpBrowse, queue, req, &r); err != nil {
-		return nil, false, err
+		return nil, "", err
 	}
 	msgs = make([]Message, len(r.Messages))
 	for i := range r.Messages {
 		msgs[i] = newMessage(&r.Messages[i])
 	}
-	return msgs, r.More, nil
+	return msgs, r.Next, nil
 }
 
 // History returns message id's transitions in version order with the time spent in each state, read

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,9 +42,23 @@ func TestStatsBrowseHistory(t *testing.T) {
 		t.Errorf("filtered stats: %+v, %v", s.Counts, err)
 	}
 
-	msgs, more, err := e.c.Browse(ctx(t), "q", subjects.StatePending, &workers.BrowseOpts{Limit: 1})
-	if err != nil || len(msgs) != 1 || msgs[0].ID != "1" || !more || msgs[0].Payload != nil {
-		t.Errorf("browse pending, limit 1: %+v more=%v err=%v; want message 1 without payload, more", msgs, more, err)
+	msgs, next, err := e.c.Browse(ctx(t), "q", subjects.StatePending, &workers.BrowseOpts{Limit: 1})
+	if err != nil || len(msgs) != 1 || msgs[0].ID != "1" || next == "" || msgs[0].Payload != nil {
+		t.Errorf("browse pending, limit 1: %+v next=%q err=%v; want message 1 without payload, and a next page", msgs, next, err)
+	}
+	// The pages after it, one message each, until none is left.
+	var ids []string
+	for next != "" {
+		msgs, next, err = e.c.Browse(ctx(t), "q", subjects.StatePending, &workers.BrowseOpts{Limit: 1, After: next})
+		if err != nil || len(msgs) > 1 || len(ids) > 10 {
+			t.Fatalf("browse pending after %v: %+v, %v", ids, msgs, err)
+		}
+		for _, m := range msgs {
+			ids = append(ids, m.ID)
+		}
+	}
+	if want := []string{"2"}; !slices.Equal(ids, want) {
+		t.Errorf("the pages after message 1: %v, want %v", ids, want)
 	}
 	if _, _, err := e.c.Browse(ctx(t), "q", "asleep", nil); !errors.Is(err, workers.ErrBadRequest) {
 		t.Errorf("browse of an unknown state: %v, want ErrBadRequest", err)

@@ -344,18 +344,14 @@ left, for the command to be run again. --json prints {"retried": [ids], "skipped
 		})
 	}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
-		msgs, more, err := conn.client.Browse(ctx, pos[0], subjects.StateErrored, &workers.BrowseOpts{Filter: filter, Limit: *limit})
+		msgs, next, err := conn.client.Browse(ctx, pos[0], subjects.StateErrored, &workers.BrowseOpts{Filter: filter, Limit: *limit})
 		if err != nil {
 			return err
 		}
-		sum := retrySummary{Retried: []string{}, Skipped: []retrySkip{}, More: more}
+		sum := retrySummary{Retried: []string{}, Skipped: []retrySkip{}, More: next != ""}
 		for _, m := range msgs {
-			r, err := conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
+			_, err := conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
 			switch {
-			case err == nil && r.Version != m.Version+1:
-				// Not finished any more: retried, or canceled and retried, by someone else since the
-				// list (the broker left it as it is).
-				sum.Skipped = append(sum.Skipped, retrySkip{ID: m.ID, Error: fmt.Sprintf("%s at version %d since it was listed at version %d", r.State, r.Version, m.Version)})
 			case err == nil:
 				sum.Retried = append(sum.Retried, m.ID)
 			case errors.Is(err, workers.ErrRevisionMismatch), errors.Is(err, workers.ErrMessageNotFound):

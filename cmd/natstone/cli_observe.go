@@ -53,13 +53,15 @@ func runMessages(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	c := newClientCommand("natstone messages", "QUEUE [flags]", `
 Lists the messages of QUEUE in one state, without their payloads and without changing them, in
 that state's order: pending ones earliest deadline first, invisible ones by when they become
-pending, running ones by lease expiry, finished ones by when they ended. A last line says when more
-matched than --limit. --json prints the protocol's browse reply.
+pending, running ones by lease expiry, finished ones by when they ended. When more matched than
+--limit, a last line gives the --after that lists the next page. --json prints the protocol's
+browse reply (its next is that --after).
 `, stdout, stderr)
 	state := c.fs.String("state", string(subjects.StatePending), "the `state` to list: invisible, pending, running, completed, canceled or errored")
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "list only messages with metadata `key=value`, repeatable (all must match)")
 	limit := c.fs.Int("limit", subjects.DefaultBrowseLimit, "list at most `n` messages (1 to 1000)")
+	after := c.fs.String("after", "", "list the page after the one whose last line (or --json's next) gave this `cursor`")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
 		return parseExit(err)
@@ -71,14 +73,14 @@ matched than --limit. --json prints the protocol's browse reply.
 	if *limit < 1 || *limit > subjects.MaxBrowseLimit {
 		return parseExit(c.usageError("--limit must be 1 to %d, not %d", subjects.MaxBrowseLimit, *limit))
 	}
-	opts := &workers.BrowseOpts{Filter: filter, Limit: *limit}
+	opts := &workers.BrowseOpts{Filter: filter, Limit: *limit, After: *after}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
-		msgs, more, err := conn.client.Browse(ctx, pos[0], st, opts)
+		msgs, next, err := conn.client.Browse(ctx, pos[0], st, opts)
 		if err != nil {
 			return err
 		}
-		r := subjects.BrowseReply{Queue: pos[0], State: st, Messages: wireMessages(msgs).Messages, More: more}
-		return c.output(r, func(w io.Writer) { printBrowse(w, st, msgs, more, time.Now()) })
+		r := subjects.BrowseReply{Queue: pos[0], State: st, Messages: wireMessages(msgs).Messages, More: next != "", Next: next}
+		return c.output(r, func(w io.Writer) { printBrowse(w, st, msgs, next, time.Now()) })
 	})
 }
 
@@ -161,7 +163,7 @@ func printStats(w io.Writer, r *subjects.StatsReply, filter pairsFlag, within ti
 // printBrowse prints the messages of one state as a table whose time column fits the state: the
 // lease and its time left for running messages, when they ended for finished ones, when they
 // became (or become) pending otherwise.
-func printBrowse(w io.Writer, state subjects.State, msgs []workers.Message, more bool, now time.Time) {
+func printBrowse(w io.Writer, state subjects.State, msgs []workers.Message, next string, now time.Time) {
 	tw := newTable(w)
 	switch {
 	case state == subjects.StateRunning:
@@ -186,8 +188,8 @@ func printBrowse(w io.Writer, state subjects.State, msgs []workers.Message, more
 			printable(fmtPairs(m.Metadata, ","), previewRunes))
 	}
 	tw.Flush()
-	if more {
-		fmt.Fprintf(w, "… more %s messages: raise --limit (at most %d) or narrow them with --filter\n", state, subjects.MaxBrowseLimit)
+	if next != "" {
+		fmt.Fprintf(w, "… more %s messages: the next page with --after %s\n", state, next)
 	}
 }
 

@@ -235,6 +235,17 @@ func TestCLIMessages(t *testing.T) {
 			t.Errorf("messages --json: %+v, want a message without payload", m)
 		}
 	}
+	// The last line's --after lists the next page: p30, and no more.
+	last := out[strings.LastIndex(strings.TrimSuffix(out, "\n"), "\n")+1:]
+	_, after, ok := strings.Cut(strings.TrimSpace(last), "--after ")
+	if !ok || after != br.Next {
+		t.Fatalf("messages --limit 2: last line %q, want the --after of --json's next %q", last, br.Next)
+	}
+	page := jsonOf[subjects.BrowseReply](t, cli(t, url, "messages", "list", "--limit", "2", "--after", after, "--json"))
+	if page.More || page.Next != "" || len(page.Messages) != 1 || page.Messages[0].ID != "p30" {
+		t.Fatalf("messages --after %s: %+v, want p30 alone", after, page)
+	}
+	cli(t, url, "messages", "list", "--after", "x").fails(t, exitError, "natstone: bad_request: ")
 	br = jsonOf[subjects.BrowseReply](t, cli(t, url, "messages", "list", "--filter", "kind=a", "--json"))
 	if br.More || len(br.Messages) != 2 || br.Messages[0].ID != "p20" || br.Messages[1].ID != "p30" {
 		t.Fatalf("messages --filter kind=a --json: %+v", br)
