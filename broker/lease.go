@@ -75,16 +75,17 @@ func leaseMismatch(id, leaseID string) error {
 // transition writes e's record as edit changes it and returns the message's new view.
 // Called with q.mu held.
 func (q *queue) transition(e *entry, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
-	return q.transitionFailed(e, "", edit)
+	return q.transitionWith(&change{e: e}, edit)
 }
 
-// transitionFailed is transition for a release, whose event carries failure, the release's error.
-func (q *queue) transitionFailed(e *entry, failure string, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
+// transitionWith is transition with c's attributes for the event (a release's failure and refund).
+func (q *queue) transitionWith(c *change, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
+	e := c.e
 	now := q.now()
 	r := e.record()
 	edit(&r, now)
 	q.stamp(&r, now)
-	c := &change{e: e, next: r, failure: failure}
+	c.next = r
 	q.commit([]*change{c})
 	if c.err != nil {
 		return subjects.Message{}, unavailable("store message", c.err)
@@ -140,9 +141,9 @@ func (q *queue) extend(ctx context.Context, req subjects.ExtendRequest) (subject
 func usedLease(r *kv.Record) { r.RequestID = "" }
 
 // release gives a running message back: pending now, or invisible for DelayMS. The attempt it used
-// stays spent; with none left the message is errored. Its event (released or errored) carries
-// req.Error. Releasing it again with the same lease succeeds and writes nothing (its error is not
-// kept).
+// stays spent, unless req.Refund says the holder never ran the message; with none left the message
+// is errored. Its event (released or errored) carries req.Error. Releasing it again with the same
+// lease succeeds and writes nothing (its error is not kept).
 func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -159,9 +160,12 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 	if done, err := q.fence(e, req.LeaseID, subjects.OpRelease); err != nil || done {
 		return q.view(e), err
 	}
-	return q.transitionFailed(e, req.Error, func(r *kv.Record, now int64) {
+	return q.transitionWith(&change{e: e, failure: req.Error, refund: req.Refund}, func(r *kv.Record, now int64) {
 		r.Released = true
 		usedLease(r)
+		if req.Refund && r.Attempts > 0 {
+			r.Attempts-- // the holder never ran it: this lease spent nothing
+		}
 		switch {
 		case r.Attempts >= r.MaxAttempts:
 			r.State = subjects.StateErrored

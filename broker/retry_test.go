@@ -104,3 +104,36 @@ func TestRetryAcrossARestart(t *testing.T) {
 		t.Fatalf("dequeued %s after the restart, want m", m.ID)
 	}
 }
+
+// TestReleaseRefund: a release with refund gives the lease's attempt back: on a queue of one
+// attempt the message is pending again, not errored, and its history counts no failure. Sent again
+// it writes nothing; without refund the attempt stays spent.
+func TestReleaseRefund(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{MaxAttempts: 1})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "x"})
+	m := e.dequeueOne("q")
+	r := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID, Refund: true, Error: "not run"})
+	if r.State != subjects.StatePending || r.Attempts != 0 || r.AttemptsLeft != 1 {
+		t.Fatalf("released with refund: %+v, want pending with its one attempt left", r)
+	}
+	before := e.snap()
+	if again := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID, Refund: true}); again.Version != r.Version {
+		t.Fatalf("the release sent again: version %d, want %d", again.Version, r.Version)
+	}
+	e.unchanged(before)
+	h := e.history("q", "m")
+	checkHistory(t, h, []step{
+		{subjects.EventEnqueued, subjects.StatePending, ""},
+		{subjects.EventLeased, subjects.StateRunning, ""},
+		{subjects.EventReleased, subjects.StatePending, subjects.ReasonRefunded},
+	})
+	if h.Failures != 0 || h.Events[2].Error != "not run" || h.Events[2].Attempts != 0 {
+		t.Errorf("history: %d failures, released event %+v; want none, the error, attempts 0", h.Failures, h.Events[2])
+	}
+	// Its one attempt is real: released without refund, it is errored.
+	m = e.dequeueOne("q")
+	if r := must[subjects.Message](e, subjects.OpRelease, "q", subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID}); r.State != subjects.StateErrored {
+		t.Fatalf("released without refund on its last attempt: %s, want errored", r.State)
+	}
+}

@@ -420,8 +420,12 @@ func buildHistory(queue, id string, events []subjects.Event, more bool, after *s
 			reply.StateMS[e.State] += h.StateMS
 		}
 		switch e.Kind {
-		case subjects.EventExpired, subjects.EventReleased, subjects.EventErrored:
+		case subjects.EventExpired, subjects.EventErrored:
 			reply.Failures++
+		case subjects.EventReleased:
+			if e.Reason != subjects.ReasonRefunded {
+				reply.Failures++
+			}
 		}
 		reply.Events[i] = h
 	}

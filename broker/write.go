@@ -21,6 +21,7 @@ type change struct {
 	truth   *kv.Record     // on a conflict: what storage holds instead (nil: the key is gone)
 	worker  string         // a lease's: the dequeue's worker, for its event
 	failure string         // a release's: why the attempt failed, for its event
+	refund  bool           // a release's: the attempt was given back, as its event says
 	skipped bool           // never issued: its exclusivity lock was not taken (err says why)
 }
 
@@ -86,6 +87,9 @@ func (q *queue) finish(cs []*change) {
 		case c.err == nil:
 			q.apply(e, c.next, c.rev)
 			kind, reason := eventKind(c.create, c.prev, &c.next)
+			if c.refund && kind == subjects.EventReleased {
+				reason = subjects.ReasonRefunded
+			}
 			q.transitioned(pendingEvent{kind: kind, reason: reason, prev: c.prev, rec: c.next, worker: c.worker, err: c.failure, at: c.next.UpdatedAt})
 		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:
 			q.log().Warn("message changed in storage; reloaded", "message_id", e.ID)

@@ -26,10 +26,11 @@ var EventKinds = []EventKind{
 	EventCompleted, EventCanceled, EventExpired, EventErrored, EventRetried, EventCollected,
 }
 
-// The reasons of an errored event.
+// The reasons of an errored event, and of a released one whose attempt was given back.
 const (
-	ReasonLeaseExpired = "lease_expired" // its last lease ran out
-	ReasonReleased     = "released"      // its holder released it after its last attempt
+	ReasonLeaseExpired = "lease_expired" // errored: its last lease ran out
+	ReasonReleased     = "released"      // errored: its holder released it after its last attempt
+	ReasonRefunded     = "refunded"      // released: its holder never ran it, and gave the attempt back
 )
 
 // Event is one transition of a message, as published on the events stream (subject
@@ -42,7 +43,7 @@ type Event struct {
 	Kind           EventKind         `json:"kind"`
 	State          State             `json:"state"`                // the state it entered ("" for collected)
 	PrevState      State             `json:"prev_state,omitempty"` // the state it left ("" for enqueued)
-	Reason         string            `json:"reason,omitempty"`     // errored: lease_expired or released
+	Reason         string            `json:"reason,omitempty"`     // errored: lease_expired or released; released: refunded
 	Error          string            `json:"error,omitempty"`      // released, or errored by a release: the release's error
 	Version        uint64            `json:"version"`
 	Attempts       int               `json:"attempts"`

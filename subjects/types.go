@@ -190,8 +190,9 @@ type ReleaseRequest struct {
 	ID      string          `json:"id"`
 	LeaseID string          `json:"lease_id"`
 	DelayMS int64           `json:"delay_ms,omitempty"`
-	Error   string          `json:"error,omitempty"` // at most MaxErrorLen bytes
-	Next    *DequeueRequest `json:"next,omitempty"`  // as LeaseRequest's
+	Error   string          `json:"error,omitempty"`  // at most MaxErrorLen bytes
+	Refund  bool            `json:"refund,omitempty"` // the holder never ran it: the attempt is given back
+	Next    *DequeueRequest `json:"next,omitempty"`   // as LeaseRequest's
 }
 
 // RetryRequest is the body of retry: an errored or canceled message is pending again, or invisible

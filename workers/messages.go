@@ -323,13 +323,17 @@ type ReleaseOpts struct {
 	// it, or its errored event when no attempt is left, and History shows it. At most
 	// subjects.MaxErrorLen bytes of UTF-8 (FailureText makes any error's text so).
 	Error string
+	// Refund gives the attempt back: the holder never ran the message (a worker handing back what
+	// it leased as it stops, say). The message is pending again with the attempts it had before
+	// this lease, and its history does not count it as a failure.
+	Refund bool
 }
 
 // request is the release of the lease leaseID of message id with o.
 func (o *ReleaseOpts) request(id, leaseID string) subjects.ReleaseRequest {
 	r := subjects.ReleaseRequest{ID: id, LeaseID: leaseID}
 	if o != nil {
-		r.DelayMS, r.Error = ms(o.Delay), o.Error
+		r.DelayMS, r.Error, r.Refund = ms(o.Delay), o.Error, o.Refund
 	}
 	return r
 }

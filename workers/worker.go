@@ -209,7 +209,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // that poll's wait is over can still be leased to it. Such a message is not lost, but it stays
 // running, unprocessed, until its lease ends (and that attempt is spent). A shorter PollWait narrows
 // the window. A message that a slot's complete leased for it (see CompleteNext) as Stop began is
-// released at once, unprocessed (that attempt is spent too).
+// released at once, unprocessed, with its attempt given back (ReleaseOpts.Refund).
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	started, stopPoll, stopJobs, done := w.started, w.stopPoll, w.stopJobs, w.done
@@ -303,14 +303,14 @@ const (
 	interrupted = "natstone worker stopped while its handler ran"
 )
 
-// giveBack releases msgs at once, unprocessed (each has spent an attempt).
+// giveBack releases msgs at once, unprocessed, giving their attempts back.
 func (w *Worker) giveBack(jobCtx context.Context, msgs []Message) {
 	for _, m := range msgs {
 		log := w.log.With("queue", m.Queue, "message_id", m.ID, "lease_id", m.LeaseID)
 		log.Info("message released unprocessed: worker stopped")
 		expires := time.Now().Add(m.LeaseExpiresAt.Sub(m.UpdatedAt)) // as process reckons it
 		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-			_, err := w.client.Release(ctx, m.Queue, m.ID, m.LeaseID, &ReleaseOpts{Error: unprocessed})
+			_, err := w.client.Release(ctx, m.Queue, m.ID, m.LeaseID, &ReleaseOpts{Error: unprocessed, Refund: true})
 			return err
 		})
 	}

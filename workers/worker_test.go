@@ -1030,11 +1030,16 @@ func TestWorkerGivesBackNextWhenStopping(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitState("q", "m1", subjects.StateCompleted)
-	// m2 is pending before the complete's next leases it too: wait for it to come back.
+	// m2 is pending before the complete's next leases it too: wait for it to come back (version 3:
+	// enqueued, leased, released), with its attempt given back.
+	var m2 workers.Message
 	waitFor(t, "m2 given back", func() bool {
-		m := e.get("q", "m2")
-		return m.State == subjects.StatePending && m.Attempts == 1
+		m2 = e.get("q", "m2")
+		return m2.State == subjects.StatePending && m2.Version == 3
 	})
+	if m2.Attempts != 0 {
+		t.Errorf("m2 given back unprocessed with %d attempts spent, want its attempt given back", m2.Attempts)
+	}
 	stop(t, w)
 	if n := handled.Load(); n != 1 {
 		t.Fatalf("%d messages handled; want m1 only: m2, leased by the complete's next as the worker stopped, is given back unhandled", n)
@@ -1043,8 +1048,9 @@ func TestWorkerGivesBackNextWhenStopping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if last := hist.Events[len(hist.Events)-1]; last.Kind != subjects.EventReleased || last.Error != "natstone worker stopped before it ran the message" {
-		t.Fatalf("m2's last event %s with error %q, want released as unprocessed", last.Kind, last.Error)
+	if last := hist.Events[len(hist.Events)-1]; last.Kind != subjects.EventReleased || last.Reason != subjects.ReasonRefunded ||
+		last.Error != "natstone worker stopped before it ran the message" || hist.Failures != 0 {
+		t.Fatalf("m2's last event %s(%s) with error %q, %d failures; want released(refunded) as unprocessed, no failure", last.Kind, last.Reason, last.Error, hist.Failures)
 	}
 }
 

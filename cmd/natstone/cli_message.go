@@ -222,13 +222,14 @@ Extends lease LEASE of message ID: it then ends --lease from now.
 func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newClientCommand("natstone release", "QUEUE ID LEASE [flags]", `
 Gives message ID, leased as LEASE, back to the queue: pending at once, or invisible for --delay.
-The attempt stays spent; a message with no attempt left is errored. --error says why the attempt
-failed: history shows it.
+The attempt stays spent (unless --refund); a message with no attempt left is errored. --error says
+why the attempt failed: history shows it.
 `, stdout, stderr)
 	delay := c.duration("delay", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending again")
 	failure := c.fs.String("error", "", "why the attempt failed, kept in the message's history (at most 1024 bytes)")
+	refund := c.fs.Bool("refund", false, "give the attempt back: the message was never run")
 	return runLeaseOp(ctx, c, args, 3, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
-		return cl.Release(ctx, q, id, leaseID, &workers.ReleaseOpts{Delay: *delay, Error: *failure})
+		return cl.Release(ctx, q, id, leaseID, &workers.ReleaseOpts{Delay: *delay, Error: *failure, Refund: *refund})
 	})
 }
 

@@ -332,6 +332,12 @@ func TestCLIRetry(t *testing.T) {
 		d := dequeueOne(t, url, "q")
 		cli(t, url, "release", "q", d.ID, d.LeaseID, "--error", "boom").ok(t)
 	}
+	// Released with --refund, its one attempt given back: pending, not errored.
+	cli(t, url, "enqueue", "q", "p-d", "--id", "d", "--meta", "kind=z", "--priority", "2").ok(t)
+	d := dequeueOne(t, url, "q")
+	if r := jsonOf[subjects.Message](t, cli(t, url, "release", "q", d.ID, d.LeaseID, "--refund", "--json")); r.State != subjects.StatePending || r.Attempts != 0 {
+		t.Fatalf("release --refund: %+v, want pending with no attempt spent", r)
+	}
 	errored := jsonOf[subjects.Message](t, cli(t, url, "get", "q", "a", "--json"))
 	if errored.State != subjects.StateErrored {
 		t.Fatalf("a after its only attempt was released: %s", errored.State)
@@ -362,7 +368,7 @@ func TestCLIRetry(t *testing.T) {
 	if out := cli(t, url, "retry", "q", "--errored").ok(t); out != "retried 1 errored messages\n" {
 		t.Fatalf("retry --errored: %q", out)
 	}
-	if d := jsonOf[subjects.DepthReply](t, cli(t, url, "depth", "q", "--json")); d.Counts != (subjects.Counts{Pending: 3}) {
-		t.Fatalf("after the retries: %+v, want 3 pending", d)
+	if d := jsonOf[subjects.DepthReply](t, cli(t, url, "depth", "q", "--json")); d.Counts != (subjects.Counts{Pending: 4}) {
+		t.Fatalf("after the retries: %+v, want 4 pending", d)
 	}
 }

@@ -838,7 +838,8 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 				}
 				record(Complete, lease, &subjects.Message{})
 			case r < 17:
-				record(Release, subjects.ReleaseRequest{ID: m.ID, LeaseID: m.LeaseID, DelayMS: int64(rng.IntN(2) * 100)}, &subjects.Message{})
+				// Half of them as if never run: the attempt given back.
+				record(Release, subjects.ReleaseRequest{ID: m.ID, LeaseID: m.LeaseID, DelayMS: int64(rng.IntN(2) * 100), Refund: rng.IntN(2) == 0}, &subjects.Message{})
 			case r < 18 && m.LeaseExpiresAt != nil:
 				// A worker too slow for its lease: it completes after the lease ran out (and maybe
 				// after someone else leased the message). The broker must refuse it.
