@@ -214,11 +214,10 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 
 // retry makes an errored or canceled message pending again, or invisible for DelayMS, with its
 // attempts anew: an operator's re-drive of a failed message, which keeps its id and its history.
-// With a Version, only the message at that version is retried: one that is still as that retry
-// left it (not finished, at the next version, no attempt spent) is the same retry sent again,
-// which succeeds writing nothing; any other is revision_mismatch. Without one, a message that is
-// not finished is left as it is, and the retry succeeds writing nothing. A completed message is
-// not retried.
+// With a Version, a finished message is retried only at that version (revision_mismatch
+// otherwise): one that finished again since is not retried twice. A message that is not finished
+// is left as it is, whatever the version, and the retry succeeds writing nothing: this retry, or
+// another, happened (a record does not say which). A completed message is not retried.
 func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -230,10 +229,8 @@ func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.
 		return subjects.Message{}, err
 	}
 	switch state := e.State(); {
-	case !state.Terminal() && (req.Version == 0 || req.Version+1 == e.Version() && e.Attempts == 0):
-		return q.view(e), nil
 	case !state.Terminal():
-		return q.view(e), subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is %s at version %d, not %d: it changed since", e.ID, state, e.Version(), req.Version)
+		return q.view(e), nil
 	case state == subjects.StateCompleted:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is completed: only errored or canceled messages are retried", e.ID)
 	case e.collecting():

@@ -39,8 +39,10 @@ func TestRetry(t *testing.T) {
 	if again := must[subjects.Message](e, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m", Version: errored.Version}); again.Version != retried.Version || again.State != subjects.StatePending {
 		t.Fatalf("retry sent again: %+v", again)
 	}
-	// With a version it is not as that retry left it: a mismatch, and nothing written.
-	fails(e, subjects.CodeRevisionMismatch, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m", Version: 999})
+	// Not finished, it is left as it is whatever the version: this retry, or another, happened.
+	if again := must[subjects.Message](e, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m", Version: 999}); again.Version != retried.Version {
+		t.Fatalf("retry of a pending message at another version: %+v", again)
+	}
 	e.unchanged(before)
 
 	// Past the retention of the errored message, the pending one is still there, and runs.
@@ -52,10 +54,11 @@ func TestRetry(t *testing.T) {
 	if m.ID != "m" || m.Attempts != 1 || string(m.PayloadBytes()) != "x" || m.Metadata["k"] != "v" {
 		t.Fatalf("retried message dequeued as %+v", m)
 	}
-	// Leased since: the retry at the errored version is no longer the same retry sent again.
-	fails(e, subjects.CodeRevisionMismatch, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m", Version: errored.Version})
-	if got := must[subjects.Message](e, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m"}); got.State != subjects.StateRunning {
-		t.Fatalf("retry without a version of a running message: %s, want it left running", got.State)
+	// Leased since: a retry is left as it is, with or without the errored version.
+	for _, v := range []uint64{errored.Version, 0} {
+		if got := must[subjects.Message](e, subjects.OpRetry, "q", subjects.RetryRequest{ID: "m", Version: v}); got.State != subjects.StateRunning || got.LeaseID != m.LeaseID {
+			t.Fatalf("retry at version %d of a running message: %+v, want it left running under its lease", v, got)
+		}
 	}
 	// The lease before the retry is no longer the message's.
 	fails(e, subjects.CodeLeaseMismatch, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: errored.LeaseID})

@@ -196,9 +196,9 @@ type ReleaseRequest struct {
 }
 
 // RetryRequest is the body of retry: an errored or canceled message is pending again, or invisible
-// for DelayMS, with its attempts anew. With Version, only if the message is still at that version
-// (the errored or canceled message the caller looked at). A message that is not finished (the
-// retry happened already, say) is left as it is; a completed one is not retried.
+// for DelayMS, with its attempts anew. With Version, a finished message only at that version (the
+// errored or canceled message the caller looked at). A message that is not finished (the retry
+// happened already, say) is left as it is; a completed one is not retried.
 type RetryRequest struct {
 	ID      string `json:"id"`
 	Version uint64 `json:"version,omitempty"`

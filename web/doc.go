@@ -56,8 +56,9 @@
 //	POST /api/queues/{name}/retry
 //	     Body {"id": string, "version": number}, both required, sent as the blocked flags are.
 //	     Retries the errored or canceled message at that version (the protocol's retry): the reply
-//	     is the message as in the list of messages. 409 revision_mismatch once it changed, 409
-//	     invalid_state for a completed one, 404 message_not_found.
+//	     is the message as in the list of messages (one that is not finished any more is left as it
+//	     is). 409 revision_mismatch if it finished again since, 409 invalid_state for a completed
+//	     one, 404 message_not_found.
 //
 // With [Config.Hosts] set, a request whose Host header names another host is answered 421: a page
 // of a site whose name was made to resolve to the listener's address (DNS rebinding) is same-origin

@@ -375,8 +375,8 @@ func (c *Client) Cancel(ctx context.Context, queue, id, leaseID string) (Message
 
 // RetryOpts are the options of Retry; nil means none.
 type RetryOpts struct {
-	// Version, if not 0, retries the message only while it is at this version: the errored or
-	// canceled message the caller looked at (ErrRevisionMismatch once it changed).
+	// Version, if not 0, retries a finished message only at this version: the errored or canceled
+	// message the caller looked at (ErrRevisionMismatch if it finished again since).
 	Version uint64
 	// Delay keeps the message invisible this long before it is pending again (0: pending at once).
 	Delay time.Duration
@@ -384,10 +384,10 @@ type RetryOpts struct {
 
 // Retry makes an errored or canceled message pending again (or invisible for opts.Delay), with its
 // attempts anew; it keeps its id, payload, metadata and history. A message that is not finished
-// (the same retry sent again, say) is left as it is, and Retry succeeds. Errors: ErrInvalidState
-// (completed), ErrRevisionMismatch (opts.Version is not the message's), ErrMessageNotFound
-// (never enqueued, or collected after its retention), ErrOutOfRange (a delay outside 0 to
-// subjects.MaxInvisible).
+// (the same retry sent again, say) is left as it is, and Retry succeeds whatever opts.Version.
+// Errors: ErrInvalidState (completed), ErrRevisionMismatch (finished, at another version than
+// opts.Version), ErrMessageNotFound (never enqueued, collected, or being collected), ErrOutOfRange
+// (a delay outside 0 to subjects.MaxInvisible).
 func (c *Client) Retry(ctx context.Context, queue, id string, opts *RetryOpts) (Message, error) {
 	r := subjects.RetryRequest{ID: id}
 	if opts != nil {

@@ -302,14 +302,15 @@ func quoteLines(lines []int, limit int) string {
 func runRetry(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newClientCommand("natstone retry", "QUEUE ID [flags]\n       natstone retry QUEUE --errored [flags]", `
 Retries message ID, errored or canceled: it is pending again (or invisible for --delay) with its
-attempts anew, and keeps its id, payload, metadata and history. With --version, only while the
-message is at that version. A message that is not finished is left as it is (the command
-succeeds); a completed one is not retried (invalid_state).
+attempts anew, and keeps its id, payload, metadata and history. With --version, a finished message
+is retried only at that version (revision_mismatch if it finished again since). A message that is
+not finished is left as it is (the command succeeds); a completed one is not retried
+(invalid_state).
 
 With --errored instead of ID, retries the queue's errored messages (those with every --filter
 pair), at most --limit of them, those that errored first first, each at the version it had when
-listed: one that changed meanwhile, or was collected, is skipped and named. A last line says when more were
-left, for the command to be run again. --json prints {"retried": [ids], "skipped": [{"id",
+listed: one that changed meanwhile, or was collected, is skipped and named. A last line says when
+more were left, for the command to be run again. --json prints {"retried": [ids], "skipped": [{"id",
 "error"}], "more": bool}.
 `, stdout, stderr)
 	version := c.fs.Uint64("version", 0, "retry only while the message is at this `version` (see get)")
@@ -351,8 +352,12 @@ left, for the command to be run again. --json prints {"retried": [ids], "skipped
 		}
 		sum := retrySummary{Retried: []string{}, Skipped: []retrySkip{}, More: next != ""}
 		for _, m := range msgs {
-			_, err := conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
+			r, err := conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
 			switch {
+			case err == nil && r.Version != m.Version+1:
+				// Not errored any more: retried, and run, by someone else since the list (the broker
+				// left it as it is).
+				sum.Skipped = append(sum.Skipped, retrySkip{ID: m.ID, Error: fmt.Sprintf("not errored any more: %s at version %d since it was listed at version %d", r.State, r.Version, m.Version)})
 			case err == nil:
 				sum.Retried = append(sum.Retried, m.ID)
 			case errors.Is(err, workers.ErrRevisionMismatch), errors.Is(err, workers.ErrMessageNotFound):

@@ -65,6 +65,7 @@ func Check(run Run) []Violation {
 	c.checkExclusivity()
 	c.checkStaleOps()
 	c.checkAttempts()
+	c.checkRefunds()
 	c.checkLost()
 	c.checkIdempotentDequeues()
 	c.checkEDF()
@@ -263,6 +264,37 @@ func (c *checker) checkAttempts() {
 		}
 		if f.Found && f.Attempts >= max && (f.State == "pending" || f.State == "invisible") {
 			c.fail("attempts", "%s is %s with no attempts left; it must be errored", key, f.State)
+		}
+	}
+}
+
+// checkRefunds: the lease after an acknowledged release with refund is of the same attempt as the
+// refunded one: the attempt was given back. Messages an operator canceled or retried are left out
+// (a retry starts the attempts anew).
+func (c *checker) checkRefunds() {
+	operated := map[msgKey]bool{}
+	for _, op := range c.run.Ops {
+		if (op.Kind == Cancel || op.Kind == Retry) && op.Outcome != Failed {
+			operated[msgKey{op.Queue, op.MessageID}] = true
+		}
+	}
+	byMsg := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })
+	for _, op := range c.run.Ops {
+		if op.Kind != Release || !op.Refund || op.Outcome != OK || operated[msgKey{op.Queue, op.MessageID}] {
+			continue
+		}
+		l := c.leases[op.LeaseID]
+		if l == nil {
+			continue
+		}
+		for _, next := range byMsg[l.queue+"/"+l.MessageID] {
+			if next.GrantedAt.After(l.GrantedAt) && next.LeaseID != l.LeaseID {
+				if next.Attempts != l.Attempts {
+					c.fail("refund", "%s/%s: lease %s refunded at %s (attempt %d), yet the next lease %s is attempt %d",
+						op.Queue, op.MessageID, op.LeaseID, ts(op.End), l.Attempts, next.LeaseID, next.Attempts)
+				}
+				break
+			}
 		}
 	}
 }

@@ -163,6 +163,25 @@ func TestChecker(t *testing.T) {
 			rules: []string{"lost"},
 		},
 		{
+			name: "a refunded attempt: the next lease is of the same attempt",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				{Kind: Release, Queue: "s", MessageID: "a", LeaseID: "L1", Refund: true, Start: at(20), End: at(22), Outcome: OK},
+				deq("s", "r2", 30, 32, ls("a", "L2", 1, "", 31, 1031)),
+			}, Final: finals("s/a", "running", 1)},
+		},
+		{
+			name: "a refund acknowledged, yet the next lease is of the next attempt",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				{Kind: Release, Queue: "s", MessageID: "a", LeaseID: "L1", Refund: true, Start: at(20), End: at(22), Outcome: OK},
+				deq("s", "r2", 30, 32, Lease{MessageID: "a", LeaseID: "L2", Priority: 1, Attempts: 2, GrantedAt: at(31), ExpiresAt: at(1031)}),
+			}, Final: finals("s/a", "running", 2)},
+			rules: []string{"refund"},
+		},
+		{
 			name: "a stale holder's complete accepted",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),

@@ -802,6 +802,9 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 			lease := subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}
 			record := func(kind Kind, body, out any) Op {
 				op := Op{Kind: kind, Queue: queue, Client: c.name, MessageID: m.ID, LeaseID: m.LeaseID, Start: time.Now()}
+				if r, ok := body.(subjects.ReleaseRequest); ok {
+					op.Refund = r.Refund
+				}
 				if e, ok := body.(subjects.ExtendRequest); ok {
 					op.RequestedExpiry = op.Start.Add(time.Duration(e.LeaseMS) * time.Millisecond).Add(clockSlack)
 				}

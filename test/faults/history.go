@@ -83,6 +83,7 @@ type Op struct {
 
 	// Complete, Extend, Release, Cancel (MessageID above)
 	LeaseID         string
+	Refund          bool      // a release that gives the lease's attempt back
 	ExpiresAt       time.Time // OK extends: the new expiry
 	RequestedExpiry time.Time // extends: the expiry asked for (an upper bound if unknown)
 }
