@@ -158,7 +158,7 @@ Flags:
 	fs.IntVar(&cfg.conns, "conns", DefaultBenchConns, "client connections the workers share")
 	fs.Float64Var(&cfg.reqRate, "req-rate", DefaultBenchReqRate, "requests per second of B-REQ (S4's baseline is measured again at S4's rate)")
 	fs.DurationVar(&cfg.retention, "retention", 0, "retention of the bench queues: 0 collects each completed message at once (within about 100 ms), in the measured phase")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	usageErr := func(format string, a ...any) (*benchConfig, error) {

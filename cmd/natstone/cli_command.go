@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -121,7 +123,7 @@ func parseExit(err error) int {
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		rest := fs.Args()
@@ -135,6 +137,26 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 		args = rest[1:]
 	}
 }
+
+// parseFlags is fs.Parse, with the error the flag package reports ("invalid value … for flag -lease",
+// "flag needs an argument: -error") naming flags as the help and the docs do: --lease.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	var buf bytes.Buffer
+	fs.SetOutput(&buf)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	report := buf.String()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		line, rest, _ := strings.Cut(report, "\n")
+		report = dashFlag.ReplaceAllString(line, "$1--$2") + "\n" + rest
+	}
+	_, _ = io.WriteString(out, report)
+	return err
+}
+
+// dashFlag matches a flag name the flag package writes with one dash.
+var dashFlag = regexp.MustCompile(`(^|\s)-([A-Za-z][A-Za-z0-9-]*)`)
 
 // set returns the names of the flags given on the command line.
 func (c *clientCommand) set() map[string]bool {

@@ -35,7 +35,7 @@ func TestCLIExitCodes(t *testing.T) {
 	}{
 		{"ok", []string{"queue", "info", "q", "--server", url}, exitOK, ""},
 		{"refused", []string{"queue", "create", "q", "--max-attempts", "100000", "--server", url}, exitError, "natstone: invalid_config: "},
-		{"usage", []string{"dequeue", "q", "--batch", "many", "--server", url}, exitUsage, "invalid value \"many\" for flag -batch"},
+		{"usage", []string{"dequeue", "q", "--batch", "many", "--server", url}, exitUsage, "invalid value \"many\" for flag --batch"},
 		{"empty id", []string{"enqueue", "q", "x", "--id", "", "--server", url}, exitUsage, "--id is empty"},
 		{"empty request id", []string{"dequeue", "q", "--request-id=", "--server", url}, exitUsage, "--request-id is empty"},
 		{"queue not found", []string{"depth", "nope", "--server", url}, exitNotFound, "natstone: queue_not_found: "},

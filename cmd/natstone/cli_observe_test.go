@@ -452,7 +452,7 @@ func TestCLIObserveUsage(t *testing.T) {
 		{[]string{"stats", "q", "--expiring-limit", "0"}, "--expiring-limit must be 1 to 1000"},
 		{[]string{"stats", "q", "--expiring-limit", "1001"}, "--expiring-limit must be 1 to 1000"},
 		{[]string{"stats", "q", "--filter", "novalue"}, "want key=value"},
-		{[]string{"stats", "q", "--limit", "1"}, "flag provided but not defined: -limit"},
+		{[]string{"stats", "q", "--limit", "1"}, "flag provided but not defined: --limit"},
 		{[]string{"messages"}, "missing arguments"},
 		{[]string{"messages", "q", "x"}, `unexpected argument "x"`},
 		{[]string{"messages", "q", "--state", "done"}, `--state must be one of invisible, pending, running, completed, canceled, errored, not "done"`},
@@ -463,7 +463,7 @@ func TestCLIObserveUsage(t *testing.T) {
 		{[]string{"history", "q", "id", "x"}, `unexpected argument "x"`},
 		{[]string{"history", "q", "id", "--limit", "0"}, "--limit must be 1 to 10000"},
 		{[]string{"history", "q", "id", "--limit", "10001"}, "--limit must be 1 to 10000"},
-		{[]string{"history", "q", "id", "--state", "pending"}, "flag provided but not defined: -state"},
+		{[]string{"history", "q", "id", "--state", "pending"}, "flag provided but not defined: --state"},
 		{[]string{"dequeue", "q", "--worker", strings.Repeat("w", subjects.MaxWorkerLen+1)}, "--worker must be at most 128 bytes"},
 		{[]string{"dequeue", "q", "--worker", "w\x01"}, "--worker must be at most 128 bytes of printable UTF-8"},
 	} {

@@ -133,7 +133,7 @@ func TestCLIQueueUsage(t *testing.T) {
 		{[]string{"queue", "create"}, exitUsage, "missing arguments"},
 		{[]string{"queue", "create", "a", "b"}, exitUsage, `unexpected argument "b"`},
 		{[]string{"queue", "create", "a", "--type", "fifo"}, exitUsage, "--type must be simple or exclusive"},
-		{[]string{"queue", "ls", "--frob"}, exitUsage, "flag provided but not defined: -frob"},
+		{[]string{"queue", "ls", "--frob"}, exitUsage, "flag provided but not defined: --frob"},
 		{[]string{"queue", "ls", "--timeout", "0s"}, exitUsage, "--timeout must be positive"},
 		{[]string{"queue", "ls", "--prefix", "a..b"}, exitUsage, "--prefix"},
 		{[]string{"queue", "ls", "--creds", "x", "--user", "u"}, exitUsage, "not both"},

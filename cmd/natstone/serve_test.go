@@ -241,7 +241,7 @@ func TestUsageErrors(t *testing.T) {
 		{"no command", nil, "Usage: natstone <command>"},
 		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
 		{"unknown help topic", []string{"help", "frobnicate"}, `unknown help topic "frobnicate"`},
-		{"unknown flag", []string{"serve", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"unknown flag", []string{"serve", "--bogus"}, "flag provided but not defined: --bogus"},
 		{"bad sync", []string{"serve", "--sync", "sometimes"}, `--sync must be always or default, not "sometimes"`},
 		{"nats-url with data", []string{"serve", "--nats-url", "nats://127.0.0.1:1", "--data", "d"}, "no embedded server to configure: drop --data"},
 		{"nats-url with listen and sync", []string{"serve", "--nats-url", "nats://127.0.0.1:1", "--listen", ":1", "--sync", "always"}, "drop --listen, --sync"},
