@@ -325,12 +325,11 @@ func (b *Broker) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
-	had, existed := kv.StoredReplicas(ctx, b.kvConfig(js))
 	store, err := kv.Open(ctx, b.kvConfig(js))
 	if err != nil {
 		return err
 	}
-	if want := cmp.Or(b.cfg.Replicas, 1); existed && had > want {
+	if had, want := store.ScaledDownFrom(), cmp.Or(b.cfg.Replicas, 1); had > 0 {
 		// Opening the store applies this broker's settings (design.md): one started without the
 		// --replicas the store was made with scales it down, which an operator should not learn of
 		// by accident.

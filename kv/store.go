@@ -64,6 +64,8 @@ type Store struct {
 	snapshots      jetstream.ObjectStore // the records at the last clean stop (snapshot.go)
 	snapshotStream jetstream.Stream      // its stream
 
+	scaledFrom int // the most replicas a bucket had that Open scaled down to cfg's; 0 if none
+
 	msgSubj   string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
 	queueSubj string // "$KV.<prefix>-queues."
 	lockSubj  string
@@ -139,15 +141,9 @@ func readConsumer(ctx context.Context, js jetstream.JetStream, stream string, cf
 	}, nil
 }
 
-// StoredReplicas returns the replicas of the store's messages bucket as they stand, before an Open
-// sets cfg's; ok is false when there is no such bucket yet (or it could not be read).
-func StoredReplicas(ctx context.Context, cfg *Config) (replicas int, ok bool) {
-	st, err := cfg.JS.Stream(ctx, "KV_"+cmp.Or(cfg.Prefix, DefaultPrefix)+"-messages")
-	if err != nil {
-		return 0, false
-	}
-	return st.CachedInfo().Config.Replicas, true
-}
+// ScaledDownFrom returns the most replicas a bucket of the store had before Open scaled it down to
+// the replicas its Config asks for (Open applies its settings), or 0 when it scaled none down.
+func (s *Store) ScaledDownFrom() int { return s.scaledFrom }
 
 func newStore(cfg *Config) (*Store, error) {
 	if cfg == nil || cfg.JS == nil {
@@ -198,6 +194,9 @@ func (s *Store) bucket(ctx context.Context, cfg *Config, name, desc string, ttls
 		want.Replicas != have.Replicas || want.Duplicates != have.Duplicates || want.AllowMsgTTL != have.AllowMsgTTL) {
 		if st, err = cfg.JS.UpdateStream(ctx, want); err != nil {
 			return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
+		}
+		if have.Replicas > want.Replicas {
+			s.scaledFrom = max(s.scaledFrom, have.Replicas)
 		}
 	}
 	kv, err := cfg.JS.KeyValue(ctx, full)
