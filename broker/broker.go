@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -421,10 +423,7 @@ func (b *Broker) failStart(err error) error {
 	b.cancel()
 	b.mu.Lock()
 	b.closed = true
-	qs := make([]*queue, 0, len(b.queues))
-	for _, q := range b.queues {
-		qs = append(qs, q)
-	}
+	qs := slices.Collect(maps.Values(b.queues))
 	b.mu.Unlock()
 	if b.svc != nil {
 		_ = b.svc.stop()
@@ -478,10 +477,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 		}
 	}
 	b.mu.Lock()
-	qs := make([]*queue, 0, len(b.queues))
-	for _, q := range b.queues {
-		qs = append(qs, q)
-	}
+	qs := slices.Collect(maps.Values(b.queues))
 	b.mu.Unlock()
 	var err error
 	if b.svc != nil {

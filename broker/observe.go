@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -65,10 +66,7 @@ func (b *Broker) Snapshot() Snapshot {
 		// A standby (or a stopped broker) serves nothing; whether its events are on is its config.
 		return Snapshot{Events: EventsSnapshot{Enabled: !b.cfg.DisableEvents}}
 	}
-	qs := make([]*queue, 0, len(b.queues))
-	for _, q := range b.queues {
-		qs = append(qs, q)
-	}
+	qs := slices.Collect(maps.Values(b.queues))
 	b.mu.Unlock()
 	s := Snapshot{Serving: b.claim.held()}
 	for _, q := range qs {

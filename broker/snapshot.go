@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -28,10 +29,7 @@ func (b *Broker) writeSnapshot(ctx context.Context) {
 	}
 	b.mu.Lock()
 	started := b.started
-	qs := make([]*queue, 0, len(b.queues))
-	for _, q := range b.queues {
-		qs = append(qs, q)
-	}
+	qs := slices.Collect(maps.Values(b.queues))
 	b.mu.Unlock()
 	if !started {
 		return
