@@ -408,7 +408,7 @@ func (q *queue) collect(es []*entry) {
 			q.unplace(e)
 			q.entries.remove(e.ID)
 			r := e.record()
-			q.transitioned(pendingEvent{kind: subjects.EventCollected, prev: r.State, rec: r, at: q.now()})
+			q.transitioned(&pendingEvent{kind: subjects.EventCollected, prev: r.State, rec: r, at: q.now()})
 		}
 		q.endWrite(e)
 	}

@@ -16,7 +16,7 @@ import (
 
 // transitioned counts one stored transition and hands it to the observer and the events stream.
 // Called with q.mu held.
-func (q *queue) transitioned(ev pendingEvent) {
+func (q *queue) transitioned(ev *pendingEvent) {
 	kind, reason, at := ev.kind, ev.reason, ev.at
 	t := &q.totals
 	switch kind {
@@ -48,7 +48,7 @@ func (q *queue) transitioned(ev pendingEvent) {
 	}
 	q.b.observer.Transition(q.name, kind, reason)
 	ev.queue = q.name
-	q.b.events.emit(ev)
+	q.b.events.emit(*ev)
 }
 
 // The transitions rateWindow counts.

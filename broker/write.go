@@ -90,7 +90,7 @@ func (q *queue) finish(cs []*change) {
 			if c.refund && kind == subjects.EventReleased {
 				reason = subjects.ReasonRefunded
 			}
-			q.transitioned(pendingEvent{kind: kind, reason: reason, prev: c.prev, rec: c.next, worker: c.worker, err: c.failure, at: c.next.UpdatedAt})
+			q.transitioned(&pendingEvent{kind: kind, reason: reason, prev: c.prev, rec: c.next, worker: c.worker, err: c.failure, at: c.next.UpdatedAt})
 		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:
 			q.log().Warn("message changed in storage; reloaded", "message_id", e.ID)
 			q.apply(e, *c.truth, c.rev)
