@@ -357,8 +357,8 @@ func FailureText(err error) string {
 }
 
 // Release gives a running message back: pending at once, or invisible for opts.Delay. The attempt
-// stays spent; with none left the message is errored. opts.Error, if given, says why (see
-// ReleaseOpts). Releasing it again with the same lease succeeds, and keeps the first release's error.
+// stays spent, unless opts.Refund gives it back; with none left the message is errored. opts.Error,
+// if given, says why (see ReleaseOpts). Releasing it again with the same lease succeeds, and keeps the first release's error.
 // Errors: as Complete, ErrOutOfRange for a delay outside 0 to subjects.MaxInvisible, and
 // ErrBadRequest for an error over subjects.MaxErrorLen bytes or not UTF-8.
 func (c *Client) Release(ctx context.Context, queue, id, leaseID string, opts *ReleaseOpts) (Message, error) {

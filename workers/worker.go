@@ -52,9 +52,9 @@ type WorkerConfig struct {
 	ExtendEveryFunc func(lease time.Duration) time.Duration
 	// Timeout bounds a handler's run: its context then ends, with the cause ErrHandlerTimeout, and
 	// what it returns is a failed attempt, released with backoff like any other, with an error
-	// saying it timed out — unless it returns nil (completed) or a Discard error (canceled). The lease is extended until the handler returns, whether it heeds
-	// its context or not: a message (and in an exclusive queue its value) stays held while its
-	// handler runs. Default 0: no bound.
+	// saying it timed out — unless it returns nil (completed) or a Discard error (canceled). The
+	// lease is extended until the handler returns, whether it heeds its context or not: a message
+	// (and in an exclusive queue its value) stays held while its handler runs. Default 0: no bound.
 	Timeout time.Duration
 	// Name identifies the worker in the leased events of its messages (history shows it); at most
 	// subjects.MaxWorkerLen bytes. Default "<hostname>:<pid>".
