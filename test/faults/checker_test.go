@@ -182,6 +182,16 @@ func TestChecker(t *testing.T) {
 			rules: []string{"refund"},
 		},
 		{
+			name: "a refund, then a dequeue of unknown outcome: the next lease may be of the next attempt",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				{Kind: Release, Queue: "s", MessageID: "a", LeaseID: "L1", Refund: true, Start: at(20), End: at(22), Outcome: OK},
+				{Kind: Dequeue, Queue: "s", RequestID: "r2", Batch: 1, Start: at(25), End: at(3025), Outcome: Unknown},
+				deq("s", "r3", 4100, 4102, Lease{MessageID: "a", LeaseID: "L3", Priority: 1, Attempts: 2, GrantedAt: at(4101), ExpiresAt: at(5101)}),
+			}, Final: finals("s/a", "running", 2)},
+		},
+		{
 			name: "a stale holder's complete accepted",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),
