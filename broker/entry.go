@@ -177,9 +177,10 @@ func (q *queue) newEntry(r kv.Record, rev uint64) *entry {
 	return e
 }
 
-// setRecord makes r e's record. The broker's own writes never change what the index item holds
-// (priority, payload sequence, metadata), but a record read back from storage after a conflict —
-// another writer's — may, and then the item follows it. e must be out of every index and heap.
+// setRecord makes r e's record. Of what the index item holds (priority, payload sequence,
+// metadata), the broker's own writes change only the priority, by a reschedule; a record read back
+// from storage after a conflict — another writer's — may change any of it. The item follows the
+// record. e must be out of every index and heap.
 func (q *queue) setRecord(e *entry, r *kv.Record) {
 	if r.Priority != e.Priority || r.BodySeq != e.Seq || !maps.Equal(r.Metadata, e.extra().Metadata) {
 		q.setItem(e, r)

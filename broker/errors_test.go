@@ -56,6 +56,7 @@ func TestErrInvalidQueueNameInSubject(t *testing.T) {
 		subjects.OpRelease:      subjects.ReleaseRequest{ID: "m1", LeaseID: "L"},
 		subjects.OpCancel:       subjects.LeaseRequest{ID: "m1"},
 		subjects.OpRetry:        subjects.RetryRequest{ID: "m1"},
+		subjects.OpReschedule:   subjects.RescheduleRequest{ID: "m1", Priority: ptr(int64(1))},
 		subjects.OpGet:          subjects.GetRequest{ID: "m1"},
 		subjects.OpDepth:        subjects.DepthRequest{},
 	}
@@ -215,7 +216,7 @@ func TestErrMalformedJSON(t *testing.T) {
 		subjects.OpCreate, subjects.OpInfo, subjects.OpUpdate, subjects.OpDelete,
 		subjects.OpEnqueue, subjects.OpEnqueueBatch, subjects.OpDequeue,
 		subjects.OpComplete, subjects.OpExtend, subjects.OpRelease, subjects.OpCancel, subjects.OpRetry,
-		subjects.OpGet, subjects.OpDepth,
+		subjects.OpReschedule, subjects.OpGet, subjects.OpDepth,
 	}
 	var cases []errCase
 	for _, op := range ops {
@@ -239,10 +240,12 @@ func TestErrMalformedJSON(t *testing.T) {
 		subjects.OpRelease:  {`{"id":"r1","lease_id":"` + lease + `","delay_ms":true}`, `{"id":"r1","lease_id":"` + lease + `","lease_ms":100}`},
 		subjects.OpCancel:   {`{"id":"m1","state":"canceled"}`, `{"id":1}`},
 		subjects.OpRetry:    {`{"id":"m1","version":-1}`, `{"id":"m1","delay_ms":"1"}`, `{"id":"m1","lease_id":"x"}`, `{"id":"m1","version":1.5}`},
-		subjects.OpGet:      {`{"id":1}`, `{"id":"m1","lease_id":"x"}`},
-		subjects.OpDepth:    {`{"filter":{"a":1}}`, `{"filter":"a"}`, `{"queue":"q"}`, `{"filter":{"a":null}}`},
-		subjects.OpInfo:     {`{"name":"q"}`},
-		subjects.OpDelete:   {`{"name":"q"}`, `{"force":true}`},
+		subjects.OpReschedule: {`{"id":"m1","priority":"1"}`, `{"id":"m1","delay_ms":1.5}`, `{"id":"m1","priority":9223372036854775808}`,
+			`{"id":"m1","priority":1,"state":"pending"}`, `{"id":"m1","priority":1,"version":-1}`},
+		subjects.OpGet:    {`{"id":1}`, `{"id":"m1","lease_id":"x"}`},
+		subjects.OpDepth:  {`{"filter":{"a":1}}`, `{"filter":"a"}`, `{"queue":"q"}`, `{"filter":{"a":null}}`},
+		subjects.OpInfo:   {`{"name":"q"}`},
+		subjects.OpDelete: {`{"name":"q"}`, `{"force":true}`},
 	}
 	for op, bodies := range specific {
 		for i, body := range bodies {

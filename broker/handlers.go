@@ -233,6 +233,12 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			return nil, err
 		}
 		return q.retry(ctx, r)
+	case subjects.OpReschedule:
+		var r subjects.RescheduleRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return q.reschedule(ctx, r)
 	case subjects.OpGet:
 		var r subjects.GetRequest
 		if err := subjects.Decode(data, &r); err != nil {

@@ -252,6 +252,51 @@ func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.
 	})
 }
 
+// reschedule gives a message waiting to run (pending or invisible) a new priority, or makes it
+// pending DelayMS from now (at once for 0), or both: an operator's or a producer's change of plan
+// for work not started. With a Version, only at that version. A message already as asked (its
+// priority, and pending when DelayMS is 0) is left as it is, whatever the version, and the
+// reschedule succeeds writing nothing: sent again, it finds its own work done. A positive DelayMS
+// always writes, from now. A running or finished message is invalid_state.
+func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) (subjects.Message, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if req.Priority == nil && req.DelayMS == nil {
+		return subjects.Message{}, subjects.Errorf(subjects.CodeBadRequest, "reschedule needs a priority, a delay_ms, or both")
+	}
+	if req.DelayMS != nil {
+		if err := checkRange("delay_ms", *req.DelayMS, 0, subjects.MaxInvisible); err != nil {
+			return subjects.Message{}, err
+		}
+	}
+	e, err := q.find(ctx, req.ID)
+	if err != nil {
+		return subjects.Message{}, err
+	}
+	state := e.State()
+	switch {
+	case state != subjects.StatePending && state != subjects.StateInvisible:
+		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s: only a pending or invisible message is rescheduled", e.ID, state)
+	case (req.Priority == nil || *req.Priority == e.Priority) &&
+		(req.DelayMS == nil || *req.DelayMS == 0 && state == subjects.StatePending):
+		return q.view(e), nil
+	case req.Version != 0 && req.Version != e.Version():
+		return q.view(e), subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is at version %d, not %d: it changed since", e.ID, e.Version(), req.Version)
+	}
+	return q.transitionWith(&change{e: e, kind: subjects.EventRescheduled}, func(r *kv.Record, now int64) {
+		if req.Priority != nil {
+			r.Priority = *req.Priority
+		}
+		switch {
+		case req.DelayMS == nil:
+		case *req.DelayMS > 0:
+			r.State, r.VisibleAt = subjects.StateInvisible, now+*req.DelayMS
+		case r.State == subjects.StateInvisible:
+			r.State, r.VisibleAt = subjects.StatePending, now
+		}
+	})
+}
+
 // get returns a message with its payload.
 func (q *queue) get(ctx context.Context, id string) (subjects.Message, error) {
 	q.mu.Lock()

@@ -43,6 +43,8 @@ func (q *queue) transitioned(ev *pendingEvent) {
 		}
 	case subjects.EventRetried:
 		t.Retried++
+	case subjects.EventRescheduled:
+		t.Rescheduled++
 	case subjects.EventCollected:
 		t.Collected++
 	}

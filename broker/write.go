@@ -13,16 +13,17 @@ import (
 type change struct {
 	e       *entry
 	next    kv.Record
-	prev    subjects.State // e's state before the change
-	expect  uint64         // e's revision before the change: the write's compare-and-swap
-	create  bool           // the message is new (expect was 0 when the write was first issued)
-	rev     uint64         // the stored revision, when err is nil
-	err     error          // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
-	truth   *kv.Record     // on a conflict: what storage holds instead (nil: the key is gone)
-	worker  string         // a lease's: the dequeue's worker, for its event
-	failure string         // a release's: why the attempt failed, for its event
-	refund  bool           // a release's: the attempt was given back, as its event says
-	skipped bool           // never issued: its exclusivity lock was not taken (err says why)
+	prev    subjects.State     // e's state before the change
+	expect  uint64             // e's revision before the change: the write's compare-and-swap
+	create  bool               // the message is new (expect was 0 when the write was first issued)
+	rev     uint64             // the stored revision, when err is nil
+	err     error              // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
+	truth   *kv.Record         // on a conflict: what storage holds instead (nil: the key is gone)
+	worker  string             // a lease's: the dequeue's worker, for its event
+	failure string             // a release's: why the attempt failed, for its event
+	refund  bool               // a release's: the attempt was given back, as its event says
+	kind    subjects.EventKind // the event's kind, when the states alone do not tell it (a reschedule)
+	skipped bool               // never issued: its exclusivity lock was not taken (err says why)
 }
 
 // rewrites bounds how often a write whose outcome is unknown is issued again (each waits up to the
@@ -89,6 +90,9 @@ func (q *queue) finish(cs []*change) {
 			kind, reason := eventKind(c.create, c.prev, &c.next)
 			if c.refund && kind == subjects.EventReleased {
 				reason = subjects.ReasonRefunded
+			}
+			if c.kind != "" {
+				kind, reason = c.kind, ""
 			}
 			q.transitioned(&pendingEvent{kind: kind, reason: reason, prev: c.prev, rec: c.next, worker: c.worker, err: c.failure, at: c.next.UpdatedAt})
 		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:

@@ -7,23 +7,24 @@ type EventKind string
 
 // The transitions. Every write of a message record is one event; garbage collection is the last.
 const (
-	EventEnqueued  EventKind = "enqueued"  // created, invisible or pending
-	EventPending   EventKind = "pending"   // its invisibility ended
-	EventLeased    EventKind = "leased"    // a dequeue leased it
-	EventExtended  EventKind = "extended"  // its lease was extended
-	EventReleased  EventKind = "released"  // its holder gave it back: pending or invisible again
-	EventCompleted EventKind = "completed" // its holder completed it
-	EventCanceled  EventKind = "canceled"  // canceled, by its holder or by an operator
-	EventExpired   EventKind = "expired"   // its lease ran out with attempts left: pending again
-	EventErrored   EventKind = "errored"   // out of attempts (Reason says how)
-	EventRetried   EventKind = "retried"   // errored or canceled, retried: pending or invisible again
-	EventCollected EventKind = "collected" // garbage-collected after its retention
+	EventEnqueued    EventKind = "enqueued"    // created, invisible or pending
+	EventPending     EventKind = "pending"     // its invisibility ended
+	EventLeased      EventKind = "leased"      // a dequeue leased it
+	EventExtended    EventKind = "extended"    // its lease was extended
+	EventReleased    EventKind = "released"    // its holder gave it back: pending or invisible again
+	EventCompleted   EventKind = "completed"   // its holder completed it
+	EventCanceled    EventKind = "canceled"    // canceled, by its holder or by an operator
+	EventExpired     EventKind = "expired"     // its lease ran out with attempts left: pending again
+	EventErrored     EventKind = "errored"     // out of attempts (Reason says how)
+	EventRetried     EventKind = "retried"     // errored or canceled, retried: pending or invisible again
+	EventRescheduled EventKind = "rescheduled" // waiting, given a new priority or visibility
+	EventCollected   EventKind = "collected"   // garbage-collected after its retention
 )
 
 // EventKinds lists every kind in the order of a message's life.
 var EventKinds = []EventKind{
 	EventEnqueued, EventPending, EventLeased, EventExtended, EventReleased,
-	EventCompleted, EventCanceled, EventExpired, EventErrored, EventRetried, EventCollected,
+	EventCompleted, EventCanceled, EventExpired, EventErrored, EventRetried, EventRescheduled, EventCollected,
 }
 
 // The reasons of an errored event, and of a released one whose attempt was given back.
@@ -103,15 +104,16 @@ type Rates struct {
 
 // Totals count transitions since the broker started.
 type Totals struct {
-	Enqueued  uint64 `json:"enqueued"`
-	Dequeued  uint64 `json:"dequeued"`
-	Completed uint64 `json:"completed"`
-	Canceled  uint64 `json:"canceled"`
-	Errored   uint64 `json:"errored"`
-	Released  uint64 `json:"released"`
-	Expired   uint64 `json:"expired"` // leases that ran out (errored ones included)
-	Retried   uint64 `json:"retried"`
-	Collected uint64 `json:"collected"`
+	Enqueued    uint64 `json:"enqueued"`
+	Dequeued    uint64 `json:"dequeued"`
+	Completed   uint64 `json:"completed"`
+	Canceled    uint64 `json:"canceled"`
+	Errored     uint64 `json:"errored"`
+	Released    uint64 `json:"released"`
+	Expired     uint64 `json:"expired"` // leases that ran out (errored ones included)
+	Retried     uint64 `json:"retried"`
+	Rescheduled uint64 `json:"rescheduled"`
+	Collected   uint64 `json:"collected"`
 }
 
 // ExpiringLease is a running message whose lease ends soon.

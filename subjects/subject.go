@@ -30,6 +30,7 @@ const (
 	OpRelease      Op = "release"       // running → pending or invisible (lease holder)
 	OpCancel       Op = "cancel"        // any non-terminal state → canceled
 	OpRetry        Op = "retry"         // errored or canceled → pending or invisible, its attempts anew
+	OpReschedule   Op = "reschedule"    // a waiting message's new priority, or when it becomes pending
 	OpGet          Op = "get"           // one message by id
 	OpDepth        Op = "depth"         // counts by state, optionally filtered
 	OpStats        Op = "stats"         // the current view: counts, oldest pending, rates, expiring leases
@@ -41,7 +42,7 @@ const (
 var Ops = []Op{
 	OpCreate, OpInfo, OpUpdate, OpDelete, OpList,
 	OpEnqueue, OpEnqueueBatch, OpEnqueueRaw, OpDequeue,
-	OpComplete, OpExtend, OpRelease, OpCancel, OpRetry, OpGet, OpDepth,
+	OpComplete, OpExtend, OpRelease, OpCancel, OpRetry, OpReschedule, OpGet, OpDepth,
 	OpStats, OpBrowse, OpHistory,
 }
 

@@ -11,7 +11,7 @@ func TestOpsList(t *testing.T) {
 	want := []subjects.Op{
 		"create", "info", "update", "delete", "list",
 		"enqueue", "enqueue_batch", "enqueue_raw", "dequeue",
-		"complete", "extend", "release", "cancel", "retry", "get", "depth",
+		"complete", "extend", "release", "cancel", "retry", "reschedule", "get", "depth",
 		"stats", "browse", "history",
 	}
 	if len(subjects.Ops) != len(want) {
@@ -116,6 +116,7 @@ func TestSubjectEveryOp(t *testing.T) {
 		{subjects.OpRelease, "natstone.v1.release.encode", "natstone.v1.release.*"},
 		{subjects.OpCancel, "natstone.v1.cancel.encode", "natstone.v1.cancel.*"},
 		{subjects.OpRetry, "natstone.v1.retry.encode", "natstone.v1.retry.*"},
+		{subjects.OpReschedule, "natstone.v1.reschedule.encode", "natstone.v1.reschedule.*"},
 		{subjects.OpGet, "natstone.v1.get.encode", "natstone.v1.get.*"},
 		{subjects.OpDepth, "natstone.v1.depth.encode", "natstone.v1.depth.*"},
 		{subjects.OpStats, "natstone.v1.stats.encode", "natstone.v1.stats.*"},

@@ -205,6 +205,17 @@ type RetryRequest struct {
 	DelayMS int64  `json:"delay_ms,omitempty"`
 }
 
+// RescheduleRequest is the body of reschedule: a message waiting to run (pending or invisible) gets
+// Priority, or becomes pending DelayMS from now (0: at once), or both; at least one is required.
+// With Version, only at that version. A message already as asked (its priority, and pending when
+// DelayMS is 0) is left as it is, whatever the version.
+type RescheduleRequest struct {
+	ID       string `json:"id"`
+	Version  uint64 `json:"version,omitempty"`
+	Priority *int64 `json:"priority,omitempty"`
+	DelayMS  *int64 `json:"delay_ms,omitempty"`
+}
+
 // SettleReply is the reply of a complete, release or cancel whose request carried next: the settled
 // message (without payload), and what the dequeue in next did. That dequeue runs only once the
 // settle is stored, and cannot long-poll (its wait_ms must be 0). Its failure does not undo the

@@ -356,6 +356,51 @@ func (s *Server) retryMessage(r *http.Request) (any, error) {
 	return newMessage(&m), nil
 }
 
+// rescheduleRequest is the body of POST /api/queues/{name}/reschedule: the message, the version
+// the page showed, and what changes.
+type rescheduleRequest struct {
+	ID       string `json:"id"`
+	Version  uint64 `json:"version"`
+	Priority *int64 `json:"priority"`
+	DelayMS  *int64 `json:"delay_ms"`
+}
+
+// rescheduleMessage answers POST /api/queues/{name}/reschedule with the rescheduled message
+// (protocol.md's reschedule).
+func (s *Server) rescheduleMessage(r *http.Request) (any, error) {
+	if _, err := query(r.URL, nil); err != nil {
+		return nil, err
+	}
+	var req rescheduleRequest
+	if err := decodeBody(r, &req, `{"id": string, "version": number, "priority": number, "delay_ms": number}`); err != nil {
+		return nil, err
+	}
+	if req.ID == "" || req.Version == 0 {
+		return nil, badRequest("body: give the message's id and the version shown")
+	}
+	if req.Priority == nil && req.DelayMS == nil {
+		return nil, badRequest("body: give a priority, a delay_ms, or both")
+	}
+	opts := workers.RescheduleOpts{Version: req.Version, Priority: req.Priority}
+	if req.DelayMS != nil {
+		// Checked before it becomes a Duration, which a large value would overflow.
+		if *req.DelayMS < 0 || *req.DelayMS > subjects.MaxInvisible.Milliseconds() {
+			return nil, &inputError{status: http.StatusBadRequest, code: subjects.CodeOutOfRange,
+				msg: "delay_ms must be 0 to " + strconv.FormatInt(subjects.MaxInvisible.Milliseconds(), 10) + ", got " + strconv.FormatInt(*req.DelayMS, 10)}
+		}
+		d := time.Duration(*req.DelayMS) * time.Millisecond
+		opts.Delay = &d
+	}
+	name := r.PathValue("name")
+	m, err := s.client.Reschedule(r.Context(), name, req.ID, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("web: message rescheduled", "queue", name, "message_id", req.ID, "version", req.Version,
+		"priority", m.Priority, "state", m.State, "remote_addr", r.RemoteAddr)
+	return newMessage(&m), nil
+}
+
 // decodeBlocked reads the body of a POST /api/queues/{name}/blocked strictly: JSON content type,
 // known fields only, one object, at least one flag.
 func decodeBlocked(r *http.Request) (blockedRequest, error) {

@@ -511,6 +511,45 @@ func TestRetryMessage(t *testing.T) {
 	wantError(t, "unknown message", status, h, body, http.StatusNotFound, subjects.CodeMessageNotFound)
 }
 
+// TestRescheduleMessage: POST /api/queues/{name}/reschedule reschedules a waiting message at the
+// version the page showed; bad bodies never reach the broker.
+func TestRescheduleMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	if _, err := e.c.Enqueue(ctx(t), "q", []byte("x"), &workers.EnqueueOpts{ID: "m", Invisible: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+
+	reqs := e.watch("q", subjects.OpReschedule)
+	for _, c := range []struct {
+		name, contentType, body string
+		status                  int
+		code                    subjects.Code
+	}{
+		{"plain text", "text/plain", `{"id":"m","version":1,"delay_ms":0}`, http.StatusUnsupportedMediaType, subjects.CodeBadRequest},
+		{"no version", "application/json", `{"id":"m","delay_ms":0}`, http.StatusBadRequest, subjects.CodeBadRequest},
+		{"no change", "application/json", `{"id":"m","version":1}`, http.StatusBadRequest, subjects.CodeBadRequest},
+		{"unknown field", "application/json", `{"id":"m","version":1,"delay_ms":0,"lease_ms":5}`, http.StatusBadRequest, subjects.CodeBadRequest},
+		{"negative delay", "application/json", `{"id":"m","version":1,"delay_ms":-1}`, http.StatusBadRequest, subjects.CodeOutOfRange},
+		{"a delay that overflows a Duration", "application/json", `{"id":"m","version":1,"delay_ms":9223372036854775807}`, http.StatusBadRequest, subjects.CodeOutOfRange},
+	} {
+		status, h, body := e.do(http.MethodPost, "/api/queues/q/reschedule", c.contentType, c.body)
+		wantError(t, c.name, status, h, body, c.status, c.code)
+	}
+	if n := reqs.count(); n != 0 {
+		t.Errorf("%d requests reached the broker, want none", n)
+	}
+
+	status, h, body := e.do(http.MethodPost, "/api/queues/q/reschedule", "application/json", `{"id":"m","version":2,"delay_ms":0}`)
+	wantError(t, "another version", status, h, body, http.StatusConflict, subjects.CodeRevisionMismatch)
+	var m subjects.Message
+	e.post("/api/queues/q/reschedule", `{"id":"m","version":1,"delay_ms":0,"priority":7}`, &m)
+	if m.State != subjects.StatePending || m.Priority != 7 || m.Version != 2 {
+		t.Errorf("rescheduled: %+v, want pending at priority 7, version 2", m)
+	}
+}
+
 // TestUnavailable checks that a broker that does not answer gives 503 unavailable.
 func TestUnavailable(t *testing.T) {
 	t.Parallel()

@@ -195,6 +195,20 @@ func TestDashboard(t *testing.T) {
 	}
 	b.noError()
 
+	// An invisible message's page makes it pending at once.
+	if _, err := e.c.Enqueue(ctx(t), "orders", []byte(`{"order": 6}`), &workers.EnqueueOpts{ID: "order-6", Invisible: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/orders/messages/order-6"))
+	b.waitLoaded(`[data-view="message"][data-message-id="order-6"]`)
+	b.poll(`document.querySelector('#run-now') !== null`)
+	b.do(chromedp.Click(chromedp.ID(`run-now`)))
+	b.poll(`document.querySelector('#fields [data-field="state"]').textContent === 'pending' && document.querySelector('#run-now') === null`)
+	if m, err := e.c.Get(ctx(t), "orders", "order-6"); err != nil || m.State != subjects.StatePending {
+		t.Errorf("after the run now button: %+v, %v; want pending", m, err)
+	}
+	b.noError()
+
 	// The refresh can be paused.
 	b.do(chromedp.Click(chromedp.ID(`refresh-toggle`)))
 	if got := evaluate[string](b, `document.getElementById('refresh-toggle').getAttribute('aria-pressed') + ' ' + document.getElementById('refresh-toggle').textContent`); got != "true Resume" {

@@ -60,6 +60,15 @@
 //	     is). 409 revision_mismatch if it finished again since, 409 invalid_state for a completed
 //	     one, 404 message_not_found.
 //
+//	POST /api/queues/{name}/reschedule
+//	     Body {"id": string, "version": number, "priority": number, "delay_ms": number}: id and
+//	     version required, and priority, delay_ms or both, sent as the blocked flags are.
+//	     Reschedules the pending or invisible message at that version (the protocol's reschedule):
+//	     a new priority, or pending delay_ms from now (0: at once). The reply is the message as in
+//	     the list of messages. 409 revision_mismatch if it changed since, 409 invalid_state if it is
+//	     running or finished, 404 message_not_found, 400 out_of_range for a delay_ms outside 0 to
+//	     366 days.
+//
 // With [Config.Hosts] set, a request whose Host header names another host is answered 421: a page
 // of a site whose name was made to resolve to the listener's address (DNS rebinding) is same-origin
 // to the browser and would otherwise read the API and toggle the flags. natstone serve sets the
@@ -74,8 +83,8 @@
 // message_not_found → 404, invalid_queue_name → 400, …). When the broker cannot be reached (no
 // responders, timeout) the reply is 503 with code unavailable. Bad input is refused before anything
 // is sent to the broker: 400 bad_request for an unknown query parameter, a filter that is not
-// key=value, an unknown state, a malformed body, a body without any flag, or a retry without id or
-// version; 400 invalid_metadata for
+// key=value, an unknown state, a malformed body, a body without any flag, a retry or reschedule without id or
+// version, or a reschedule without priority or delay_ms; 400 invalid_metadata for
 // a filter outside the protocol's limits; 400 out_of_range for a limit outside 1 to 1000; 415
 // bad_request for a POST that is not application/json; 413 bad_request for a body over 1 KiB.
 // Unknown paths and methods get the standard library's plain-text 404 and 405.
@@ -86,7 +95,8 @@
 // the binary; no build step, nothing loaded from elsewhere, Content-Security-Policy default-src
 // 'self'). Its hash routes: #/ the queues; #/queues/<name>[?state=…&filter=k=v,k2=v2] a queue with its counts, rates,
 // leases about to expire, blocked switches and its messages by state; #/queues/<name>/messages/<id>
-// a message with its payload preview, history timeline and, errored or canceled, a Retry button. It refreshes every 2 seconds unless
+// a message with its payload preview, history timeline and, errored or canceled, a Retry button
+// (invisible: a Run now button, a reschedule with delay_ms 0). It refreshes every 2 seconds unless
 // paused.
 //
 // When set, Config.Metrics and Config.Health are served at GET /metrics and GET /healthz.

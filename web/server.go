@@ -81,6 +81,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /api/queues/{name}/message", s.api(s.getMessage))
 	mux.HandleFunc("POST /api/queues/{name}/blocked", s.api(s.setBlocked))
 	mux.HandleFunc("POST /api/queues/{name}/retry", s.api(s.retryMessage))
+	mux.HandleFunc("POST /api/queues/{name}/reschedule", s.api(s.rescheduleMessage))
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}

@@ -877,3 +877,33 @@ func TestRetry(t *testing.T) {
 		t.Fatalf("retry of an unknown id: %v, want ErrMessageNotFound", err)
 	}
 }
+
+// TestReschedule: a Go client moves a pending message ahead by its deadline, makes an invisible one
+// pending at once, and gets typed errors for a request without a change and for a running message.
+func TestReschedule(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "a", &workers.EnqueueOpts{ID: "a", Priority: ptr[int64](10)})
+	e.enqueue("q", "b", &workers.EnqueueOpts{ID: "b", Priority: ptr[int64](20)})
+	e.enqueue("q", "c", &workers.EnqueueOpts{ID: "c", Priority: ptr[int64](30), Invisible: time.Hour})
+	if _, err := e.c.Reschedule(c, "q", "b", workers.RescheduleOpts{}); !errors.Is(err, workers.ErrBadRequest) {
+		t.Fatalf("reschedule without a change: %v, want ErrBadRequest", err)
+	}
+	b, err := e.c.Reschedule(c, "q", "b", workers.RescheduleOpts{Deadline: time.UnixMilli(5)})
+	if err != nil || b.Priority != 5 {
+		t.Fatalf("reschedule to deadline 5 ms: %+v, %v", b, err)
+	}
+	now := time.Duration(0)
+	if m, err := e.c.Reschedule(c, "q", "c", workers.RescheduleOpts{Delay: &now, Version: 1}); err != nil || m.State != subjects.StatePending {
+		t.Fatalf("reschedule of an invisible message with a zero delay: %+v, %v; want pending", m, err)
+	}
+	msgs, err := e.c.Dequeue(c, "q", &workers.DequeueOpts{Batch: 3})
+	if err != nil || len(msgs) != 3 || msgs[0].ID != "b" || msgs[1].ID != "a" || msgs[2].ID != "c" {
+		t.Fatalf("dequeue after the reschedules: %+v, %v; want b, a, c", msgs, err)
+	}
+	if _, err := e.c.Reschedule(c, "q", "a", workers.RescheduleOpts{Priority: ptr[int64](1)}); !errors.Is(err, workers.ErrInvalidState) {
+		t.Fatalf("reschedule of a running message: %v, want ErrInvalidState", err)
+	}
+}

@@ -396,6 +396,35 @@ func (c *Client) Retry(ctx context.Context, queue, id string, opts *RetryOpts) (
 	return c.leaseOp(ctx, subjects.OpRetry, queue, r)
 }
 
+// RescheduleOpts say what Reschedule changes: Priority (or Deadline), Delay, or both.
+type RescheduleOpts struct {
+	// Version, if not 0, reschedules the message only at this version: the message the caller
+	// looked at (ErrRevisionMismatch if it changed since, unless it is already as asked).
+	Version uint64
+	// Priority, if not nil, is the message's new priority.
+	Priority *int64
+	// Deadline, when set and Priority is nil, is the new priority: Deadline.UnixMilli().
+	Deadline time.Time
+	// Delay, if not nil, makes the message pending this long from now: invisible until then, or
+	// pending at once for 0.
+	Delay *time.Duration
+}
+
+// Reschedule changes the plan for a message waiting to run (pending or invisible): its priority,
+// when it becomes pending, or both. A message already as asked (the same reschedule sent again,
+// say) is left as it is, and Reschedule succeeds whatever opts.Version; a positive Delay always
+// counts from the broker's now. Errors: ErrInvalidState (running or finished), ErrBadRequest
+// (neither a priority nor a delay), ErrRevisionMismatch (at another version than opts.Version),
+// ErrMessageNotFound, ErrOutOfRange (a delay outside 0 to subjects.MaxInvisible).
+func (c *Client) Reschedule(ctx context.Context, queue, id string, opts RescheduleOpts) (Message, error) {
+	r := subjects.RescheduleRequest{ID: id, Version: opts.Version, Priority: opts.Priority, DelayMS: msPtr(opts.Delay)}
+	if r.Priority == nil && !opts.Deadline.IsZero() {
+		p := opts.Deadline.UnixMilli()
+		r.Priority = &p
+	}
+	return c.leaseOp(ctx, subjects.OpReschedule, queue, r)
+}
+
 // Get returns the message id of queue, with its payload, in any state until it is garbage-collected.
 // Errors: ErrMessageNotFound, ErrInvalidID.
 func (c *Client) Get(ctx context.Context, queue, id string) (Message, error) {

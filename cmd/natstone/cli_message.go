@@ -372,6 +372,48 @@ more were left, for the command to be run again. --json prints {"retried": [ids]
 	})
 }
 
+func runReschedule(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone reschedule", "QUEUE ID [flags]", `
+Changes the plan for message ID while it waits to run (pending or invisible): its priority (with
+--priority or --deadline), when it becomes pending (--delay from now; --delay 0 makes an invisible
+message pending at once), or both. With --version, only while the message is at that version
+(revision_mismatch if it changed since). A message already as asked is left as it is (the command
+succeeds, writing nothing). A running or finished message is not rescheduled (invalid_state).
+`, stdout, stderr)
+	version := c.fs.Uint64("version", 0, "reschedule only while the message is at this `version` (see get)")
+	priority := c.fs.Int64("priority", 0, "the new `priority`, lower is dequeued first")
+	deadline := c.fs.String("deadline", "", "the new priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
+	delay := c.duration("delay", 0, time.Millisecond, subjects.MaxInvisible, "make the message pending this long from now (0: at once)")
+	pos, err := c.parse(args, 2, 2)
+	if err != nil {
+		return parseExit(err)
+	}
+	given := c.set()
+	opts := workers.RescheduleOpts{Version: *version}
+	switch {
+	case given["priority"] && given["deadline"]:
+		return parseExit(c.usageError("give --priority or --deadline, not both"))
+	case !given["priority"] && !given["deadline"] && !given["delay"]:
+		return parseExit(c.usageError("give --priority, --deadline or --delay"))
+	case given["priority"]:
+		opts.Priority = priority
+	case given["deadline"]:
+		if opts.Deadline, err = parseDeadline(*deadline, time.Now()); err != nil {
+			return parseExit(c.usageError("%v", err))
+		}
+	}
+	if given["delay"] {
+		opts.Delay = delay
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		m, err := conn.client.Reschedule(ctx, pos[0], pos[1], opts)
+		if err != nil {
+			return err
+		}
+		return c.output(wireMessage(&m), func(w io.Writer) { printMessages(w, []workers.Message{m}, time.Now(), false) })
+	})
+}
+
 // retrySummary is what retry --errored did.
 type retrySummary struct {
 	Retried []string    `json:"retried"`

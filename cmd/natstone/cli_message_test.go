@@ -372,3 +372,36 @@ func TestCLIRetry(t *testing.T) {
 		t.Fatalf("after the retries: %+v, want 4 pending", d)
 	}
 }
+
+// TestCLIReschedule: reschedule moves a pending message ahead and a visible one out of sight for a
+// while, refuses usage mistakes before sending anything, and reports the broker's typed errors.
+func TestCLIReschedule(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	cli(t, url, "queue", "create", "q").ok(t)
+	cli(t, url, "enqueue", "q", "p-a", "--id", "a", "--priority", "10").ok(t)
+	cli(t, url, "enqueue", "q", "p-b", "--id", "b", "--priority", "20").ok(t)
+
+	cli(t, url, "reschedule", "q", "b").fails(t, exitUsage, "give --priority, --deadline or --delay")
+	cli(t, url, "reschedule", "q", "b", "--priority", "1", "--deadline", "1h").fails(t, exitUsage, "not both")
+	cli(t, url, "reschedule", "q", "b", "--deadline", "soon").fails(t, exitUsage, "neither an RFC 3339 time")
+	cli(t, url, "reschedule", "q", "nope", "--priority", "1").fails(t, exitNotFound, "natstone: message_not_found: ")
+	cli(t, url, "reschedule", "q", "b", "--priority", "1", "--version", "9").fails(t, exitError, "natstone: revision_mismatch: ")
+
+	rows := tableRows(cli(t, url, "reschedule", "q", "b", "--priority", "5", "--version", "1").ok(t))
+	if len(rows) != 2 || rows[1][0] != "b" || rows[1][1] != "pending" {
+		t.Fatalf("reschedule b: %q", rows)
+	}
+	hidden := jsonOf[subjects.Message](t, cli(t, url, "reschedule", "q", "a", "--delay", "1h", "--json"))
+	if hidden.State != subjects.StateInvisible || hidden.VisibleAt.Sub(hidden.UpdatedAt) != time.Hour || hidden.Priority != 10 {
+		t.Fatalf("reschedule a --delay 1h: %+v, want invisible for an hour at priority 10", hidden)
+	}
+	d := dequeueOne(t, url, "q")
+	if d.ID != "b" {
+		t.Fatalf("dequeued %s, want b", d.ID)
+	}
+	cli(t, url, "reschedule", "q", "b", "--delay", "0s").fails(t, exitError, "natstone: invalid_state: ")
+	if m := jsonOf[subjects.Message](t, cli(t, url, "reschedule", "q", "a", "--delay", "0s", "--deadline", "2026-01-02T15:04:05Z", "--json")); m.State != subjects.StatePending || m.Priority != 1767366245000 {
+		t.Fatalf("reschedule a --delay 0s --deadline: %+v, want pending at priority 1767366245000", m)
+	}
+}

@@ -133,8 +133,8 @@ func printStats(w io.Writer, r *subjects.StatsReply, filter pairsFlag, within ti
 	fmt.Fprintf(tw, "Rates:\tenqueued %s/s, dequeued %s/s, completed %s/s, errored %s/s (last minute)\n",
 		fmtRate(rt.Enqueued), fmtRate(rt.Dequeued), fmtRate(rt.Completed), fmtRate(rt.Errored))
 	t := &r.Totals
-	fmt.Fprintf(tw, "Totals:\tenqueued %d, dequeued %d, completed %d, canceled %d, errored %d, released %d, expired %d, retried %d, collected %d (since the broker started)\n",
-		t.Enqueued, t.Dequeued, t.Completed, t.Canceled, t.Errored, t.Released, t.Expired, t.Retried, t.Collected)
+	fmt.Fprintf(tw, "Totals:\tenqueued %d, dequeued %d, completed %d, canceled %d, errored %d, released %d, expired %d, retried %d, rescheduled %d, collected %d (since the broker started)\n",
+		t.Enqueued, t.Dequeued, t.Completed, t.Canceled, t.Errored, t.Released, t.Expired, t.Retried, t.Rescheduled, t.Collected)
 	switch n := len(r.Expiring); {
 	case n == 0:
 		fmt.Fprintf(tw, "Expiring leases:\tnone within %s\n", fmtDuration(within))

@@ -118,7 +118,7 @@ func TestCLIStats(t *testing.T) {
 	for label, want := range map[string]string{
 		"Queue":           "jobs",
 		"Messages":        "pending 1, running 1, invisible 1, completed 1, canceled 1, errored 0",
-		"Totals":          "enqueued 5, dequeued 2, completed 1, canceled 1, errored 0, released 0, expired 0, retried 0, collected 0 (since the broker started)",
+		"Totals":          "enqueued 5, dequeued 2, completed 1, canceled 1, errored 0, released 0, expired 0, retried 0, rescheduled 0, collected 0 (since the broker started)",
 		"Expiring leases": "1 within 1h",
 	} {
 		if got := field(t, out, label); got != want {

@@ -40,6 +40,7 @@ var commands = []command{
 	{name: "release", summary: "give a leased message back to its queue, at once or after a delay", run: runRelease},
 	{name: "cancel", summary: "cancel a message (fenced by its lease when one is given)", run: runCancel},
 	{name: "retry", summary: "retry an errored or canceled message, or all errored ones: pending again, attempts anew", run: runRetry},
+	{name: "reschedule", summary: "change a waiting message's priority, or when it becomes pending", run: runReschedule},
 	{name: "get", summary: "show a message with its payload", run: runGet},
 	{name: "depth", summary: "count a queue's messages by state, optionally filtered by metadata", run: runDepth},
 	{name: "stats", summary: "show a queue now: counts, oldest pending, rates, totals, expiring leases", run: runStats},

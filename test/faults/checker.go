@@ -66,6 +66,7 @@ func Check(run Run) []Violation {
 	c.checkStaleOps()
 	c.checkAttempts()
 	c.checkRefunds()
+	c.checkInvisible()
 	c.checkLost()
 	c.checkIdempotentDequeues()
 	c.checkEDF()
@@ -310,6 +311,34 @@ func (c *checker) checkRefunds() {
 	}
 }
 
+// checkInvisible: a message that an acknowledged reschedule made invisible for a delay is not
+// leased before the delay is over, counted from when the reschedule was sent. Only leases granted
+// after the reschedule's reply are judged (an earlier one may have come before it, its lease since
+// run out), and messages an operator canceled or retried are left out (a retry makes a message
+// pending at once).
+func (c *checker) checkInvisible() {
+	operated := map[msgKey]bool{}
+	for _, op := range c.run.Ops {
+		if (op.Kind == Cancel || op.Kind == Retry) && op.Outcome != Failed {
+			operated[msgKey{op.Queue, op.MessageID}] = true
+		}
+	}
+	byMsg := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })
+	for _, op := range c.run.Ops {
+		if op.Kind != Reschedule || op.Delay <= 0 || op.Outcome != OK || operated[msgKey{op.Queue, op.MessageID}] {
+			continue
+		}
+		visible := op.Start.Add(op.Delay)
+		for _, l := range byMsg[op.Queue+"/"+op.MessageID] {
+			if !l.GrantedAt.Before(op.End) && l.GrantedAt.Before(visible.Add(-clockSlack)) {
+				c.fail("invisible", "%s/%s: rescheduled at %s to be invisible for %s, yet lease %s was granted at %s",
+					op.Queue, op.MessageID, ts(op.Start), op.Delay, l.LeaseID, ts(l.GrantedAt))
+				break
+			}
+		}
+	}
+}
+
 // checkLost: every acknowledged enqueue is still there at the end, and acknowledged completes and
 // cancels stuck (a cancel until a retry that may have landed after it). In a queue that keeps
 // nothing that ended (Collected), a message may instead be gone if a complete or cancel of it may
@@ -404,7 +433,7 @@ func (c *checker) checkIdempotentDequeues() {
 
 // checkEDF: a dequeue never returned a message (or fewer than its batch) while a strictly more
 // urgent eligible message had been pending since before the request: enqueued and acknowledged
-// before it, never leased, canceled or invisible by then, matching its filter, and — in an
+// before it, never leased, canceled, rescheduled or invisible by then, matching its filter, and — in an
 // exclusive queue — of a value certainly free throughout the request. Stretches where a dequeue
 // of unknown outcome may have leased that message are skipped, as is everything it cannot prove.
 func (c *checker) checkEDF() {
@@ -439,8 +468,9 @@ func (c *checker) checkEDF() {
 			cd.removed = l.GrantedAt
 		}
 	}
+	// A cancel takes a message out; a reschedule moves it where this rule does not follow it.
 	for _, op := range c.run.Ops {
-		if op.Kind == Cancel && op.Outcome != Failed {
+		if (op.Kind == Cancel || op.Kind == Reschedule) && op.Outcome != Failed {
 			if cd := cands[msgKey{op.Queue, op.MessageID}]; cd != nil && op.Start.Before(cd.removed) {
 				cd.removed = op.Start
 			}

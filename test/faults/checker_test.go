@@ -163,6 +163,44 @@ func TestChecker(t *testing.T) {
 			rules: []string{"lost"},
 		},
 		{
+			name: "a reschedule with a delay: leased once the delay is over",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				{Kind: Reschedule, Queue: "s", MessageID: "a", Priority: 5, Delay: 300 * time.Millisecond, Start: at(10), End: at(12), Outcome: OK},
+				deq("s", "r1", 305, 320, ls("a", "L1", 5, "", 311, 1311)),
+			}, Final: finals("s/a", "running", 1)},
+		},
+		{
+			name: "a reschedule with a delay acknowledged, yet leased before the delay is over",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				{Kind: Reschedule, Queue: "s", MessageID: "a", Priority: 5, Delay: 300 * time.Millisecond, Start: at(10), End: at(12), Outcome: OK},
+				deq("s", "r1", 100, 102, ls("a", "L1", 5, "", 101, 1101)),
+			}, Final: finals("s/a", "running", 1)},
+			rules: []string{"invisible"},
+		},
+		{
+			name: "a reschedule of unknown outcome, or canceled and retried since: not judged",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				enq("s", "b", 1, 0, 2, nil),
+				{Kind: Reschedule, Queue: "s", MessageID: "a", Priority: 5, Delay: 300 * time.Millisecond, Start: at(10), End: at(12), Outcome: Unknown},
+				{Kind: Reschedule, Queue: "s", MessageID: "b", Priority: 5, Delay: 300 * time.Millisecond, Start: at(10), End: at(12), Outcome: OK},
+				done(Cancel, "s", "b", "", 20, 22, OK),
+				done(Retry, "s", "b", "", 30, 32, OK),
+				deq("s", "r1", 100, 102, ls("a", "L1", 5, "", 101, 1101), ls("b", "L2", 5, "", 101, 1101)),
+			}, Final: finals("s/a", "running", 1, "s/b", "running", 1)},
+		},
+		{
+			name: "a message rescheduled behind another: the other is dequeued first",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				enq("s", "b", 2, 0, 2, nil),
+				{Kind: Reschedule, Queue: "s", MessageID: "a", Priority: 9, Start: at(10), End: at(12), Outcome: OK},
+				deq("s", "r1", 20, 22, ls("b", "L1", 2, "", 21, 1021)),
+			}, Final: finals("s/a", "pending", 0, "s/b", "running", 1)},
+		},
+		{
 			name: "a refunded attempt: the next lease is of the same attempt",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),

@@ -90,8 +90,11 @@ func TestFaultsSyncAlways(t *testing.T) {
 func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	run, stats := runFaults(t, cfg, url, args)
 	violations := append(Check(run), stats.churnViolations...)
-	leases, canceled, retries, retried := 0, 0, 0, 0
+	leases, canceled, retries, retried, rescheduled := 0, 0, 0, 0, 0
 	for _, op := range run.Ops {
+		if op.Kind == Reschedule && op.Outcome == OK {
+			rescheduled++
+		}
 		leases += len(op.Leases)
 		if op.Outcome == OK && op.Kind == Cancel {
 			canceled++
@@ -106,8 +109,11 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	if canceled > 0 && retries == 0 {
 		t.Errorf("%d messages canceled, none retried: the operator retries the first it cancels", canceled)
 	}
-	t.Logf("kills=%d clean_stops=%d starts_from_snapshot=%d paused=%d paused_starting=%d starts_lost=%d ops=%d messages=%d enqueued=%d batches=%d leases=%d completed=%d canceled=%d retried=%d leased_by_next=%d extended=%d orphan_payloads_deleted=%d records_replaced=%d stale_loads_read_again=%d queues_deleted=%d (storage unchecked %d, markers left %d) deleted_queue_records_removed=%d violations=%d",
-		stats.kills, stats.cleanStops, stats.snapshotStarts, stats.paused, stats.pausedStarting, stats.startsLost, len(run.Ops), len(run.Final), stats.enqueued, stats.batches, leases, stats.completed, canceled, retried, stats.nextLeased, stats.ex, stats.orphans, stats.replaced, stats.stale, stats.churned, stats.churnUnchecked, stats.churnMarkers, stats.ghosts, len(violations))
+	if rescheduled == 0 {
+		t.Errorf("no reschedule acknowledged: the operator reschedules about one message in nine")
+	}
+	t.Logf("kills=%d clean_stops=%d starts_from_snapshot=%d paused=%d paused_starting=%d starts_lost=%d ops=%d messages=%d enqueued=%d batches=%d leases=%d completed=%d canceled=%d retried=%d rescheduled=%d leased_by_next=%d extended=%d orphan_payloads_deleted=%d records_replaced=%d stale_loads_read_again=%d queues_deleted=%d (storage unchecked %d, markers left %d) deleted_queue_records_removed=%d violations=%d",
+		stats.kills, stats.cleanStops, stats.snapshotStarts, stats.paused, stats.pausedStarting, stats.startsLost, len(run.Ops), len(run.Final), stats.enqueued, stats.batches, leases, stats.completed, canceled, retried, rescheduled, stats.nextLeased, stats.ex, stats.orphans, stats.replaced, stats.stale, stats.churned, stats.churnUnchecked, stats.churnMarkers, stats.ghosts, len(violations))
 	if stats.completed == 0 || stats.enqueued == 0 || stats.churned == 0 {
 		t.Errorf("the run did no work: %+v", stats)
 	}

@@ -660,7 +660,8 @@ type enqueuedID struct{ queue, id string }
 // cancelSome is an operator canceling messages (without a lease id) while workers race to dequeue
 // them: a cancel acknowledged must stick, whatever the dequeues do, until a retry. Every other
 // message it canceled it retries at once, at the version the cancel gave it: pending again, with
-// its attempts anew, for the workers to lease.
+// its attempts anew, for the workers to lease. Of the messages it does not cancel, it reschedules
+// about one in eight.
 func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 42))
 	canceled := 0
@@ -672,6 +673,9 @@ func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 		case m = <-ids:
 		}
 		if rng.IntN(8) != 0 {
+			if rng.IntN(8) == 0 {
+				reschedule(c, rng, m)
+			}
 			continue // cancel about one message in eight
 		}
 		op := Op{Kind: Cancel, Queue: m.queue, Client: c.name, MessageID: m.id, Start: time.Now()}
@@ -691,6 +695,23 @@ func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 		retry.End = time.Now()
 		c.h.Add(retry)
 	}
+}
+
+// reschedule gives message m a new priority, and every other time a delay of 100–600 ms too.
+func reschedule(c *client, rng *rand.Rand, m enqueuedID) {
+	op := Op{Kind: Reschedule, Queue: m.queue, Client: c.name, MessageID: m.id, Priority: int64(rng.IntN(1000))}
+	if rng.IntN(2) == 0 {
+		op.Delay = time.Duration(100+rng.IntN(500)) * time.Millisecond
+	}
+	r := subjects.RescheduleRequest{ID: m.id, Priority: &op.Priority}
+	if op.Delay > 0 {
+		r.DelayMS = ptr(op.Delay.Milliseconds())
+	}
+	op.Start = time.Now()
+	var rep subjects.Message
+	op.Outcome, op.Code = c.call(subjects.OpReschedule, m.queue, r, &rep)
+	op.End = time.Now()
+	c.h.Add(op)
 }
 
 // produce enqueues until stop, retrying an enqueue of unknown outcome with the same ids. One

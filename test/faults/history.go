@@ -45,6 +45,9 @@ const (
 	Release  Kind = "release"
 	Cancel   Kind = "cancel"
 	Retry    Kind = "retry" // an operator's retry of a canceled or errored message (MessageID)
+	// Reschedule is an operator's reschedule of a waiting message (MessageID): a new Priority, and
+	// with Delay > 0 invisible for that long.
+	Reschedule Kind = "reschedule"
 )
 
 // Lease is one message leased by a dequeue, as its reply described it. Times come from the broker.
@@ -80,6 +83,9 @@ type Op struct {
 	Batch     int
 	Filter    map[string]string
 	Leases    []Lease // OK dequeues only
+
+	// Reschedule (MessageID and Priority above)
+	Delay time.Duration
 
 	// Complete, Extend, Release, Cancel (MessageID above)
 	LeaseID         string

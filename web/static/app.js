@@ -424,7 +424,7 @@ function queueView(r) {
     set(numbers, ...facts([
       ['oldest pending', q.counts.pending ? duration(q.oldest_pending_ms) : '—', { 'data-oldest-pending-ms': q.oldest_pending_ms }],
       ...RATES.map(k => [k + ' per second', rate(q.rates[k]), { 'data-rate': k }]),
-      ['since start', ['enqueued', 'dequeued', 'completed', 'canceled', 'errored', 'released', 'expired', 'retried', 'collected']
+      ['since start', ['enqueued', 'dequeued', 'completed', 'canceled', 'errored', 'released', 'expired', 'retried', 'rescheduled', 'collected']
         .map(k => k + ' ' + q.totals[k]).join(' · ')],
       ...(filter.length ? [['counts', 'of the messages matching ' + filter.join(', ')]] : []),
     ]));
@@ -498,20 +498,30 @@ function messageView(r) {
       timeline));
 
   // A finished message that failed (errored or canceled) can be retried: pending again, its
-  // attempts anew. The click retries the version shown, nothing it became since.
+  // attempts anew. An invisible message can be run now: pending at once (a reschedule with
+  // delay_ms 0). Each click acts on the version shown, nothing the message became since.
   function renderActions(m) {
-    if (!m || (m.state !== 'errored' && m.state !== 'canceled')) {
+    if (m && (m.state === 'errored' || m.state === 'canceled')) {
+      set(actions, actionButton('retry', 'Retry', m, '/retry', {}), ' ',
+        h('span', { class: 'muted' }, 'pending again, with ' + (m.attempts + m.attempts_left) + ' attempts anew'));
+    } else if (m && m.state === 'invisible') {
+      set(actions, actionButton('run-now', 'Run now', m, '/reschedule', { delay_ms: 0 }), ' ',
+        h('span', { class: 'muted' }, 'pending at once instead of ' + ago(m.visible_at)));
+    } else {
       set(actions);
-      return;
     }
-    const button = h('button', { type: 'button', id: 'retry', 'data-version': m.version }, 'Retry');
+  }
+
+  // actionButton POSTs {id, version, ...fields} to the queue's path when clicked, then refreshes.
+  function actionButton(id, label, m, path, fields) {
+    const button = h('button', { type: 'button', id, 'data-version': m.version }, label);
     button.addEventListener('click', async () => {
       button.disabled = true;
       try {
-        await api(apiQueue(r.queue) + '/retry', {
+        await api(apiQueue(r.queue) + path, {
           method: 'POST',
           headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
-          body: JSON.stringify({ id: r.id, version: m.version }),
+          body: JSON.stringify(Object.assign({ id: r.id, version: m.version }, fields)),
         });
         setError(null);
       } catch (err) {
@@ -521,7 +531,7 @@ function messageView(r) {
       }
       refresh(view);
     });
-    set(actions, button, ' ', h('span', { class: 'muted' }, 'pending again, with ' + (m.attempts + m.attempts_left) + ' attempts anew'));
+    return button;
   }
 
   function renderMessage(m, events) {

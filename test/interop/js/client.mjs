@@ -381,6 +381,25 @@ async function run(nc, q) {
   await ok(nc, "delete", rq);
   done("max_attempts 1 on enqueue; release with an error: errored, its history says why; retry fenced by version, again writes nothing; leased again");
 
+  step("reschedule");
+  const sq = `${q}-reschedule`;
+  await ok(nc, "create", sq, {});
+  await ok(nc, "enqueue", sq, { id: "s-1", payload: "one", priority: 10 });
+  await ok(nc, "enqueue", sq, { id: "s-2", payload: "two", priority: 20 });
+  await ok(nc, "enqueue", sq, { id: "s-3", payload: "three", priority: 1, invisible_ms: 3600000 });
+  await expectError(nc, "reschedule", sq, { id: "s-2" }, "bad_request", 400);
+  const rs = await ok(nc, "reschedule", sq, { id: "s-2", priority: 5, version: 1 });
+  eq([rs.state, rs.priority, rs.version], ["pending", 5, 2], "reschedule s-2 to priority 5");
+  const rs2 = await ok(nc, "reschedule", sq, { id: "s-2", priority: 5, version: 1 });
+  eq(rs2.version, 2, "reschedule s-2 again: already as asked, writes nothing");
+  const up = await ok(nc, "reschedule", sq, { id: "s-3", delay_ms: 0 });
+  eq(up.state, "pending", "reschedule s-3 with delay_ms 0: pending at once");
+  dq = await ok(nc, "dequeue", sq, { batch: 3 });
+  eq(dq.messages.map((m) => m.id), ["s-3", "s-2", "s-1"], "dequeue in the new order");
+  await expectError(nc, "reschedule", sq, { id: "s-1", priority: 0 }, "invalid_state", 409);
+  await ok(nc, "delete", sq);
+  done("reschedule: bad_request without a change; a new priority, sent again writes nothing; an invisible message pending at once; a running one invalid_state");
+
   step("payload forms");
   // A reply carries a payload as a JSON string when escapes grow it by at most half, else as
   // payload_base64 (docs/protocol.md, Conventions); <, > and & are written as they are.
