@@ -486,10 +486,16 @@ func (c *checker) checkEDF() {
 	// A retry of a dequeue (its request id again) may return the leases of an earlier try: that
 	// try's request is when it was decided.
 	sent := map[string]time.Time{}
+	// When the first try of unknown outcome of each request id was sent: a try after it returns
+	// only the leases that try took and still held, fewer than its batch once some ran out.
+	unknownTry := map[string]time.Time{}
 	for _, op := range c.run.Ops {
 		if k := op.Queue + "/" + op.RequestID; op.Kind == Dequeue && op.RequestID != "" {
 			if t, ok := sent[k]; !ok || op.Start.Before(t) {
 				sent[k] = op.Start
+			}
+			if t, ok := unknownTry[k]; op.Outcome == Unknown && (!ok || op.Start.Before(t)) {
+				unknownTry[k] = op.Start
 			}
 		}
 	}
@@ -533,6 +539,9 @@ func (c *checker) checkEDF() {
 			returned[l.MessageID] = true
 		}
 		full := len(op.Leases) >= op.Batch
+		if t, ok := unknownTry[op.Queue+"/"+op.RequestID]; ok && op.RequestID != "" && t.Before(op.Start) {
+			full = true // fewer than its batch says nothing: the leases that ran out are not returned
+		}
 		for _, cd := range byQueue[op.Queue] {
 			if returned[cd.id] || (full && cd.prio >= worst) {
 				continue

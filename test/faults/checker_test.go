@@ -201,6 +201,17 @@ func TestChecker(t *testing.T) {
 			}, Final: finals("s/a", "pending", 0, "s/b", "running", 1)},
 		},
 		{
+			name: "a dequeue retried after an unknown outcome returns fewer than its batch: the other lease ran out",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				enq("s", "b", 2, 0, 2, nil),
+				enq("s", "c", 3, 0, 2, nil),
+				{Kind: Dequeue, Queue: "s", RequestID: "r1", Batch: 2, Start: at(10), End: at(3000), Outcome: Unknown},
+				{Kind: Dequeue, Queue: "s", RequestID: "r1", Batch: 2, Start: at(3000), End: at(3002), Outcome: OK,
+					Leases: []Lease{ls("a", "L1", 1, "", 11, 1011)}},
+			}, Final: finals("s/a", "running", 1, "s/b", "pending", 1, "s/c", "pending", 0)},
+		},
+		{
 			name: "a refunded attempt: the next lease is of the same attempt",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),
