@@ -208,6 +208,9 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if err != nil {
 			return nil, err
 		}
+		if r.Version != 0 {
+			return nil, subjects.Errorf(subjects.CodeBadRequest, "complete takes no version: its lease_id fences it")
+		}
 		return q.andNext(ctx, settleKey{op: subjects.OpComplete, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.complete(ctx, r) })
 	case subjects.OpExtend:
 		var r subjects.ExtendRequest

@@ -182,7 +182,8 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 // cancel moves a message that is not terminal to canceled. With a lease id it is the lease holder's
 // cancel, fenced like complete: the lease must be the current, unexpired one (a holder whose lease
 // ran out must not cancel a message that is pending again for someone else). Without one it is
-// unconditional (an operator's). Canceling a canceled message succeeds and writes nothing.
+// unconditional (an operator's). With a version it cancels the message only at that version.
+// Canceling a canceled message succeeds and writes nothing.
 func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -198,6 +199,9 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 		return q.view(e), nil
 	case subjects.StateCompleted, subjects.StateErrored:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.ID, e.State())
+	}
+	if req.Version != 0 && req.Version != e.Version() {
+		return q.view(e), subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is at version %d, not %d: it changed since", e.ID, e.Version(), req.Version)
 	}
 	if req.LeaseID != "" {
 		if _, err := q.fence(e, req.LeaseID, subjects.OpCancel); err != nil {

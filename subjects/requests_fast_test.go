@@ -17,6 +17,7 @@ var requestBodies = []string{
 	`{"batch":10,"wait_ms":20000,"lease_ms":60000,"request_id":"r-1","worker":"host:42"}`,
 	` { "worker" : "w" , "batch" : 3 } `,
 	"\t{\r\n\"id\":\t\"m\"\r,\n\"lease_id\" :\"L\"}\n",
+	`{"id":"m","version":3}`,
 	"\v{\"batch\":1}",
 	`{"batch":-0}`,
 	`{"batch":01}`,

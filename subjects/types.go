@@ -168,11 +168,13 @@ type DequeueReply struct {
 }
 
 // LeaseRequest is the body of complete and cancel (where LeaseID may be empty to cancel
-// unconditionally), and the base of extend and release.
+// unconditionally, and Version fences the cancel by the message's version), and the base of
+// extend and release.
 type LeaseRequest struct {
 	ID      string          `json:"id"`
 	LeaseID string          `json:"lease_id,omitempty"`
-	Next    *DequeueRequest `json:"next,omitempty"` // a dequeue to run once the message is settled (see SettleReply)
+	Version uint64          `json:"version,omitempty"` // cancel only: cancel the message only at this version
+	Next    *DequeueRequest `json:"next,omitempty"`    // a dequeue to run once the message is settled (see SettleReply)
 }
 
 // ExtendRequest is the body of extend: the lease then ends LeaseMS from now (default the message's

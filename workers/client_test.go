@@ -907,3 +907,26 @@ func TestReschedule(t *testing.T) {
 		t.Fatalf("reschedule of a running message: %v, want ErrInvalidState", err)
 	}
 }
+
+// TestCancelAt: an operator's cancel at a version cancels only a message still at that version.
+func TestCancelAt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m"})
+	listed, err := e.c.Get(c, "q", "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.CancelAt(c, "q", "m", 0); !errors.Is(err, workers.ErrBadRequest) {
+		t.Fatalf("CancelAt version 0: %v, want ErrBadRequest", err)
+	}
+	if _, err := e.c.CancelAt(c, "q", "m", listed.Version+1); !errors.Is(err, workers.ErrRevisionMismatch) {
+		t.Fatalf("CancelAt another version: %v, want ErrRevisionMismatch", err)
+	}
+	m, err := e.c.CancelAt(c, "q", "m", listed.Version)
+	if err != nil || m.State != subjects.StateCanceled {
+		t.Fatalf("CancelAt the listed version: %+v, %v; want canceled", m, err)
+	}
+}

@@ -373,6 +373,18 @@ func (c *Client) Cancel(ctx context.Context, queue, id, leaseID string) (Message
 	return c.leaseOp(ctx, subjects.OpCancel, queue, subjects.LeaseRequest{ID: id, LeaseID: leaseID})
 }
 
+// CancelAt is an operator's cancel of message id only at version: the message the caller looked
+// at (from Get or Browse), so that a cancel decided on what it was never ends what it became. A
+// message canceled since (this cancel, sent again) is left as it is, and CancelAt succeeds.
+// Errors: ErrRevisionMismatch (at another version), ErrInvalidState (completed or errored),
+// ErrMessageNotFound.
+func (c *Client) CancelAt(ctx context.Context, queue, id string, version uint64) (Message, error) {
+	if version == 0 {
+		return Message{}, apiError(subjects.Errorf(subjects.CodeBadRequest, "CancelAt needs the message's version (Cancel cancels whatever it is)"))
+	}
+	return c.leaseOp(ctx, subjects.OpCancel, queue, subjects.LeaseRequest{ID: id, Version: version})
+}
+
 // RetryOpts are the options of Retry; nil means none.
 type RetryOpts struct {
 	// Version, if not 0, retries a finished message only at this version: the errored or canceled

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -234,12 +235,69 @@ why the attempt failed: history shows it.
 }
 
 func runCancel(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newClientCommand("natstone cancel", "QUEUE ID [LEASE] [flags]", `
+	c := newClientCommand("natstone cancel", "QUEUE ID [LEASE] [flags]\n       natstone cancel QUEUE --state STATE [flags]", `
 Cancels message ID unless it is finished. With LEASE it is the lease holder's cancel, which fails
-like complete when the lease is stale; without it, it is unconditional (an operator's).
+like complete when the lease is stale; without it, it is an operator's, unconditional unless
+--version is given: then only while the message is at that version (revision_mismatch if it
+changed since). Canceling a canceled message succeeds.
+
+With --state instead of ID, cancels the queue's messages in that state (pending, invisible or
+running; those with every --filter pair), at most --limit of them, in the order messages lists
+them, each at the version it had when listed: one that changed meanwhile (leased, say), or was
+collected, is skipped and named. Canceling running messages ends their leases: their holders
+learn it at their next extend or complete. A last line says when more were left, for the command
+to be run again. --json prints {"canceled": [ids], "skipped": [{"id", "error"}], "more": bool}.
 `, stdout, stderr)
-	return runLeaseOp(ctx, c, args, 2, func(ctx context.Context, cl *workers.Client, q, id, leaseID string) (workers.Message, error) {
-		return cl.Cancel(ctx, q, id, leaseID)
+	version := c.fs.Uint64("version", 0, "cancel only while the message is at this `version` (see get)")
+	state := c.fs.String("state", "", "cancel the queue's messages in this `state` (pending, invisible or running) instead of message ID")
+	var filter pairsFlag
+	c.fs.Var(&filter, "filter", "with --state: only messages with metadata `key=value`, repeatable (all must match)")
+	limit := c.fs.Int("limit", subjects.MaxBrowseLimit, "with --state: cancel at most `n` messages (1 to 1000)")
+	pos, err := c.parse(args, 1, 3)
+	if err != nil {
+		return parseExit(err)
+	}
+	given := c.set()
+	listed := subjects.State(*state)
+	switch {
+	case given["state"] && len(pos) != 1:
+		return parseExit(c.usageError("--state takes no ID"))
+	case given["state"] && given["version"]:
+		return parseExit(c.usageError("--state takes no --version: each message is canceled at the version it was listed with"))
+	case given["state"] && listed != subjects.StatePending && listed != subjects.StateInvisible && listed != subjects.StateRunning:
+		return parseExit(c.usageError("--state must be pending, invisible or running, not %q", *state))
+	case !given["state"] && len(pos) < 2:
+		return parseExit(c.usageError("give the message's ID, or --state"))
+	case !given["state"] && (given["filter"] || given["limit"]):
+		return parseExit(c.usageError("--filter and --limit go with --state"))
+	case *limit < 1 || *limit > subjects.MaxBrowseLimit:
+		return parseExit(c.usageError("--limit must be 1 to %d, not %d", subjects.MaxBrowseLimit, *limit))
+	case len(pos) == 3 && given["version"]:
+		return parseExit(c.usageError("give LEASE or --version, not both: the lease fences a holder's cancel"))
+	}
+	if given["state"] {
+		return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+			sum := &bulkSummary{verb: "canceled", listed: listed}
+			return c.bulk(ctx, conn, pos[0], filter, *limit, sum, func(m *workers.Message) (workers.Message, error) {
+				return conn.client.CancelAt(ctx, pos[0], m.ID, m.Version)
+			})
+		})
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		var m workers.Message
+		var err error
+		switch {
+		case len(pos) == 3:
+			m, err = conn.client.Cancel(ctx, pos[0], pos[1], pos[2])
+		case given["version"]:
+			m, err = conn.client.CancelAt(ctx, pos[0], pos[1], *version)
+		default:
+			m, err = conn.client.Cancel(ctx, pos[0], pos[1], "")
+		}
+		if err != nil {
+			return err
+		}
+		return c.output(wireMessage(&m), func(w io.Writer) { printMessages(w, []workers.Message{m}, time.Now(), false) })
 	})
 }
 
@@ -346,29 +404,10 @@ more were left, for the command to be run again. --json prints {"retried": [ids]
 		})
 	}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
-		msgs, next, err := conn.client.Browse(ctx, pos[0], subjects.StateErrored, &workers.BrowseOpts{Filter: filter, Limit: *limit})
-		if err != nil {
-			return err
-		}
-		sum := retrySummary{Retried: []string{}, Skipped: []retrySkip{}, More: next != ""}
-		for _, m := range msgs {
-			r, err := conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
-			switch {
-			case err == nil && r.Version != m.Version+1:
-				// Not errored any more: retried, and run, by someone else since the list (the broker
-				// left it as it is).
-				sum.Skipped = append(sum.Skipped, retrySkip{ID: m.ID, Error: fmt.Sprintf("not errored any more: %s at version %d since it was listed at version %d", r.State, r.Version, m.Version)})
-			case err == nil:
-				sum.Retried = append(sum.Retried, m.ID)
-			case errors.Is(err, workers.ErrRevisionMismatch), errors.Is(err, workers.ErrMessageNotFound):
-				sum.Skipped = append(sum.Skipped, retrySkip{ID: m.ID, Error: err.Error()})
-			default:
-				// Storage or the broker failed: say what was done before failing with it.
-				_ = c.output(sum, sum.print)
-				return err
-			}
-		}
-		return c.output(sum, sum.print)
+		sum := &bulkSummary{verb: "retried", listed: subjects.StateErrored}
+		return c.bulk(ctx, conn, pos[0], filter, *limit, sum, func(m *workers.Message) (workers.Message, error) {
+			return conn.client.Retry(ctx, pos[0], m.ID, &workers.RetryOpts{Version: m.Version, Delay: *delay})
+		})
 	})
 }
 
@@ -414,25 +453,64 @@ succeeds, writing nothing). A running or finished message is not rescheduled (in
 	})
 }
 
-// retrySummary is what retry --errored did.
-type retrySummary struct {
-	Retried []string    `json:"retried"`
-	Skipped []retrySkip `json:"skipped"`
-	More    bool        `json:"more"`
+// bulk lists up to limit messages of sum.listed in queue (those with every filter pair), in their
+// order, and calls act on each, which acts at the version listed; then prints sum. A message that
+// changed meanwhile (act's error says so, or its reply is not of the version after the one
+// listed: another client's write, which the broker answers alike when it left the message as
+// that write had it), or was collected, is skipped and named. Any other error ends the run,
+// after printing what was done.
+func (c *clientCommand) bulk(ctx context.Context, conn *cliConn, queue string, filter pairsFlag, limit int,
+	sum *bulkSummary, act func(m *workers.Message) (workers.Message, error)) error {
+	msgs, next, err := conn.client.Browse(ctx, queue, sum.listed, &workers.BrowseOpts{Filter: filter, Limit: limit})
+	if err != nil {
+		return err
+	}
+	sum.Done, sum.Skipped, sum.More = []string{}, []bulkSkip{}, next != ""
+	for i := range msgs {
+		m := &msgs[i]
+		r, err := act(m)
+		switch {
+		case err == nil && r.Version != m.Version+1:
+			sum.Skipped = append(sum.Skipped, bulkSkip{ID: m.ID, Error: fmt.Sprintf("not %s any more: %s at version %d since it was listed at version %d", sum.listed, r.State, r.Version, m.Version)})
+		case err == nil:
+			sum.Done = append(sum.Done, m.ID)
+		case errors.Is(err, workers.ErrRevisionMismatch), errors.Is(err, workers.ErrMessageNotFound), errors.Is(err, workers.ErrInvalidState):
+			sum.Skipped = append(sum.Skipped, bulkSkip{ID: m.ID, Error: err.Error()})
+		default:
+			// Storage or the broker failed: say what was done before failing with it.
+			_ = c.output(sum, sum.print)
+			return err
+		}
+	}
+	return c.output(sum, sum.print)
 }
 
-// retrySkip is an errored message that retry --errored listed but did not retry.
-type retrySkip struct {
+// bulkSummary is what a command run on a listing of messages did (retry --errored, cancel
+// --state): in JSON {verb: [ids], "skipped": [{"id", "error"}], "more": bool}.
+type bulkSummary struct {
+	verb    string         // what was done to each: "retried", "canceled"
+	listed  subjects.State // the state listed
+	Done    []string
+	Skipped []bulkSkip
+	More    bool
+}
+
+// bulkSkip is a message that was listed but not acted on.
+type bulkSkip struct {
 	ID    string `json:"id"`
 	Error string `json:"error"`
 }
 
-func (s *retrySummary) print(w io.Writer) {
-	fmt.Fprintf(w, "retried %d errored messages\n", len(s.Retried))
+func (s *bulkSummary) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{s.verb: s.Done, "skipped": s.Skipped, "more": s.More})
+}
+
+func (s *bulkSummary) print(w io.Writer) {
+	fmt.Fprintf(w, "%s %d %s messages\n", s.verb, len(s.Done), s.listed)
 	for _, k := range s.Skipped {
 		fmt.Fprintf(w, "skipped %s: %s\n", printable(k.ID, 0), k.Error)
 	}
 	if s.More {
-		fmt.Fprintln(w, "… more errored messages: run it again")
+		fmt.Fprintf(w, "… more %s messages: run it again\n", s.listed)
 	}
 }

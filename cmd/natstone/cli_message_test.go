@@ -405,3 +405,48 @@ func TestCLIReschedule(t *testing.T) {
 		t.Fatalf("reschedule a --delay 0s --deadline: %+v, want pending at priority 1767366245000", m)
 	}
 }
+
+// TestCLICancelByState: cancel --state cancels the listed messages that match the filter, each at
+// the version it was listed with, and names those it skipped; cancel --version fences one message.
+func TestCLICancelByState(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	cli(t, url, "queue", "create", "q").ok(t)
+	for i, p := range []string{"foo", "foo", "bar", "foo"} {
+		cli(t, url, "enqueue", "q", "x", "--id", "m"+strconv.Itoa(i), "--meta", "project="+p, "--priority", strconv.Itoa(i)).ok(t)
+	}
+	cli(t, url, "cancel", "q").fails(t, exitUsage, "give the message's ID, or --state")
+	cli(t, url, "cancel", "q", "m0", "--state", "pending").fails(t, exitUsage, "--state takes no ID")
+	cli(t, url, "cancel", "q", "--state", "pending", "--version", "1").fails(t, exitUsage, "--state takes no --version")
+	cli(t, url, "cancel", "q", "--state", "errored").fails(t, exitUsage, "--state must be pending, invisible or running")
+	cli(t, url, "cancel", "q", "m0", "--filter", "project=foo").fails(t, exitUsage, "go with --state")
+	cli(t, url, "cancel", "q", "m0", "L", "--version", "1").fails(t, exitUsage, "not both")
+
+	// m0 is leased: version 2 now, so a cancel at the version it was enqueued with is refused.
+	d := dequeueOne(t, url, "q")
+	if d.ID != "m0" {
+		t.Fatalf("dequeued %s, want m0", d.ID)
+	}
+	cli(t, url, "cancel", "q", "m0", "--version", "1").fails(t, exitError, "natstone: revision_mismatch: ")
+	var sum struct {
+		Canceled []string          `json:"canceled"`
+		Skipped  []json.RawMessage `json:"skipped"`
+		More     bool              `json:"more"`
+	}
+	r := cli(t, url, "cancel", "q", "--state", "pending", "--filter", "project=foo", "--limit", "1", "--json")
+	r.ok(t)
+	r.decode(t, &sum)
+	if !slices.Equal(sum.Canceled, []string{"m1"}) || len(sum.Skipped) != 0 || !sum.More {
+		t.Fatalf("cancel --state pending --filter project=foo --limit 1: %+v, want m1 canceled and more left", sum)
+	}
+	if out := cli(t, url, "cancel", "q", "--state", "pending", "--filter", "project=foo").ok(t); out != "canceled 1 pending messages\n" {
+		t.Fatalf("cancel --state pending --filter project=foo: %q", out)
+	}
+	if out := cli(t, url, "cancel", "q", "--state", "running").ok(t); out != "canceled 1 running messages\n" {
+		t.Fatalf("cancel --state running: %q", out)
+	}
+	if d := jsonOf[subjects.DepthReply](t, cli(t, url, "depth", "q", "--json")); d.Counts != (subjects.Counts{Pending: 1, Canceled: 3}) {
+		t.Fatalf("after the cancels: %+v, want bar's m2 pending and the rest canceled", d)
+	}
+	cli(t, url, "complete", "q", "m0", d.LeaseID).fails(t, exitError, "natstone: invalid_state: ")
+}

@@ -658,7 +658,8 @@ func (s *runStats) add(f func(*runStats)) {
 type enqueuedID struct{ queue, id string }
 
 // cancelSome is an operator canceling messages (without a lease id) while workers race to dequeue
-// them: a cancel acknowledged must stick, whatever the dequeues do, until a retry. Every other
+// them: a cancel acknowledged must stick, whatever the dequeues do, until a retry. Half of its
+// cancels are at the version of the enqueue, refused once the message moved on. Every other
 // message it canceled it retries at once, at the version the cancel gave it: pending again, with
 // its attempts anew, for the workers to lease. Of the messages it does not cancel, it reschedules
 // about one in eight.
@@ -679,8 +680,12 @@ func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 			continue // cancel about one message in eight
 		}
 		op := Op{Kind: Cancel, Queue: m.queue, Client: c.name, MessageID: m.id, Start: time.Now()}
+		req := subjects.LeaseRequest{ID: m.id}
+		if rng.IntN(2) == 0 {
+			req.Version = 1 // as enqueued: refused (revision_mismatch) once leased or rescheduled
+		}
 		var r subjects.Message
-		op.Outcome, op.Code = c.call(subjects.OpCancel, m.queue, subjects.LeaseRequest{ID: m.id}, &r)
+		op.Outcome, op.Code = c.call(subjects.OpCancel, m.queue, req, &r)
 		op.End = time.Now()
 		c.h.Add(op)
 		if op.Outcome != OK || r.State != subjects.StateCanceled {

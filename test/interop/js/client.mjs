@@ -397,8 +397,11 @@ async function run(nc, q) {
   dq = await ok(nc, "dequeue", sq, { batch: 3 });
   eq(dq.messages.map((m) => m.id), ["s-3", "s-2", "s-1"], "dequeue in the new order");
   await expectError(nc, "reschedule", sq, { id: "s-1", priority: 0 }, "invalid_state", 409);
+  await expectError(nc, "cancel", sq, { id: "s-1", version: 1 }, "revision_mismatch", 409);
+  const cx = await ok(nc, "cancel", sq, { id: "s-1", version: dq.messages[2].version });
+  eq(cx.state, "canceled", "an operator's cancel of s-1 at the version its lease gave");
   await ok(nc, "delete", sq);
-  done("reschedule: bad_request without a change; a new priority, sent again writes nothing; an invisible message pending at once; a running one invalid_state");
+  done("reschedule: bad_request without a change; a new priority, sent again writes nothing; an invisible message pending at once; a running one invalid_state; a cancel fenced by version");
 
   step("payload forms");
   // A reply carries a payload as a JSON string when escapes grow it by at most half, else as
