@@ -88,7 +88,7 @@ func TestDashboard(t *testing.T) {
 
 	// The queue page, reached by its link: counts, the pending messages in EDF order, the lease
 	// about to expire.
-	b.do(chromedp.Click(chromedp.CSS(`tr[data-queue="orders"] a`)))
+	b.click(`tr[data-queue="orders"] a`)
 	b.waitLoaded(`[data-view="queue"][data-queue="orders"][data-state="pending"][data-filter=""]`)
 	st := e.stats("orders", nil)
 	if got := evaluate[map[string]int](b, `Object.fromEntries([...document.querySelectorAll('#counts [data-count]')].map(e => [e.dataset.count, Number(e.textContent)]))`); !maps.Equal(got, countsMap(st.Counts)) {
@@ -102,7 +102,7 @@ func TestDashboard(t *testing.T) {
 	}
 
 	// The dequeue-blocked switch changes the queue.
-	b.do(chromedp.Click(chromedp.CSS(`#toggle-dequeue-blocked`)))
+	b.click(`#toggle-dequeue-blocked`)
 	waitFor(t, "dequeue_blocked to be set", func() bool {
 		info, err := e.c.Queue(ctx(t), "orders")
 		return err == nil && info.Config.DequeueBlocked && !info.Config.EnqueueBlocked
@@ -130,7 +130,7 @@ func TestDashboard(t *testing.T) {
 
 	// A filter narrows the list to the matching messages.
 	b.do(chromedp.SendKeys(chromedp.CSS(`#filter`), "kind=a"))
-	b.do(chromedp.Click(chromedp.CSS(`#filter-form button[type="submit"]`)))
+	b.click(`#filter-form button[type="submit"]`)
 	b.waitLoaded(`[data-view="queue"][data-filter="kind=a"]`)
 	filter := map[string]string{"kind": "a"}
 	if got, want := b.rows("#messages"), e.browse("orders", subjects.StatePending, filter); !slices.Equal(got, want) || len(want) != 1 {
@@ -141,12 +141,12 @@ func TestDashboard(t *testing.T) {
 	}
 
 	// The completed tab keeps the filter; its message links to the message page.
-	b.do(chromedp.Click(chromedp.CSS(`a[data-tab="completed"]`)))
+	b.click(`a[data-tab="completed"]`)
 	b.waitLoaded(`[data-view="queue"][data-state="completed"][data-filter="kind=a"]`)
 	if got, want := b.rows("#messages"), e.browse("orders", subjects.StateCompleted, filter); !slices.Equal(got, want) || !slices.Equal(want, []string{"order-1"}) {
 		t.Errorf("completed tab: %v, browse says %v", got, want)
 	}
-	b.do(chromedp.Click(chromedp.CSS(`#messages tr[data-message-id="order-1"] a`)))
+	b.click(`#messages tr[data-message-id="order-1"] a`)
 	b.waitLoaded(`[data-view="message"][data-message-id="order-1"]`)
 
 	// The message page: fields, payload and the history timeline in order.
@@ -188,7 +188,7 @@ func TestDashboard(t *testing.T) {
 	b.do(chromedp.Navigate(e.http.URL + "/#/queues/orders/messages/order-5"))
 	b.waitLoaded(`[data-view="message"][data-message-id="order-5"]`)
 	b.poll(`document.querySelector('#retry') !== null`)
-	b.do(chromedp.Click(chromedp.ID(`retry`)))
+	b.click(`#retry`)
 	b.poll(`document.querySelector('#fields [data-field="state"]').textContent === 'pending' && document.querySelector('#retry') === null`)
 	if m, err := e.c.Get(ctx(t), "orders", "order-5"); err != nil || m.State != subjects.StatePending || m.Attempts != 0 {
 		t.Errorf("after the retry button: %+v, %v; want pending with no attempt spent", m, err)
@@ -202,7 +202,7 @@ func TestDashboard(t *testing.T) {
 	b.do(chromedp.Navigate(e.http.URL + "/#/queues/orders/messages/order-6"))
 	b.waitLoaded(`[data-view="message"][data-message-id="order-6"]`)
 	b.poll(`document.querySelector('#run-now') !== null`)
-	b.do(chromedp.Click(chromedp.ID(`run-now`)))
+	b.click(`#run-now`)
 	b.poll(`document.querySelector('#fields [data-field="state"]').textContent === 'pending' && document.querySelector('#run-now') === null`)
 	if m, err := e.c.Get(ctx(t), "orders", "order-6"); err != nil || m.State != subjects.StatePending {
 		t.Errorf("after the run now button: %+v, %v; want pending", m, err)
@@ -210,7 +210,7 @@ func TestDashboard(t *testing.T) {
 	b.noError()
 
 	// The refresh can be paused.
-	b.do(chromedp.Click(chromedp.ID(`refresh-toggle`)))
+	b.click(`#refresh-toggle`)
 	if got := evaluate[string](b, `document.getElementById('refresh-toggle').getAttribute('aria-pressed') + ' ' + document.getElementById('refresh-toggle').textContent`); got != "true Resume" {
 		t.Errorf("after a click on pause: the button says %q", got)
 	}
@@ -317,6 +317,16 @@ func (b *tab) poll(expr string) {
 	if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(browserTimeout))); err != nil {
 		b.t.Fatalf("browser: waiting for %s: %v", expr, err)
 	}
+}
+
+// click clicks the element that selector finds, once there is one. The page re-renders its tables
+// and buttons on every refresh, so a node that chromedp found may be gone when its click is
+// dispatched ("Could not find node with given id"); a click from the page's own JavaScript finds
+// and clicks the element in one step.
+func (b *tab) click(selector string) {
+	b.t.Helper()
+	q, _ := json.Marshal(selector)
+	b.poll(fmt.Sprintf(`(() => { const el = document.querySelector(%s); if (!el) return false; el.click(); return true })()`, q))
 }
 
 // rows returns the message ids of a table's rows, in order.
