@@ -344,7 +344,7 @@ func eventKind(created bool, prev subjects.State, next *kv.Record) (subjects.Eve
 		}
 		return subjects.EventLeased, ""
 	case subjects.StateInvisible:
-		return subjects.EventReleased, "" // only a release with a delay makes a message invisible again
+		return subjects.EventReleased, "" // a release with a delay (a reschedule's event is named by its change)
 	case subjects.StatePending:
 		switch {
 		case prev == subjects.StateInvisible:

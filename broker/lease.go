@@ -346,8 +346,8 @@ func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, olde
 			continue
 		}
 		addCount(&c, e.State(), 1)
-		if e.State() == subjects.StatePending && (oldestPending == 0 || e.UpdatedAt() < oldestPending) {
-			oldestPending = e.UpdatedAt()
+		if e.State() == subjects.StatePending && (oldestPending == 0 || e.VisibleAt() < oldestPending) {
+			oldestPending = e.VisibleAt()
 		}
 	}
 	return c, oldestPending

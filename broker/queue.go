@@ -128,7 +128,7 @@ func (q *queue) place(e *entry) {
 	switch e.State() {
 	case subjects.StatePending:
 		q.pending.Add(e)
-		q.waiting.add(e.UpdatedAt())
+		q.waiting.add(e.VisibleAt())
 	case subjects.StateInvisible:
 		q.invisible.add(e)
 	case subjects.StateRunning:
@@ -148,7 +148,7 @@ func (q *queue) unplace(e *entry) {
 	switch e.State() {
 	case subjects.StatePending:
 		q.pending.Remove(e)
-		q.waiting.remove(e.UpdatedAt())
+		q.waiting.remove(e.VisibleAt())
 	case subjects.StateInvisible:
 		q.invisible.remove(e)
 	case subjects.StateRunning:

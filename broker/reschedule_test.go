@@ -117,3 +117,26 @@ func TestRescheduleAcrossARestart(t *testing.T) {
 		}
 	})
 }
+
+// TestRescheduleKeepsTheWait: a new priority does not hide how long a message has been waiting;
+// made pending from invisible, it waits from then.
+func TestRescheduleKeepsTheWait(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "x", Metadata: map[string]string{"k": "v"}})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "later", Payload: "y", InvisibleMS: ptr[int64](3_600_000)})
+	e.advance(10 * time.Minute)
+	must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", Priority: ptr[int64](1000)})
+	for _, filter := range []map[string]string{nil, {"k": "v"}} {
+		st := must[subjects.StatsReply](e, subjects.OpStats, "q", subjects.StatsRequest{Filter: filter})
+		if st.OldestPendingMS != 600_000 {
+			t.Errorf("filter %v: oldest pending %d ms after a new priority, want 600000", filter, st.OldestPendingMS)
+		}
+	}
+	must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", DelayMS: ptr[int64](60_000)})
+	must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "later", DelayMS: ptr[int64](0)})
+	e.advance(5 * time.Second)
+	if st := must[subjects.StatsReply](e, subjects.OpStats, "q", subjects.StatsRequest{}); st.OldestPendingMS != 5000 {
+		t.Errorf("oldest pending %d ms, want 5000: later waits from its reschedule, m is invisible", st.OldestPendingMS)
+	}
+}

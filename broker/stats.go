@@ -113,7 +113,8 @@ func (w *rateWindow) rates(now int64) subjects.Rates {
 }
 
 // waitingAges counts pending entries by the Unix second they became pending (their record's
-// UpdatedAt), so the oldest pending age costs a look at the smallest key, not a walk of the queue.
+// VisibleAt, which every write that makes a message pending sets, and a reschedule of its priority
+// keeps), so the oldest pending age costs a look at the smallest key, not a walk of the queue.
 type waitingAges struct {
 	bySec  map[int64]int
 	oldest int64 // the smallest key of bySec when valid

@@ -208,10 +208,12 @@ func (q *queue) bodyGone(ctx context.Context, seq uint64) bool {
 	return err == nil && gone
 }
 
-// sameWrite reports whether stored is the record want: the fields every write changes.
+// sameWrite reports whether stored is the record want: the fields every write changes, and those a
+// reschedule changes.
 func sameWrite(stored, want *kv.Record) bool {
 	return stored.Version == want.Version && stored.UpdatedAt == want.UpdatedAt &&
-		stored.State == want.State && stored.LeaseID == want.LeaseID && stored.BodySeq == want.BodySeq
+		stored.State == want.State && stored.LeaseID == want.LeaseID && stored.BodySeq == want.BodySeq &&
+		stored.Priority == want.Priority && stored.VisibleAt == want.VisibleAt
 }
 
 // lockWrite is one write of an exclusivity lock.
