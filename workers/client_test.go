@@ -891,6 +891,12 @@ func TestReschedule(t *testing.T) {
 	if _, err := e.c.Reschedule(c, "q", "b", workers.RescheduleOpts{}); !errors.Is(err, workers.ErrBadRequest) {
 		t.Fatalf("reschedule without a change: %v, want ErrBadRequest", err)
 	}
+	if _, err := e.c.Reschedule(c, "q", "b", workers.RescheduleOpts{Priority: ptr[int64](1), Deadline: time.Now()}); !errors.Is(err, workers.ErrBadRequest) {
+		t.Fatalf("reschedule with a priority and a deadline: %v, want ErrBadRequest", err)
+	}
+	if _, err := e.c.Reschedule(c, "q", "b", workers.RescheduleOpts{Delay: ptr(-500 * time.Microsecond)}); !errors.Is(err, workers.ErrOutOfRange) {
+		t.Fatalf("reschedule with a negative delay: %v, want ErrOutOfRange", err)
+	}
 	b, err := e.c.Reschedule(c, "q", "b", workers.RescheduleOpts{Deadline: time.UnixMilli(5)})
 	if err != nil || b.Priority != 5 {
 		t.Fatalf("reschedule to deadline 5 ms: %+v, %v", b, err)

@@ -415,22 +415,30 @@ type RescheduleOpts struct {
 	Version uint64
 	// Priority, if not nil, is the message's new priority.
 	Priority *int64
-	// Deadline, when set and Priority is nil, is the new priority: Deadline.UnixMilli().
+	// Deadline, if set, is the new priority instead: Deadline.UnixMilli(). Give Priority or
+	// Deadline, not both.
 	Deadline time.Time
-	// Delay, if not nil, makes the message pending this long from now: invisible until then, or
-	// pending at once for 0.
+	// Delay, if not nil, makes the message pending this long from now (in whole milliseconds: a
+	// fraction is dropped): invisible until then, or pending at once for 0.
 	Delay *time.Duration
 }
 
 // Reschedule changes the plan for a message waiting to run (pending or invisible): its priority,
 // when it becomes pending, or both. A message already as asked (the same reschedule sent again,
 // say) is left as it is, and Reschedule succeeds whatever opts.Version; a positive Delay always
-// counts from the broker's now. Errors: ErrInvalidState (running or finished), ErrBadRequest
-// (neither a priority nor a delay), ErrRevisionMismatch (at another version than opts.Version),
-// ErrMessageNotFound, ErrOutOfRange (a delay outside 0 to subjects.MaxInvisible).
+// counts from the broker's now, so that with opts.Version a reschedule sent again once it landed
+// gets ErrRevisionMismatch. Errors: ErrInvalidState (running or finished), ErrBadRequest (neither
+// a priority nor a delay, or both Priority and Deadline), ErrRevisionMismatch (at another version
+// than opts.Version), ErrMessageNotFound, ErrOutOfRange (a delay outside 0 to
+// subjects.MaxInvisible).
 func (c *Client) Reschedule(ctx context.Context, queue, id string, opts RescheduleOpts) (Message, error) {
 	r := subjects.RescheduleRequest{ID: id, Version: opts.Version, Priority: opts.Priority, DelayMS: msPtr(opts.Delay)}
-	if r.Priority == nil && !opts.Deadline.IsZero() {
+	switch {
+	case opts.Priority != nil && !opts.Deadline.IsZero():
+		return Message{}, apiError(subjects.Errorf(subjects.CodeBadRequest, "give Priority or Deadline, not both"))
+	case opts.Delay != nil && *opts.Delay < 0:
+		return Message{}, apiError(subjects.Errorf(subjects.CodeOutOfRange, "delay must be 0 to %s, got %s", subjects.MaxInvisible, *opts.Delay))
+	case !opts.Deadline.IsZero():
 		p := opts.Deadline.UnixMilli()
 		r.Priority = &p
 	}

@@ -257,8 +257,10 @@ func (f *msDuration) Set(s string) error {
 		return errors.New("not a duration (e.g. 90s, 5m, 1h30m)")
 	case d%time.Millisecond != 0:
 		return errors.New("not a whole number of milliseconds")
+	case d != 0 && (d < f.min || d > f.max) && f.min <= time.Millisecond:
+		return fmt.Errorf("must be 0 to %s", fmtDuration(f.max))
 	case d != 0 && (d < f.min || d > f.max):
-		return fmt.Errorf("must be %s to %s", fmtDuration(f.min), fmtDuration(f.max))
+		return fmt.Errorf("must be %s to %s, or 0", fmtDuration(f.min), fmtDuration(f.max))
 	}
 	f.d = d
 	return nil

@@ -274,6 +274,8 @@ to be run again. --json prints {"canceled": [ids], "skipped": [{"id", "error"}],
 		return parseExit(c.usageError("--limit must be 1 to %d, not %d", subjects.MaxBrowseLimit, *limit))
 	case len(pos) == 3 && given["version"]:
 		return parseExit(c.usageError("give LEASE or --version, not both: the lease fences a holder's cancel"))
+	case given["version"] && *version == 0:
+		return parseExit(c.usageError("--version must be a message's version, 1 or more"))
 	}
 	if given["state"] {
 		return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
@@ -502,7 +504,15 @@ type bulkSkip struct {
 }
 
 func (s *bulkSummary) MarshalJSON() ([]byte, error) {
-	return json.Marshal(map[string]any{s.verb: s.Done, "skipped": s.Skipped, "more": s.More})
+	done, err := json.Marshal(s.Done)
+	if err != nil {
+		return nil, err
+	}
+	skipped, err := json.Marshal(s.Skipped)
+	if err != nil {
+		return nil, err
+	}
+	return fmt.Appendf(nil, `{%q:%s,"skipped":%s,"more":%t}`, s.verb, done, skipped, s.More), nil
 }
 
 func (s *bulkSummary) print(w io.Writer) {

@@ -118,12 +118,12 @@ func TestCLIEnqueue(t *testing.T) {
 		{[]string{"enqueue", "q", "--deadline", "tomorrow"}, "neither an RFC 3339 time"},
 		{[]string{"enqueue", "q", "--meta", "novalue"}, "want key=value"},
 		{[]string{"enqueue", "q", "--meta", "k=1", "--meta", "k=2"}, `key "k" given twice`},
-		{[]string{"enqueue", "q", "--invisible", "-1s"}, "must be 1ms to 8784h"},
+		{[]string{"enqueue", "q", "--invisible", "-1s"}, "must be 0 to 8784h"},
 		{[]string{"enqueue", "q", "--invisible", "500us"}, "not a whole number of milliseconds"},
 		{[]string{"enqueue", "q", "--lease", "50ms"}, "must be 100ms to 24h"},
 		{[]string{"dequeue", "q", "--batch", "0"}, "--batch must be 1 to 256, not 0"},
 		{[]string{"dequeue", "q", "--batch", "257"}, "--batch must be 1 to 256, not 257"},
-		{[]string{"dequeue", "q", "--wait", "6m"}, "must be 1ms to 5m"},
+		{[]string{"dequeue", "q", "--wait", "6m"}, "must be 0 to 5m"},
 		{[]string{"dequeue", "q", "--lease", "500us"}, "not a whole number of milliseconds"},
 		{[]string{"dequeue", "q", "--request-id", strings.Repeat("r", 257)}, "--request-id must be at most 256 bytes"},
 		{[]string{"extend", "q", "m", "L", "--lease", "25h"}, "must be 100ms to 24h"},
@@ -131,7 +131,7 @@ func TestCLIEnqueue(t *testing.T) {
 		{[]string{"release", "q", "m", "L", "--delay", "soon"}, "not a duration"},
 		{[]string{"queue", "create", "q", "--lease", "500us"}, "not a whole number of milliseconds"},
 		{[]string{"queue", "create", "q", "--retention", "999us"}, "not a whole number of milliseconds"}, // would be 0: collect at once
-		{[]string{"queue", "update", "q", "--invisible", "-1s"}, "must be 1ms to 8784h"},
+		{[]string{"queue", "update", "q", "--invisible", "-1s"}, "must be 0 to 8784h"},
 		{[]string{"enqueue", "q", "--import", "f", "--id", "x"}, "drop --id"},
 		{[]string{"enqueue", "q", "p", "--import", "f"}, "--import takes no PAYLOAD"},
 		{[]string{"enqueue"}, "missing arguments"},
@@ -385,6 +385,7 @@ func TestCLIReschedule(t *testing.T) {
 	cli(t, url, "reschedule", "q", "b").fails(t, exitUsage, "give --priority, --deadline or --delay")
 	cli(t, url, "reschedule", "q", "b", "--priority", "1", "--deadline", "1h").fails(t, exitUsage, "not both")
 	cli(t, url, "reschedule", "q", "b", "--deadline", "soon").fails(t, exitUsage, "neither an RFC 3339 time")
+	cli(t, url, "reschedule", "q", "b", "--delay", "-1s").fails(t, exitUsage, "--delay: must be 0 to 8784h")
 	cli(t, url, "reschedule", "q", "nope", "--priority", "1").fails(t, exitNotFound, "natstone: message_not_found: ")
 	cli(t, url, "reschedule", "q", "b", "--priority", "1", "--version", "9").fails(t, exitError, "natstone: revision_mismatch: ")
 
@@ -395,6 +396,9 @@ func TestCLIReschedule(t *testing.T) {
 	hidden := jsonOf[subjects.Message](t, cli(t, url, "reschedule", "q", "a", "--delay", "1h", "--json"))
 	if hidden.State != subjects.StateInvisible || hidden.VisibleAt.Sub(hidden.UpdatedAt) != time.Hour || hidden.Priority != 10 {
 		t.Fatalf("reschedule a --delay 1h: %+v, want invisible for an hour at priority 10", hidden)
+	}
+	if out := cli(t, url, "history", "q", "b").ok(t); !strings.Contains(out, " rescheduled(priority 5) ") {
+		t.Fatalf("history of b: no rescheduled(priority 5) event:\n%s", out)
 	}
 	d := dequeueOne(t, url, "q")
 	if d.ID != "b" {
@@ -421,6 +425,7 @@ func TestCLICancelByState(t *testing.T) {
 	cli(t, url, "cancel", "q", "--state", "errored").fails(t, exitUsage, "--state must be pending, invisible or running")
 	cli(t, url, "cancel", "q", "m0", "--filter", "project=foo").fails(t, exitUsage, "go with --state")
 	cli(t, url, "cancel", "q", "m0", "L", "--version", "1").fails(t, exitUsage, "not both")
+	cli(t, url, "cancel", "q", "m0", "--version", "0").fails(t, exitUsage, "--version must be a message's version")
 
 	// m0 is leased: version 2 now, so a cancel at the version it was enqueued with is refused.
 	d := dequeueOne(t, url, "q")

@@ -204,8 +204,11 @@ func printHistory(w io.Writer, r *subjects.HistoryReply) {
 	for i := range r.Events {
 		e := &r.Events[i]
 		kind := string(e.Kind)
-		if e.Reason != "" {
+		switch {
+		case e.Reason != "":
 			kind += "(" + e.Reason + ")"
+		case e.Kind == subjects.EventRescheduled:
+			kind += "(priority " + strconv.FormatInt(e.Priority, 10) + ")"
 		}
 		inState := "-"
 		switch {

@@ -594,6 +594,7 @@ function messageView(r) {
     set(timeline, ...events.map(e => h('tr', { 'data-event-kind': e.kind, 'data-event-version': e.version, class: e.current ? 'current' : null },
       h('td', { class: 'num' }, e.version),
       h('td', {}, h('span', { class: 'kind kind-' + e.kind }, e.kind), e.reason ? ' (' + e.reason + ')' : '',
+        e.kind === 'rescheduled' ? ' (priority ' + e.priority + ')' : '',
         e.error ? h('div', { class: 'event-error' }, e.error) : null),
       h('td', { class: 'nowrap' }, clock(e.at)),
       h('td', { class: 'nowrap' }, e.prev_state ? e.prev_state + ' → ' : '', e.state ? stateBadge(e.state) : '—'),
