@@ -433,7 +433,8 @@ func (c *checker) checkIdempotentDequeues() {
 
 // checkEDF: a dequeue never returned a message (or fewer than its batch) while a strictly more
 // urgent eligible message had been pending since before the request: enqueued and acknowledged
-// before it, never leased, canceled, rescheduled or invisible by then, matching its filter, and — in an
+// before it (or rescheduled to a new priority, then acknowledged pending at it), never leased,
+// canceled, rescheduled or invisible by then, matching its filter, and — in an
 // exclusive queue — of a value certainly free throughout the request. Stretches where a dequeue
 // of unknown outcome may have leased that message are skipped, as is everything it cannot prove.
 func (c *checker) checkEDF() {
@@ -468,10 +469,37 @@ func (c *checker) checkEDF() {
 			cd.removed = l.GrantedAt
 		}
 	}
-	// A cancel takes a message out; a reschedule moves it where this rule does not follow it.
+	// A cancel takes a message out, and so does a reschedule, from its request on. An acknowledged
+	// reschedule to a new priority alone, whose reply said pending, puts it back from the reply on:
+	// a candidate of its own, at the new priority, until its next lease, cancel or reschedule.
+	metadata := map[msgKey]map[string]string{}
 	for _, op := range c.run.Ops {
+		if op.Kind == Enqueue && op.Outcome == OK {
+			metadata[msgKey{op.Queue, op.MessageID}] = op.Metadata
+		}
+	}
+	var rescheduled []*cand
+	for _, op := range c.run.Ops {
+		k := msgKey{op.Queue, op.MessageID}
 		if (op.Kind == Cancel || op.Kind == Reschedule) && op.Outcome != Failed {
-			if cd := cands[msgKey{op.Queue, op.MessageID}]; cd != nil && op.Start.Before(cd.removed) {
+			if cd := cands[k]; cd != nil && op.Start.Before(cd.removed) {
+				cd.removed = op.Start
+			}
+		}
+		if op.Kind == Reschedule && op.Outcome == OK && op.Delay == 0 && op.State == "pending" && metadata[k] != nil {
+			rescheduled = append(rescheduled, &cand{id: op.MessageID, queue: op.Queue, prio: op.Priority, md: metadata[k],
+				enqStart: op.Start, added: op.End, removed: farFuture})
+		}
+	}
+	for _, cd := range rescheduled {
+		for _, l := range c.leases {
+			if l.queue == cd.queue && l.MessageID == cd.id && l.GrantedAt.After(cd.enqStart) && l.GrantedAt.Before(cd.removed) {
+				cd.removed = l.GrantedAt
+			}
+		}
+		for _, op := range c.run.Ops {
+			if (op.Kind == Cancel || op.Kind == Reschedule) && op.Outcome != Failed && op.Queue == cd.queue && op.MessageID == cd.id &&
+				op.Start.After(cd.enqStart) && op.Start.Before(cd.removed) {
 				cd.removed = op.Start
 			}
 		}
@@ -518,6 +546,9 @@ func (c *checker) checkEDF() {
 		cd := cands[k]
 		byQueue[cd.queue] = append(byQueue[cd.queue], cd)
 	}
+	for _, cd := range rescheduled {
+		byQueue[cd.queue] = append(byQueue[cd.queue], cd)
+	}
 	for _, op := range c.run.Ops {
 		if op.Kind != Dequeue || op.Outcome != OK || len(op.Leases) == 0 {
 			continue
@@ -539,8 +570,10 @@ func (c *checker) checkEDF() {
 			returned[l.MessageID] = true
 		}
 		full := len(op.Leases) >= op.Batch
-		if t, ok := unknownTry[op.Queue+"/"+op.RequestID]; ok && op.RequestID != "" && t.Before(op.Start) {
-			full = true // fewer than its batch says nothing: the leases that ran out are not returned
+		if t, ok := unknownTry[op.Queue+"/"+op.RequestID]; ok && op.RequestID != "" && t.Before(op.Start) && !full {
+			// A retry returns the leases of that try it still holds: which of them ran out before
+			// it (the more urgent, say) is unknown, so fewer than its batch proves nothing.
+			continue
 		}
 		for _, cd := range byQueue[op.Queue] {
 			if returned[cd.id] || (full && cd.prio >= worst) {

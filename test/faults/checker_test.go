@@ -212,6 +212,36 @@ func TestChecker(t *testing.T) {
 			}, Final: finals("s/a", "running", 1, "s/b", "pending", 1, "s/c", "pending", 0)},
 		},
 		{
+			name: "a dequeue retried after an unknown outcome returns the less urgent of its try's leases: the more urgent ran out",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				enq("s", "b", 2, 0, 2, nil),
+				{Kind: Dequeue, Queue: "s", RequestID: "r1", Batch: 2, Start: at(10), End: at(3000), Outcome: Unknown},
+				{Kind: Dequeue, Queue: "s", RequestID: "r1", Batch: 2, Start: at(3000), End: at(3002), Outcome: OK,
+					Leases: []Lease{ls("b", "L2", 2, "", 11, 1011)}},
+			}, Final: finals("s/a", "pending", 1, "s/b", "running", 1)},
+		},
+		{
+			name: "a message rescheduled ahead, acknowledged pending, yet a less urgent one is dequeued",
+			run: Run{Ops: []Op{
+				enq("s", "a", 5, 0, 2, map[string]string{"k": "a"}),
+				enq("s", "b", 9, 0, 2, map[string]string{"k": "a"}),
+				{Kind: Reschedule, Queue: "s", MessageID: "b", Priority: 1, State: "pending", Start: at(10), End: at(12), Outcome: OK},
+				deq("s", "r1", 20, 22, ls("a", "L1", 5, "", 21, 1021)),
+			}, Final: finals("s/a", "running", 1, "s/b", "pending", 0)},
+			rules: []string{"edf"},
+		},
+		{
+			name: "a message rescheduled ahead is dequeued first",
+			run: Run{Ops: []Op{
+				enq("s", "a", 5, 0, 2, map[string]string{"k": "a"}),
+				enq("s", "b", 9, 0, 2, map[string]string{"k": "a"}),
+				{Kind: Reschedule, Queue: "s", MessageID: "b", Priority: 1, State: "pending", Start: at(10), End: at(12), Outcome: OK},
+				deq("s", "r1", 20, 22, ls("b", "L1", 1, "", 21, 1021)),
+				deq("s", "r2", 30, 32, ls("a", "L2", 5, "", 31, 1031)),
+			}, Final: finals("s/a", "running", 1, "s/b", "running", 1)},
+		},
+		{
 			name: "a refunded attempt: the next lease is of the same attempt",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),

@@ -716,6 +716,7 @@ func reschedule(c *client, rng *rand.Rand, m enqueuedID) {
 	var rep subjects.Message
 	op.Outcome, op.Code = c.call(subjects.OpReschedule, m.queue, r, &rep)
 	op.End = time.Now()
+	op.State = string(rep.State)
 	c.h.Add(op)
 }
 

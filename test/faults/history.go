@@ -86,6 +86,7 @@ type Op struct {
 
 	// Reschedule (MessageID and Priority above)
 	Delay time.Duration
+	State string // the state its reply gave, when acknowledged
 
 	// Complete, Extend, Release, Cancel (MessageID above)
 	LeaseID         string
