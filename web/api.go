@@ -328,8 +328,8 @@ func (s *Server) setBlocked(r *http.Request) (any, error) {
 	return info, nil
 }
 
-// retryRequest is the body of POST /api/queues/{name}/retry: the message and the version the page
-// showed, so that a click retries that errored or canceled message and nothing it became since.
+// retryRequest is the body of POST /api/queues/{name}/retry and /cancel: the message and the
+// version the page showed, so that a click acts on that message and nothing it became since.
 type retryRequest struct {
 	ID      string `json:"id"`
 	Version uint64 `json:"version"`
@@ -353,6 +353,29 @@ func (s *Server) retryMessage(r *http.Request) (any, error) {
 		return nil, err
 	}
 	s.log.Info("web: message retried", "queue", name, "message_id", req.ID, "version", req.Version, "remote_addr", r.RemoteAddr)
+	return newMessage(&m), nil
+}
+
+// cancelMessage answers POST /api/queues/{name}/cancel with the canceled message: an operator's
+// cancel at the version the page showed (protocol.md's cancel with version). Its body is a
+// retryRequest's.
+func (s *Server) cancelMessage(r *http.Request) (any, error) {
+	if _, err := query(r.URL, nil); err != nil {
+		return nil, err
+	}
+	var req retryRequest
+	if err := decodeBody(r, &req, `{"id": string, "version": number}`); err != nil {
+		return nil, err
+	}
+	if req.ID == "" || req.Version == 0 {
+		return nil, badRequest("body: give the message's id and the version shown")
+	}
+	name := r.PathValue("name")
+	m, err := s.client.CancelAt(r.Context(), name, req.ID, req.Version)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("web: message canceled", "queue", name, "message_id", req.ID, "version", req.Version, "remote_addr", r.RemoteAddr)
 	return newMessage(&m), nil
 }
 

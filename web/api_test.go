@@ -550,6 +550,35 @@ func TestRescheduleMessage(t *testing.T) {
 	}
 }
 
+// TestCancelMessage: POST /api/queues/{name}/cancel cancels a message at the version the page
+// showed, and nothing it became since; bad bodies never reach the broker.
+func TestCancelMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "m", 1, "x", nil)
+	reqs := e.watch("q", subjects.OpCancel)
+	for _, c := range []struct{ name, body string }{
+		{"no version", `{"id":"m"}`},
+		{"no id", `{"version":1}`},
+		{"a lease id", `{"id":"m","version":1,"lease_id":"L"}`},
+	} {
+		status, h, body := e.do(http.MethodPost, "/api/queues/q/cancel", "application/json", c.body)
+		wantError(t, c.name, status, h, body, http.StatusBadRequest, subjects.CodeBadRequest)
+	}
+	if n := reqs.count(); n != 0 {
+		t.Errorf("%d requests reached the broker, want none", n)
+	}
+	leased := e.dequeue("q", 1, "w")[0]
+	status, h, body := e.do(http.MethodPost, "/api/queues/q/cancel", "application/json", `{"id":"m","version":1}`)
+	wantError(t, "the version before the lease", status, h, body, http.StatusConflict, subjects.CodeRevisionMismatch)
+	var m subjects.Message
+	e.post("/api/queues/q/cancel", fmt.Sprintf(`{"id":"m","version":%d}`, leased.Version), &m)
+	if m.State != subjects.StateCanceled || m.Version != leased.Version+1 {
+		t.Errorf("canceled: %+v, want canceled at the next version", m)
+	}
+}
+
 // TestUnavailable checks that a broker that does not answer gives 503 unavailable.
 func TestUnavailable(t *testing.T) {
 	t.Parallel()

@@ -209,6 +209,19 @@ func TestDashboard(t *testing.T) {
 	}
 	b.noError()
 
+	// The pending message's page cancels it, at the second click.
+	b.click(`#cancel`)
+	b.poll(`document.querySelector('#cancel-confirm') !== null && document.querySelector('#cancel') === null`)
+	if m, err := e.c.Get(ctx(t), "orders", "order-6"); err != nil || m.State != subjects.StatePending {
+		t.Errorf("after the first click on cancel: %+v, %v; want it still pending", m, err)
+	}
+	b.click(`#cancel-confirm`)
+	b.poll(`document.querySelector('#fields [data-field="state"]').textContent === 'canceled'`)
+	if m, err := e.c.Get(ctx(t), "orders", "order-6"); err != nil || m.State != subjects.StateCanceled {
+		t.Errorf("after the confirmed cancel: %+v, %v; want canceled", m, err)
+	}
+	b.noError()
+
 	// The refresh can be paused.
 	b.click(`#refresh-toggle`)
 	if got := evaluate[string](b, `document.getElementById('refresh-toggle').getAttribute('aria-pressed') + ' ' + document.getElementById('refresh-toggle').textContent`); got != "true Resume" {

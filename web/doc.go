@@ -60,6 +60,13 @@
 //	     is). 409 revision_mismatch if it finished again since, 409 invalid_state for a completed
 //	     one, 404 message_not_found.
 //
+//	POST /api/queues/{name}/cancel
+//	     Body {"id": string, "version": number}, both required, sent as the blocked flags are. An
+//	     operator's cancel of the message at that version (the protocol's cancel with version): the
+//	     reply is the message as in the list of messages (one canceled since is left as it is). 409
+//	     revision_mismatch if it changed since, 409 invalid_state for a completed or errored one,
+//	     404 message_not_found.
+//
 //	POST /api/queues/{name}/reschedule
 //	     Body {"id": string, "version": number, "priority": number, "delay_ms": number}: id and
 //	     version required, and priority, delay_ms or both, sent as the blocked flags are.
@@ -83,8 +90,8 @@
 // message_not_found → 404, invalid_queue_name → 400, …). When the broker cannot be reached (no
 // responders, timeout) the reply is 503 with code unavailable. Bad input is refused before anything
 // is sent to the broker: 400 bad_request for an unknown query parameter, a filter that is not
-// key=value, an unknown state, a malformed body, a body without any flag, a retry or reschedule without id or
-// version, or a reschedule without priority or delay_ms; 400 invalid_metadata for
+// key=value, an unknown state, a malformed body, a body without any flag, a retry, cancel or reschedule without id
+// or version, or a reschedule without priority or delay_ms; 400 invalid_metadata for
 // a filter outside the protocol's limits; 400 out_of_range for a limit outside 1 to 1000; 415
 // bad_request for a POST that is not application/json; 413 bad_request for a body over 1 KiB.
 // Unknown paths and methods get the standard library's plain-text 404 and 405.
@@ -96,7 +103,8 @@
 // 'self'). Its hash routes: #/ the queues; #/queues/<name>[?state=…&filter=k=v,k2=v2] a queue with its counts, rates,
 // leases about to expire, blocked switches and its messages by state; #/queues/<name>/messages/<id>
 // a message with its payload preview, history timeline and, errored or canceled, a Retry button
-// (invisible: a Run now button, a reschedule with delay_ms 0). It refreshes every 2 seconds unless
+// (invisible: a Run now button, a reschedule with delay_ms 0; not finished: a Cancel button, which
+// asks for a second click). It refreshes every 2 seconds unless
 // paused.
 //
 // When set, Config.Metrics and Config.Health are served at GET /metrics and GET /healthz.

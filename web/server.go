@@ -82,6 +82,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /api/queues/{name}/blocked", s.api(s.setBlocked))
 	mux.HandleFunc("POST /api/queues/{name}/retry", s.api(s.retryMessage))
 	mux.HandleFunc("POST /api/queues/{name}/reschedule", s.api(s.rescheduleMessage))
+	mux.HandleFunc("POST /api/queues/{name}/cancel", s.api(s.cancelMessage))
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}

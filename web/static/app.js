@@ -499,17 +499,37 @@ function messageView(r) {
 
   // A finished message that failed (errored or canceled) can be retried: pending again, its
   // attempts anew. An invisible message can be run now: pending at once (a reschedule with
-  // delay_ms 0). Each click acts on the version shown, nothing the message became since.
+  // delay_ms 0). A message not finished can be canceled, in two clicks: Cancel arms a Confirm
+  // cancel button for 5 seconds (refreshes keep it armed). Each click acts on the version shown,
+  // nothing the message became since.
+  let armed = null; // the version whose cancel waits for its confirmation
+  let disarm = null;
   function renderActions(m) {
+    const parts = [];
     if (m && (m.state === 'errored' || m.state === 'canceled')) {
-      set(actions, actionButton('retry', 'Retry', m, '/retry', {}), ' ',
+      parts.push(actionButton('retry', 'Retry', m, '/retry', {}), ' ',
         h('span', { class: 'muted' }, 'pending again, with ' + (m.attempts + m.attempts_left) + ' attempts anew'));
-    } else if (m && m.state === 'invisible') {
-      set(actions, actionButton('run-now', 'Run now', m, '/reschedule', { delay_ms: 0 }), ' ',
-        h('span', { class: 'muted' }, 'pending at once instead of ' + ago(m.visible_at)));
-    } else {
-      set(actions);
     }
+    if (m && m.state === 'invisible') {
+      parts.push(actionButton('run-now', 'Run now', m, '/reschedule', { delay_ms: 0 }), ' ',
+        h('span', { class: 'muted' }, 'pending at once instead of ' + ago(m.visible_at)), ' ');
+    }
+    if (m && (m.state === 'invisible' || m.state === 'pending' || m.state === 'running')) {
+      if (armed === m.version) {
+        parts.push(actionButton('cancel-confirm', 'Confirm cancel', m, '/cancel', {}), ' ',
+          h('span', { class: 'muted' }, m.state === 'running' ? 'its lease ends: the worker learns it at its next extend or complete' : 'it will not run'));
+      } else {
+        const button = h('button', { type: 'button', id: 'cancel' }, 'Cancel…');
+        button.addEventListener('click', () => {
+          armed = m.version;
+          clearTimeout(disarm);
+          disarm = setTimeout(() => { armed = null; renderActions(last); }, 5000);
+          renderActions(m);
+        });
+        parts.push(button);
+      }
+    }
+    set(actions, ...parts);
   }
 
   // actionButton POSTs {id, version, ...fields} to the queue's path when clicked, then refreshes.
@@ -534,7 +554,9 @@ function messageView(r) {
     return button;
   }
 
+  let last = null; // the message last rendered
   function renderMessage(m, events) {
+    last = m;
     renderActions(m);
     if (!m) {
       set(fields, h('p', { class: 'muted' }, 'Garbage-collected after its retention; its history remains.'));
