@@ -1,6 +1,7 @@
 package web
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -328,42 +329,34 @@ func (s *Server) setBlocked(r *http.Request) (any, error) {
 	return info, nil
 }
 
-// retryRequest is the body of POST /api/queues/{name}/retry and /cancel: the message and the
+// versionedRequest is the body of POST /api/queues/{name}/retry and /cancel: the message and the
 // version the page showed, so that a click acts on that message and nothing it became since.
-type retryRequest struct {
+type versionedRequest struct {
 	ID      string `json:"id"`
 	Version uint64 `json:"version"`
 }
 
 // retryMessage answers POST /api/queues/{name}/retry with the retried message (protocol.md's retry).
 func (s *Server) retryMessage(r *http.Request) (any, error) {
-	if _, err := query(r.URL, nil); err != nil {
-		return nil, err
-	}
-	var req retryRequest
-	if err := decodeBody(r, &req, `{"id": string, "version": number}`); err != nil {
-		return nil, err
-	}
-	if req.ID == "" || req.Version == 0 {
-		return nil, badRequest("body: give the message's id and the version shown")
-	}
-	name := r.PathValue("name")
-	m, err := s.client.Retry(r.Context(), name, req.ID, &workers.RetryOpts{Version: req.Version})
-	if err != nil {
-		return nil, err
-	}
-	s.log.Info("web: message retried", "queue", name, "message_id", req.ID, "version", req.Version, "remote_addr", r.RemoteAddr)
-	return newMessage(&m), nil
+	return s.atVersion(r, "retried", func(ctx context.Context, queue string, req versionedRequest) (workers.Message, error) {
+		return s.client.Retry(ctx, queue, req.ID, &workers.RetryOpts{Version: req.Version})
+	})
 }
 
 // cancelMessage answers POST /api/queues/{name}/cancel with the canceled message: an operator's
-// cancel at the version the page showed (protocol.md's cancel with version). Its body is a
-// retryRequest's.
+// cancel at the version the page showed (protocol.md's cancel with version).
 func (s *Server) cancelMessage(r *http.Request) (any, error) {
+	return s.atVersion(r, "canceled", func(ctx context.Context, queue string, req versionedRequest) (workers.Message, error) {
+		return s.client.CancelAt(ctx, queue, req.ID, req.Version)
+	})
+}
+
+// atVersion reads a versionedRequest strictly, calls act with it, and logs what was done.
+func (s *Server) atVersion(r *http.Request, done string, act func(ctx context.Context, queue string, req versionedRequest) (workers.Message, error)) (any, error) {
 	if _, err := query(r.URL, nil); err != nil {
 		return nil, err
 	}
-	var req retryRequest
+	var req versionedRequest
 	if err := decodeBody(r, &req, `{"id": string, "version": number}`); err != nil {
 		return nil, err
 	}
@@ -371,11 +364,11 @@ func (s *Server) cancelMessage(r *http.Request) (any, error) {
 		return nil, badRequest("body: give the message's id and the version shown")
 	}
 	name := r.PathValue("name")
-	m, err := s.client.CancelAt(r.Context(), name, req.ID, req.Version)
+	m, err := act(r.Context(), name, req)
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("web: message canceled", "queue", name, "message_id", req.ID, "version", req.Version, "remote_addr", r.RemoteAddr)
+	s.log.Info("web: message "+done, "queue", name, "message_id", req.ID, "version", req.Version, "remote_addr", r.RemoteAddr)
 	return newMessage(&m), nil
 }
 
