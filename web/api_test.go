@@ -698,6 +698,10 @@ func TestForeignRequestsRefused(t *testing.T) {
 		}
 		rec := httptest.NewRecorder()
 		s.Handler().ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			// A refusal is an API error, as every failed request's is.
+			wantError(t, method+" "+host, rec.Code, rec.Header(), rec.Body.Bytes(), rec.Code, subjects.CodeBadRequest)
+		}
 		return rec.Code
 	}
 	for _, tc := range []struct {

@@ -51,7 +51,7 @@
 //	     a CORS preflight, which this server never grants) and at most 1 KiB. Sets the queue's pause
 //	     flags; the reply is the queue's info as the broker's update returns it: {"name", "config",
 //	     "revision", "created_at", "counts"}. A POST from a page of another origin (Sec-Fetch-Site,
-//	     else Origin against Host: net/http's CrossOriginProtection) is refused with 403.
+//	     else Origin against Host: net/http's CrossOriginProtection) is refused with 403 bad_request.
 //
 //	POST /api/queues/{name}/retry
 //	     Body {"id": string, "version": number}, both required, sent as the blocked flags are.
@@ -76,7 +76,7 @@
 //	     running or finished, 404 message_not_found, 400 out_of_range for a delay_ms outside 0 to
 //	     366 days.
 //
-// With [Config.Hosts] set, a request whose Host header names another host is answered 421: a page
+// With [Config.Hosts] set, a request whose Host header names another host is answered 421 bad_request: a page
 // of a site whose name was made to resolve to the listener's address (DNS rebinding) is same-origin
 // to the browser and would otherwise read the API and toggle the flags. natstone serve sets the
 // loopback names when --http is a loopback address; else localhost, the --http name and the

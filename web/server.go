@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/workers"
 )
 
@@ -104,7 +105,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	// Cross-origin POSTs are refused (Sec-Fetch-Site, else Origin against Host): a page of another
 	// origin cannot toggle a queue's flags through the user's browser.
-	s.handler = secure(allowHosts(cfg.Hosts, cfg.AnyIP, http.NewCrossOriginProtection().Handler(mux)))
+	origins := http.NewCrossOriginProtection()
+	origins.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusForbidden, errorReply{Error: subjects.Error{Code: subjects.CodeBadRequest,
+			Message: "cross-origin request refused: this dashboard's POSTs come from its own pages, or from clients that send no Origin (curl)"}})
+	}))
+	s.handler = secure(allowHosts(cfg.Hosts, cfg.AnyIP, origins.Handler(mux)))
 	return s, nil
 }
 
@@ -128,7 +134,8 @@ func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 			return
 		}
 		if !slices.ContainsFunc(hosts, func(h string) bool { return strings.EqualFold(h, host) }) {
-			http.Error(w, fmt.Sprintf("natstone: this dashboard does not answer to host %q (natstone serve --http-host NAME adds a name)", r.Host), http.StatusMisdirectedRequest)
+			writeJSON(w, http.StatusMisdirectedRequest, errorReply{Error: subjects.Error{Code: subjects.CodeBadRequest,
+				Message: fmt.Sprintf("this dashboard does not answer to host %q (natstone serve --http-host NAME adds a name)", r.Host)}})
 			return
 		}
 		next.ServeHTTP(w, r)
