@@ -246,7 +246,7 @@ running; those with every --filter pair), at most --limit of them, in the order 
 them, each at the version it had when listed: one that changed meanwhile (leased, say), or was
 collected, is skipped and named. Canceling running messages ends their leases: their holders
 learn it at their next extend or complete. A last line says when more were left, for the command
-to be run again. --json prints {"canceled": [ids], "skipped": [{"id", "error"}], "more": bool}.
+to be run again. --json prints {"canceled": [ids], "skipped": [{"id", "code", "error"}], "more": bool}.
 `, stdout, stderr)
 	version := c.fs.Uint64("version", 0, "cancel only while the message is at this `version` (see get)")
 	state := c.fs.String("state", "", "cancel the queue's messages in this `state` (pending, invisible or running) instead of message ID")
@@ -371,7 +371,7 @@ With --errored instead of ID, retries the queue's errored messages (those with e
 pair), at most --limit of them, those that errored first first, each at the version it had when
 listed: one that changed meanwhile, or was collected, is skipped and named. A last line says when
 more were left, for the command to be run again. --json prints {"retried": [ids], "skipped": [{"id",
-"error"}], "more": bool}.
+"code", "error"}], "more": bool}.
 `, stdout, stderr)
 	version := c.fs.Uint64("version", 0, "retry only while the message is at this `version` (see get)")
 	delay := c.duration("delay", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending again")
@@ -473,11 +473,18 @@ func (c *clientCommand) bulk(ctx context.Context, conn *cliConn, queue string, f
 		r, err := act(m)
 		switch {
 		case err == nil && r.Version != m.Version+1:
-			sum.Skipped = append(sum.Skipped, bulkSkip{ID: m.ID, Error: fmt.Sprintf("not %s any more: %s at version %d since it was listed at version %d", sum.listed, r.State, r.Version, m.Version)})
+			sum.Skipped = append(sum.Skipped, bulkSkip{ID: m.ID, Code: subjects.CodeRevisionMismatch,
+				Error: fmt.Sprintf("not %s any more: %s at version %d since it was listed at version %d", sum.listed, r.State, r.Version, m.Version)})
 		case err == nil:
 			sum.Done = append(sum.Done, m.ID)
 		case errors.Is(err, workers.ErrRevisionMismatch), errors.Is(err, workers.ErrMessageNotFound), errors.Is(err, workers.ErrInvalidState):
-			sum.Skipped = append(sum.Skipped, bulkSkip{ID: m.ID, Error: err.Error()})
+			skip := bulkSkip{ID: m.ID, Code: subjects.CodeMessageNotFound, Error: err.Error()}
+			if errors.Is(err, workers.ErrRevisionMismatch) {
+				skip.Code = subjects.CodeRevisionMismatch
+			} else if errors.Is(err, workers.ErrInvalidState) {
+				skip.Code = subjects.CodeInvalidState
+			}
+			sum.Skipped = append(sum.Skipped, skip)
 		default:
 			// Storage or the broker failed: say what was done before failing with it.
 			_ = c.output(sum, sum.print)
@@ -488,7 +495,7 @@ func (c *clientCommand) bulk(ctx context.Context, conn *cliConn, queue string, f
 }
 
 // bulkSummary is what a command run on a listing of messages did (retry --errored, cancel
-// --state): in JSON {verb: [ids], "skipped": [{"id", "error"}], "more": bool}.
+// --state): in JSON {verb: [ids], "skipped": [{"id", "code", "error"}], "more": bool}.
 type bulkSummary struct {
 	verb    string         // what was done to each: "retried", "canceled"
 	listed  subjects.State // the state listed
@@ -497,10 +504,12 @@ type bulkSummary struct {
 	More    bool
 }
 
-// bulkSkip is a message that was listed but not acted on.
+// bulkSkip is a message that was listed but not acted on: Code is revision_mismatch (it changed
+// since it was listed), message_not_found (collected) or invalid_state (it ended otherwise).
 type bulkSkip struct {
-	ID    string `json:"id"`
-	Error string `json:"error"`
+	ID    string        `json:"id"`
+	Code  subjects.Code `json:"code"`
+	Error string        `json:"error"`
 }
 
 func (s *bulkSummary) MarshalJSON() ([]byte, error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/workers"
 )
 
 // getMessage runs "get --json" and returns the message.
@@ -454,4 +456,62 @@ func TestCLICancelByState(t *testing.T) {
 		t.Fatalf("after the cancels: %+v, want bar's m2 pending and the rest canceled", d)
 	}
 	cli(t, url, "complete", "q", "m0", d.LeaseID).fails(t, exitError, "natstone: invalid_state: ")
+}
+
+// TestBulkSkips: a listed message that changed before the bulk command reached it is skipped and
+// named with a code a script can switch on, whether the broker refused the act (revision_mismatch)
+// or answered that someone else had done it and more (not pending any more).
+func TestBulkSkips(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	cli(t, url, "queue", "create", "q").ok(t)
+	for i, id := range []string{"a", "b", "c"} {
+		cli(t, url, "enqueue", "q", "x", "--id", id, "--priority", strconv.Itoa(i)).ok(t)
+	}
+	var stdout, stderr strings.Builder
+	c := newClientCommand("natstone test", "", "", &stdout, &stderr)
+	if _, err := c.parse([]string{"--json", "--server", url}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	code := c.run(t.Context(), func(ctx context.Context, conn *cliConn) error {
+		return c.bulk(ctx, conn, "q", nil, 10, &bulkSummary{verb: "canceled", listed: subjects.StatePending},
+			func(m *workers.Message) (workers.Message, error) {
+				switch m.ID {
+				case "a": // leased since it was listed: the cancel at its listed version is refused
+					if _, err := conn.client.Dequeue(ctx, "q", nil); err != nil {
+						t.Fatal(err)
+					}
+				case "b": // leased, then canceled by someone else: the broker answers the cancel alike
+					msgs, err := conn.client.Dequeue(ctx, "q", nil)
+					if err != nil || len(msgs) != 1 || msgs[0].ID != "b" {
+						t.Fatalf("dequeue of b: %v, %v", msgs, err)
+					}
+					if _, err := conn.client.Cancel(ctx, "q", "b", ""); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return conn.client.CancelAt(ctx, "q", m.ID, m.Version)
+			})
+	})
+	if code != exitOK {
+		t.Fatalf("exit code %d: %s", code, stderr.String())
+	}
+	var sum struct {
+		Canceled []string `json:"canceled"`
+		Skipped  []struct {
+			ID    string        `json:"id"`
+			Code  subjects.Code `json:"code"`
+			Error string        `json:"error"`
+		} `json:"skipped"`
+		More bool `json:"more"`
+	}
+	if err := json.Unmarshal([]byte(stdout.String()), &sum); err != nil {
+		t.Fatalf("%v: %s", err, stdout.String())
+	}
+	if !slices.Equal(sum.Canceled, []string{"c"}) || len(sum.Skipped) != 2 || sum.More ||
+		sum.Skipped[0].ID != "a" || sum.Skipped[0].Code != subjects.CodeRevisionMismatch ||
+		sum.Skipped[1].ID != "b" || sum.Skipped[1].Code != subjects.CodeRevisionMismatch ||
+		!strings.Contains(sum.Skipped[1].Error, "not pending any more: canceled") {
+		t.Fatalf("summary %s, want c canceled, a and b skipped with revision_mismatch", stdout.String())
+	}
 }
