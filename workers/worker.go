@@ -368,7 +368,9 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
 		d.retried = true
 	}
-	if unknownOutcome(err) {
+	// A try that reached no broker at all after one whose outcome is unknown (a broker stopping,
+	// the next not serving yet) leaves that outcome unknown: the id goes with the next poll.
+	if unknownOutcome(err) || d.retried && errors.Is(err, nats.ErrNoResponders) {
 		d.uncertain = requestTry{id: id, sent: d.sent}
 	}
 	return d, err

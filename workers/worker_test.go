@@ -1241,3 +1241,69 @@ func TestWorkerRetriedLeaseOlderThanALease(t *testing.T) {
 	}
 	close(done)
 }
+
+// lineSignal is a log writer that signals each line containing want.
+type lineSignal struct {
+	want string
+	seen chan struct{}
+}
+
+func (l *lineSignal) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), l.want) {
+		select {
+		case l.seen <- struct{}{}:
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+// TestWorkerKeepsAnUncertainDequeueIDWithoutABroker: a dequeue answered unavailable (a broker
+// stopping), whose immediate retry finds no broker at all (the gap before the next one serves),
+// keeps its request id: the next poll sends it again, so the next broker can return what the first
+// leased, instead of that message running unprocessed until its lease ends.
+func TestWorkerKeepsAnUncertainDequeueIDWithoutABroker(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	ids := make(chan string, 64)
+	stopping := make(chan struct{})
+	var first *nats.Subscription
+	first, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		ids <- decode[subjects.DequeueRequest](t, m.Data).RequestID
+		_ = first.Unsubscribe() // this broker is gone once it answered
+		_ = fake.Flush()
+		_ = m.Respond([]byte(`{"error":{"code":"unavailable","message":"the broker is stopping"}}`))
+		close(stopping)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := &lineSignal{want: "dequeue failed", seen: make(chan struct{}, 1)}
+	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: slog.New(slog.NewTextHandler(failed, nil))},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	sent := recv(t, ids)
+	recv(t, stopping)
+	recv(t, failed.seen) // its retry found no responders
+	// The next broker serves.
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		ids <- decode[subjects.DequeueRequest](t, m.Data).RequestID
+		_ = m.Respond([]byte(`{"messages":[]}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if next := recv(t, ids); next != sent {
+		t.Fatalf("the poll after the gap sent request id %q, want the uncertain %q", next, sent)
+	}
+}
