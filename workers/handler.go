@@ -15,7 +15,8 @@ import (
 //
 // ctx is cancelled when the lease is lost (context.Cause is ErrLeaseLost: the message is no longer
 // this handler's, and its result is ignored) or when Worker.Stop stops waiting for the handler (cause
-// ErrWorkerStopped: the message is released at once). A handler must return soon after ctx is done.
+// ErrWorkerStopped: the message is released at once, its attempt given back). A handler must return
+// soon after ctx is done.
 // Handle is called from several goroutines at once when the worker's Concurrency is above 1.
 type Handler interface {
 	Handle(ctx context.Context, job *Job) error

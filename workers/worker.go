@@ -198,8 +198,10 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // Stop drains the worker: no new message is dequeued (long polls in flight are abandoned), and the
 // running handlers may finish and settle their messages until ctx is done. Then their contexts are
-// cancelled (cause ErrWorkerStopped) and their messages released at once, with one try of at most a
-// second each (a lease not released ends on its own); a complete, release or cancel still in flight
+// cancelled (cause ErrWorkerStopped) and their messages released at once, with their attempts given
+// back (ReleaseOpts.Refund: the handler was stopped, it did not fail, so a deploy never errors a
+// message on its last attempt), with one try of at most a second each (a lease not released ends on
+// its own, and that attempt is spent); a complete, release or cancel still in flight
 // then has at most a second more, whatever the client's timeout. Stop returns when every goroutine
 // of the worker has returned: nil if the handlers finished and settled their messages in time (or
 // none was running), else ctx's error.
@@ -448,7 +450,7 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 			// Stop gave up waiting: hand the message back now rather than when the handler returns.
 			if !job.isSettled() {
 				w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-					_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted})
+					_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted, Refund: true})
 					return err
 				})
 			}
@@ -571,7 +573,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		// The handler was interrupted (the worker is stopping), not failing: no backoff.
 		log.Info("handler interrupted: worker stopped", "error", err)
 		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-			_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted})
+			_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted, Refund: true})
 			return err
 		})
 	default:

@@ -519,12 +519,13 @@ func TestWorkerGracefulStop(t *testing.T) {
 }
 
 // TestWorkerStopTimeout stops a worker whose handler outlasts Stop's context: the handler's
-// context is cancelled with ErrWorkerStopped, its message is released at once (no backoff), and
-// Stop reports the deadline.
+// context is cancelled with ErrWorkerStopped, its message is released at once (no backoff) with its
+// attempt given back, so a message on its last attempt is not errored by a deploy, and Stop
+// reports the deadline.
 func TestWorkerStopTimeout(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.createQueue("q", nil)
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 1})
 	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
 	started := make(chan struct{}, 1)
 	cause := make(chan error, 1)
@@ -551,8 +552,8 @@ func TestWorkerStopTimeout(t *testing.T) {
 		t.Fatalf("context.Cause = %v, want ErrWorkerStopped", err)
 	}
 	m := e.get("q", "m1")
-	if m.State != subjects.StatePending || m.Attempts != 1 {
-		t.Fatalf("after Stop: %s with %d attempts, want pending (released without backoff) after 1", m.State, m.Attempts)
+	if m.State != subjects.StatePending || m.Attempts != 0 {
+		t.Fatalf("after Stop: %s with %d attempts, want pending (released without backoff) with its one attempt given back", m.State, m.Attempts)
 	}
 }
 
