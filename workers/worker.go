@@ -29,6 +29,10 @@ const (
 // its own.
 const stopSettleTimeout = time.Second
 
+// stopGrace bounds how long Stop waits, once its ctx is done, for the handlers to return and the
+// last settles (a try of at most stopSettleTimeout each, two at most in a row) to end.
+const stopGrace = 2 * stopSettleTimeout
+
 // WorkerConfig configures a Worker. Only Queue is required.
 type WorkerConfig struct {
 	// Queue is the queue to work on. Required.
@@ -204,7 +208,9 @@ func (w *Worker) Start(ctx context.Context) error {
 // its own, and that attempt is spent); a complete, release or cancel still in flight
 // then has at most a second more, whatever the client's timeout. Stop returns when every goroutine
 // of the worker has returned: nil if the handlers finished and settled their messages in time (or
-// none was running), else ctx's error.
+// none was running), else ctx's error. A handler that ignores its context is not waited for past 2
+// seconds after ctx is done: Stop then returns ctx's error, saying so, and leaves that handler's
+// goroutine to return on its own (its message was released); a second Stop waits for it.
 // Stopping a worker that was never started, or stopping it again, returns nil.
 //
 // The broker does not learn that a long poll was abandoned: a message that becomes pending before
@@ -232,7 +238,16 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	idle := w.running.Load() == 0 // no handler or settle to interrupt: the slots are only stopping
 	stopJobs(ErrWorkerStopped)
-	<-done
+	grace := time.NewTimer(stopGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		// The messages were released; what is left is handlers that ignore their contexts. Waiting
+		// for them would hold a deploy's shutdown until it is killed.
+		return fmt.Errorf("natstone: worker stop: %w; %d handlers still running %v after their contexts ended, left to return on their own",
+			ctx.Err(), w.running.Load(), stopGrace)
+	}
 	if idle {
 		return nil
 	}

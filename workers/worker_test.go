@@ -1308,3 +1308,43 @@ func TestWorkerKeepsAnUncertainDequeueIDWithoutABroker(t *testing.T) {
 		t.Fatalf("the poll after the gap sent request id %q, want the uncertain %q", next, sent)
 	}
 }
+
+// TestWorkerStopLeavesAHandlerThatIgnoresItsContext: a handler that ignores its context does not
+// hold Stop past its ctx for good: the message is released, Stop returns ctx's error once its grace
+// is over, and a second Stop waits for the handler to return.
+func TestWorkerStopLeavesAHandlerThatIgnoresItsContext(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	started, unblock := make(chan struct{}), make(chan struct{})
+	w, err := workers.NewWorker(e.c, &workers.WorkerConfig{Queue: "q", Logger: discard()},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error {
+			close(started)
+			<-unblock // a blocking call that takes no context
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, started)
+	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(sctx) }()
+	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "left to return on their own") {
+		t.Fatalf("Stop: %v, want its ctx's error, saying a handler was left running", err)
+	}
+	if m := e.get("q", "m1"); m.State != subjects.StatePending || m.Attempts != 0 {
+		t.Fatalf("after Stop: %s with %d attempts, want pending with its attempt given back", m.State, m.Attempts)
+	}
+	close(unblock)
+	again, cancel2 := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel2()
+	if err := w.Stop(again); err != nil {
+		t.Fatalf("second Stop: %v, want nil once the handler returned", err)
+	}
+}
