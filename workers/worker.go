@@ -473,6 +473,11 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 			log.Info("handler interrupted: worker stopped", "error", err)
 			return dequeued{}
 		case <-timer.C:
+			select {
+			case err := <-result: // returned as the timer fired: settle rather than extend first
+				return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
+			default:
+			}
 			next, lost := w.extend(jobCtx, job, lease, every, &expires, false, log)
 			if lost {
 				cancel(ErrLeaseLost)
