@@ -507,6 +507,20 @@ func (b *Broker) Stop(ctx context.Context) error {
 		err = errors.Join(err, fmt.Errorf("natstone: stop: events not all published: %w", cerr))
 	}
 	b.writeSnapshot(ctx)
+	doubts := 0
+	for _, q := range qs {
+		q.mu.Lock()
+		doubts += q.doubts()
+		q.mu.Unlock()
+	}
+	if doubts > 0 && !b.cfg.TakeOverClaim {
+		// Writes whose outcome is still unknown may land yet: a standby that took over now could
+		// read its records before them. The claim stays, and a standby waits out its ttl.
+		b.log.Warn("stopped with writes of unknown outcome; the claim is left to run out", "writes", doubts)
+		b.claim.abandon()
+		close(b.done)
+		return err
+	}
 	if b.cfg.TakeOverClaim {
 		// The store is this process's alone (see TakeOverClaim): the claim stays for the next start
 		// to take over, and no broker connected to the server that is about to stop with this one

@@ -375,6 +375,9 @@ func (q *queue) leaseMS(requested int64, e *entry) int64 {
 func (q *queue) wait(ctx context.Context, f index.Filter, n int, d time.Duration) []*entry {
 	w := &waiter{filter: f, n: n, got: make(chan []*entry, 1), gone: make(chan struct{})}
 	q.waiters = append(q.waiters, w)
+	if q.testParked != nil {
+		q.testParked()
+	}
 	timeout := make(chan struct{})
 	t := q.b.clock.AfterFunc(d, func() { close(timeout) })
 	q.mu.Unlock()

@@ -70,6 +70,9 @@ type queue struct {
 	// testRetryWaits, when a test sets it, runs when a retried dequeue starts waiting for the first
 	// with its request id, with mu held. Nil outside tests.
 	testRetryWaits func()
+	// testParked, when a test sets it, runs when a long poll parks to wait for messages, with mu
+	// held. Nil outside tests.
+	testParked func()
 }
 
 const numStates = 6
@@ -364,8 +367,16 @@ func (q *queue) collect(es []*entry) {
 	// issued by up to collectParallel of the runner's goroutines (as requests are, see runner) so
 	// that a backlog costs round trips in parallel; the record removals are stored writes,
 	// pipelined.
-	ctx := context.Background()
 	errs := make([]error, len(es))
+	// The payload deletes are fenced by no revision: a broker that went on past its claim (a pause
+	// between the timer's firing and here) must not delete what the broker that took the store
+	// over may have made live again since (a retry). Its deletes end with the claim.
+	ctx, cancel, err := q.b.claim.bound(context.Background())
+	if err != nil {
+		ctx, cancel = context.WithCancel(context.Background())
+		cancel()
+	}
+	defer cancel()
 	var wg sync.WaitGroup
 	var next atomic.Int64
 	for range min(collectParallel, len(es)) {
@@ -377,7 +388,9 @@ func (q *queue) collect(es []*entry) {
 				if i >= len(es) {
 					return
 				}
-				errs[i] = q.b.store.DeleteBody(ctx, es[i].Seq)
+				if errs[i] = ctx.Err(); errs[i] == nil {
+					errs[i] = q.b.store.DeleteBody(ctx, es[i].Seq)
+				}
 			}
 		})
 	}

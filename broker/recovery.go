@@ -425,6 +425,9 @@ func (b *Broker) removed(ctx context.Context, queue string, e *entry, w kv.Write
 	case err == nil && r.BodySeq != e.Seq:
 		return nil
 	}
+	if err := ctx.Err(); err != nil {
+		return err // a collection's, bound by the claim: past it, nothing more is removed
+	}
 	_, err = b.store.CollectMessage(queue, e.ID, rev).Wait(ctx)
 	return err
 }

@@ -57,6 +57,23 @@ func (q *queue) commit(cs []*change) {
 		kept = append(kept, c)
 	}
 	cs = kept
+	if !q.b.claim.held() {
+		// Another broker may serve the store (this one went on after a pause, its renewal not run
+		// yet): nothing is written from indexes it may have overtaken. A long poll parked before
+		// the pause and served since would otherwise lease from them.
+		for _, c := range cs {
+			c.err, c.skipped = errNotServing, true
+			q.apply(c.e, c.e.record(), c.e.rev) // back where it was (a popped entry too)
+			if q.exclusive() && c.next.State == subjects.StateRunning && c.prev != subjects.StateRunning {
+				q.pending.Release(c.e.Value()) // held by the pop for this lease, free before it
+			}
+			q.endWrite(c.e)
+			if c.create && q.entries.get(c.e.ID) == c.e {
+				q.entries.remove(c.e.ID) // never stored
+			}
+		}
+		return
+	}
 	if q.exclusive() {
 		cs = q.takeLocks(cs)
 	}
@@ -122,6 +139,9 @@ func (q *queue) finish(cs []*change) {
 	q.settle()
 }
 
+// errNotServing is the error of a write not issued because the claim on the store did not hold.
+var errNotServing = subjects.Errorf(subjects.CodeUnavailable, "the broker's claim on the store ran out: another broker may serve it")
+
 // doubtRetry is how often writes of unknown outcome are issued again.
 const doubtRetry = 2 * time.Second
 
@@ -131,7 +151,17 @@ func (q *queue) fireDoubt() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.doubtArmed = false
-	if q.closed != nil || q.doubts() == 0 || !q.b.track() {
+	if q.closed != nil || q.doubts() == 0 {
+		return
+	}
+	if !q.b.claim.held() {
+		// Issued again now, a write could land after the broker that took the store over read
+		// its record: wait for the claim to hold again (or for the renewal to find it lost).
+		q.doubtArmed = true
+		q.doubt.Reset(doubtRetry)
+		return
+	}
+	if !q.b.track() {
 		return
 	}
 	defer q.b.wg.Done()
