@@ -90,10 +90,13 @@ func TestFaultsSyncAlways(t *testing.T) {
 func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	run, stats := runFaults(t, cfg, url, args)
 	violations := append(Check(run), stats.churnViolations...)
-	leases, canceled, retries, retried, rescheduled := 0, 0, 0, 0, 0
+	leases, canceled, retries, retried, reschedules, rescheduled := 0, 0, 0, 0, 0, 0
 	for _, op := range run.Ops {
-		if op.Kind == Reschedule && op.Outcome == OK {
-			rescheduled++
+		if op.Kind == Reschedule {
+			reschedules++
+			if op.Outcome == OK {
+				rescheduled++
+			}
 		}
 		leases += len(op.Leases)
 		if op.Outcome == OK && op.Kind == Cancel {
@@ -109,8 +112,8 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	if canceled > 0 && retries == 0 {
 		t.Errorf("%d messages canceled, none retried: the operator retries the first it cancels", canceled)
 	}
-	if rescheduled == 0 {
-		t.Errorf("no reschedule acknowledged: the operator reschedules about one message in nine")
+	if reschedules == 0 {
+		t.Errorf("no reschedule sent: the operator reschedules the first message it does not cancel")
 	}
 	t.Logf("kills=%d clean_stops=%d starts_from_snapshot=%d paused=%d paused_starting=%d starts_lost=%d ops=%d messages=%d enqueued=%d batches=%d leases=%d completed=%d canceled=%d retried=%d rescheduled=%d leased_by_next=%d extended=%d orphan_payloads_deleted=%d records_replaced=%d stale_loads_read_again=%d queues_deleted=%d (storage unchecked %d, markers left %d) deleted_queue_records_removed=%d violations=%d",
 		stats.kills, stats.cleanStops, stats.snapshotStarts, stats.paused, stats.pausedStarting, stats.startsLost, len(run.Ops), len(run.Final), stats.enqueued, stats.batches, leases, stats.completed, canceled, retried, rescheduled, stats.nextLeased, stats.ex, stats.orphans, stats.replaced, stats.stale, stats.churned, stats.churnUnchecked, stats.churnMarkers, stats.ghosts, len(violations))

@@ -662,10 +662,10 @@ type enqueuedID struct{ queue, id string }
 // cancels are at the version of the enqueue, refused once the message moved on. Every other
 // message it canceled it retries at once, at the version the cancel gave it: pending again, with
 // its attempts anew, for the workers to lease. Of the messages it does not cancel, it reschedules
-// about one in eight.
+// the first and about one in eight.
 func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 42))
-	canceled := 0
+	canceled, rescheduled := 0, 0
 	for {
 		var m enqueuedID
 		select {
@@ -674,8 +674,9 @@ func cancelSome(c *client, stop <-chan struct{}, ids <-chan enqueuedID) {
 		case m = <-ids:
 		}
 		if rng.IntN(8) != 0 {
-			if rng.IntN(8) == 0 {
+			if rescheduled == 0 || rng.IntN(8) == 0 {
 				reschedule(c, rng, m)
+				rescheduled++
 			}
 			continue // cancel about one message in eight
 		}
