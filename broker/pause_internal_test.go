@@ -105,15 +105,7 @@ func TestStopWithWritesInDoubtKeepsTheClaim(t *testing.T) {
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
 		t.Fatal(err)
 	}
-	// A cancel whose acknowledgement was lost, not asked about again yet.
-	q.mu.Lock()
-	e := q.entries.get("M")
-	next := e.record()
-	next.State, next.EndedAt = subjects.StateCanceled, next.UpdatedAt
-	next.Version++
-	e.setBusy(true)
-	q.doubtful = append(q.doubtful, &change{e: e, next: next, prev: subjects.StatePending, expect: e.rev, err: errors.New("nats: timeout")})
-	q.mu.Unlock()
+	doubtfulCancel(q, "M") // not asked about again yet
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := a.Stop(sctx); err != nil {
@@ -125,6 +117,19 @@ func TestStopWithWritesInDoubtKeepsTheClaim(t *testing.T) {
 	if _, _, err := a.store.GetMessage(ctx, "q", "M"); errors.Is(err, kv.ErrNotFound) {
 		t.Fatal(err)
 	}
+}
+
+// doubtfulCancel makes a cancel of pending message id a write of unknown outcome (it timed out),
+// as the broker keeps one until it asks storage again.
+func doubtfulCancel(q *queue, id string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	e := q.entries.get(id)
+	next := e.record()
+	next.State, next.EndedAt = subjects.StateCanceled, next.UpdatedAt
+	next.Version++
+	e.setBusy(true)
+	q.doubtful = append(q.doubtful, &change{e: e, next: next, prev: subjects.StatePending, expect: e.rev, err: errors.New("nats: timeout")})
 }
 
 // waitOn receives from ch, failing the test if nothing comes within 10 seconds.
@@ -150,14 +155,8 @@ func TestDoubtsWaitForTheClaim(t *testing.T) {
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
 		t.Fatal(err)
 	}
-	// A cancel whose write timed out before it was sent: its outcome is unknown to the broker.
+	doubtfulCancel(q, "M") // never sent, in fact
 	q.mu.Lock()
-	e := q.entries.get("M")
-	next := e.record()
-	next.State, next.EndedAt = subjects.StateCanceled, next.UpdatedAt
-	next.Version++
-	e.setBusy(true)
-	q.doubtful = append(q.doubtful, &change{e: e, next: next, prev: subjects.StatePending, expect: e.rev, err: errors.New("nats: timeout")})
 	q.settle() // arms the doubt timer
 	q.mu.Unlock()
 	held := a.claim.until.Load()
