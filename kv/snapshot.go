@@ -345,15 +345,56 @@ func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record
 	if stored := c.CachedInfo().NumPending; stored != uint64(info.Chunks) {
 		return 0, broken(fmt.Errorf("%d of its %d chunks are stored", stored, info.Chunks))
 	}
-	// Pulls of 32 chunks (4 MiB), the next asked for while the last is read.
-	it, err := c.Messages(jetstream.PullMaxMessages(32))
+	r := &chunkReader{ctx: ctx, left: info.Chunks, size: info.Size, digest: want, h: sha256.New(),
+		stall: cmp.Or(s.snapshotStall, snapshotStall)}
+	// The first chunk alone, until a pull reaches the consumer: in a cluster the consumer may live
+	// on another server, whose interest in its pulls reaches this connection's server a moment
+	// after the consumer was made. Until then a pull finds no responders, which the iterator below
+	// does not see: it would wait for the pull it thinks pending until a missed heartbeat, 30 s.
+	first, err := firstChunk(ctx, c, r.stall)
 	if err != nil {
 		return 0, broken(err)
 	}
-	defer it.Stop()
-	r := &chunkReader{ctx: ctx, it: it, left: info.Chunks, size: info.Size, digest: want, h: sha256.New(),
-		stall: cmp.Or(s.snapshotStall, snapshotStall)}
+	if err := r.take(first); err != nil {
+		return 0, broken(err)
+	}
+	// Pulls of 32 chunks (4 MiB), the next asked for while the last is read.
+	if r.it, err = c.Messages(jetstream.PullMaxMessages(32)); err != nil {
+		return 0, broken(err)
+	}
+	defer r.it.Stop()
 	return DecodeSnapshot(bufio.NewReaderSize(r, 1<<20), fn)
+}
+
+// firstChunk fetches c's first message, asking again while a pull finds no responders (as scan
+// does, about 2 s in all).
+func firstChunk(ctx context.Context, c jetstream.Consumer, stall time.Duration) (jetstream.Msg, error) {
+	for unheard := 0; ; unheard++ {
+		batch, err := c.Fetch(1, jetstream.FetchMaxWait(stall))
+		if err != nil {
+			return nil, err
+		}
+		var m jetstream.Msg
+		for msg := range batch.Messages() {
+			m = msg
+		}
+		switch err := batch.Error(); {
+		case m != nil:
+			return m, nil
+		case errors.Is(err, nats.ErrNoResponders) && unheard < scanUnheard:
+			select {
+			case <-time.After(time.Duration(unheard+1) * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		case err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout):
+			return nil, err
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		default:
+			return nil, fmt.Errorf("no chunk came within %v", stall)
+		}
+	}
 }
 
 // snapshotStall is how long a snapshot's read waits for a chunk before it gives the snapshot up
@@ -406,6 +447,11 @@ func (r *chunkReader) fetch() error {
 	case err != nil:
 		return err
 	}
+	return r.take(m)
+}
+
+// take makes m the chunk being read.
+func (r *chunkReader) take(m jetstream.Msg) error {
 	data := m.Data()
 	if uint64(len(data)) > r.size {
 		return errors.New("chunks longer than the object")
