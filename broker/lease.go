@@ -67,6 +67,27 @@ func (q *queue) fence(e *entry, leaseID string, op subjects.Op) (idempotent bool
 	}
 }
 
+// atVersion is nil when want is 0 or e's version, else the revision_mismatch of an operation
+// fenced by the version its caller saw (want).
+func atVersion(e *entry, want uint64) error {
+	if want == 0 || want == e.Version() {
+		return nil
+	}
+	return subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is at version %d, not %d: it changed since", e.ID, e.Version(), want)
+}
+
+// visibleIn makes r pending from now, or invisible until delayMS from now when it is positive. It
+// is the one place a write makes a message pending other than its enqueue and its invisibility's
+// end, so every pending record's visible_at is when it became pending (the waiting ages count on
+// it).
+func visibleIn(r *kv.Record, now, delayMS int64) {
+	if delayMS > 0 {
+		r.State, r.VisibleAt = subjects.StateInvisible, now+delayMS
+		return
+	}
+	r.State, r.VisibleAt = subjects.StatePending, now
+}
+
 // leaseMismatch is the error of a lease operation with a lease that is not message id's last.
 func leaseMismatch(id, leaseID string) error {
 	return subjects.Errorf(subjects.CodeLeaseMismatch, "message %q: lease %q is not its current lease", id, leaseID)
@@ -166,15 +187,10 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 		if req.Refund && r.Attempts > 0 {
 			r.Attempts-- // the holder never ran it: this lease spent nothing
 		}
-		switch {
-		case r.Attempts >= r.MaxAttempts:
+		if r.Attempts >= r.MaxAttempts {
 			r.State = subjects.StateErrored
-		case req.DelayMS > 0:
-			r.State = subjects.StateInvisible
-			r.VisibleAt = now + req.DelayMS
-		default:
-			r.State = subjects.StatePending
-			r.VisibleAt = now
+		} else {
+			visibleIn(r, now, req.DelayMS)
 		}
 	})
 }
@@ -200,8 +216,8 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 	case subjects.StateCompleted, subjects.StateErrored:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.ID, e.State())
 	}
-	if req.Version != 0 && req.Version != e.Version() {
-		return q.view(e), subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is at version %d, not %d: it changed since", e.ID, e.Version(), req.Version)
+	if err := atVersion(e, req.Version); err != nil {
+		return q.view(e), err
 	}
 	if req.LeaseID != "" {
 		if _, err := q.fence(e, req.LeaseID, subjects.OpCancel); err != nil {
@@ -232,6 +248,7 @@ func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.
 	if err != nil {
 		return subjects.Message{}, err
 	}
+	mismatch := atVersion(e, req.Version)
 	switch state := e.State(); {
 	case !state.Terminal():
 		return q.view(e), nil
@@ -240,16 +257,11 @@ func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.
 	case e.collecting():
 		// Its retention ended and its collection began: its payload may be deleted already.
 		return q.view(e), subjects.Errorf(subjects.CodeMessageNotFound, "message %q is being garbage-collected (its retention ended): it cannot be retried", e.ID)
-	case req.Version != 0 && req.Version != e.Version():
-		return q.view(e), subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is at version %d, not %d: it changed since", e.ID, e.Version(), req.Version)
+	case mismatch != nil:
+		return q.view(e), mismatch
 	}
 	return q.transition(e, func(r *kv.Record, now int64) {
-		r.State = subjects.StatePending
-		r.VisibleAt = now
-		if req.DelayMS > 0 {
-			r.State = subjects.StateInvisible
-			r.VisibleAt = now + req.DelayMS
-		}
+		visibleIn(r, now, req.DelayMS)
 		r.Attempts = 0
 		r.LeaseID, r.LeaseExpires, r.RequestID, r.Released = "", 0, "", false
 		r.EndedAt = 0
@@ -277,26 +289,22 @@ func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) 
 	if err != nil {
 		return subjects.Message{}, err
 	}
-	state := e.State()
+	state, mismatch := e.State(), atVersion(e, req.Version)
 	switch {
 	case state != subjects.StatePending && state != subjects.StateInvisible:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s: only a pending or invisible message is rescheduled", e.ID, state)
 	case (req.Priority == nil || *req.Priority == e.Priority) &&
 		(req.DelayMS == nil || *req.DelayMS == 0 && state == subjects.StatePending):
 		return q.view(e), nil
-	case req.Version != 0 && req.Version != e.Version():
-		return q.view(e), subjects.Errorf(subjects.CodeRevisionMismatch, "message %q is at version %d, not %d: it changed since", e.ID, e.Version(), req.Version)
+	case mismatch != nil:
+		return q.view(e), mismatch
 	}
 	return q.transitionWith(&change{e: e, kind: subjects.EventRescheduled}, func(r *kv.Record, now int64) {
 		if req.Priority != nil {
 			r.Priority = *req.Priority
 		}
-		switch {
-		case req.DelayMS == nil:
-		case *req.DelayMS > 0:
-			r.State, r.VisibleAt = subjects.StateInvisible, now+*req.DelayMS
-		case r.State == subjects.StateInvisible:
-			r.State, r.VisibleAt = subjects.StatePending, now
+		if req.DelayMS != nil && (*req.DelayMS > 0 || r.State == subjects.StateInvisible) {
+			visibleIn(r, now, *req.DelayMS) // a pending message asked to be pending at once stays as it is
 		}
 	})
 }

@@ -328,8 +328,7 @@ func (q *queue) expire(r *kv.Record, now int64) {
 	if r.Attempts >= r.MaxAttempts {
 		r.State = subjects.StateErrored
 	} else {
-		r.State = subjects.StatePending
-		r.VisibleAt = now
+		visibleIn(r, now, 0)
 	}
 	r.Released = false
 }
