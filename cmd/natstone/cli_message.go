@@ -471,20 +471,16 @@ func (c *clientCommand) bulk(ctx context.Context, conn *cliConn, queue string, f
 	for i := range msgs {
 		m := &msgs[i]
 		r, err := act(m)
+		var apiErr *workers.APIError
 		switch {
 		case err == nil && r.Version != m.Version+1:
 			sum.Skipped = append(sum.Skipped, bulkSkip{ID: m.ID, Code: subjects.CodeRevisionMismatch,
 				Error: fmt.Sprintf("not %s any more: %s at version %d since it was listed at version %d", sum.listed, r.State, r.Version, m.Version)})
 		case err == nil:
 			sum.Done = append(sum.Done, m.ID)
-		case errors.Is(err, workers.ErrRevisionMismatch), errors.Is(err, workers.ErrMessageNotFound), errors.Is(err, workers.ErrInvalidState):
-			skip := bulkSkip{ID: m.ID, Code: subjects.CodeMessageNotFound, Error: err.Error()}
-			if errors.Is(err, workers.ErrRevisionMismatch) {
-				skip.Code = subjects.CodeRevisionMismatch
-			} else if errors.Is(err, workers.ErrInvalidState) {
-				skip.Code = subjects.CodeInvalidState
-			}
-			sum.Skipped = append(sum.Skipped, skip)
+		case errors.As(err, &apiErr) && (apiErr.Code == subjects.CodeRevisionMismatch ||
+			apiErr.Code == subjects.CodeMessageNotFound || apiErr.Code == subjects.CodeInvalidState):
+			sum.Skipped = append(sum.Skipped, bulkSkip{ID: m.ID, Code: apiErr.Code, Error: err.Error()})
 		default:
 			// Storage or the broker failed: say what was done before failing with it.
 			_ = c.output(sum, sum.print)
