@@ -329,16 +329,28 @@ func (s *Server) setBlocked(r *http.Request) (any, error) {
 	return info, nil
 }
 
-// versionedRequest is the body of POST /api/queues/{name}/retry and /cancel: the message and the
-// version the page showed, so that a click acts on that message and nothing it became since.
+// versionedRequest is the body of POST /api/queues/{name}/retry and /cancel, and the start of
+// /reschedule's: the message and the version the page showed, so that a click acts on that message
+// and nothing it became since.
 type versionedRequest struct {
 	ID      string `json:"id"`
 	Version uint64 `json:"version"`
 }
 
+func (v *versionedRequest) versioned() *versionedRequest { return v }
+
+// rescheduleRequest is the body of POST /api/queues/{name}/reschedule: the message, the version
+// the page showed, and what changes.
+type rescheduleRequest struct {
+	versionedRequest
+	Priority *int64 `json:"priority"`
+	DelayMS  *int64 `json:"delay_ms"`
+}
+
 // retryMessage answers POST /api/queues/{name}/retry with the retried message (protocol.md's retry).
 func (s *Server) retryMessage(r *http.Request) (any, error) {
-	return s.atVersion(r, "retried", func(ctx context.Context, queue string, req versionedRequest) (workers.Message, error) {
+	var req versionedRequest
+	return s.atVersion(r, &req, `{"id": string, "version": number}`, "retried", func(ctx context.Context, queue string) (workers.Message, error) {
 		return s.client.Retry(ctx, queue, req.ID, &workers.RetryOpts{Version: req.Version})
 	})
 }
@@ -346,74 +358,55 @@ func (s *Server) retryMessage(r *http.Request) (any, error) {
 // cancelMessage answers POST /api/queues/{name}/cancel with the canceled message: an operator's
 // cancel at the version the page showed (protocol.md's cancel with version).
 func (s *Server) cancelMessage(r *http.Request) (any, error) {
-	return s.atVersion(r, "canceled", func(ctx context.Context, queue string, req versionedRequest) (workers.Message, error) {
+	var req versionedRequest
+	return s.atVersion(r, &req, `{"id": string, "version": number}`, "canceled", func(ctx context.Context, queue string) (workers.Message, error) {
 		return s.client.CancelAt(ctx, queue, req.ID, req.Version)
 	})
-}
-
-// atVersion reads a versionedRequest strictly, calls act with it, and logs what was done.
-func (s *Server) atVersion(r *http.Request, done string, act func(ctx context.Context, queue string, req versionedRequest) (workers.Message, error)) (any, error) {
-	if _, err := query(r.URL, nil); err != nil {
-		return nil, err
-	}
-	var req versionedRequest
-	if err := decodeBody(r, &req, `{"id": string, "version": number}`); err != nil {
-		return nil, err
-	}
-	if req.ID == "" || req.Version == 0 {
-		return nil, badRequest("body: give the message's id and the version shown")
-	}
-	name := r.PathValue("name")
-	m, err := act(r.Context(), name, req)
-	if err != nil {
-		return nil, err
-	}
-	s.log.Info("web: message "+done, "queue", name, "message_id", req.ID, "version", req.Version, "remote_addr", r.RemoteAddr)
-	return newMessage(&m), nil
-}
-
-// rescheduleRequest is the body of POST /api/queues/{name}/reschedule: the message, the version
-// the page showed, and what changes.
-type rescheduleRequest struct {
-	ID       string `json:"id"`
-	Version  uint64 `json:"version"`
-	Priority *int64 `json:"priority"`
-	DelayMS  *int64 `json:"delay_ms"`
 }
 
 // rescheduleMessage answers POST /api/queues/{name}/reschedule with the rescheduled message
 // (protocol.md's reschedule).
 func (s *Server) rescheduleMessage(r *http.Request) (any, error) {
+	var req rescheduleRequest
+	want := `{"id": string, "version": number, "priority": number, "delay_ms": number}`
+	return s.atVersion(r, &req, want, "rescheduled", func(ctx context.Context, queue string) (workers.Message, error) {
+		if req.Priority == nil && req.DelayMS == nil {
+			return workers.Message{}, badRequest("body: give a priority, a delay_ms, or both")
+		}
+		opts := workers.RescheduleOpts{Version: req.Version, Priority: req.Priority}
+		if req.DelayMS != nil {
+			// Checked before it becomes a Duration, which a large value would overflow.
+			if *req.DelayMS < 0 || *req.DelayMS > subjects.MaxInvisible.Milliseconds() {
+				return workers.Message{}, &inputError{status: http.StatusBadRequest, code: subjects.CodeOutOfRange,
+					msg: "delay_ms must be 0 to " + strconv.FormatInt(subjects.MaxInvisible.Milliseconds(), 10) + ", got " + strconv.FormatInt(*req.DelayMS, 10)}
+			}
+			d := time.Duration(*req.DelayMS) * time.Millisecond
+			opts.Delay = &d
+		}
+		return s.client.Reschedule(ctx, queue, req.ID, opts)
+	})
+}
+
+// atVersion reads a POST's body into req strictly (want describes it), checks that it names a
+// message and a version, calls act, and logs what was done.
+func (s *Server) atVersion(r *http.Request, req interface{ versioned() *versionedRequest }, want, done string,
+	act func(ctx context.Context, queue string) (workers.Message, error)) (any, error) {
 	if _, err := query(r.URL, nil); err != nil {
 		return nil, err
 	}
-	var req rescheduleRequest
-	if err := decodeBody(r, &req, `{"id": string, "version": number, "priority": number, "delay_ms": number}`); err != nil {
+	if err := decodeBody(r, req, want); err != nil {
 		return nil, err
 	}
-	if req.ID == "" || req.Version == 0 {
+	v := req.versioned()
+	if v.ID == "" || v.Version == 0 {
 		return nil, badRequest("body: give the message's id and the version shown")
 	}
-	if req.Priority == nil && req.DelayMS == nil {
-		return nil, badRequest("body: give a priority, a delay_ms, or both")
-	}
-	opts := workers.RescheduleOpts{Version: req.Version, Priority: req.Priority}
-	if req.DelayMS != nil {
-		// Checked before it becomes a Duration, which a large value would overflow.
-		if *req.DelayMS < 0 || *req.DelayMS > subjects.MaxInvisible.Milliseconds() {
-			return nil, &inputError{status: http.StatusBadRequest, code: subjects.CodeOutOfRange,
-				msg: "delay_ms must be 0 to " + strconv.FormatInt(subjects.MaxInvisible.Milliseconds(), 10) + ", got " + strconv.FormatInt(*req.DelayMS, 10)}
-		}
-		d := time.Duration(*req.DelayMS) * time.Millisecond
-		opts.Delay = &d
-	}
 	name := r.PathValue("name")
-	m, err := s.client.Reschedule(r.Context(), name, req.ID, opts)
+	m, err := act(r.Context(), name)
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("web: message rescheduled", "queue", name, "message_id", req.ID, "version", req.Version,
-		"priority", m.Priority, "state", m.State, "remote_addr", r.RemoteAddr)
+	s.log.Info("web: message "+done, "queue", name, "message_id", v.ID, "version", v.Version, "remote_addr", r.RemoteAddr)
 	return newMessage(&m), nil
 }
 
