@@ -464,10 +464,7 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 			}
 			// Stop gave up waiting: hand the message back now rather than when the handler returns.
 			if !job.isSettled() {
-				w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-					_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted, Refund: true})
-					return err
-				})
+				w.releaseInterrupted(jobCtx, job, expires, log)
 			}
 			err := <-result
 			log.Info("handler interrupted: worker stopped", "error", err)
@@ -592,10 +589,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 	case hctx.Err() != nil && !errors.Is(context.Cause(hctx), ErrHandlerTimeout):
 		// The handler was interrupted (the worker is stopping), not failing: no backoff.
 		log.Info("handler interrupted: worker stopped", "error", err)
-		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-			_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted, Refund: true})
-			return err
-		})
+		w.releaseInterrupted(jobCtx, job, expires, log)
 	default:
 		if errors.Is(context.Cause(hctx), ErrHandlerTimeout) {
 			err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, w.cfg.Timeout, err)
@@ -618,6 +612,15 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		})
 	}
 	return got
+}
+
+// releaseInterrupted releases the message of a handler the worker's stop interrupted, with its
+// attempt given back: the handler was stopped, it did not fail.
+func (w *Worker) releaseInterrupted(jobCtx context.Context, job *Job, expires time.Time, log *slog.Logger) {
+	w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
+		_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, &ReleaseOpts{Error: interrupted, Refund: true})
+		return err
+	})
 }
 
 // finish runs op (a complete, release or cancel of the job's lease) and retries it while the broker
