@@ -369,7 +369,7 @@ func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record
 // firstChunk fetches c's first message, asking again while a pull finds no responders (as scan
 // does, about 2 s in all).
 func firstChunk(ctx context.Context, c jetstream.Consumer, stall time.Duration) (jetstream.Msg, error) {
-	for unheard := 0; ; unheard++ {
+	for unheard := 1; ; unheard++ {
 		batch, err := c.Fetch(1, jetstream.FetchMaxWait(stall))
 		if err != nil {
 			return nil, err
@@ -381,11 +381,9 @@ func firstChunk(ctx context.Context, c jetstream.Consumer, stall time.Duration) 
 		switch err := batch.Error(); {
 		case m != nil:
 			return m, nil
-		case errors.Is(err, nats.ErrNoResponders) && unheard < scanUnheard:
-			select {
-			case <-time.After(time.Duration(unheard+1) * time.Millisecond):
-			case <-ctx.Done():
-				return nil, ctx.Err()
+		case errors.Is(err, nats.ErrNoResponders) && unheard <= scanUnheard:
+			if err := unheardPause(ctx, unheard); err != nil {
+				return nil, err
 			}
 		case err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout):
 			return nil, err

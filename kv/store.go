@@ -459,6 +459,17 @@ const (
 	scanUnheard = 60
 )
 
+// unheardPause waits before the pull that follows the nth to find no responders (n ms), or until
+// ctx ends.
+func unheardPause(ctx context.Context, n int) error {
+	select {
+	case <-time.After(time.Duration(n) * time.Millisecond):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // scan calls fn with the last value of every key of bucket matching keys, skipping deleted and
 // purged ones. It reads what was stored when it started; values written since may or may not be
 // seen.
@@ -568,10 +579,8 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 			// until then a request finds no responders, and is made again.
 			if n == 0 && errors.Is(err, nats.ErrNoResponders) && unheard < scanUnheard {
 				unheard++
-				select {
-				case <-time.After(time.Duration(unheard) * time.Millisecond):
-				case <-ctx.Done():
-					return ctx.Err()
+				if err := unheardPause(ctx, unheard); err != nil {
+					return err
 				}
 				continue
 			}
