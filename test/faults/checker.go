@@ -165,6 +165,22 @@ func (c *checker) sortedLeases(key func(*lease) string) map[string][]*lease {
 	return groups
 }
 
+// leasesByMessage groups the leases by "queue/message id", each group by grant time.
+func (c *checker) leasesByMessage() map[string][]*lease {
+	return c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })
+}
+
+// operated returns the messages an operator's cancel or retry may have reached.
+func (c *checker) operated() map[msgKey]bool {
+	out := map[msgKey]bool{}
+	for _, op := range c.run.Ops {
+		if (op.Kind == Cancel || op.Kind == Retry) && op.Outcome != Failed {
+			out[msgKey{op.Queue, op.MessageID}] = true
+		}
+	}
+	return out
+}
+
 // inKeyOrder returns the groups in the order of their keys, leaving out the group of "", so that
 // violations come in the same order every time.
 func inKeyOrder(groups map[string][]*lease) [][]*lease {
@@ -179,7 +195,7 @@ func inKeyOrder(groups map[string][]*lease) [][]*lease {
 
 // checkDoubleLeases: no message is granted a lease while another of its leases is certainly valid.
 func (c *checker) checkDoubleLeases() {
-	for _, g := range inKeyOrder(c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })) {
+	for _, g := range inKeyOrder(c.leasesByMessage()) {
 		var open *lease // the lease certainly valid the longest so far
 		for _, l := range g {
 			if open != nil && l.GrantedAt.Before(open.certainEnd.Add(-clockSlack)) {
@@ -230,7 +246,7 @@ func (c *checker) checkExclusivity() {
 // checkStaleOps: once a newer lease of a message was granted, every operation with an older lease
 // of it sent afterwards must have been rejected.
 func (c *checker) checkStaleOps() {
-	byMsg := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })
+	byMsg := c.leasesByMessage()
 	for _, op := range c.run.Ops {
 		if op.Outcome != OK || op.LeaseID == "" || (op.Kind != Complete && op.Kind != Extend && op.Kind != Release && op.Kind != Cancel) {
 			continue
@@ -275,12 +291,9 @@ func (c *checker) checkAttempts() {
 // on its queue before the next lease: that dequeue may have leased the message, spending an
 // attempt the history does not show (its lease then ran out).
 func (c *checker) checkRefunds() {
-	operated := map[msgKey]bool{}
+	operated := c.operated()
 	var unknown []Op // dequeues of unknown outcome
 	for _, op := range c.run.Ops {
-		if (op.Kind == Cancel || op.Kind == Retry) && op.Outcome != Failed {
-			operated[msgKey{op.Queue, op.MessageID}] = true
-		}
 		if op.Kind == Dequeue && op.Outcome == Unknown {
 			unknown = append(unknown, op)
 		}
@@ -290,7 +303,7 @@ func (c *checker) checkRefunds() {
 			return d.Queue == queue && d.Start.Before(to) && d.End.Add(freeSlack).After(from)
 		})
 	}
-	byMsg := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })
+	byMsg := c.leasesByMessage()
 	for _, op := range c.run.Ops {
 		if op.Kind != Release || !op.Refund || op.Outcome != OK || operated[msgKey{op.Queue, op.MessageID}] {
 			continue
@@ -317,13 +330,8 @@ func (c *checker) checkRefunds() {
 // run out), and messages an operator canceled or retried are left out (a retry makes a message
 // pending at once).
 func (c *checker) checkInvisible() {
-	operated := map[msgKey]bool{}
-	for _, op := range c.run.Ops {
-		if (op.Kind == Cancel || op.Kind == Retry) && op.Outcome != Failed {
-			operated[msgKey{op.Queue, op.MessageID}] = true
-		}
-	}
-	byMsg := c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })
+	operated := c.operated()
+	byMsg := c.leasesByMessage()
 	for _, op := range c.run.Ops {
 		if op.Kind != Reschedule || op.Delay <= 0 || op.Outcome != OK || operated[msgKey{op.Queue, op.MessageID}] {
 			continue
@@ -479,9 +487,11 @@ func (c *checker) checkEDF() {
 		}
 	}
 	var rescheduled []*cand
+	takenOut := map[msgKey][]time.Time{} // when each cancel or reschedule that may have landed was sent
 	for _, op := range c.run.Ops {
 		k := msgKey{op.Queue, op.MessageID}
 		if (op.Kind == Cancel || op.Kind == Reschedule) && op.Outcome != Failed {
+			takenOut[k] = append(takenOut[k], op.Start)
 			if cd := cands[k]; cd != nil && op.Start.Before(cd.removed) {
 				cd.removed = op.Start
 			}
@@ -491,16 +501,16 @@ func (c *checker) checkEDF() {
 				enqStart: op.Start, added: op.End, removed: farFuture})
 		}
 	}
+	leasesOf := c.leasesByMessage()
 	for _, cd := range rescheduled {
-		for _, l := range c.leases {
-			if l.queue == cd.queue && l.MessageID == cd.id && l.GrantedAt.After(cd.enqStart) && l.GrantedAt.Before(cd.removed) {
+		for _, l := range leasesOf[cd.queue+"/"+cd.id] {
+			if l.GrantedAt.After(cd.enqStart) && l.GrantedAt.Before(cd.removed) {
 				cd.removed = l.GrantedAt
 			}
 		}
-		for _, op := range c.run.Ops {
-			if (op.Kind == Cancel || op.Kind == Reschedule) && op.Outcome != Failed && op.Queue == cd.queue && op.MessageID == cd.id &&
-				op.Start.After(cd.enqStart) && op.Start.Before(cd.removed) {
-				cd.removed = op.Start
+		for _, t := range takenOut[msgKey{cd.queue, cd.id}] {
+			if t.After(cd.enqStart) && t.Before(cd.removed) {
+				cd.removed = t
 			}
 		}
 	}
