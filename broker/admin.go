@@ -316,7 +316,13 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 		return subjects.DeleteReply{}, unavailable("delete queue", err)
 	}
 	defer cancel()
-	if err := b.store.DeleteQueue(ctx, q.name); err != nil {
+	b.sched.ops.Lock() // no schedule of the queue is written meanwhile
+	err = b.store.DeleteQueue(ctx, q.name)
+	if err == nil {
+		b.sched.dropQueue(q.name)
+	}
+	b.sched.ops.Unlock()
+	if err != nil {
 		return subjects.DeleteReply{}, unavailable("delete queue", err)
 	}
 	if o, ok := b.observer.(QueueObserver); ok {

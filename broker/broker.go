@@ -101,6 +101,7 @@ type Broker struct {
 	events   *publisher
 	observer Observer
 	claim    *claimer
+	sched    *scheduler
 
 	ctx    context.Context // cancelled by Stop, or when the claim is lost: ends long polls and a recovery
 	cancel context.CancelFunc
@@ -178,6 +179,7 @@ func New(cfg *Config) (*Broker, error) {
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.claim = newClaimer(b)
+	b.sched = newScheduler(b)
 	return b, nil
 }
 
@@ -366,6 +368,9 @@ func (b *Broker) open(ctx context.Context) error {
 func (b *Broker) start(ctx context.Context) error {
 	start := time.Now()
 	n, from, err := b.recover(ctx) // ctx ends with b.ctx (Start): a Stop, or the claim lost
+	if err == nil {
+		err = b.sched.load(ctx)
+	}
 	if b.recovered != nil {
 		b.recovered()
 	}
@@ -398,6 +403,9 @@ func (b *Broker) start(ctx context.Context) error {
 			b.started = true
 		}
 		b.mu.Unlock()
+	}
+	if err == nil {
+		b.sched.start()
 	}
 	if err != nil {
 		return b.failStart(fmt.Errorf("natstone: serve: %w", err))
@@ -484,6 +492,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 		err = b.svc.stop()
 	}
 	b.cancel()
+	b.sched.stop()
 	closeQueues(qs, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
 	done := make(chan struct{})
 	go func() {

@@ -59,6 +59,8 @@ func TestErrInvalidQueueNameInSubject(t *testing.T) {
 		subjects.OpReschedule:   subjects.RescheduleRequest{ID: "m1", Priority: ptr(int64(1))},
 		subjects.OpGet:          subjects.GetRequest{ID: "m1"},
 		subjects.OpDepth:        subjects.DepthRequest{},
+		subjects.OpSchedule:     subjects.ScheduleRequest{Name: "s", Cron: "@hourly"},
+		subjects.OpUnschedule:   subjects.UnscheduleRequest{Name: "s"},
 	}
 	var cases []errCase
 	for _, name := range names {
@@ -1494,5 +1496,7 @@ func notFoundCases(queue string) []errCase {
 		{"cancel " + queue, subjects.OpCancel, queue, subjects.LeaseRequest{ID: "m1"}, subjects.CodeQueueNotFound},
 		{"get " + queue, subjects.OpGet, queue, subjects.GetRequest{ID: "m1"}, subjects.CodeQueueNotFound},
 		{"depth " + queue, subjects.OpDepth, queue, nil, subjects.CodeQueueNotFound},
+		{"unschedule " + queue, subjects.OpUnschedule, queue, subjects.UnscheduleRequest{Name: "s"}, subjects.CodeQueueNotFound},
+		{"schedules " + queue, subjects.OpSchedules, queue, nil, subjects.CodeQueueNotFound},
 	}
 }

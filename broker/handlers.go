@@ -158,6 +158,13 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			return subjects.EnqueueBatchReply{Messages: replies}, nil
 		}
 		return replies[0], nil
+	case subjects.OpSchedule:
+		// A schedule, as an enqueue, creates its queue unless auto-create is off.
+		var r subjects.ScheduleRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return b.putSchedule(ctx, name, r)
 	case subjects.OpHistory:
 		// The events outlive their messages, and their queue: no queue is looked up.
 		var r subjects.HistoryRequest
@@ -267,6 +274,18 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			return nil, err
 		}
 		return q.browse(r)
+	case subjects.OpUnschedule:
+		var r subjects.UnscheduleRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return b.unschedule(ctx, q, r)
+	case subjects.OpSchedules:
+		var r subjects.SchedulesRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return b.schedules(q, r)
 	}
 	return nil, subjects.Errorf(subjects.CodeBadRequest, "unknown operation %q", op)
 }

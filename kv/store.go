@@ -42,7 +42,7 @@ type Config struct {
 	// JS is the JetStream context to use. Required. Its async publish timeout bounds how long a write
 	// may stay unacknowledged (jetstream.WithPublishAsyncTimeout).
 	JS jetstream.JetStream
-	// Prefix names the buckets (<prefix>-queues, -messages, -locks, -claims) and the bodies stream
+	// Prefix names the buckets (<prefix>-queues, -messages, -locks, -schedules, -claims) and the bodies stream
 	// (<prefix>-bodies on subjects <prefix>.body.<queue>). Default DefaultPrefix.
 	Prefix string
 	// Replicas of every bucket and stream: 1 on a single server, 3 on a production cluster. Default 1.
@@ -53,13 +53,14 @@ type Config struct {
 
 // Store is natstone's storage in JetStream. It is safe for concurrent use.
 type Store struct {
-	js       jetstream.JetStream
-	prefix   string
-	queues   jetstream.KeyValue
-	messages jetstream.KeyValue
-	locks    jetstream.KeyValue
-	bodies   jetstream.Stream
-	streams  map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
+	js        jetstream.JetStream
+	prefix    string
+	queues    jetstream.KeyValue
+	messages  jetstream.KeyValue
+	locks     jetstream.KeyValue
+	schedules jetstream.KeyValue
+	bodies    jetstream.Stream
+	streams   map[jetstream.KeyValue]jetstream.Stream // each bucket's stream, for subject purges
 
 	snapshots      jetstream.ObjectStore // the records at the last clean stop (snapshot.go)
 	snapshotStream jetstream.Stream      // its stream
@@ -69,6 +70,7 @@ type Store struct {
 	msgSubj   string // "$KV.<prefix>-messages." — the messages bucket's key subject prefix
 	queueSubj string // "$KV.<prefix>-queues."
 	lockSubj  string
+	schedSubj string // "$KV.<prefix>-schedules."
 	bodySubj  string // "<prefix>.body."
 
 	// Set by tests only. scanStarted is called by scan once its consumer exists, before it reads;
@@ -100,6 +102,9 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	if s.locks, err = s.bucket(ctx, cfg, "locks", "natstone exclusivity locks", false, true); err != nil {
 		return nil, err
 	}
+	if s.schedules, err = s.bucket(ctx, cfg, "schedules", "natstone schedules (recurring enqueues)", false, true); err != nil {
+		return nil, err
+	}
 	if _, err = s.bucket(ctx, cfg, "claims", claimsDescription, false, true); err != nil { // its settings
 		return nil, err
 	}
@@ -122,6 +127,7 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	s.msgSubj = "$KV." + s.prefix + "-messages."
 	s.queueSubj = "$KV." + s.prefix + "-queues."
 	s.lockSubj = "$KV." + s.prefix + "-locks."
+	s.schedSubj = "$KV." + s.prefix + "-schedules."
 	s.bodySubj = s.prefix + ".body."
 	return s, nil
 }
@@ -916,6 +922,21 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) error {
 	}
 	if err := s.purge(ctx, s.locks, s.lockSubj+name+".>"); err != nil {
 		return err
+	}
+	// Schedules go with delete markers, as the config (below) does, and before it: a crash part way
+	// leaves the queue, to be deleted again.
+	var names []string
+	err := s.LoadSchedules(ctx, name, func(_, sched string, _ ScheduleRecord, _ uint64, _ error) error {
+		names = append(names, sched)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, sched := range names {
+		if err := s.schedules.Delete(ctx, ScheduleKey(name, sched)); err != nil {
+			return fmt.Errorf("kv: delete schedule %s/%s: %w", name, sched, err)
+		}
 	}
 	// The config goes with a delete marker, not a purge. After an unclean stop, JetStream can bring
 	// back a revision of a key that a later one superseded (nats-server#8505): a config that an

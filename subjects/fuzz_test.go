@@ -140,6 +140,9 @@ var requestTypes = []func() any{
 	func() any { return new(subjects.StatsRequest) },
 	func() any { return new(subjects.BrowseRequest) },
 	func() any { return new(subjects.HistoryRequest) },
+	func() any { return new(subjects.ScheduleRequest) },
+	func() any { return new(subjects.UnscheduleRequest) },
+	func() any { return new(subjects.SchedulesRequest) },
 }
 
 func FuzzDecode(f *testing.F) {

@@ -20,13 +20,17 @@ const (
 	MaxExpiringLimit    = 1000      // expiring leases one stats reply lists
 	MaxHistoryLimit     = 10000     // events one history reply returns
 	MaxListLimit        = 10000     // queues one list reply returns
+	MaxSchedules        = 100       // schedules (recurring enqueues) of one queue
+	MaxScheduleNameLen  = 128       // bytes of a schedule's name
 
-	MinLease          = 100 * time.Millisecond
-	MaxLease          = 24 * time.Hour
-	MaxWait           = 5 * time.Minute      // longest long-poll of a dequeue
-	MaxInvisible      = 366 * 24 * time.Hour // longest invisibility window or release delay
-	MaxRetention      = 90 * 24 * time.Hour  // longest retention of terminal messages
-	MaxExpiringWithin = 24 * time.Hour       // longest look-ahead of stats' expiring leases
+	MinLease            = 100 * time.Millisecond
+	MaxLease            = 24 * time.Hour
+	MaxWait             = 5 * time.Minute      // longest long-poll of a dequeue
+	MaxInvisible        = 366 * 24 * time.Hour // longest invisibility window or release delay
+	MaxRetention        = 90 * 24 * time.Hour  // longest retention of terminal messages
+	MaxExpiringWithin   = 24 * time.Hour       // longest look-ahead of stats' expiring leases
+	MinScheduleEvery    = time.Second          // shortest interval of a schedule's "@every"
+	MaxScheduleDeadline = 366 * 24 * time.Hour // longest deadline_ms of a schedule
 )
 
 // Defaults for a queue created without them (and for auto-created queues).

@@ -36,6 +36,9 @@ const (
 	OpStats        Op = "stats"         // the current view: counts, oldest pending, rates, expiring leases
 	OpBrowse       Op = "browse"        // messages of one state in their order, without payloads
 	OpHistory      Op = "history"       // one message's transitions from the events stream
+	OpSchedule     Op = "schedule"      // create or replace a recurring enqueue (cron)
+	OpUnschedule   Op = "unschedule"    // remove a recurring enqueue
+	OpSchedules    Op = "schedules"     // a queue's recurring enqueues, with their next and last fires
 )
 
 // Ops lists every operation, in the order the docs present them.
@@ -43,7 +46,7 @@ var Ops = []Op{
 	OpCreate, OpInfo, OpUpdate, OpDelete, OpList,
 	OpEnqueue, OpEnqueueBatch, OpEnqueueRaw, OpDequeue,
 	OpComplete, OpExtend, OpRelease, OpCancel, OpRetry, OpReschedule, OpGet, OpDepth,
-	OpStats, OpBrowse, OpHistory,
+	OpStats, OpBrowse, OpHistory, OpSchedule, OpUnschedule, OpSchedules,
 }
 
 func (op Op) valid() bool {
@@ -141,4 +144,16 @@ func validToken(tok string) bool {
 		}
 	}
 	return true
+}
+
+// ValidateScheduleName checks a schedule's name: 1 to MaxScheduleNameLen characters of
+// A-Z a-z 0-9 _ -, as a queue's.
+func ValidateScheduleName(name string) error {
+	if name == "" || len(name) > MaxScheduleNameLen {
+		return Errorf(CodeInvalidSchedule, "schedule name must be 1 to %d characters, got %d", MaxScheduleNameLen, len(name))
+	}
+	if ValidateQueueName(name) != nil {
+		return Errorf(CodeInvalidSchedule, "schedule name %q may only contain A-Z a-z 0-9 _ -", name)
+	}
+	return nil
 }

@@ -12,7 +12,7 @@ func TestOpsList(t *testing.T) {
 		"create", "info", "update", "delete", "list",
 		"enqueue", "enqueue_batch", "enqueue_raw", "dequeue",
 		"complete", "extend", "release", "cancel", "retry", "reschedule", "get", "depth",
-		"stats", "browse", "history",
+		"stats", "browse", "history", "schedule", "unschedule", "schedules",
 	}
 	if len(subjects.Ops) != len(want) {
 		t.Fatalf("len(Ops) = %d, want %d", len(subjects.Ops), len(want))
@@ -122,6 +122,9 @@ func TestSubjectEveryOp(t *testing.T) {
 		{subjects.OpStats, "natstone.v1.stats.encode", "natstone.v1.stats.*"},
 		{subjects.OpBrowse, "natstone.v1.browse.encode", "natstone.v1.browse.*"},
 		{subjects.OpHistory, "natstone.v1.history.encode", "natstone.v1.history.*"},
+		{subjects.OpSchedule, "natstone.v1.schedule.encode", "natstone.v1.schedule.*"},
+		{subjects.OpUnschedule, "natstone.v1.unschedule.encode", "natstone.v1.unschedule.*"},
+		{subjects.OpSchedules, "natstone.v1.schedules.encode", "natstone.v1.schedules.*"},
 	}
 	if len(tests) != len(subjects.Ops) {
 		t.Fatalf("table covers %d ops, Ops has %d", len(tests), len(subjects.Ops))

@@ -271,3 +271,80 @@ type Message struct {
 	UpdatedAt      time.Time         `json:"updated_at"`
 	EndedAt        *time.Time        `json:"ended_at,omitempty"` // when it reached a terminal state
 }
+
+// ScheduleRequest is the body of schedule: the recurring enqueue Name of a queue, created, or
+// replaced if it exists. At every time Cron gives, the broker enqueues a message with the payload,
+// metadata, lease_ms and max_attempts given here, the id "<name>@<fire time, RFC 3339 UTC>", and the
+// priority fire time (Unix ms) + DeadlineMS. The same request sent again writes nothing.
+type ScheduleRequest struct {
+	Name          string `json:"name"`
+	Cron          string `json:"cron"`
+	Payload       string `json:"payload,omitempty"`
+	PayloadBase64 []byte `json:"payload_base64,omitempty"`
+	Metadata      Pairs  `json:"metadata,omitempty"`
+	DeadlineMS    int64  `json:"deadline_ms,omitempty"`
+	LeaseMS       *int64 `json:"lease_ms,omitempty"`
+	MaxAttempts   *int64 `json:"max_attempts,omitempty"`
+}
+
+// Template is the enqueue that each fire of r sends, without its id and priority.
+func (r *ScheduleRequest) Template() EnqueueRequest {
+	return EnqueueRequest{
+		Payload:       r.Payload,
+		PayloadBase64: r.PayloadBase64,
+		Metadata:      r.Metadata,
+		LeaseMS:       r.LeaseMS,
+		MaxAttempts:   r.MaxAttempts,
+	}
+}
+
+// ScheduleInfo describes a schedule (without its payload): what it enqueues, when it fires next,
+// and what its last fire did. LastError is why the last fire enqueued nothing (the queue blocked,
+// or its config changed since so that the message is no longer valid); Skipped counts the fire
+// times that passed while no broker served the store, of which a starting broker fires only the
+// last.
+type ScheduleInfo struct {
+	Queue        string     `json:"queue"`
+	Name         string     `json:"name"`
+	Cron         string     `json:"cron"`
+	Metadata     Pairs      `json:"metadata,omitempty"`
+	DeadlineMS   int64      `json:"deadline_ms"`
+	LeaseMS      *int64     `json:"lease_ms,omitempty"`
+	MaxAttempts  *int64     `json:"max_attempts,omitempty"`
+	PayloadBytes int        `json:"payload_bytes"`
+	Revision     uint64     `json:"revision"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	NextAt       time.Time  `json:"next_at"`
+	LastAt       *time.Time `json:"last_at,omitempty"`
+	LastID       string     `json:"last_id,omitempty"`
+	LastError    string     `json:"last_error,omitempty"`
+	Skipped      int64      `json:"skipped"`
+}
+
+// UnscheduleRequest is the body of unschedule.
+type UnscheduleRequest struct {
+	Name string `json:"name"`
+}
+
+// UnscheduleReply is the reply of unschedule. Removed is false when there was no such schedule
+// (already removed: an unschedule sent again succeeds).
+type UnscheduleReply struct {
+	Queue   string `json:"queue"`
+	Name    string `json:"name"`
+	Removed bool   `json:"removed"`
+}
+
+// SchedulesRequest is the body of schedules, all optional: the schedules whose names sort after
+// After.
+type SchedulesRequest struct {
+	After string `json:"after,omitempty"`
+}
+
+// SchedulesReply is the reply of schedules, by name. More says that schedules after the last were
+// left out to keep the reply within the server's max_payload: ask again with after set to the last
+// one's name.
+type SchedulesReply struct {
+	Queue     string         `json:"queue"`
+	Schedules []ScheduleInfo `json:"schedules"`
+	More      bool           `json:"more,omitempty"`
+}

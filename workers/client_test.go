@@ -464,6 +464,10 @@ func TestErrorCodes(t *testing.T) {
 			_, err := e.c.Dequeue(c, "q", &workers.DequeueOpts{Batch: subjects.MaxDequeueBatch + 1})
 			return err
 		}},
+		{subjects.CodeInvalidSchedule, workers.ErrInvalidSchedule, func() error {
+			_, err := e.c.Schedule(c, "q", "s", workers.ScheduleOpts{Cron: "@every 1ms"})
+			return err
+		}},
 		{subjects.CodeQueueNotFound, workers.ErrQueueNotFound, func() error {
 			_, err := e.c.Depth(c, "nope", nil)
 			return err

@@ -22,6 +22,7 @@ var (
 	ErrMissingExclusivityKey = errors.New("natstone: missing exclusivity key")
 	ErrPayloadTooLarge       = errors.New("natstone: payload too large")
 	ErrOutOfRange            = errors.New("natstone: out of range")
+	ErrInvalidSchedule       = errors.New("natstone: invalid schedule")
 	ErrQueueNotFound         = errors.New("natstone: queue not found")
 	ErrQueueExists           = errors.New("natstone: queue exists")
 	ErrQueueBlocked          = errors.New("natstone: queue blocked")
@@ -44,6 +45,7 @@ var sentinels = map[subjects.Code]error{
 	subjects.CodeMissingExclusivityKey: ErrMissingExclusivityKey,
 	subjects.CodePayloadTooLarge:       ErrPayloadTooLarge,
 	subjects.CodeOutOfRange:            ErrOutOfRange,
+	subjects.CodeInvalidSchedule:       ErrInvalidSchedule,
 	subjects.CodeQueueNotFound:         ErrQueueNotFound,
 	subjects.CodeQueueExists:           ErrQueueExists,
 	subjects.CodeQueueBlocked:          ErrQueueBlocked,

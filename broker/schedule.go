@@ -1,0 +1,547 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	_ "time/tzdata" // CRON_TZ= names a zone, which a machine without a zoneinfo database must find too
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/natstone/natstone/broker/clock"
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// maxCronLen bounds a cron expression, zone included.
+const maxCronLen = 256
+
+// scheduleRetry is how soon a fire that storage did not take (unavailable) is tried again.
+const scheduleRetry = time.Second
+
+// maxSkipWalk bounds the fire times a late fire walks to find the last one due. A walk cut short
+// fires the time it reached, still in the past; the next fire walks on from there.
+const maxSkipWalk = 1 << 20
+
+// cronParser reads the five fields of standard cron (minute hour day-of-month month day-of-week),
+// the descriptors (@hourly, @daily, @every 90s…) and a leading CRON_TZ=<zone>.
+var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// parseCron parses spec, refusing what would not fire as written: an "@every" shorter than
+// subjects.MinScheduleEvery or not in whole seconds (the cron library would round it), and an
+// expression with no time in the next five years (such as February 30). now is the time it
+// must fire after.
+func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
+	if spec == "" {
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron is required")
+	}
+	if len(spec) > maxCronLen {
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron of %d bytes, at most %d", len(spec), maxCronLen)
+	}
+	defer func() {
+		if r := recover(); r != nil { // the library has panicked on malformed zones
+			s, err = nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, r)
+		}
+	}()
+	s, err = cronParser.Parse(spec)
+	if err != nil {
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, err)
+	}
+	if every, ok := strings.CutPrefix(strings.TrimSpace(afterZone(spec)), "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(every))
+		if err != nil || d < subjects.MinScheduleEvery || d%time.Second != 0 {
+			return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: @every takes a whole number of seconds, at least %v", spec, subjects.MinScheduleEvery)
+		}
+	}
+	if s.Next(now).IsZero() {
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q never fires", spec)
+	}
+	return s, nil
+}
+
+// afterZone is spec without its leading CRON_TZ= or TZ= zone.
+func afterZone(spec string) string {
+	if strings.HasPrefix(spec, "CRON_TZ=") || strings.HasPrefix(spec, "TZ=") {
+		if _, rest, ok := strings.Cut(spec, " "); ok {
+			return rest
+		}
+	}
+	return spec
+}
+
+// fireID is the id of the message a schedule's fire at t enqueues: the same for every try of that
+// fire, which makes a fire sent again (after a broker restart or a failover) a duplicate.
+func fireID(name string, t time.Time) string { return name + "@" + t.UTC().Format(time.RFC3339) }
+
+// schedule is one recurring enqueue, as loaded or last written.
+type schedule struct {
+	queue, name string
+	rec         kv.ScheduleRecord
+	rev         uint64
+	cron        cron.Schedule
+	next        time.Time // the next fire time: the first time of cron after rec.From
+}
+
+// info describes s.
+func (s *schedule) info() subjects.ScheduleInfo {
+	spec := &s.rec.Spec
+	in := subjects.ScheduleInfo{
+		Queue:        s.queue,
+		Name:         s.name,
+		Cron:         spec.Cron,
+		Metadata:     spec.Metadata,
+		DeadlineMS:   spec.DeadlineMS,
+		LeaseMS:      spec.LeaseMS,
+		MaxAttempts:  spec.MaxAttempts,
+		PayloadBytes: len(spec.PayloadBase64),
+		Revision:     s.rev,
+		UpdatedAt:    time.UnixMilli(s.rec.UpdatedAt).UTC(),
+		NextAt:       s.next.UTC(),
+		LastID:       s.rec.LastID,
+		LastError:    s.rec.LastError,
+		Skipped:      s.rec.Skipped,
+	}
+	if s.rec.LastAt != 0 {
+		t := time.UnixMilli(s.rec.LastAt).UTC()
+		in.LastAt = &t
+	}
+	return in
+}
+
+// scheduler fires the schedules of every queue: one timer, armed for the earliest next fire.
+type scheduler struct {
+	b *Broker
+
+	// ops serializes what writes schedules (a schedule or unschedule request, a fire, a queue's
+	// delete), so that each write expects the revision the one before it stored.
+	ops sync.Mutex
+
+	mu      sync.Mutex // guards the fields below
+	all     map[string]map[string]*schedule
+	timer   clock.Timer
+	retryAt time.Time // a fire to try again then (storage did not take it), or zero
+	running bool      // armed: Start has ended, Stop not begun
+}
+
+func newScheduler(b *Broker) *scheduler {
+	return &scheduler{b: b, all: make(map[string]map[string]*schedule)}
+}
+
+// load reads every schedule, once the queues are recovered. A schedule of a queue that no longer
+// exists (its delete stopped part way, and the queue was recovered without it) is removed.
+func (s *scheduler) load(ctx context.Context) error {
+	b := s.b
+	now := b.clock.Now()
+	type orphan struct {
+		queue, name string
+		rev         uint64
+	}
+	var orphans []orphan
+	err := b.store.LoadSchedules(ctx, "", func(queue, name string, r kv.ScheduleRecord, rev uint64, bad error) error {
+		if bad != nil {
+			b.log.Error("a schedule's record does not decode: it will not fire", "queue", queue, "schedule", name, "err", bad)
+			return nil
+		}
+		b.mu.Lock()
+		_, ok := b.queues[queue]
+		b.mu.Unlock()
+		if !ok {
+			orphans = append(orphans, orphan{queue, name, rev})
+			return nil
+		}
+		c, err := parseCron(r.Spec.Cron, time.UnixMilli(r.From))
+		if err != nil {
+			b.log.Error("a schedule's cron does not parse: it will not fire", "queue", queue, "schedule", name, "err", err)
+			return nil
+		}
+		s.set(&schedule{queue: queue, name: name, rec: r, rev: rev, cron: c, next: c.Next(time.UnixMilli(r.From))})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, o := range orphans {
+		if err := b.store.DeleteSchedule(ctx, o.queue, o.name, o.rev); err != nil {
+			b.log.Warn("a schedule of a deleted queue was not removed", "queue", o.queue, "schedule", o.name, "err", err)
+		}
+	}
+	if n := s.count(); n > 0 {
+		b.log.Info("schedules loaded", "schedules", n, "now", now.UTC())
+	}
+	return nil
+}
+
+// set stores sc in the map, replacing any schedule of its queue and name.
+func (s *scheduler) set(sc *schedule) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.all[sc.queue]
+	if m == nil {
+		m = make(map[string]*schedule)
+		s.all[sc.queue] = m
+	}
+	m[sc.name] = sc
+}
+
+func (s *scheduler) get(queue, name string) *schedule {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.all[queue][name]
+}
+
+func (s *scheduler) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, m := range s.all {
+		n += len(m)
+	}
+	return n
+}
+
+// start arms the timer: the broker serves.
+func (s *scheduler) start() {
+	s.mu.Lock()
+	s.running = true
+	s.mu.Unlock()
+	s.arm()
+}
+
+// stop disarms the timer for good. A fire under way ends on its own: its queue is closed.
+func (s *scheduler) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.running = false
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+}
+
+// arm sets the timer for the earliest fire due.
+func (s *scheduler) arm() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.running {
+		return
+	}
+	var first time.Time
+	for _, m := range s.all {
+		for _, sc := range m {
+			if first.IsZero() || sc.next.Before(first) {
+				first = sc.next
+			}
+		}
+	}
+	if !s.retryAt.IsZero() && (first.IsZero() || s.retryAt.Before(first)) {
+		first = s.retryAt
+	}
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	if first.IsZero() {
+		return
+	}
+	s.timer = s.b.clock.AfterFunc(max(first.Sub(s.b.clock.Now()), 0), s.fire)
+}
+
+// fire enqueues what every schedule due owes, then arms the timer again.
+func (s *scheduler) fire() {
+	b := s.b
+	if !b.track() {
+		return
+	}
+	defer b.wg.Done()
+	s.ops.Lock()
+	now := b.clock.Now()
+	s.mu.Lock()
+	s.retryAt = time.Time{}
+	var due []*schedule
+	for _, m := range s.all {
+		for _, sc := range m {
+			if !sc.next.After(now) {
+				due = append(due, sc)
+			}
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(due, func(x, y *schedule) int { return x.next.Compare(y.next) })
+	retry := false
+	for _, sc := range due {
+		if !s.fireOne(sc, now) {
+			retry = true
+		}
+	}
+	s.ops.Unlock()
+	if retry {
+		s.mu.Lock()
+		s.retryAt = now.Add(scheduleRetry)
+		s.mu.Unlock()
+	}
+	s.arm()
+}
+
+// fireOne enqueues sc's last fire time due at now, counting those before it as skipped, and stores
+// what it did. It reports false when storage did not take the enqueue (unavailable): the fire is
+// to be tried again. Called with s.ops held.
+func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
+	b := s.b
+	t, skipped := sc.next, int64(0)
+	if d, ok := sc.cron.(cron.ConstantDelaySchedule); ok && d.Delay > 0 && now.After(t) {
+		// "@every": the times are t + k × the delay, counted at once however long nothing served.
+		k := now.Sub(t) / d.Delay
+		t, skipped = t.Add(k*d.Delay), int64(k)
+	}
+	for n := sc.cron.Next(t); !n.After(now) && skipped < maxSkipWalk; n = sc.cron.Next(t) {
+		t = n
+		skipped++
+	}
+	q, err := b.lookup(b.ctx, sc.queue, false)
+	if err != nil {
+		s.drop(sc) // the queue was deleted
+		return true
+	}
+	id := fireID(sc.name, t)
+	req := sc.rec.Spec.Template()
+	req.ID = id
+	prio := t.UnixMilli() + sc.rec.Spec.DeadlineMS
+	req.Priority = &prio
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout)
+	defer cancel()
+	_, err = q.enqueue(ctx, []subjects.EnqueueRequest{req})
+	if subjects.CodeOf(err) == subjects.CodeUnavailable {
+		b.log.Warn("a schedule's fire was not stored; it is tried again", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
+		return false
+	}
+	rec := sc.rec
+	rec.From, rec.LastAt, rec.LastID, rec.LastError = t.UnixMilli(), t.UnixMilli(), id, ""
+	rec.Skipped += skipped
+	if err != nil {
+		// The queue refuses it (blocked, or its config changed since): this fire is lost, and says
+		// why; the next one tries again.
+		rec.LastID, rec.LastError = "", err.Error()
+		b.log.Warn("a schedule's fire enqueued nothing", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
+	}
+	next := &schedule{queue: sc.queue, name: sc.name, rec: rec, rev: sc.rev, cron: sc.cron, next: sc.cron.Next(t)}
+	if rev, err := s.write(ctx, next); err != nil {
+		// The fire happened: it is not fired again by this broker, whose memory goes on. A broker
+		// that starts from the stored record fires it again, as a duplicate.
+		b.log.Warn("a schedule's last fire was not stored", "queue", sc.queue, "schedule", sc.name, "err", err)
+	} else {
+		next.rev = rev
+	}
+	s.set(next)
+	return true
+}
+
+// drop forgets sc, if it is still the schedule of its name.
+func (s *scheduler) drop(sc *schedule) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.all[sc.queue][sc.name] == sc {
+		delete(s.all[sc.queue], sc.name)
+	}
+}
+
+// dropQueue forgets every schedule of queue (deleted).
+func (s *scheduler) dropQueue(queue string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.all, queue)
+}
+
+// write stores sc.rec over sc.rev, within the claim. Only the broker holding the claim writes
+// schedules, so a conflict means only that a write before, of unknown outcome, landed: the write
+// is tried again over the revision stored. Called with s.ops held.
+func (s *scheduler) write(ctx context.Context, sc *schedule) (uint64, error) {
+	b := s.b
+	ctx, cancel, err := b.claim.bound(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	rev, err := b.store.PutSchedule(ctx, sc.queue, sc.name, &sc.rec, sc.rev)
+	if errors.Is(err, kv.ErrConflict) {
+		var cur uint64
+		if cur, err = b.store.ScheduleRevision(ctx, sc.queue, sc.name); err == nil {
+			rev, err = b.store.PutSchedule(ctx, sc.queue, sc.name, &sc.rec, cur)
+		}
+	}
+	return rev, err
+}
+
+// put creates or replaces schedule r.Name of queue (the schedule request).
+func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.ScheduleRequest) (subjects.ScheduleInfo, error) {
+	if err := subjects.ValidateScheduleName(r.Name); err != nil {
+		return subjects.ScheduleInfo{}, err
+	}
+	now := b.clock.Now()
+	c, err := parseCron(r.Cron, now)
+	if err != nil {
+		return subjects.ScheduleInfo{}, err
+	}
+	if r.DeadlineMS < 0 || r.DeadlineMS > subjects.MaxScheduleDeadline.Milliseconds() {
+		return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeOutOfRange, "deadline_ms must be 0 to %d, got %d", subjects.MaxScheduleDeadline.Milliseconds(), r.DeadlineMS)
+	}
+	// Each fire is an enqueue: it must be one the queue takes, with the id it will carry.
+	tmpl := r.Template()
+	tmpl.ID = fireID(r.Name, now)
+	payload, err := tmpl.PayloadBytes()
+	if err != nil {
+		return subjects.ScheduleInfo{}, err
+	}
+	reqs := []subjects.EnqueueRequest{tmpl}
+	q, err := b.lookupForEnqueue(ctx, queue, reqs)
+	if err != nil {
+		return subjects.ScheduleInfo{}, err
+	}
+	q.mu.Lock()
+	cfg, err := q.cfg, q.usable()
+	q.mu.Unlock()
+	if err == nil {
+		_, err = validateEnqueue(&cfg, queue, b.replyBudget(), reqs, now.UnixMilli())
+	}
+	if err != nil {
+		return subjects.ScheduleInfo{}, err
+	}
+	spec := r
+	spec.Payload, spec.PayloadBase64 = "", nil
+	if len(payload) > 0 {
+		spec.PayloadBase64 = payload
+	}
+
+	s := b.sched
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	q.mu.Lock()
+	err = q.usable() // a delete may have begun meanwhile: it removes the queue's schedules under ops
+	q.mu.Unlock()
+	if err != nil {
+		return subjects.ScheduleInfo{}, err
+	}
+	old := s.get(queue, r.Name)
+	if old != nil && sameSpec(&old.rec.Spec, &spec) {
+		return old.info(), nil // as asked already: nothing is written
+	}
+	rec := kv.ScheduleRecord{Spec: spec, UpdatedAt: now.UnixMilli(), From: now.UnixMilli()}
+	sc := &schedule{queue: queue, name: r.Name, cron: c}
+	if old != nil {
+		sc.rev = old.rev
+		rec.LastAt, rec.LastID, rec.LastError, rec.Skipped = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.Skipped
+		if old.rec.Spec.Cron == spec.Cron {
+			rec.From = old.rec.From // the same times: none is skipped or fired twice by the change
+		}
+	} else if n := s.countQueue(queue); n >= subjects.MaxSchedules {
+		return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeOutOfRange, "queue %s has %d schedules, the most a queue may have", queue, n)
+	}
+	sc.rec = rec
+	sc.next = c.Next(time.UnixMilli(rec.From))
+	rev, err := s.write(ctx, sc)
+	if err != nil {
+		return subjects.ScheduleInfo{}, unavailable("schedule", err)
+	}
+	sc.rev = rev
+	s.set(sc)
+	s.arm()
+	return sc.info(), nil
+}
+
+// sameSpec reports whether a and b (both with their payload in PayloadBase64) enqueue the same
+// messages at the same times.
+func sameSpec(a, b *subjects.ScheduleRequest) bool {
+	return a.Cron == b.Cron && a.DeadlineMS == b.DeadlineMS && bytes.Equal(a.PayloadBase64, b.PayloadBase64) &&
+		maps.Equal(a.Metadata, b.Metadata) && equalPtr(a.LeaseMS, b.LeaseMS) && equalPtr(a.MaxAttempts, b.MaxAttempts)
+}
+
+func equalPtr(a, b *int64) bool { return a == nil && b == nil || a != nil && b != nil && *a == *b }
+
+func (s *scheduler) countQueue(queue string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.all[queue])
+}
+
+// unschedule removes schedule r.Name of q; one that does not exist is removed already.
+func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.UnscheduleRequest) (subjects.UnscheduleReply, error) {
+	if err := subjects.ValidateScheduleName(r.Name); err != nil {
+		return subjects.UnscheduleReply{}, err
+	}
+	reply := subjects.UnscheduleReply{Queue: q.name, Name: r.Name}
+	s := b.sched
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	q.mu.Lock()
+	err := q.usable()
+	q.mu.Unlock()
+	if err != nil {
+		return reply, err
+	}
+	sc := s.get(q.name, r.Name)
+	if sc == nil {
+		return reply, nil
+	}
+	ctx, cancel, err := b.claim.bound(ctx)
+	if err != nil {
+		return reply, unavailable("unschedule", err)
+	}
+	defer cancel()
+	err = b.store.DeleteSchedule(ctx, q.name, r.Name, sc.rev)
+	if errors.Is(err, kv.ErrConflict) {
+		// A write before, of unknown outcome, landed (see write): remove what is stored.
+		var cur uint64
+		if cur, err = b.store.ScheduleRevision(ctx, q.name, r.Name); err == nil && cur != 0 {
+			err = b.store.DeleteSchedule(ctx, q.name, r.Name, cur)
+		}
+	}
+	if err != nil {
+		return reply, unavailable("unschedule", err)
+	}
+	s.drop(sc)
+	s.arm()
+	reply.Removed = true
+	return reply, nil
+}
+
+// schedules lists q's schedules by name, after r.After, as many as one reply carries.
+func (b *Broker) schedules(q *queue, r subjects.SchedulesRequest) (subjects.SchedulesReply, error) {
+	if r.After != "" {
+		if subjects.ValidateScheduleName(r.After) != nil {
+			return subjects.SchedulesReply{}, subjects.Errorf(subjects.CodeInvalidSchedule, "after must be a schedule name (1 to %d characters of A-Z a-z 0-9 _ -), got %q", subjects.MaxScheduleNameLen, r.After)
+		}
+	}
+	q.mu.Lock()
+	err := q.usable()
+	q.mu.Unlock()
+	if err != nil {
+		return subjects.SchedulesReply{}, err
+	}
+	s := b.sched
+	s.mu.Lock()
+	var infos []subjects.ScheduleInfo
+	for name, sc := range s.all[q.name] {
+		if name > r.After {
+			infos = append(infos, sc.info())
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(infos, func(x, y subjects.ScheduleInfo) int { return strings.Compare(x.Name, y.Name) })
+	out := subjects.SchedulesReply{Queue: q.name, Schedules: make([]subjects.ScheduleInfo, 0, len(infos))}
+	budget, size := b.replyBudget(), 0
+	for _, in := range infos {
+		data, err := json.Marshal(&in)
+		if err != nil {
+			return subjects.SchedulesReply{}, err
+		}
+		if size += len(data) + 1; size > budget && len(out.Schedules) > 0 {
+			out.More = true
+			break
+		}
+		out.Schedules = append(out.Schedules, in)
+	}
+	return out, nil
+}

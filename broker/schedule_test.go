@@ -1,0 +1,299 @@
+package broker_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// fireAt is the id a schedule's fire at t enqueues.
+func fireAt(name string, t time.Time) string { return name + "@" + t.UTC().Format(time.RFC3339) }
+
+// schedules returns queue's schedules by name.
+func (e *env) schedules(queue string) map[string]subjects.ScheduleInfo {
+	e.t.Helper()
+	out := make(map[string]subjects.ScheduleInfo)
+	for _, s := range must[subjects.SchedulesReply](e, subjects.OpSchedules, queue, nil).Schedules {
+		out[s.Name] = s
+	}
+	return out
+}
+
+// pendingIDs returns the ids of queue's pending messages, in their order.
+func (e *env) pendingIDs(queue string) []string {
+	e.t.Helper()
+	var out []string
+	for _, m := range must[subjects.BrowseReply](e, subjects.OpBrowse, queue, subjects.BrowseRequest{State: subjects.StatePending, Limit: subjects.MaxBrowseLimit}).Messages {
+		out = append(out, m.ID)
+	}
+	return out
+}
+
+// TestScheduleFires: a schedule enqueues a message at each of its times, with the id of its fire
+// time and the priority that time plus its deadline; the same schedule sent again writes nothing,
+// and an unschedule stops it.
+func TestScheduleFires(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	req := subjects.ScheduleRequest{Name: "tick", Cron: "@every 1m", Payload: "p", Metadata: subjects.Pairs{"kind": "tick"}, DeadlineMS: 5000, MaxAttempts: ptr[int64](2)}
+	info := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", req)
+	if !info.NextAt.Equal(t0.Add(time.Minute)) || info.Revision == 0 || info.PayloadBytes != 1 || info.LastAt != nil || info.Cron != "@every 1m" {
+		t.Fatalf("schedule reply %+v, want next_at %v, a revision, 1 payload byte, no fire yet", info, t0.Add(time.Minute))
+	}
+	before := e.snap()
+	if again := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", req); again.Revision != info.Revision {
+		t.Fatalf("the same schedule sent again: revision %d, want %d (nothing written)", again.Revision, info.Revision)
+	}
+	e.unchanged(before)
+
+	e.advance(59 * time.Second)
+	if got := e.pendingIDs("q"); len(got) != 0 {
+		t.Fatalf("before its first time the schedule enqueued %v", got)
+	}
+	e.advance(time.Second)
+	first := t0.Add(time.Minute)
+	m := e.get("q", fireAt("tick", first))
+	if m.State != subjects.StatePending || m.Priority != first.UnixMilli()+5000 || m.Payload == nil || *m.Payload != "p" || m.Metadata["kind"] != "tick" || m.AttemptsLeft != 2 {
+		t.Fatalf("fired message %+v, want pending, priority %d, payload p, kind=tick, max_attempts 2", m, first.UnixMilli()+5000)
+	}
+	got := e.schedules("q")["tick"]
+	if got.LastAt == nil || !got.LastAt.Equal(first) || got.LastID != m.ID || !got.NextAt.Equal(first.Add(time.Minute)) || got.Revision <= info.Revision || got.Skipped != 0 {
+		t.Fatalf("after the first fire: %+v, want last %v (%s), next a minute later, a new revision", got, first, m.ID)
+	}
+
+	e.advance(3 * time.Minute) // three more times, each fired at its own
+	want := []string{fireAt("tick", first)}
+	for i := 1; i <= 3; i++ {
+		want = append(want, fireAt("tick", first.Add(time.Duration(i)*time.Minute)))
+	}
+	if got := e.pendingIDs("q"); !slices.Equal(got, want) {
+		t.Fatalf("pending %v, want %v", got, want)
+	}
+
+	if r := must[subjects.UnscheduleReply](e, subjects.OpUnschedule, "q", subjects.UnscheduleRequest{Name: "tick"}); !r.Removed {
+		t.Fatalf("unschedule: %+v, want removed", r)
+	}
+	if r := must[subjects.UnscheduleReply](e, subjects.OpUnschedule, "q", subjects.UnscheduleRequest{Name: "tick"}); r.Removed {
+		t.Fatalf("unschedule sent again: %+v, want removed false", r)
+	}
+	e.advance(5 * time.Minute)
+	if got := e.pendingIDs("q"); !slices.Equal(got, want) {
+		t.Fatalf("after unschedule: pending %v, want %v", got, want)
+	}
+	if got := e.schedules("q"); len(got) != 0 {
+		t.Fatalf("schedules after unschedule: %v", got)
+	}
+}
+
+// TestScheduleCron: five-field cron in UTC, or in the zone CRON_TZ names, and descriptors.
+func TestScheduleCron(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	// t0 is 2023-11-14T22:13:20Z: 17:13:20 in New York (EST, UTC-5).
+	for _, c := range []struct {
+		cron string
+		next time.Time
+	}{
+		{"*/5 * * * *", time.Date(2023, 11, 14, 22, 15, 0, 0, time.UTC)},
+		{"0 9 * * 1-5", time.Date(2023, 11, 15, 9, 0, 0, 0, time.UTC)},
+		{"CRON_TZ=America/New_York 0 9 * * *", time.Date(2023, 11, 15, 14, 0, 0, 0, time.UTC)},
+		{"@hourly", time.Date(2023, 11, 14, 23, 0, 0, 0, time.UTC)},
+		{"@every 90s", t0.Add(90 * time.Second)},
+	} {
+		name := fmt.Sprintf("s%d", len(e.schedules("q")))
+		got := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: name, Cron: c.cron})
+		if !got.NextAt.Equal(c.next) {
+			t.Errorf("cron %q: next_at %v, want %v", c.cron, got.NextAt, c.next)
+		}
+	}
+	e.advance(2 * time.Minute) // s0 at 22:15, s4 at 22:14:50
+	if got, want := e.pendingIDs("q"), []string{fireAt("s4", t0.Add(90*time.Second)), fireAt("s0", time.Date(2023, 11, 14, 22, 15, 0, 0, time.UTC))}; !slices.Equal(got, want) {
+		t.Fatalf("pending %v, want %v", got, want)
+	}
+}
+
+// TestScheduleBadRequests: each bad schedule request gets its typed error and writes nothing.
+func TestScheduleBadRequests(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{MaxPayloadBytes: 10})
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "project"})
+	ok := subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}
+	with := func(f func(r *subjects.ScheduleRequest)) subjects.ScheduleRequest {
+		r := ok
+		f(&r)
+		return r
+	}
+	before := e.snap()
+	for _, c := range []struct {
+		code  subjects.Code
+		queue string
+		body  any
+	}{
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Name = "" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Name = "a.b" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Name = strings.Repeat("n", subjects.MaxScheduleNameLen+1) })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "every minute" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "* * * * * *" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "@every 500ms" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "@every 1.5s" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "0 0 30 2 *" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "CRON_TZ=Nowhere/Land 0 * * * *" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "TZ=" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = strings.Repeat(" ", 257) + "@hourly" })},
+		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.DeadlineMS = -1 })},
+		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.DeadlineMS = subjects.MaxScheduleDeadline.Milliseconds() + 1 })},
+		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.MaxAttempts = ptr[int64](0) })},
+		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.LeaseMS = ptr[int64](1) })},
+		{subjects.CodePayloadTooLarge, "q", with(func(r *subjects.ScheduleRequest) { r.Payload = "eleven byte" })},
+		{subjects.CodeBadRequest, "q", with(func(r *subjects.ScheduleRequest) { r.Payload, r.PayloadBase64 = "a", []byte("b") })},
+		{subjects.CodeInvalidMetadata, "q", with(func(r *subjects.ScheduleRequest) { r.Metadata = subjects.Pairs{"": "v"} })},
+		{subjects.CodeMissingExclusivityKey, "x", ok},
+		{subjects.CodeBadRequest, "q", map[string]any{"name": "s", "cron": "@hourly", "deadline": 5}},
+		{subjects.CodeInvalidQueueName, "q-\x01", ok},
+		{subjects.CodeQueueNotFound, "nope", subjects.UnscheduleRequest{Name: "s"}},
+		{subjects.CodeInvalidSchedule, "q", subjects.UnscheduleRequest{Name: "a b"}},
+	} {
+		op := subjects.OpSchedule
+		if _, ok := c.body.(subjects.UnscheduleRequest); ok {
+			op = subjects.OpUnschedule
+		}
+		fails(e, c.code, op, c.queue, c.body)
+	}
+	fails(e, subjects.CodeInvalidSchedule, subjects.OpSchedules, "q", subjects.SchedulesRequest{After: "a.b"})
+	fails(e, subjects.CodeQueueNotFound, subjects.OpSchedules, "nope", nil)
+	// A schedule's message with a bad template would create its queue: nothing is created.
+	fails(e, subjects.CodeInvalidMetadata, subjects.OpSchedule, "new", with(func(r *subjects.ScheduleRequest) { r.Metadata = subjects.Pairs{"": "v"} }))
+	e.unchanged(before)
+
+	// At most MaxSchedules per queue.
+	for i := range subjects.MaxSchedules {
+		must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Name = fmt.Sprintf("s%03d", i) }))
+	}
+	before = e.snap()
+	fails(e, subjects.CodeOutOfRange, subjects.OpSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Name = "one-more" }))
+	e.unchanged(before)
+	// A replacement is not one more.
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Name, r.Cron = "s000", "@hourly" }))
+}
+
+// TestScheduleNoAutoCreate: with auto-create off, a schedule of an unknown queue is queue_not_found.
+func TestScheduleNoAutoCreate(t *testing.T) {
+	e := setup(t, func(c *broker.Config) { c.DisableAutoCreate = true })
+	before := e.snap()
+	fails(e, subjects.CodeQueueNotFound, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@hourly"})
+	e.unchanged(before)
+}
+
+// TestScheduleReplace: a schedule sent with another cron fires at the new times from then on; one
+// sent with another payload keeps its times.
+func TestScheduleReplace(t *testing.T) {
+	e := setup(t)
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Payload: "a"})
+	e.advance(time.Minute)
+	r := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Payload: "b"})
+	if !r.NextAt.Equal(t0.Add(2*time.Minute)) || r.LastID != fireAt("s", t0.Add(time.Minute)) {
+		t.Fatalf("new payload: %+v, want the same times (next %v) and the last fire kept", r, t0.Add(2*time.Minute))
+	}
+	e.advance(30 * time.Second)
+	r = must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 10m", Payload: "c"})
+	if want := t0.Add(90*time.Second + 10*time.Minute); !r.NextAt.Equal(want) {
+		t.Fatalf("new cron: next_at %v, want %v (from the change)", r.NextAt, want)
+	}
+	e.advance(11 * time.Minute)
+	ids := e.pendingIDs("q")
+	if !slices.Equal(ids, []string{fireAt("s", t0.Add(time.Minute)), fireAt("s", t0.Add(90*time.Second+10*time.Minute))}) {
+		t.Fatalf("pending %v", ids)
+	}
+	if m := e.get("q", ids[1]); m.Payload == nil || *m.Payload != "c" {
+		t.Fatalf("the fire after the change carried %+v, want payload c", m)
+	}
+}
+
+// TestScheduleRefusedFire: a fire the queue refuses (enqueue blocked) enqueues nothing and says why;
+// the next fire, once the queue takes it, clears that.
+func TestScheduleRefusedFire(t *testing.T) {
+	e := setup(t)
+	info := e.create("q", subjects.CreateQueueRequest{})
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"})
+	info = must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{Revision: info.Revision, EnqueueBlocked: ptr(true)})
+	e.advance(time.Minute)
+	s := e.schedules("q")["s"]
+	if !strings.Contains(s.LastError, "queue_blocked") || s.LastID != "" || s.LastAt == nil || len(e.pendingIDs("q")) != 0 {
+		t.Fatalf("a refused fire: %+v, pending %v; want last_error queue_blocked and nothing enqueued", s, e.pendingIDs("q"))
+	}
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{Revision: info.Revision, EnqueueBlocked: ptr(false)})
+	e.advance(time.Minute)
+	s = e.schedules("q")["s"]
+	if s.LastError != "" || s.LastID != fireAt("s", t0.Add(2*time.Minute)) || len(e.pendingIDs("q")) != 1 {
+		t.Fatalf("the next fire: %+v, pending %v; want it enqueued and last_error cleared", s, e.pendingIDs("q"))
+	}
+}
+
+// TestScheduleAcrossRestarts: a broker that starts after fire times passed fires the last of them
+// once and counts the others skipped; a fire enqueued whose record was not stored (a crash between
+// the two) is fired again by the next broker as a duplicate, which enqueues nothing more.
+func TestScheduleAcrossRestarts(t *testing.T) {
+	cleanRestarts(t, func(t *testing.T, restart func(e *env)) {
+		e := setup(t)
+		must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Payload: "p"})
+		e.advance(time.Minute)
+		e.stopBroker(e.b)
+		e.advance(10 * time.Minute) // nothing serves: 10 fire times pass
+		restart(e)
+		e.advance(0) // the starting broker's fire, due at once
+		last := t0.Add(11 * time.Minute)
+		if got, want := e.pendingIDs("q"), []string{fireAt("s", t0.Add(time.Minute)), fireAt("s", last)}; !slices.Equal(got, want) {
+			t.Fatalf("pending %v, want %v: the last time missed fired once", got, want)
+		}
+		s := e.schedules("q")["s"]
+		if s.Skipped != 9 || !s.LastAt.Equal(last) || !s.NextAt.Equal(last.Add(time.Minute)) {
+			t.Fatalf("after the restart: %+v, want 9 skipped, last %v", s, last)
+		}
+
+		// Store the record as it was before that fire: as if the broker had died after the enqueue.
+		rec := kv.ScheduleRecord{Spec: subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", PayloadBase64: []byte("p")}, UpdatedAt: t0.UnixMilli(), From: last.Add(-time.Minute).UnixMilli()}
+		data, err := json.Marshal(&rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.storeRaw("$KV.natstone-schedules."+kv.ScheduleKey("q", "s"), data)
+		restart(e)
+		e.advance(0)
+		before := e.get("q", fireAt("s", last))
+		if got := e.pendingIDs("q"); len(got) != 2 {
+			t.Fatalf("pending %v after the fire sent again, want the same two", got)
+		}
+		s = e.schedules("q")["s"]
+		if !s.LastAt.Equal(last) || s.LastID != before.ID || !s.NextAt.Equal(last.Add(time.Minute)) {
+			t.Fatalf("after the fire sent again: %+v", s)
+		}
+		if after := e.get("q", before.ID); after.Version != before.Version {
+			t.Fatalf("the duplicate fire wrote the message: version %d, then %d", before.Version, after.Version)
+		}
+	})
+}
+
+// TestScheduleQueueDelete: deleting a queue removes its schedules, for good.
+func TestScheduleQueueDelete(t *testing.T) {
+	e := setup(t)
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"})
+	must[subjects.DeleteReply](e, subjects.OpDelete, "q", nil)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.advance(time.Minute)
+	if got := e.pendingIDs("q"); len(got) != 0 {
+		t.Fatalf("a deleted queue's schedule fired into its namesake: %v", got)
+	}
+	e.restartBroker()
+	e.advance(time.Minute)
+	if got, n := e.pendingIDs("q"), len(e.schedules("q")); len(got) != 0 || n != 0 {
+		t.Fatalf("after a restart: pending %v, %d schedules; want none", got, n)
+	}
+}

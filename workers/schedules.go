@@ -1,0 +1,79 @@
+package workers
+
+import (
+	"context"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// ScheduleOpts is what each fire of a schedule enqueues, and when.
+type ScheduleOpts struct {
+	// Cron says when the schedule fires: five fields (minute hour day-of-month month day-of-week,
+	// as "*/15 9-17 * * 1-5"), or a descriptor (@hourly, @daily, @weekly, @monthly, @yearly,
+	// "@every 90s"), in UTC unless it starts with CRON_TZ=<IANA zone>. Required.
+	Cron string
+	// Payload and Metadata are each message's; an exclusive queue requires its exclusivity key.
+	Payload  []byte
+	Metadata map[string]string
+	// Deadline is added to each fire time to make the message's priority: a message fired at T
+	// has priority T.UnixMilli() + Deadline in ms (0 to subjects.MaxScheduleDeadline).
+	Deadline time.Duration
+	// Lease and MaxAttempts, if not 0, are each message's, as in EnqueueOpts.
+	Lease       time.Duration
+	MaxAttempts int
+}
+
+// Schedule creates the schedule name of queue, or replaces it: a recurring enqueue, which the
+// broker serving the store fires at every time of opts.Cron. Each fire enqueues a message with the
+// id "<name>@<fire time, RFC 3339 UTC>", so that a fire sent again (after a failover) is a
+// duplicate. The queue is created with the defaults if it does not exist and the broker
+// auto-creates. The same schedule sent again writes nothing.
+//
+// Errors: ErrInvalidSchedule (name or cron), ErrOutOfRange (Deadline, Lease or MaxAttempts, or
+// the queue has subjects.MaxSchedules already), and those of an Enqueue of the message.
+func (c *Client) Schedule(ctx context.Context, queue, name string, opts ScheduleOpts) (subjects.ScheduleInfo, error) {
+	r := subjects.ScheduleRequest{
+		Name:          name,
+		Cron:          opts.Cron,
+		PayloadBase64: opts.Payload,
+		Metadata:      opts.Metadata,
+		DeadlineMS:    ms(opts.Deadline),
+	}
+	if opts.Lease != 0 {
+		r.LeaseMS = msPtr(&opts.Lease)
+	}
+	if opts.MaxAttempts != 0 {
+		n := int64(opts.MaxAttempts)
+		r.MaxAttempts = &n
+	}
+	var info subjects.ScheduleInfo
+	err := c.request(ctx, subjects.OpSchedule, queue, r, &info)
+	return info, err
+}
+
+// Unschedule removes the schedule name of queue. It reports whether there was one: an unschedule
+// sent again succeeds, reporting false. Errors: ErrQueueNotFound, ErrInvalidSchedule.
+func (c *Client) Unschedule(ctx context.Context, queue, name string) (bool, error) {
+	var r subjects.UnscheduleReply
+	err := c.request(ctx, subjects.OpUnschedule, queue, subjects.UnscheduleRequest{Name: name}, &r)
+	return r.Removed, err
+}
+
+// Schedules returns queue's schedules, by name, with their next and last fires: as many requests
+// as the replies need. Errors: ErrQueueNotFound.
+func (c *Client) Schedules(ctx context.Context, queue string) ([]subjects.ScheduleInfo, error) {
+	var all []subjects.ScheduleInfo
+	var req subjects.SchedulesRequest
+	for {
+		var r subjects.SchedulesReply
+		if err := c.request(ctx, subjects.OpSchedules, queue, req, &r); err != nil {
+			return nil, err
+		}
+		all = append(all, r.Schedules...)
+		if !r.More || len(r.Schedules) == 0 {
+			return all, nil
+		}
+		req.After = r.Schedules[len(r.Schedules)-1].Name
+	}
+}
