@@ -147,7 +147,7 @@ func TestScheduleBadRequests(t *testing.T) {
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "0 0 30 2 *" })},
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "CRON_TZ=Nowhere/Land 0 * * * *" })},
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "TZ=" })},
-		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = strings.Repeat(" ", 257) + "@hourly" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "0" + strings.Repeat(" ", 257-len("0* * * *")) + "* * * *" })},
 		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.DeadlineMS = -1 })},
 		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.DeadlineMS = subjects.MaxScheduleDeadline.Milliseconds() + 1 })},
 		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.MaxAttempts = ptr[int64](0) })},
@@ -172,6 +172,20 @@ func TestScheduleBadRequests(t *testing.T) {
 	// A schedule's message with a bad template would create its queue: nothing is created.
 	fails(e, subjects.CodeInvalidMetadata, subjects.OpSchedule, "new", with(func(r *subjects.ScheduleRequest) { r.Metadata = subjects.Pairs{"": "v"} }))
 	e.unchanged(before)
+
+	// At the limits: accepted.
+	for _, r := range []subjects.ScheduleRequest{
+		with(func(r *subjects.ScheduleRequest) { r.Name = strings.Repeat("n", subjects.MaxScheduleNameLen) }),
+		with(func(r *subjects.ScheduleRequest) { r.Name, r.Cron = "every-second", "@every 1s" }),
+		with(func(r *subjects.ScheduleRequest) { r.Name, r.Cron = "long-cron", "0"+strings.Repeat(" ", 256-len("0* * * *"))+"* * * *" }),
+		with(func(r *subjects.ScheduleRequest) { r.Name, r.DeadlineMS = "latest", subjects.MaxScheduleDeadline.Milliseconds() }),
+		with(func(r *subjects.ScheduleRequest) { r.Name, r.Payload = "largest", "ten bytes!" }),
+	} {
+		must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", r)
+	}
+	for name := range e.schedules("q") {
+		must[subjects.UnscheduleReply](e, subjects.OpUnschedule, "q", subjects.UnscheduleRequest{Name: name})
+	}
 
 	// At most MaxSchedules per queue.
 	for i := range subjects.MaxSchedules {

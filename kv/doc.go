@@ -1,5 +1,5 @@
 // Package kv keeps natstone's records in JetStream: queue configs, message records, exclusivity
-// locks and the store's claim in KV buckets, and message payloads in a plain stream addressed by
+// locks, schedules and the store's claim in KV buckets, and message payloads in a plain stream addressed by
 // sequence.
 //
 // Layout (with the default prefix "natstone"):
@@ -7,6 +7,7 @@
 //	KV   natstone-queues    <queue>                 → QueueRecord (JSON)
 //	KV   natstone-messages  <queue>.<b64url(id)>    → Record (binary, see codec.go): the whole message but its payload
 //	KV   natstone-locks     <queue>.<b64url(value)> → Lock (JSON): who holds an exclusivity value
+//	KV   natstone-schedules <queue>.<name>          → ScheduleRecord (JSON): a recurring enqueue and its last fire
 //	KV   natstone-claims    broker                  → Claim (JSON): the broker serving the store (Claims)
 //	Stream natstone-bodies  natstone.body.<queue>   → the payload; its sequence is in Record.BodySeq,
 //	                                                  its header Natstone-Message-Id is b64url(id)

@@ -397,7 +397,7 @@ func TestStreamsHaveTheShortestDuplicateWindow(t *testing.T) {
 	_, srv := open(t)
 	ctx := context.Background()
 	js := jsOn(t, srv)
-	for _, name := range []string{"KV_natstone-queues", "KV_natstone-messages", "KV_natstone-locks", "KV_natstone-claims", "natstone-bodies", "OBJ_natstone-snapshots"} {
+	for _, name := range []string{"KV_natstone-queues", "KV_natstone-messages", "KV_natstone-locks", "KV_natstone-schedules", "KV_natstone-claims", "natstone-bodies", "OBJ_natstone-snapshots"} {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)

@@ -21,32 +21,38 @@ var queueCommands = []command{
 
 // runQueue is "natstone queue": it dispatches to a subcommand.
 func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runGroup(ctx, "queue", queueCommands, args, stdout, stderr)
+}
+
+// runGroup is "natstone <group>", a command of commands (queue, schedule): it dispatches args to
+// the one args[0] names.
+func runGroup(ctx context.Context, group string, cmds []command, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, "natstone queue: missing command\n\n")
-		queueUsage(stderr)
+		fmt.Fprintf(stderr, "natstone %s: missing command\n\n", group)
+		groupUsage(stderr, group, cmds)
 		return exitUsage
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
-		queueUsage(stderr) // "natstone help queue" passes stdout here
+		groupUsage(stderr, group, cmds) // "natstone help <group>" passes stdout here
 		return exitOK
 	}
-	for _, c := range queueCommands {
+	for _, c := range cmds {
 		if c.name == args[0] {
 			return c.run(ctx, args[1:], stdout, stderr)
 		}
 	}
-	fmt.Fprintf(stderr, "natstone queue: unknown command %q\n\n", args[0])
-	queueUsage(stderr)
+	fmt.Fprintf(stderr, "natstone %s: unknown command %q\n\n", group, args[0])
+	groupUsage(stderr, group, cmds)
 	return exitUsage
 }
 
-func queueUsage(w io.Writer) {
-	fmt.Fprint(w, "Usage: natstone queue <command> [flags]\n\nCommands:\n")
-	for _, c := range queueCommands {
+func groupUsage(w io.Writer, group string, cmds []command) {
+	fmt.Fprintf(w, "Usage: natstone %s <command> [flags]\n\nCommands:\n", group)
+	for _, c := range cmds {
 		fmt.Fprintf(w, "  %-7s %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, "\nRun \"natstone queue <command> -h\" for the flags of a command.\n")
+	fmt.Fprintf(w, "\nRun \"natstone %s <command> -h\" for the flags of a command.\n", group)
 	fmt.Fprint(w, exitCodesHelp)
 }
 

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/workers"
+)
+
+// scheduleCommands are the subcommands of "natstone schedule".
+var scheduleCommands = []command{
+	{name: "set", summary: "create or replace a recurring enqueue (cron)", run: runScheduleSet},
+	{name: "ls", summary: "list a queue's schedules with their next and last fires", run: runScheduleList},
+	{name: "rm", summary: "remove a schedule", run: runScheduleRemove},
+}
+
+// runSchedule is "natstone schedule": it dispatches to a subcommand.
+func runSchedule(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runGroup(ctx, "schedule", scheduleCommands, args, stdout, stderr)
+}
+
+func runScheduleSet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone schedule set", "QUEUE NAME CRON [PAYLOAD] [flags]", `
+Creates the schedule NAME of QUEUE, or replaces it, and prints it. At every time of CRON the broker
+enqueues a message with the payload, metadata, lease and max attempts given here, the id
+NAME@<fire time, RFC 3339 UTC> (so a fire sent again after a failover is a duplicate), and the
+priority fire time + --deadline-in, in Unix ms. CRON is five fields (minute hour day-of-month month
+day-of-week: "*/15 9-17 * * 1-5"), or @hourly, @daily, @weekly, @monthly, @yearly, or
+"@every 90s"; in UTC unless it starts with CRON_TZ=<IANA zone>. The same schedule set again writes
+nothing. The payload is PAYLOAD, else the content of --file, else empty.
+`, stdout, stderr)
+	file := c.fs.String("file", "", "read the payload from `file`")
+	var meta pairsFlag
+	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
+	deadline := c.duration("deadline-in", 0, time.Millisecond, subjects.MaxScheduleDeadline, "each message's priority is its fire time plus this")
+	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "each message's lease when a dequeue does not ask for one (default the queue's)")
+	maxAttempts := c.fs.Int("max-attempts", 0, "how many times each message may be leased, 1 to 1000 (default the queue's)")
+	pos, err := c.parse(args, 3, 4)
+	if err != nil {
+		return parseExit(err)
+	}
+	given := c.set()
+	if given["max-attempts"] && (*maxAttempts < 1 || *maxAttempts > subjects.MaxAttemptsLimit) {
+		return parseExit(c.usageError("--max-attempts must be 1 to %d, not %d", subjects.MaxAttemptsLimit, *maxAttempts))
+	}
+	opts := workers.ScheduleOpts{Cron: pos[2], Metadata: meta, Deadline: *deadline, Lease: *lease, MaxAttempts: *maxAttempts}
+	switch {
+	case len(pos) == 4 && given["file"]:
+		return parseExit(c.usageError("give PAYLOAD or --file, not both"))
+	case len(pos) == 4:
+		opts.Payload = []byte(pos[3])
+	case given["file"]:
+		if opts.Payload, err = os.ReadFile(*file); err != nil {
+			return c.fail(fmt.Errorf("reading the payload: %w", err), nil)
+		}
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		info, err := conn.client.Schedule(ctx, pos[0], pos[1], opts)
+		if err != nil {
+			return err
+		}
+		return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now()) })
+	})
+}
+
+func runScheduleList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone schedule ls", "QUEUE [flags]", `
+Lists the schedules of QUEUE by name: when each fires next, its last fire and the id it enqueued,
+or why that fire enqueued nothing (the queue blocked, or its config no longer takes the message),
+and how many fire times passed while no broker served (a starting broker fires only the last).
+--json prints the protocol's reply, {"queue", "schedules": [...]}.
+`, stdout, stderr)
+	pos, err := c.parse(args, 1, 1)
+	if err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		all, err := conn.client.Schedules(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		if all == nil {
+			all = []subjects.ScheduleInfo{}
+		}
+		return c.output(subjects.SchedulesReply{Queue: pos[0], Schedules: all}, func(w io.Writer) { printSchedules(w, all, time.Now()) })
+	})
+}
+
+func runScheduleRemove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone schedule rm", "QUEUE NAME [flags]", `
+Removes the schedule NAME of QUEUE: it fires no more. The messages it enqueued stay. Removing a
+schedule that does not exist succeeds, and says so.
+`, stdout, stderr)
+	pos, err := c.parse(args, 2, 2)
+	if err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		removed, err := conn.client.Unschedule(ctx, pos[0], pos[1])
+		if err != nil {
+			return err
+		}
+		return c.output(subjects.UnscheduleReply{Queue: pos[0], Name: pos[1], Removed: removed}, func(w io.Writer) {
+			if removed {
+				fmt.Fprintf(w, "removed schedule %s of %s\n", pos[1], pos[0])
+			} else {
+				fmt.Fprintf(w, "no schedule %s in %s: nothing to remove\n", pos[1], pos[0])
+			}
+		})
+	})
+}
+
+// printSchedules prints schedules as a table.
+func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time) {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "NAME\tCRON\tNEXT\tLAST\tLAST ID OR ERROR\tSKIPPED\tDEADLINE\tMETADATA")
+	for _, s := range all {
+		last, what := "-", "-"
+		if s.LastAt != nil {
+			last = fmtTime(*s.LastAt)
+			what = s.LastID
+			if s.LastError != "" {
+				what = "error: " + printable(s.LastError, 80)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s (in %s)\t%s\t%s\t%d\t%s\t%s\n", s.Name, printable(s.Cron, 60), fmtTime(s.NextAt),
+			fmtDuration(max(s.NextAt.Sub(now), 0).Round(time.Second)), last, what, s.Skipped, fmtMS(s.DeadlineMS), printable(fmtPairs(s.Metadata, ","), 80))
+	}
+	tw.Flush()
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// TestCLISchedule: schedule set, ls and rm; a schedule every second fires on the real clock, which
+// a dequeue waiting for it sees.
+func TestCLISchedule(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	cli(t, url, "queue", "create", "q").ok(t)
+	cli(t, url, "schedule", "set", "q", "tick").fails(t, exitUsage, "")
+	cli(t, url, "schedule", "set", "q", "tick", "every second").fails(t, exitError, "natstone: invalid_schedule: ")
+	cli(t, url, "schedule", "set", "q", "tick", "@every 1s", "p", "--file", "x").fails(t, exitUsage, "give PAYLOAD or --file, not both")
+	cli(t, url, "schedule", "set", "q", "tick", "@every 1s", "--max-attempts", "0").fails(t, exitUsage, "--max-attempts must be 1 to 1000")
+	cli(t, url, "schedule", "ls", "nope").fails(t, exitNotFound, "natstone: queue_not_found: ")
+
+	rows := tableRows(cli(t, url, "schedule", "set", "q", "tick", "@every 1s", "hello", "--meta", "kind=tick", "--deadline-in", "1m").ok(t))
+	if len(rows) != 2 || rows[1][0] != "tick" || rows[0][1] != "CRON" {
+		t.Fatalf("schedule set: %q", rows)
+	}
+	info := jsonOf[subjects.ScheduleInfo](t, cli(t, url, "schedule", "set", "q", "tick", "@every 1s", "hello", "--meta", "kind=tick", "--deadline-in", "1m", "--json"))
+	if info.Cron != "@every 1s" || info.DeadlineMS != 60_000 || info.Metadata["kind"] != "tick" || info.PayloadBytes != 5 {
+		t.Fatalf("schedule set --json: %+v", info)
+	}
+
+	m := dequeueOne(t, url, "q", "--wait", "5s")
+	if !strings.HasPrefix(m.ID, "tick@") || m.Payload == nil || *m.Payload != "hello" || m.Metadata["kind"] != "tick" {
+		t.Fatalf("the fired message: %+v, want tick@…, payload hello, kind=tick", m)
+	}
+	ls := jsonOf[subjects.SchedulesReply](t, cli(t, url, "schedule", "ls", "q", "--json"))
+	if len(ls.Schedules) != 1 || ls.Schedules[0].LastAt == nil || ls.Schedules[0].Revision <= info.Revision {
+		t.Fatalf("schedule ls --json: %+v, want tick, fired", ls)
+	}
+	if out := cli(t, url, "schedule", "ls", "q").ok(t); !strings.Contains(out, "tick@") {
+		t.Fatalf("schedule ls: no fired id:\n%s", out)
+	}
+	if out := cli(t, url, "schedule", "rm", "q", "tick").ok(t); !strings.Contains(out, "removed schedule tick of q") {
+		t.Fatalf("schedule rm: %s", out)
+	}
+	if out := cli(t, url, "schedule", "rm", "q", "tick").ok(t); !strings.Contains(out, "nothing to remove") {
+		t.Fatalf("schedule rm again: %s", out)
+	}
+}
