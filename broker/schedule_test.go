@@ -177,8 +177,12 @@ func TestScheduleBadRequests(t *testing.T) {
 	for _, r := range []subjects.ScheduleRequest{
 		with(func(r *subjects.ScheduleRequest) { r.Name = strings.Repeat("n", subjects.MaxScheduleNameLen) }),
 		with(func(r *subjects.ScheduleRequest) { r.Name, r.Cron = "every-second", "@every 1s" }),
-		with(func(r *subjects.ScheduleRequest) { r.Name, r.Cron = "long-cron", "0"+strings.Repeat(" ", 256-len("0* * * *"))+"* * * *" }),
-		with(func(r *subjects.ScheduleRequest) { r.Name, r.DeadlineMS = "latest", subjects.MaxScheduleDeadline.Milliseconds() }),
+		with(func(r *subjects.ScheduleRequest) {
+			r.Name, r.Cron = "long-cron", "0"+strings.Repeat(" ", 256-len("0* * * *"))+"* * * *"
+		}),
+		with(func(r *subjects.ScheduleRequest) {
+			r.Name, r.DeadlineMS = "latest", subjects.MaxScheduleDeadline.Milliseconds()
+		}),
 		with(func(r *subjects.ScheduleRequest) { r.Name, r.Payload = "largest", "ten bytes!" }),
 	} {
 		must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", r)
