@@ -403,6 +403,28 @@ async function run(nc, q) {
   await ok(nc, "delete", sq);
   done("reschedule: bad_request without a change; a new priority, sent again writes nothing; an invisible message pending at once; a running one invalid_state; a cancel fenced by version");
 
+  step("schedules");
+  const cq = `${q}-schedules`;
+  await ok(nc, "create", cq, {});
+  await expectError(nc, "schedule", cq, { name: "tick", cron: "@every 500ms" }, "invalid_schedule", 400);
+  await expectError(nc, "schedule", cq, { name: "tick", cron: "@every 1s", deadline_ms: -1 }, "out_of_range", 400);
+  const si = await ok(nc, "schedule", cq, { name: "tick", cron: "@every 1s", payload: "tock", metadata: { kind: "tick" }, deadline_ms: 60000 });
+  eq([si.name, si.cron, si.payload_bytes, si.deadline_ms], ["tick", "@every 1s", 4, 60000], "schedule: the reply describes it");
+  const si2 = await ok(nc, "schedule", cq, { name: "tick", cron: "@every 1s", payload: "tock", metadata: { kind: "tick" }, deadline_ms: 60000 });
+  eq(si2.revision, si.revision, "the same schedule sent again writes nothing");
+  const fired = await ok(nc, "dequeue", cq, { wait_ms: 10000 });
+  eq(fired.messages.length, 1, "a dequeue waiting gets the first fire");
+  const fm = fired.messages[0];
+  check(fm.id.startsWith("tick@"), `the fired id ${fm.id} is tick@<fire time>`);
+  eq([fm.payload, fm.metadata.kind, fm.priority], ["tock", "tick", Date.parse(fm.id.slice("tick@".length)) + 60000], "the fire's payload, metadata, and priority fire time + deadline_ms");
+  const sl = await ok(nc, "schedules", cq, {});
+  eq(sl.schedules.map((x) => x.name), ["tick"], "schedules lists it");
+  check(sl.schedules[0].last_at !== undefined && sl.schedules[0].next_at > sl.schedules[0].last_at, "schedules: last_at, and next_at after it");
+  eq((await ok(nc, "unschedule", cq, { name: "tick" })).removed, true, "unschedule removes it");
+  eq((await ok(nc, "unschedule", cq, { name: "tick" })).removed, false, "unschedule again: removed false");
+  await ok(nc, "delete", cq);
+  done("schedule: invalid_schedule, out_of_range; the same schedule again writes nothing; a fire's id, payload and priority; schedules; unschedule twice");
+
   step("payload forms");
   // A reply carries a payload as a JSON string when escapes grow it by at most half, else as
   // payload_base64 (docs/protocol.md, Conventions); <, > and & are written as they are.
