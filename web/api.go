@@ -115,9 +115,11 @@ type queueReply struct {
 	Rates           subjects.Rates           `json:"rates"`
 	Totals          subjects.Totals          `json:"totals"`
 	Expiring        []subjects.ExpiringLease `json:"expiring"`
+	Schedules       []subjects.ScheduleInfo  `json:"schedules"`
 }
 
-// getQueue answers GET /api/queues/{name}: info (for the revision and creation time) and stats.
+// getQueue answers GET /api/queues/{name}: info (for the revision and creation time), stats and
+// the schedules.
 func (s *Server) getQueue(r *http.Request) (any, error) {
 	q, err := query(r.URL, []string{"filter"}, "filter")
 	if err != nil {
@@ -139,6 +141,13 @@ func (s *Server) getQueue(r *http.Request) (any, error) {
 	if st.Expiring == nil {
 		st.Expiring = []subjects.ExpiringLease{}
 	}
+	schedules, err := s.client.Schedules(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if schedules == nil {
+		schedules = []subjects.ScheduleInfo{}
+	}
 	return queueReply{
 		Name:            info.Name,
 		Revision:        info.Revision,
@@ -151,6 +160,7 @@ func (s *Server) getQueue(r *http.Request) (any, error) {
 		Rates:           st.Rates,
 		Totals:          st.Totals,
 		Expiring:        st.Expiring,
+		Schedules:       schedules,
 	}, nil
 }
 

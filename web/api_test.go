@@ -47,6 +47,7 @@ type (
 		Rates           subjects.Rates           `json:"rates"`
 		Totals          subjects.Totals          `json:"totals"`
 		Expiring        []subjects.ExpiringLease `json:"expiring"`
+		Schedules       []subjects.ScheduleInfo  `json:"schedules"`
 	}
 	apiMessage struct {
 		ID             string            `json:"id"`
@@ -168,6 +169,18 @@ func TestQueue(t *testing.T) {
 	}
 	if len(got.Expiring) != 1 || got.Expiring[0].ID != leased.ID || got.Expiring[0].LeaseID != leased.LeaseID || got.Expiring[0].MaxAttempts != 3 {
 		t.Errorf("expiring %+v, want the lease of %s", got.Expiring, leased.ID)
+	}
+
+	if got.Schedules == nil || len(got.Schedules) != 0 {
+		t.Errorf("schedules %v, want [] (none, as an empty list)", got.Schedules)
+	}
+	if _, err := e.c.Schedule(ctx(t), "q", "nightly", workers.ScheduleOpts{Cron: "0 2 * * *"}); err != nil {
+		t.Fatal(err)
+	}
+	var scheduled queueDetail
+	e.get("/api/queues/q", &scheduled)
+	if len(scheduled.Schedules) != 1 || scheduled.Schedules[0].Name != "nightly" || scheduled.Schedules[0].Cron != "0 2 * * *" || scheduled.Schedules[0].NextAt.IsZero() {
+		t.Errorf("schedules %+v, want nightly with its next fire", scheduled.Schedules)
 	}
 
 	var filtered queueDetail

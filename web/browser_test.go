@@ -100,6 +100,14 @@ func TestDashboard(t *testing.T) {
 	if got := b.rows("#expiring"); !slices.Equal(got, []string{running.ID}) {
 		t.Errorf("queue page: expiring leases of %v, want %s's", got, running.ID)
 	}
+	// A schedule set meanwhile shows up at the next refresh, with its cron and next fire.
+	if evaluate[bool](b, `!document.querySelector('#schedules-section').hidden`) {
+		t.Errorf("queue page: a schedules section for a queue without schedules")
+	}
+	if _, err := e.c.Schedule(ctx(t), "orders", "nightly", workers.ScheduleOpts{Cron: "0 2 * * *"}); err != nil {
+		t.Fatal(err)
+	}
+	b.poll(`!document.querySelector('#schedules-section').hidden && document.querySelector('tr[data-schedule="nightly"] code').textContent === "0 2 * * *"`)
 
 	// The dequeue-blocked switch changes the queue.
 	b.click(`#toggle-dequeue-blocked`)

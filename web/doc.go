@@ -18,7 +18,8 @@
 //	GET  /api/queues/{name}[?filter=k=v…]
 //	     One queue: {"name", "revision", "created_at", "config": {…}, "at", "counts",
 //	     "oldest_pending_ms", "rates", "totals": {…}, "expiring": [{"id", "lease_id",
-//	     "lease_expires_at", "expires_in_ms", "attempts", "max_attempts"}, …]}. With filters, counts
+//	     "lease_expires_at", "expires_in_ms", "attempts", "max_attempts"}, …], "schedules": [<the
+//	     protocol's schedules>]}. With filters, counts
 //	     and oldest_pending_ms cover only the matching messages (and "filter" echoes them); rates,
 //	     totals and expiring leases (those ending within 30 s) are the queue's.
 //

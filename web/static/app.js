@@ -322,6 +322,13 @@ function queueView(r) {
   const config = h('dl', { class: 'facts', id: 'config' });
   const expiring = h('tbody');
   const expiringNone = h('p', { class: 'muted', hidden: true }, 'No lease ends within 30 s.');
+  const schedules = h('tbody');
+  const schedulesSection = h('section', { id: 'schedules-section', hidden: true },
+    h('h2', {}, 'Schedules'),
+    h('table', { id: 'schedules', class: 'grid' },
+      h('thead', {}, h('tr', {}, h('th', {}, 'name'), h('th', {}, 'cron'), h('th', {}, 'next fire'),
+        h('th', {}, 'last fire'), h('th', { class: 'num' }, 'skipped'))),
+      schedules));
   const enqueueSwitch = blockSwitch('enqueue_blocked', 'Block enqueues');
   const dequeueSwitch = blockSwitch('dequeue_blocked', 'Block dequeues');
 
@@ -354,6 +361,7 @@ function queueView(r) {
       h('thead', {}, h('tr', {}, h('th', {}, 'message'), h('th', {}, 'lease'), h('th', { class: 'num' }, 'expires in'), h('th', { class: 'num' }, 'attempt'))),
       expiring),
     expiringNone,
+    schedulesSection,
     h('h2', {}, 'Messages'),
     tabs,
     filterForm,
@@ -446,6 +454,16 @@ function queueView(r) {
       h('td', { class: 'num' }, duration(l.expires_in_ms)),
       h('td', { class: 'num' }, l.attempts + '/' + l.max_attempts))));
     expiringNone.hidden = q.expiring.length > 0;
+
+    // A fire enqueued last_id, or enqueued nothing for last_error.
+    set(schedules, ...q.schedules.map(s => h('tr', { 'data-schedule': s.name },
+      h('td', {}, s.name),
+      h('td', {}, h('code', {}, s.cron)),
+      h('td', { title: time(s.next_at) }, ago(s.next_at)),
+      h('td', {}, s.last_error ? h('span', { class: 'schedule-error', title: time(s.last_at) }, s.last_error)
+        : s.last_id ? h('a', { href: messageHref(name, s.last_id), title: time(s.last_at) }, s.last_id) : '—'),
+      h('td', { class: 'num' }, s.skipped))));
+    schedulesSection.hidden = q.schedules.length === 0;
 
     set(messages, ...list.messages.map(m => h('tr', { 'data-message-id': m.id, 'data-priority': m.priority },
       h('td', {}, h('a', { href: messageHref(name, m.id) }, m.id)),
