@@ -447,6 +447,13 @@ func (q *queue) lockOf(value string) *lock {
 // usable returns why the queue takes no more work, or nil.
 func (q *queue) usable() error { return q.closed }
 
+// holds reports whether the queue has a message id, in any state, until it is collected.
+func (q *queue) holds(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.entries.get(id) != nil
+}
+
 // close stops the queue's timers and answers its waiting dequeues with nothing; later requests get
 // why. Called with q.mu held.
 func (q *queue) close(why error) {

@@ -286,25 +286,36 @@ func (s *scheduler) fire() {
 	s.arm()
 }
 
-// fireOne enqueues sc's last fire time due at now, counting those before it as skipped, and stores
+// fireOne enqueues sc's last fire time due at now, counting those before it as skipped (unless
+// their messages are there), and stores
 // what it did. It reports false when storage did not take the enqueue (unavailable): the fire is
 // to be tried again. Called with s.ops held.
 func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 	b := s.b
-	t, skipped := sc.next, int64(0)
-	if d, ok := sc.cron.(cron.ConstantDelaySchedule); ok && d.Delay > 0 && now.After(t) {
-		// "@every": the times are t + k × the delay, counted at once however long nothing served.
-		k := now.Sub(t) / d.Delay
-		t, skipped = t.Add(k*d.Delay), int64(k)
-	}
-	for n := sc.cron.Next(t); !n.After(now) && skipped < maxSkipWalk; n = sc.cron.Next(t) {
-		t = n
-		skipped++
-	}
 	q, err := b.lookup(b.ctx, sc.queue, false)
 	if err != nil {
 		s.drop(sc) // the queue was deleted
 		return true
+	}
+	// The times before the last one due are skipped, unless a broker fired them already and died
+	// before it stored that (the queue holds their messages).
+	t, skipped := sc.next, int64(0)
+	pass := func(t time.Time) {
+		if !q.holds(fireID(sc.name, t)) {
+			skipped++
+		}
+	}
+	if d, ok := sc.cron.(cron.ConstantDelaySchedule); ok && d.Delay > 0 && now.After(t) {
+		// "@every": the times are t + k × the delay, counted at once however long nothing served;
+		// only the first of them can have been fired unstored.
+		if k := now.Sub(t) / d.Delay; k > 0 {
+			pass(t)
+			t, skipped = t.Add(k*d.Delay), skipped+int64(k)-1
+		}
+	}
+	for walked, n := 0, sc.cron.Next(t); !n.After(now) && walked < maxSkipWalk; walked, n = walked+1, sc.cron.Next(t) {
+		pass(t)
+		t = n
 	}
 	id := fireID(sc.name, t)
 	req := sc.rec.Spec.Template()

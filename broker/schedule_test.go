@@ -257,46 +257,60 @@ func TestScheduleRefusedFire(t *testing.T) {
 
 // TestScheduleAcrossRestarts: a broker that starts after fire times passed fires the last of them
 // once and counts the others skipped; a fire enqueued whose record was not stored (a crash between
-// the two) is fired again by the next broker as a duplicate, which enqueues nothing more.
+// the two) is fired again by the next broker as a duplicate, which enqueues nothing more, and the
+// times walked past whose messages the queue holds are not counted skipped. For an "@every"
+// schedule (whose missed times are counted, not walked) and a cron one.
 func TestScheduleAcrossRestarts(t *testing.T) {
-	cleanRestarts(t, func(t *testing.T, restart func(e *env)) {
-		e := setup(t)
-		must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Payload: "p"})
-		e.advance(time.Minute)
-		e.stopBroker(e.b)
-		e.advance(10 * time.Minute) // nothing serves: 10 fire times pass
-		restart(e)
-		e.advance(0) // the starting broker's fire, due at once
-		last := t0.Add(11 * time.Minute)
-		if got, want := e.pendingIDs("q"), []string{fireAt("s", t0.Add(time.Minute)), fireAt("s", last)}; !slices.Equal(got, want) {
-			t.Fatalf("pending %v, want %v: the last time missed fired once", got, want)
-		}
-		s := e.schedules("q")["s"]
-		if s.Skipped != 9 || !s.LastAt.Equal(last) || !s.NextAt.Equal(last.Add(time.Minute)) {
-			t.Fatalf("after the restart: %+v, want 9 skipped, last %v", s, last)
-		}
+	at := func(m int) time.Time { return time.Date(2023, 11, 14, 22, m, 0, 0, time.UTC) } // t0 is 22:13:20
+	for _, c := range []struct {
+		cron        string
+		first, last time.Time
+	}{
+		{"@every 1m", t0.Add(time.Minute), t0.Add(11 * time.Minute)},
+		{"* * * * *", at(14), at(24)},
+	} {
+		t.Run(c.cron, func(t *testing.T) {
+			cleanRestarts(t, func(t *testing.T, restart func(e *env)) {
+				e := setup(t)
+				must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: c.cron, Payload: "p"})
+				e.advance(time.Minute) // the first fire
+				e.stopBroker(e.b)
+				e.advance(10 * time.Minute) // nothing serves: 10 fire times pass
+				restart(e)
+				e.advance(0) // the starting broker's fire, due at once
+				if got, want := e.pendingIDs("q"), []string{fireAt("s", c.first), fireAt("s", c.last)}; !slices.Equal(got, want) {
+					t.Fatalf("pending %v, want %v: the last time missed fired once", got, want)
+				}
+				s := e.schedules("q")["s"]
+				if s.Skipped != 9 || !s.LastAt.Equal(c.last) || !s.NextAt.Equal(c.last.Add(time.Minute)) {
+					t.Fatalf("after the restart: %+v, want 9 skipped, last %v", s, c.last)
+				}
 
-		// Store the record as it was before that fire: as if the broker had died after the enqueue.
-		rec := kv.ScheduleRecord{Spec: subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", PayloadBase64: []byte("p")}, UpdatedAt: t0.UnixMilli(), From: last.Add(-time.Minute).UnixMilli()}
-		data, err := json.Marshal(&rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.storeRaw("$KV.natstone-schedules."+kv.ScheduleKey("q", "s"), data)
-		restart(e)
-		e.advance(0)
-		before := e.get("q", fireAt("s", last))
-		if got := e.pendingIDs("q"); len(got) != 2 {
-			t.Fatalf("pending %v after the fire sent again, want the same two", got)
-		}
-		s = e.schedules("q")["s"]
-		if !s.LastAt.Equal(last) || s.LastID != before.ID || !s.NextAt.Equal(last.Add(time.Minute)) {
-			t.Fatalf("after the fire sent again: %+v", s)
-		}
-		if after := e.get("q", before.ID); after.Version != before.Version {
-			t.Fatalf("the duplicate fire wrote the message: version %d, then %d", before.Version, after.Version)
-		}
-	})
+				// Store the record as it was before every fire but the first: as if the broker
+				// that fired the last had died before it stored it, and the one before it too.
+				rec := kv.ScheduleRecord{Spec: subjects.ScheduleRequest{Name: "s", Cron: c.cron, PayloadBase64: []byte("p")},
+					UpdatedAt: t0.UnixMilli(), From: t0.UnixMilli()}
+				data, err := json.Marshal(&rec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.storeRaw("$KV.natstone-schedules."+kv.ScheduleKey("q", "s"), data)
+				before := e.get("q", fireAt("s", c.last))
+				restart(e)
+				e.advance(0)
+				if got := e.pendingIDs("q"); len(got) != 2 {
+					t.Fatalf("pending %v after the fires sent again, want the same two", got)
+				}
+				s = e.schedules("q")["s"]
+				if !s.LastAt.Equal(c.last) || s.LastID != before.ID || !s.NextAt.Equal(c.last.Add(time.Minute)) || s.Skipped != 9 {
+					t.Fatalf("after the fires sent again: %+v, want last %s, and 9 skipped: the first fire's message is there", s, before.ID)
+				}
+				if after := e.get("q", before.ID); after.Version != before.Version {
+					t.Fatalf("the duplicate fire wrote the message: version %d, then %d", before.Version, after.Version)
+				}
+			})
+		})
+	}
 }
 
 // TestScheduleQueueDelete: deleting a queue removes its schedules, for good.

@@ -301,8 +301,8 @@ func (r *ScheduleRequest) Template() EnqueueRequest {
 // ScheduleInfo describes a schedule (without its payload): what it enqueues, when it fires next,
 // and what its last fire did. LastError is why the last fire enqueued nothing (the queue blocked,
 // or its config changed since so that the message is no longer valid); Skipped counts the fire
-// times that passed while no broker served the store, of which a starting broker fires only the
-// last.
+// times that passed with no message enqueued for them (no broker served the store, of which a
+// starting broker fires only the last; or storage did not take the fire).
 type ScheduleInfo struct {
 	Queue        string     `json:"queue"`
 	Name         string     `json:"name"`
