@@ -306,11 +306,10 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 		}
 	}
 	if d, ok := sc.cron.(cron.ConstantDelaySchedule); ok && d.Delay > 0 && now.After(t) {
-		// "@every": the times are t + k × the delay, counted at once however long nothing served;
-		// only the first of them can have been fired unstored.
-		if k := now.Sub(t) / d.Delay; k > 0 {
-			pass(t)
-			t, skipped = t.Add(k*d.Delay), skipped+int64(k)-1
+		// "@every" missed for longer than a walk goes: the times older than the walk's are
+		// counted at once (fired unstored, they would be in the walk).
+		if k := now.Sub(t)/d.Delay - maxSkipWalk; k > 0 {
+			t, skipped = t.Add(k*d.Delay), int64(k)
 		}
 	}
 	for walked, n := 0, sc.cron.Next(t); !n.After(now) && walked < maxSkipWalk; walked, n = walked+1, sc.cron.Next(t) {

@@ -329,3 +329,22 @@ func TestScheduleQueueDelete(t *testing.T) {
 		t.Fatalf("after a restart: pending %v, %d schedules; want none", got, n)
 	}
 }
+
+// TestScheduleLongOutage: an "@every 1s" schedule whose broker was down for 30 days (2.6 million
+// fire times, more than a walk goes) fires the last time once and counts every other one skipped.
+func TestScheduleLongOutage(t *testing.T) {
+	e := setup(t)
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1s"})
+	e.advance(time.Second)
+	e.stopBroker(e.b)
+	e.advance(30 * 24 * time.Hour)
+	e.startBroker()
+	e.advance(0)
+	last := t0.Add(time.Second + 30*24*time.Hour)
+	if got, want := e.pendingIDs("q"), []string{fireAt("s", t0.Add(time.Second)), fireAt("s", last)}; !slices.Equal(got, want) {
+		t.Fatalf("pending %v, want %v", got, want)
+	}
+	if s := e.schedules("q")["s"]; s.Skipped != 30*24*3600-1 || !s.LastAt.Equal(last) {
+		t.Fatalf("after 30 days: %+v, want %d skipped, last %v", s, 30*24*3600-1, last)
+	}
+}
