@@ -314,6 +314,8 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		}
 	}
 
+	startTicks(t, admin)
+
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	enqueued := make(chan enqueuedID, 1024) // recently acknowledged enqueues, for the operator
@@ -506,6 +508,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		proc = startNatstone(t, args, logPath)
 	}()
 	payloadsMatch(t, admin, specs)
+	stats.ticksFired, stats.ticksSkipped = checkTicks(t, admin)
 	procMu.Lock()
 	proc.stop(t)
 	procMu.Unlock()
@@ -576,7 +579,7 @@ func streamsLed(t *testing.T, admin *client) {
 }
 
 // payloadsMatch checks, waiting up to 10 s, that the bodies stream holds as many payloads as the
-// queues hold messages (the churn queue's, if it is there): none was left behind by an enqueue
+// queues hold messages (the churn queue's, if it is there, and the schedule's): none was left behind by an enqueue
 // that a kill interrupted, nor by a queue's delete.
 func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 	t.Helper()
@@ -588,7 +591,7 @@ func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 poll:
 	for {
 		messages := 0
-		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue) {
+		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue, ticksQueue) {
 			var d subjects.DepthReply
 			o, code := admin.call(subjects.OpDepth, name, nil, &d)
 			if name == churnQueue && code == string(subjects.CodeQueueNotFound) {
@@ -643,6 +646,7 @@ type runStats struct {
 	batches                                int // enqueue_batch requests acknowledged
 	cleanStops                             int // stops by SIGTERM instead of SIGKILL, during the run
 	snapshotStarts                         int // starts that read the snapshot of a clean stop
+	ticksFired, ticksSkipped               int // the schedule's messages, and its seconds skipped
 
 	faults      atomic.Int64  // the kills begun and the restarts done: odd while one is under way
 	churnedOnce chan struct{} // closed when the churner has finished its first generation
