@@ -49,7 +49,17 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 			s, err = nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, r)
 		}
 	}()
-	s, err = cronParser.Parse(spec)
+	full := spec
+	if afterZone(spec) == spec { // no zone: UTC, as documented, not the machine's time.Local
+		full = "CRON_TZ=UTC " + spec
+	}
+	s, err = cronParser.Parse(full)
+	if ss, ok := s.(*cron.SpecSchedule); ok && err == nil {
+		if ss.Location == time.Local {
+			err = errors.New("CRON_TZ=Local names the broker's zone, not one")
+		}
+		s = forward{ss}
+	}
 	if err != nil {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, err)
 	}
@@ -59,10 +69,29 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 			return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: @every takes a whole number of seconds, at least %v", spec, subjects.MinScheduleEvery)
 		}
 	}
-	if s.Next(now).IsZero() {
-		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q never fires", spec)
+	if n := s.Next(now); n.IsZero() || n.Sub(now) > maxFirstFire {
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q does not fire within %v", spec, maxFirstFire)
 	}
 	return s, nil
+}
+
+// maxFirstFire is how soon a schedule must fire: the cron library looks five years ahead.
+const maxFirstFire = 5 * 365 * 24 * time.Hour
+
+// forward is a cron expression whose next time is always after the time given. The library's can
+// be before it over a clock change in a zone whose offset is not in whole hours (Pacific/Chatham's
+// 45 minutes): the search then starts again an hour later, up to three times.
+type forward struct{ *cron.SpecSchedule }
+
+func (f forward) Next(t time.Time) time.Time {
+	n := f.SpecSchedule.Next(t)
+	for i := 1; i <= 3 && !n.IsZero() && !n.After(t); i++ {
+		n = f.SpecSchedule.Next(t.Add(time.Duration(i) * time.Hour))
+	}
+	if !n.After(t) {
+		return time.Time{}
+	}
+	return n
 }
 
 // afterZone is spec without its leading CRON_TZ= or TZ= zone.
@@ -86,6 +115,15 @@ type schedule struct {
 	rev         uint64
 	cron        cron.Schedule
 	next        time.Time // the next fire time: the first time of cron after rec.From
+	retry       time.Time // not before then: the last try of next was unavailable (zero: none)
+}
+
+// due is when sc is to be tried: its next fire time, or later if a try of it failed.
+func (sc *schedule) due() time.Time {
+	if sc.retry.After(sc.next) {
+		return sc.retry
+	}
+	return sc.next
 }
 
 // info describes s.
@@ -125,7 +163,6 @@ type scheduler struct {
 	mu      sync.Mutex // guards the fields below
 	all     map[string]map[string]*schedule
 	timer   clock.Timer
-	retryAt time.Time // a fire to try again then (storage did not take it), or zero
 	running bool      // armed: Start has ended, Stop not begun
 }
 
@@ -233,13 +270,10 @@ func (s *scheduler) arm() {
 	var first time.Time
 	for _, m := range s.all {
 		for _, sc := range m {
-			if first.IsZero() || sc.next.Before(first) {
-				first = sc.next
+			if d := sc.due(); !d.IsZero() && (first.IsZero() || d.Before(first)) {
+				first = d // (zero: the cron has no time left)
 			}
 		}
-	}
-	if !s.retryAt.IsZero() && (first.IsZero() || s.retryAt.Before(first)) {
-		first = s.retryAt
 	}
 	if s.timer != nil {
 		s.timer.Stop()
@@ -260,29 +294,28 @@ func (s *scheduler) fire() {
 	s.ops.Lock()
 	now := b.clock.Now()
 	s.mu.Lock()
-	s.retryAt = time.Time{}
 	var due []*schedule
 	for _, m := range s.all {
 		for _, sc := range m {
-			if !sc.next.After(now) {
+			if d := sc.due(); !d.IsZero() && !d.After(now) {
 				due = append(due, sc)
 			}
 		}
 	}
 	s.mu.Unlock()
 	slices.SortFunc(due, func(x, y *schedule) int { return x.next.Compare(y.next) })
-	retry := false
 	for _, sc := range due {
 		if !s.fireOne(sc, now) {
-			retry = true
+			again := *sc
+			again.retry = now.Add(scheduleRetry)
+			s.mu.Lock()
+			if s.all[sc.queue][sc.name] == sc {
+				s.all[sc.queue][sc.name] = &again
+			}
+			s.mu.Unlock()
 		}
 	}
 	s.ops.Unlock()
-	if retry {
-		s.mu.Lock()
-		s.retryAt = now.Add(scheduleRetry)
-		s.mu.Unlock()
-	}
 	s.arm()
 }
 
@@ -321,6 +354,9 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 	req.ID = id
 	prio := t.UnixMilli() + sc.rec.Spec.DeadlineMS
 	req.Priority = &prio
+	if !b.claim.held() {
+		return false // another broker may serve the store: nothing is written, not even the payload
+	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout)
 	defer cancel()
 	_, err = q.enqueue(ctx, []subjects.EnqueueRequest{req})
@@ -338,11 +374,18 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 		b.log.Warn("a schedule's fire enqueued nothing", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 	}
 	next := &schedule{queue: sc.queue, name: sc.name, rec: rec, rev: sc.rev, cron: sc.cron, next: sc.cron.Next(t)}
-	if rev, err := s.write(ctx, next); err != nil {
+	wctx, wcancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout) // a slow enqueue leaves it its own time
+	defer wcancel()
+	rev, err := s.write(wctx, next, false)
+	switch {
+	case errors.Is(err, errScheduleGone):
+		s.drop(sc)
+		return true
+	case err != nil:
 		// The fire happened: it is not fired again by this broker, whose memory goes on. A broker
 		// that starts from the stored record fires it again, as a duplicate.
 		b.log.Warn("a schedule's last fire was not stored", "queue", sc.queue, "schedule", sc.name, "err", err)
-	} else {
+	default:
 		next.rev = rev
 	}
 	s.set(next)
@@ -365,10 +408,15 @@ func (s *scheduler) dropQueue(queue string) {
 	delete(s.all, queue)
 }
 
+// errScheduleGone: a fire's record write found its schedule removed (an unschedule whose reply was
+// lost, say): the schedule is not written back.
+var errScheduleGone = errors.New("the schedule was removed")
+
 // write stores sc.rec over sc.rev, within the claim. Only the broker holding the claim writes
-// schedules, so a conflict means only that a write before, of unknown outcome, landed: the write
-// is tried again over the revision stored. Called with s.ops held.
-func (s *scheduler) write(ctx context.Context, sc *schedule) (uint64, error) {
+// schedules, so a conflict means that a write before, of unknown outcome, landed: a record, over
+// which the write is tried again, or a removal (an unschedule), which only a schedule request
+// (create) writes over; a fire gets errScheduleGone. Called with s.ops held.
+func (s *scheduler) write(ctx context.Context, sc *schedule, create bool) (uint64, error) {
 	b := s.b
 	ctx, cancel, err := b.claim.bound(ctx)
 	if err != nil {
@@ -378,9 +426,13 @@ func (s *scheduler) write(ctx context.Context, sc *schedule) (uint64, error) {
 	rev, err := b.store.PutSchedule(ctx, sc.queue, sc.name, &sc.rec, sc.rev)
 	if errors.Is(err, kv.ErrConflict) {
 		var cur uint64
-		if cur, err = b.store.ScheduleRevision(ctx, sc.queue, sc.name); err == nil {
-			rev, err = b.store.PutSchedule(ctx, sc.queue, sc.name, &sc.rec, cur)
+		if cur, err = b.store.ScheduleRevision(ctx, sc.queue, sc.name); err != nil {
+			return 0, err
 		}
+		if cur == 0 && !create {
+			return 0, errScheduleGone
+		}
+		rev, err = b.store.PutSchedule(ctx, sc.queue, sc.name, &sc.rec, cur)
 	}
 	return rev, err
 }
@@ -451,7 +503,7 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	}
 	sc.rec = rec
 	sc.next = c.Next(time.UnixMilli(rec.From))
-	rev, err := s.write(ctx, sc)
+	rev, err := s.write(ctx, sc, true)
 	if err != nil {
 		return subjects.ScheduleInfo{}, unavailable("schedule", err)
 	}
@@ -491,15 +543,24 @@ func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.Unschedule
 	if err != nil {
 		return reply, err
 	}
-	sc := s.get(q.name, r.Name)
-	if sc == nil {
-		return reply, nil
-	}
 	ctx, cancel, err := b.claim.bound(ctx)
 	if err != nil {
 		return reply, unavailable("unschedule", err)
 	}
 	defer cancel()
+	sc := s.get(q.name, r.Name)
+	if sc == nil {
+		// None loaded; a record that a start could not load (it does not decode, or its cron no
+		// longer parses) is still removed.
+		rev, err := b.store.ScheduleRevision(ctx, q.name, r.Name)
+		if err != nil {
+			return reply, unavailable("unschedule", err)
+		}
+		if rev == 0 {
+			return reply, nil
+		}
+		sc = &schedule{queue: q.name, name: r.Name, rev: rev}
+	}
 	err = b.store.DeleteSchedule(ctx, q.name, r.Name, sc.rev)
 	if errors.Is(err, kv.ErrConflict) {
 		// A write before, of unknown outcome, landed (see write): remove what is stored.

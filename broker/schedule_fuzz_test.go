@@ -8,17 +8,21 @@ import (
 )
 
 // FuzzParseCron: a schedule's cron comes from any client. Parsing it never panics, refuses it with
-// invalid_schedule, or accepts an expression that fires after now, at whole seconds.
+// invalid_schedule, or accepts an expression that fires after now (any second from 2000 to 2100), at
+// whole seconds, and whose next time after that is later still.
 func FuzzParseCron(f *testing.F) {
 	for _, s := range []string{
 		"* * * * *", "*/5 * * * *", "0 9 * * 1-5", "0 0 30 2 *", "@hourly", "@every 90s", "@every 500ms",
 		"CRON_TZ=America/New_York 0 9 * * *", "TZ=UTC @daily", "TZ=", "CRON_TZ= ", "0-59/0 * * * *",
 		"1,2,3 1-2/1 ? JAN-DEC MON-FRI", "@every -1s", "@every 1h1s",
 	} {
-		f.Add(s)
+		f.Add(s, int64(1_700_000_000))
 	}
-	now := time.UnixMilli(1_700_000_000_000)
-	f.Fuzz(func(t *testing.T, spec string) {
+	f.Add("CRON_TZ=Pacific/Chatham 0 3 * * *", int64(1_680_357_600)) // 2023-04-01T14:00Z: the clock goes back 45 minutes
+	f.Add("CRON_TZ=Europe/Paris 0 2 * * *", int64(1_711_843_200))     // 2024-03-31: no 02:00
+	f.Fuzz(func(t *testing.T, spec string, sec int64) {
+		const from, to = 946_684_800, 4_102_444_800 // 2000 to 2100
+		now := time.Unix(from+(sec%(to-from)+(to-from))%(to-from), 0).UTC()
 		c, err := parseCron(spec, now)
 		if err != nil {
 			if subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
@@ -30,5 +34,39 @@ func FuzzParseCron(f *testing.F) {
 		if !next.After(now) || next.Nanosecond() != 0 {
 			t.Fatalf("parseCron(%q) accepted; Next(%v) = %v, want a later whole second", spec, now, next)
 		}
+		if after := c.Next(next); !after.IsZero() && !after.After(next) {
+			t.Fatalf("parseCron(%q): Next(%v) = %v, not later", spec, next, after)
+		}
 	})
+}
+
+// TestParseCronZones: a cron without a zone is in UTC whatever the machine's zone; CRON_TZ=Local,
+// which would be the machine's, is refused; a zone's clock change never makes a time go back.
+func TestParseCronZones(t *testing.T) {
+	now := time.Date(2023, 4, 1, 14, 0, 0, 0, time.UTC)
+	c, err := parseCron("0 9 * * *", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loc := c.(forward).Location; loc != time.UTC {
+		t.Errorf("a cron without a zone is in %v, want UTC", loc)
+	}
+	if _, err := parseCron("CRON_TZ=Local 0 9 * * *", now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
+		t.Errorf("CRON_TZ=Local: %v, want invalid_schedule", err)
+	}
+	if _, err := parseCron("@every 43801h", now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
+		t.Errorf("@every 5 years and an hour: %v, want invalid_schedule (it does not fire within 5 years)", err)
+	}
+	// Pacific/Chatham goes from UTC+13:45 to +12:45 at 03:45 local on 2023-04-02 (14:00 UTC on the 1st).
+	c, err = parseCron("CRON_TZ=Pacific/Chatham 0 3 * * *", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for t0, i := now, 0; i < 5; i++ {
+		n := c.Next(t0)
+		if !n.After(t0) {
+			t.Fatalf("Next(%v) = %v, not after it", t0, n)
+		}
+		t0 = n
+	}
 }

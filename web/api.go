@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/workers"
 )
@@ -142,8 +144,8 @@ func (s *Server) getQueue(r *http.Request) (any, error) {
 		st.Expiring = []subjects.ExpiringLease{}
 	}
 	schedules, err := s.client.Schedules(ctx, name)
-	if err != nil {
-		return nil, err
+	if err != nil && !errors.Is(err, nats.ErrNoResponders) {
+		return nil, err // (no responders: a broker from before schedules, which answered the rest)
 	}
 	if schedules == nil {
 		schedules = []subjects.ScheduleInfo{}

@@ -1,0 +1,165 @@
+package broker
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/natstone/natstone/broker/clock"
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
+)
+
+// countingHandler counts the log records whose message contains sub.
+type countingHandler struct {
+	slog.Handler
+	n   *atomic.Int64
+	sub string
+}
+
+func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.sub) {
+		h.n.Add(1)
+	}
+	return nil
+}
+
+// scheduleBroker starts a broker on a fake clock (and its claim on a fake clock of its own, so
+// that it is renewed only when a test says), counting its log records that contain sub.
+func scheduleBroker(t *testing.T, now time.Time, sub string) (*Broker, *clock.Fake, *atomic.Int64) {
+	t.Helper()
+	clk, n := clock.NewFake(now), new(atomic.Int64)
+	b := claimBroker(t, natstest.Start(t, nil), clock.NewFake(time.Unix(0, 0)), func(c *Config) {
+		c.Clock = clk
+		c.Logger = slog.New(countingHandler{Handler: slog.NewTextHandler(io.Discard, nil), n: n, sub: sub})
+	})
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return b, clk, n
+}
+
+// TestScheduleUnavailableFireRetries: a fire the queue answers unavailable (its delete has begun)
+// is tried again a second later, not at once in a loop, and the fire time is enqueued once the
+// queue takes it.
+func TestScheduleUnavailableFireRetries(t *testing.T) {
+	b, clk, tries := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "is tried again")
+	ctx := context.Background()
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	q, err := b.lookup(ctx, "q", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := b.sched.get("q", "s").next
+	q.mu.Lock()
+	q.close(subjects.Errorf(subjects.CodeUnavailable, "queue q is being deleted")) // as deleteQueue does first
+	q.mu.Unlock()
+	clk.Advance(time.Minute) // it returns: before, the fire was tried again at once, forever
+	if n := tries.Load(); n != 1 {
+		t.Fatalf("tried %d times at the fire time, want 1", n)
+	}
+	clk.Advance(scheduleRetry)
+	if n := tries.Load(); n != 2 {
+		t.Fatalf("tried %d times a second later, want 2", n)
+	}
+	q.mu.Lock()
+	q.closed = nil
+	q.mu.Unlock()
+	clk.Advance(scheduleRetry)
+	if !q.holds(fireID("s", first)) {
+		t.Fatalf("the fire of %v was not enqueued once the queue took it", first)
+	}
+	if sc := b.sched.get("q", "s"); sc.rec.Skipped != 0 || !sc.next.Equal(first.Add(time.Minute)) {
+		t.Fatalf("after the retried fire: %+v, want nothing skipped and the next minute", sc.info())
+	}
+}
+
+// TestScheduleFireWithoutTheClaim: a fire due while the claim does not hold (a pause past its
+// renewal) writes nothing, not even a payload, and is tried again once the claim holds.
+func TestScheduleFireWithoutTheClaim(t *testing.T) {
+	b, clk, tries := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "is tried again")
+	ctx := context.Background()
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Payload: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := b.store.LastBodySeq(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := b.claim.until.Load()
+	b.claim.until.Store(0)
+	clk.Advance(time.Minute)
+	if after, err := b.store.LastBodySeq(ctx); err != nil || after != seq {
+		t.Fatalf("without the claim the fire stored a payload: last body %d, then %d (%v)", seq, after, err)
+	}
+	b.claim.until.Store(held)
+	clk.Advance(scheduleRetry)
+	q, _ := b.lookup(ctx, "q", false)
+	if n := tries.Load(); n != 0 || !q.holds(fireID("s", time.UnixMilli(1_700_000_000_000).Add(time.Minute))) {
+		t.Fatalf("once the claim holds: %d warnings, want the fire enqueued", n)
+	}
+}
+
+// TestScheduleRemovedMeanwhile: an unschedule whose delete landed though the broker did not learn
+// it (its reply timed out): the next fire's record write finds the schedule removed and does not
+// store it again; the broker forgets it.
+func TestScheduleRemovedMeanwhile(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	ctx := context.Background()
+	info, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.DeleteSchedule(ctx, "q", "s", info.Revision); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute)
+	if rev, err := b.store.ScheduleRevision(ctx, "q", "s"); err != nil || rev != 0 {
+		t.Fatalf("after a fire, the removed schedule is stored again at revision %d (%v)", rev, err)
+	}
+	if b.sched.get("q", "s") != nil {
+		t.Fatal("the broker still fires the removed schedule")
+	}
+	// A schedule request made after it creates it again.
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	if rev, err := b.store.ScheduleRevision(ctx, "q", "s"); err != nil || rev == 0 {
+		t.Fatalf("schedule after the removal: revision %d, %v", rev, err)
+	}
+}
+
+// TestUnscheduleUnloaded: a stored schedule that a start could not load (its record does not
+// decode, or its cron no longer parses) is still removed by unschedule.
+func TestUnscheduleUnloaded(t *testing.T) {
+	b, _, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	ctx := context.Background()
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	b.sched.drop(b.sched.get("q", "s")) // as a load leaves a record it cannot use
+	q, _ := b.lookup(ctx, "q", false)
+	r, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
+	if rev, _ := b.store.ScheduleRevision(ctx, "q", "s"); err != nil || !r.Removed || rev != 0 {
+		t.Fatalf("unschedule: %+v, %v; the record is at revision %d, want removed", r, err, rev)
+	}
+}
+
+// TestScheduleNextAfterCreation: over a clock change that the cron library steps back across
+// (Pacific/Chatham's 45 minutes), a new schedule's first fire is still after its creation.
+func TestScheduleNextAfterCreation(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, time.Date(2023, 4, 1, 14, 0, 0, 0, time.UTC), "-")
+	info, err := b.putSchedule(context.Background(), "q", subjects.ScheduleRequest{Name: "s", Cron: "CRON_TZ=Pacific/Chatham 0 3 * * *"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.NextAt.After(clk.Now()) {
+		t.Fatalf("created at %v, next_at %v", clk.Now(), info.NextAt)
+	}
+}
