@@ -2,6 +2,9 @@ package workers_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +43,40 @@ func TestSchedule(t *testing.T) {
 		if removed, err := e.c.Unschedule(c, "x", "nightly"); err != nil || removed != want {
 			t.Fatalf("Unschedule #%d: %v, %v; want %v", i+1, removed, err, want)
 		}
+	}
+}
+
+// TestSchedulesPages: a queue's schedules with large metadata take more than one reply (1 MiB):
+// the broker says more, and Schedules asks again after the last name until it has them all.
+func TestSchedulesPages(t *testing.T) {
+	t.Parallel()
+	e := setupFake(t)
+	c := ctx(t)
+	e.createQueue("q", &workers.QueueOpts{MaxMetadataPairs: subjects.MaxMetadataPairs})
+	md := make(map[string]string, subjects.MaxMetadataPairs)
+	for i := range subjects.MaxMetadataPairs {
+		md[fmt.Sprintf("k%02d", i)] = strings.Repeat("v", subjects.MaxMetadataValueLen)
+	}
+	for i := range subjects.MaxSchedules {
+		if _, err := e.c.Schedule(c, "q", fmt.Sprintf("s%03d", i), workers.ScheduleOpts{Cron: "@hourly", Metadata: md}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, err := e.c.Schedules(c, "q")
+	if err != nil || len(all) != subjects.MaxSchedules || all[0].Name != "s000" || all[len(all)-1].Name != fmt.Sprintf("s%03d", subjects.MaxSchedules-1) {
+		t.Fatalf("Schedules: %d, %v; want all %d in order", len(all), err, subjects.MaxSchedules)
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i-1].Name >= all[i].Name {
+			t.Fatalf("Schedules: %s before %s", all[i-1].Name, all[i].Name)
+		}
+	}
+	msg, err := e.srv.Connect(t).Request(e.space.Subject(subjects.OpSchedules, "q"), nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r subjects.SchedulesReply
+	if err := json.Unmarshal(msg.Data, &r); err != nil || !r.More || len(r.Schedules) >= subjects.MaxSchedules || len(msg.Data) > 1<<20 {
+		t.Fatalf("one schedules reply: %d schedules in %d bytes, more %v (%v); want a page under 1 MiB, and more", len(r.Schedules), len(msg.Data), r.More, err)
 	}
 }
