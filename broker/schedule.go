@@ -163,7 +163,7 @@ type scheduler struct {
 	mu      sync.Mutex // guards the fields below
 	all     map[string]map[string]*schedule
 	timer   clock.Timer
-	running bool      // armed: Start has ended, Stop not begun
+	running bool // armed: Start has ended, Stop not begun
 }
 
 func newScheduler(b *Broker) *scheduler {
