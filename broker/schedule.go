@@ -44,13 +44,16 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	if len(spec) > maxCronLen {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron of %d bytes, at most %d", len(spec), maxCronLen)
 	}
+	if z := afterZone(spec); hasZone(spec) && (z == spec || strings.TrimSpace(z) == "") {
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: a zone without an expression", spec)
+	}
 	defer func() {
 		if r := recover(); r != nil { // the library has panicked on malformed zones
-			s, err = nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, r)
+			s, err = nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q is not a cron expression", spec)
 		}
 	}()
 	full := spec
-	if afterZone(spec) == spec { // no zone: UTC, as documented, not the machine's time.Local
+	if !hasZone(spec) { // no zone: UTC, as documented, not the machine's time.Local
 		full = "CRON_TZ=UTC " + spec
 	}
 	s, err = cronParser.Parse(full)
@@ -94,9 +97,14 @@ func (f forward) Next(t time.Time) time.Time {
 	return n
 }
 
+// hasZone reports whether spec starts with a CRON_TZ= or TZ= zone.
+func hasZone(spec string) bool {
+	return strings.HasPrefix(spec, "CRON_TZ=") || strings.HasPrefix(spec, "TZ=")
+}
+
 // afterZone is spec without its leading CRON_TZ= or TZ= zone.
 func afterZone(spec string) string {
-	if strings.HasPrefix(spec, "CRON_TZ=") || strings.HasPrefix(spec, "TZ=") {
+	if hasZone(spec) {
 		if _, rest, ok := strings.Cut(spec, " "); ok {
 			return rest
 		}
@@ -130,20 +138,21 @@ func (sc *schedule) due() time.Time {
 func (s *schedule) info() subjects.ScheduleInfo {
 	spec := &s.rec.Spec
 	in := subjects.ScheduleInfo{
-		Queue:        s.queue,
-		Name:         s.name,
-		Cron:         spec.Cron,
-		Metadata:     spec.Metadata,
-		DeadlineMS:   spec.DeadlineMS,
-		LeaseMS:      spec.LeaseMS,
-		MaxAttempts:  spec.MaxAttempts,
-		PayloadBytes: len(spec.PayloadBase64),
-		Revision:     s.rev,
-		UpdatedAt:    time.UnixMilli(s.rec.UpdatedAt).UTC(),
-		NextAt:       s.next.UTC(),
-		LastID:       s.rec.LastID,
-		LastError:    s.rec.LastError,
-		Skipped:      s.rec.Skipped,
+		Queue:         s.queue,
+		Name:          s.name,
+		Cron:          spec.Cron,
+		Metadata:      spec.Metadata,
+		DeadlineMS:    spec.DeadlineMS,
+		LeaseMS:       spec.LeaseMS,
+		MaxAttempts:   spec.MaxAttempts,
+		PayloadBytes:  len(spec.PayloadBase64),
+		Revision:      s.rev,
+		UpdatedAt:     time.UnixMilli(s.rec.UpdatedAt).UTC(),
+		NextAt:        s.next.UTC(),
+		LastID:        s.rec.LastID,
+		LastError:     s.rec.LastError,
+		LastErrorCode: s.rec.LastErrorCode,
+		Skipped:       s.rec.Skipped,
 	}
 	if s.rec.LastAt != 0 {
 		t := time.UnixMilli(s.rec.LastAt).UTC()
@@ -365,12 +374,16 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 		return false
 	}
 	rec := sc.rec
-	rec.From, rec.LastAt, rec.LastID, rec.LastError = t.UnixMilli(), t.UnixMilli(), id, ""
+	rec.From, rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = t.UnixMilli(), t.UnixMilli(), id, "", ""
 	rec.Skipped += skipped
 	if err != nil {
 		// The queue refuses it (blocked, or its config changed since): this fire is lost, and says
 		// why; the next one tries again.
-		rec.LastID, rec.LastError = "", err.Error()
+		rec.LastID, rec.LastError, rec.LastErrorCode = "", err.Error(), subjects.CodeOf(err)
+		var e *subjects.Error
+		if errors.As(err, &e) {
+			rec.LastError = e.Message
+		}
 		b.log.Warn("a schedule's fire enqueued nothing", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 	}
 	next := &schedule{queue: sc.queue, name: sc.name, rec: rec, rev: sc.rev, cron: sc.cron, next: sc.cron.Next(t)}
@@ -473,6 +486,9 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	}
 	spec := r
 	spec.Payload, spec.PayloadBase64 = "", nil
+	if spec.LeaseMS != nil && *spec.LeaseMS == 0 {
+		spec.LeaseMS = nil // 0 is the queue's lease, as none is
+	}
 	if len(payload) > 0 {
 		spec.PayloadBase64 = payload
 	}
@@ -494,7 +510,7 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	sc := &schedule{queue: queue, name: r.Name, cron: c}
 	if old != nil {
 		sc.rev = old.rev
-		rec.LastAt, rec.LastID, rec.LastError, rec.Skipped = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.Skipped
+		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode, rec.Skipped = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.LastErrorCode, old.rec.Skipped
 		if old.rec.Spec.Cron == spec.Cron {
 			rec.From = old.rec.From // the same times: none is skipped or fired twice by the change
 		}

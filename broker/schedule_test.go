@@ -51,6 +51,11 @@ func TestScheduleFires(t *testing.T) {
 	if again := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", req); again.Revision != info.Revision {
 		t.Fatalf("the same schedule sent again: revision %d, want %d (nothing written)", again.Revision, info.Revision)
 	}
+	same := req // lease_ms 0 is the queue's lease, as none is; the payload in base64 is the same payload
+	same.LeaseMS, same.Payload, same.PayloadBase64 = ptr[int64](0), "", []byte("p")
+	if again := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", same); again.Revision != info.Revision || again.LeaseMS != nil {
+		t.Fatalf("the same schedule with lease_ms 0 and payload_base64: %+v, want revision %d (nothing written)", again, info.Revision)
+	}
 	e.unchanged(before)
 
 	e.advance(59 * time.Second)
@@ -147,6 +152,9 @@ func TestScheduleBadRequests(t *testing.T) {
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "0 0 30 2 *" })},
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "CRON_TZ=Nowhere/Land 0 * * * *" })},
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "TZ=" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "CRON_TZ=UTC" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "CRON_TZ=UTC   " })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "CRON_TZ=Local @hourly" })},
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "0" + strings.Repeat(" ", 257-len("0* * * *")) + "* * * *" })},
 		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.DeadlineMS = -1 })},
 		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.DeadlineMS = subjects.MaxScheduleDeadline.Milliseconds() + 1 })},
@@ -244,13 +252,13 @@ func TestScheduleRefusedFire(t *testing.T) {
 	info = must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{Revision: info.Revision, EnqueueBlocked: ptr(true)})
 	e.advance(time.Minute)
 	s := e.schedules("q")["s"]
-	if !strings.Contains(s.LastError, "queue_blocked") || s.LastID != "" || s.LastAt == nil || len(e.pendingIDs("q")) != 0 {
+	if s.LastErrorCode != subjects.CodeQueueBlocked || !strings.Contains(s.LastError, "enqueue is blocked") || s.LastID != "" || s.LastAt == nil || len(e.pendingIDs("q")) != 0 {
 		t.Fatalf("a refused fire: %+v, pending %v; want last_error queue_blocked and nothing enqueued", s, e.pendingIDs("q"))
 	}
 	must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{Revision: info.Revision, EnqueueBlocked: ptr(false)})
 	e.advance(time.Minute)
 	s = e.schedules("q")["s"]
-	if s.LastError != "" || s.LastID != fireAt("s", t0.Add(2*time.Minute)) || len(e.pendingIDs("q")) != 1 {
+	if s.LastError != "" || s.LastErrorCode != "" || s.LastID != fireAt("s", t0.Add(2*time.Minute)) || len(e.pendingIDs("q")) != 1 {
 		t.Fatalf("the next fire: %+v, pending %v; want it enqueued and last_error cleared", s, e.pendingIDs("q"))
 	}
 }

@@ -16,13 +16,14 @@ import (
 // ScheduleRecord is a schedule (a recurring enqueue) as stored, under the key <queue>.<name> of the
 // schedules bucket. Its payload is in Spec.PayloadBase64 whichever way the request gave it.
 type ScheduleRecord struct {
-	Spec      subjects.ScheduleRequest `json:"spec"`
-	UpdatedAt int64                    `json:"updated_at"`           // Unix ms of the last schedule request that changed Spec
-	From      int64                    `json:"from"`                 // Unix ms: the next fire is the first time of Spec.Cron after it
-	LastAt    int64                    `json:"last_at,omitempty"`    // Unix ms of the last fire, 0 if none
-	LastID    string                   `json:"last_id,omitempty"`    // the id the last fire enqueued
-	LastError string                   `json:"last_error,omitempty"` // why the last fire enqueued nothing
-	Skipped   int64                    `json:"skipped,omitempty"`    // fire times passed while no broker served
+	Spec          subjects.ScheduleRequest `json:"spec"`
+	UpdatedAt     int64                    `json:"updated_at"`           // Unix ms of the last schedule request that changed Spec
+	From          int64                    `json:"from"`                 // Unix ms: the next fire is the first time of Spec.Cron after it
+	LastAt        int64                    `json:"last_at,omitempty"`    // Unix ms of the last fire, 0 if none
+	LastID        string                   `json:"last_id,omitempty"`    // the id the last fire enqueued
+	LastError     string                   `json:"last_error,omitempty"` // why the last fire enqueued nothing
+	LastErrorCode subjects.Code            `json:"last_error_code,omitempty"`
+	Skipped       int64                    `json:"skipped,omitempty"` // fire times passed while no broker served
 }
 
 // ScheduleKey is the key of schedule name of queue; names are valid key tokens as they are.

@@ -300,25 +300,27 @@ func (r *ScheduleRequest) Template() EnqueueRequest {
 
 // ScheduleInfo describes a schedule (without its payload): what it enqueues, when it fires next,
 // and what its last fire did. LastError is why the last fire enqueued nothing (the queue blocked,
-// or its config changed since so that the message is no longer valid); Skipped counts the fire
+// or its config changed since so that the message is no longer valid), with the error's code in
+// LastErrorCode; Skipped counts the fire
 // times that passed with no message enqueued for them (no broker served the store, of which a
 // starting broker fires only the last; or storage did not take the fire).
 type ScheduleInfo struct {
-	Queue        string     `json:"queue"`
-	Name         string     `json:"name"`
-	Cron         string     `json:"cron"`
-	Metadata     Pairs      `json:"metadata,omitempty"`
-	DeadlineMS   int64      `json:"deadline_ms"`
-	LeaseMS      *int64     `json:"lease_ms,omitempty"`
-	MaxAttempts  *int64     `json:"max_attempts,omitempty"`
-	PayloadBytes int        `json:"payload_bytes"`
-	Revision     uint64     `json:"revision"`
-	UpdatedAt    time.Time  `json:"updated_at"`
-	NextAt       time.Time  `json:"next_at"`
-	LastAt       *time.Time `json:"last_at,omitempty"`
-	LastID       string     `json:"last_id,omitempty"`
-	LastError    string     `json:"last_error,omitempty"`
-	Skipped      int64      `json:"skipped"`
+	Queue         string     `json:"queue"`
+	Name          string     `json:"name"`
+	Cron          string     `json:"cron"`
+	Metadata      Pairs      `json:"metadata,omitempty"`
+	DeadlineMS    int64      `json:"deadline_ms"`
+	LeaseMS       *int64     `json:"lease_ms,omitempty"`
+	MaxAttempts   *int64     `json:"max_attempts,omitempty"`
+	PayloadBytes  int        `json:"payload_bytes"`
+	Revision      uint64     `json:"revision"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	NextAt        time.Time  `json:"next_at"`
+	LastAt        *time.Time `json:"last_at,omitempty"`
+	LastID        string     `json:"last_id,omitempty"`
+	LastError     string     `json:"last_error,omitempty"`
+	LastErrorCode Code       `json:"last_error_code,omitempty"`
+	Skipped       int64      `json:"skipped"`
 }
 
 // UnscheduleRequest is the body of unschedule.

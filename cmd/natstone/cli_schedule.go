@@ -31,9 +31,9 @@ NAME@<fire time, RFC 3339 UTC> (so a fire sent again after a failover is a dupli
 priority fire time + --deadline-in, in Unix ms. CRON is five fields (minute hour day-of-month month
 day-of-week: "*/15 9-17 * * 1-5"), or @hourly, @daily, @weekly, @monthly, @yearly, or
 "@every 90s"; in UTC unless it starts with CRON_TZ=<IANA zone>. The same schedule set again writes
-nothing. The payload is PAYLOAD, else the content of --file, else empty.
+nothing. The payload is PAYLOAD, else the content of --file (- for stdin), else empty.
 `, stdout, stderr)
-	file := c.fs.String("file", "", "read the payload from `file`")
+	file := c.fs.String("file", "", "read the payload from `file` (- for stdin)")
 	var meta pairsFlag
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
 	deadline := c.duration("deadline-in", 0, time.Millisecond, subjects.MaxScheduleDeadline, "each message's priority is its fire time plus this")
@@ -53,6 +53,10 @@ nothing. The payload is PAYLOAD, else the content of --file, else empty.
 		return parseExit(c.usageError("give PAYLOAD or --file, not both"))
 	case len(pos) == 4:
 		opts.Payload = []byte(pos[3])
+	case given["file"] && *file == "-":
+		if opts.Payload, err = io.ReadAll(os.Stdin); err != nil {
+			return c.fail(fmt.Errorf("reading the payload from stdin: %w", err), nil)
+		}
 	case given["file"]:
 		if opts.Payload, err = os.ReadFile(*file); err != nil {
 			return c.fail(fmt.Errorf("reading the payload: %w", err), nil)
@@ -124,7 +128,7 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time) {
 			last = fmtTime(*s.LastAt)
 			what = s.LastID
 			if s.LastError != "" {
-				what = "error: " + printable(s.LastError, 80)
+				what = "error: " + string(s.LastErrorCode) + ": " + printable(s.LastError, 80)
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s (in %s)\t%s\t%s\t%d\t%s\t%s\n", s.Name, printable(s.Cron, 60), fmtTime(s.NextAt),

@@ -39,6 +39,10 @@ func TestCLISchedule(t *testing.T) {
 	if out := cli(t, url, "schedule", "ls", "q").ok(t); !strings.Contains(out, "tick@") {
 		t.Fatalf("schedule ls: no fired id:\n%s", out)
 	}
+	fromStdin := jsonOf[subjects.ScheduleInfo](t, runCLI(t, cliOpts{stdin: "from stdin"}, "schedule", "set", "q", "daily", "@daily", "--file", "-", "--json", "--server", url))
+	if fromStdin.PayloadBytes != len("from stdin") {
+		t.Fatalf("schedule set --file -: %+v, want the payload read from stdin", fromStdin)
+	}
 	if out := cli(t, url, "schedule", "rm", "q", "tick").ok(t); !strings.Contains(out, "removed schedule tick of q") {
 		t.Fatalf("schedule rm: %s", out)
 	}
