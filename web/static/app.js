@@ -460,7 +460,7 @@ function queueView(r) {
       h('td', {}, s.name),
       h('td', {}, h('code', {}, s.cron)),
       h('td', { title: time(s.next_at) }, ago(s.next_at)),
-      h('td', {}, s.last_error ? h('span', { class: 'schedule-error', title: time(s.last_at) }, s.last_error)
+      h('td', {}, s.last_error ? h('span', { class: 'schedule-error', title: time(s.last_at) }, (s.last_error_code || 'error') + ': ' + s.last_error)
         : s.last_id ? h('a', { href: messageHref(name, s.last_id), title: time(s.last_at) }, s.last_id) : '—'),
       h('td', { class: 'num' }, s.skipped))));
     schedulesSection.hidden = q.schedules.length === 0;
