@@ -316,12 +316,14 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 		return subjects.DeleteReply{}, unavailable("delete queue", err)
 	}
 	defer cancel()
-	b.sched.ops.Lock() // no schedule of the queue is written meanwhile
+	if err := b.sched.lock(ctx); err != nil { // no schedule of the queue is written meanwhile
+		return subjects.DeleteReply{}, err
+	}
 	err = b.store.DeleteQueue(ctx, q.name)
 	if err == nil {
 		b.sched.dropQueue(q.name)
 	}
-	b.sched.ops.Unlock()
+	b.sched.unlock()
 	if err != nil {
 		return subjects.DeleteReply{}, unavailable("delete queue", err)
 	}

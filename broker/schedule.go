@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -166,8 +167,9 @@ type scheduler struct {
 	b *Broker
 
 	// ops serializes what writes schedules (a schedule or unschedule request, a fire, a queue's
-	// delete), so that each write expects the revision the one before it stored.
-	ops sync.Mutex
+	// delete), so that each write expects the revision the one before it stored: held while it
+	// has a value in it (lock, unlock). A request waits for it no longer than its ctx.
+	ops chan struct{}
 
 	mu      sync.Mutex // guards the fields below
 	all     map[string]map[string]*schedule
@@ -176,8 +178,21 @@ type scheduler struct {
 }
 
 func newScheduler(b *Broker) *scheduler {
-	return &scheduler{b: b, all: make(map[string]map[string]*schedule)}
+	return &scheduler{b: b, all: make(map[string]map[string]*schedule), ops: make(chan struct{}, 1)}
 }
+
+// lock takes ops, or fails with unavailable once ctx ends (a fire or a queue's delete holds it
+// through storage round trips).
+func (s *scheduler) lock(ctx context.Context) error {
+	select {
+	case s.ops <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return unavailable("schedules", fmt.Errorf("busy: %w", ctx.Err()))
+	}
+}
+
+func (s *scheduler) unlock() { <-s.ops }
 
 // load reads every schedule, once the queues are recovered. A schedule of a queue that no longer
 // exists (its delete stopped part way, and the queue was recovered without it) is removed.
@@ -300,7 +315,9 @@ func (s *scheduler) fire() {
 		return
 	}
 	defer b.wg.Done()
-	s.ops.Lock()
+	if s.lock(b.ctx) != nil {
+		return // the broker stops
+	}
 	now := b.clock.Now()
 	s.mu.Lock()
 	var due []*schedule
@@ -324,7 +341,7 @@ func (s *scheduler) fire() {
 			s.mu.Unlock()
 		}
 	}
-	s.ops.Unlock()
+	s.unlock()
 	s.arm()
 }
 
@@ -494,8 +511,10 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	}
 
 	s := b.sched
-	s.ops.Lock()
-	defer s.ops.Unlock()
+	if err := s.lock(ctx); err != nil {
+		return subjects.ScheduleInfo{}, err
+	}
+	defer s.unlock()
 	q.mu.Lock()
 	err = q.usable() // a delete may have begun meanwhile: it removes the queue's schedules under ops
 	q.mu.Unlock()
@@ -513,6 +532,8 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode, rec.Skipped = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.LastErrorCode, old.rec.Skipped
 		if old.rec.Spec.Cron == spec.Cron {
 			rec.From = old.rec.From // the same times: none is skipped or fired twice by the change
+		} else if !old.next.After(now) && !q.holds(fireID(r.Name, old.next)) {
+			rec.Skipped++ // a time of the old cron was due, waiting for its fire (or a retry of it)
 		}
 	} else if n := s.countQueue(queue); n >= subjects.MaxSchedules {
 		return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeOutOfRange, "queue %s has %d schedules, the most a queue may have", queue, n)
@@ -551,8 +572,10 @@ func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.Unschedule
 	}
 	reply := subjects.UnscheduleReply{Queue: q.name, Name: r.Name}
 	s := b.sched
-	s.ops.Lock()
-	defer s.ops.Unlock()
+	if err := s.lock(ctx); err != nil {
+		return reply, err
+	}
+	defer s.unlock()
 	q.mu.Lock()
 	err := q.usable()
 	q.mu.Unlock()

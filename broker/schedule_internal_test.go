@@ -163,3 +163,62 @@ func TestScheduleNextAfterCreation(t *testing.T) {
 		t.Fatalf("created at %v, next_at %v", clk.Now(), info.NextAt)
 	}
 }
+
+// TestScheduleRequestsWaitNoLongerThanTheirContext: a schedule or unschedule request behind a fire
+// or a queue's delete that holds the schedules' lock through slow storage gives up with
+// unavailable when its context ends, writing nothing.
+func TestScheduleRequestsWaitNoLongerThanTheirContext(t *testing.T) {
+	b, _, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	ctx := context.Background()
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@hourly"}); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := b.lookup(ctx, "q", false)
+	if err := b.sched.lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.putSchedule(short, "q", subjects.ScheduleRequest{Name: "t", Cron: "@hourly"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
+		t.Fatalf("schedule behind the lock: %v, want unavailable", err)
+	}
+	if _, err := b.unschedule(short, q, subjects.UnscheduleRequest{Name: "s"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
+		t.Fatalf("unschedule behind the lock: %v, want unavailable", err)
+	}
+	b.sched.unlock()
+	if rev, err := b.store.ScheduleRevision(ctx, "q", "t"); err != nil || rev != 0 || b.sched.get("q", "s") == nil {
+		t.Fatalf("the requests that gave up wrote: t at revision %d (%v), s still there: %v", rev, err, b.sched.get("q", "s") != nil)
+	}
+}
+
+// TestScheduleReplacedWhileAFireWaits: a schedule replaced with another cron while a time of the
+// old one waits for a retry counts that time skipped: it will not be fired.
+func TestScheduleReplacedWhileAFireWaits(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	ctx := context.Background()
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := b.lookup(ctx, "q", false)
+	q.mu.Lock()
+	q.close(subjects.Errorf(subjects.CodeUnavailable, "queue q is being deleted"))
+	q.mu.Unlock()
+	clk.Advance(time.Minute) // the fire waits for a retry
+	q.mu.Lock()
+	q.closed = nil
+	q.mu.Unlock()
+	info, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@hourly"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Skipped != 1 || !info.NextAt.After(clk.Now()) {
+		t.Fatalf("replaced while a fire waited: %+v, want it counted skipped", info)
+	}
+	clk.Advance(scheduleRetry)
+	q.mu.Lock()
+	n := q.entries.len()
+	q.mu.Unlock()
+	if n != 0 {
+		t.Fatal("the old cron's time was fired after the replacement")
+	}
+}
