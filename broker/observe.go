@@ -35,9 +35,10 @@ type QueueObserver interface {
 type Snapshot struct {
 	// Serving is true while the broker answers requests: started, not stopped, its claim on the
 	// store held. A standby, or a broker still recovering, reports nothing else.
-	Serving bool
-	Queues  []QueueSnapshot
-	Events  EventsSnapshot
+	Serving   bool
+	Queues    []QueueSnapshot
+	Schedules []subjects.ScheduleInfo // every queue's, by queue and name
+	Events    EventsSnapshot
 }
 
 // QueueSnapshot is one queue's state.
@@ -57,8 +58,8 @@ type EventsSnapshot struct {
 	Buffered  int    // events waiting to be published
 }
 
-// Snapshot returns every queue's counts, config, oldest pending age and totals, and the events
-// publisher's state. It takes each queue's lock briefly, one at a time.
+// Snapshot returns every queue's counts, config, oldest pending age and totals, every schedule,
+// and the events publisher's state. It takes each queue's lock briefly, one at a time.
 func (b *Broker) Snapshot() Snapshot {
 	b.mu.Lock()
 	if !b.started || b.closed {
@@ -83,6 +84,7 @@ func (b *Broker) Snapshot() Snapshot {
 		q.mu.Unlock()
 	}
 	slices.SortFunc(s.Queues, func(a, b QueueSnapshot) int { return strings.Compare(a.Name, b.Name) })
+	s.Schedules = b.sched.infos()
 	s.Events = b.events.snapshot()
 	return s
 }

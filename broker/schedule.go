@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -254,6 +255,22 @@ func (s *scheduler) get(queue, name string) *schedule {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.all[queue][name]
+}
+
+// infos describes every schedule, by queue and name.
+func (s *scheduler) infos() []subjects.ScheduleInfo {
+	s.mu.Lock()
+	var out []subjects.ScheduleInfo
+	for _, m := range s.all {
+		for _, sc := range m {
+			out = append(out, sc.info())
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(x, y subjects.ScheduleInfo) int {
+		return cmp.Or(strings.Compare(x.Queue, y.Queue), strings.Compare(x.Name, y.Name))
+	})
+	return out
 }
 
 func (s *scheduler) count() int {

@@ -73,6 +73,10 @@ func TestScheduleFires(t *testing.T) {
 		t.Fatalf("after the first fire: %+v, want last %v (%s), next a minute later, a new revision", got, first, m.ID)
 	}
 
+	if snap := e.b.Snapshot().Schedules; len(snap) != 1 || snap[0].Queue != "q" || snap[0].LastID != m.ID || !snap[0].NextAt.Equal(got.NextAt) {
+		t.Fatalf("the broker's snapshot (for metrics) has schedules %+v, want tick as schedules says", snap)
+	}
+
 	e.advance(3 * time.Minute) // three more times, each fired at its own
 	want := []string{fireAt("tick", first)}
 	for i := 1; i <= 3; i++ {

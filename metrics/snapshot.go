@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -27,6 +28,15 @@ var (
 		"Events waiting to be published.", nil, nil)
 	eventsEnabledDesc = prometheus.NewDesc("natstone_events_enabled",
 		"1 if the broker publishes events, else 0.", nil, nil)
+	scheduleNextDesc = prometheus.NewDesc("natstone_schedule_next_fire_timestamp_seconds",
+		"When a schedule fires next, in Unix seconds.", []string{"queue", "schedule"}, nil)
+	scheduleLastDesc = prometheus.NewDesc("natstone_schedule_last_fire_timestamp_seconds",
+		"When a schedule last fired, in Unix seconds (0 if it never has).", []string{"queue", "schedule"}, nil)
+	scheduleFailingDesc = prometheus.NewDesc("natstone_schedule_failing",
+		"1 if a schedule's last fire enqueued nothing (the queue refused it: its last_error), else 0.", []string{"queue", "schedule"}, nil)
+	scheduleSkippedDesc = prometheus.NewDesc("natstone_schedule_skipped_total",
+		"Fire times of a schedule that passed with no message enqueued for them (no broker served, or storage did not take the fire).",
+		[]string{"queue", "schedule"}, nil)
 	servingDesc = prometheus.NewDesc("natstone_broker_serving",
 		"1 while the broker answers requests (it holds the store's claim), 0 while it stands by, recovers or has stopped.", nil, nil)
 )
@@ -53,6 +63,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		queueMessagesDesc, queueOldestPendingDesc, queueBlockedDesc,
 		eventsPublishedDesc, eventsDroppedDesc, eventsBufferedDesc, eventsEnabledDesc, servingDesc,
+		scheduleNextDesc, scheduleLastDesc, scheduleFailingDesc, scheduleSkippedDesc,
 	} {
 		ch <- d
 	}
@@ -69,8 +80,26 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	for i := range s.Queues {
 		collectQueue(ch, &s.Queues[i])
 	}
+	for i := range s.Schedules {
+		collectSchedule(ch, &s.Schedules[i])
+	}
 	collectEvents(ch, s.Events)
 }
+
+// collectSchedule sends one schedule's metrics.
+func collectSchedule(ch chan<- prometheus.Metric, sc *subjects.ScheduleInfo) {
+	last := 0.0
+	if sc.LastAt != nil {
+		last = unixSeconds(*sc.LastAt)
+	}
+	ch <- constMetric(scheduleNextDesc, prometheus.GaugeValue, unixSeconds(sc.NextAt), sc.Queue, sc.Name)
+	ch <- constMetric(scheduleLastDesc, prometheus.GaugeValue, last, sc.Queue, sc.Name)
+	ch <- constMetric(scheduleFailingDesc, prometheus.GaugeValue, flag(sc.LastError != ""), sc.Queue, sc.Name)
+	ch <- constMetric(scheduleSkippedDesc, prometheus.CounterValue, float64(sc.Skipped), sc.Queue, sc.Name)
+}
+
+// unixSeconds is t in Unix seconds, to the millisecond.
+func unixSeconds(t time.Time) float64 { return float64(t.UnixMilli()) / 1000 }
 
 // collectQueue sends one queue's gauges: every state, even when 0, and both directions.
 func collectQueue(ch chan<- prometheus.Metric, q *broker.QueueSnapshot) {

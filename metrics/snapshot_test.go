@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -27,6 +28,10 @@ func TestWatch(t *testing.T) {
 					OldestPendingMS: 1500,
 				},
 				{Name: "mail", Config: subjects.QueueConfig{EnqueueBlocked: true}},
+			},
+			Schedules: []subjects.ScheduleInfo{
+				{Queue: "encode", Name: "nightly", NextAt: time.UnixMilli(1_700_000_060_500), LastAt: ptr(time.UnixMilli(1_700_000_000_000)), Skipped: 4},
+				{Queue: "mail", Name: "digest", NextAt: time.UnixMilli(1_700_000_000_000), LastError: "queue mail: enqueue is blocked"},
 			},
 			Events: broker.EventsSnapshot{Enabled: true, Published: 42, Dropped: 3, Buffered: 7},
 		}
@@ -69,12 +74,20 @@ func TestWatch(t *testing.T) {
 		{"natstone_queue_blocked", []string{"queue=encode", "direction=dequeue"}, 1},
 		{"natstone_queue_blocked", []string{"queue=mail", "direction=enqueue"}, 1},
 		{"natstone_queue_blocked", []string{"queue=mail", "direction=dequeue"}, 0},
+		{"natstone_schedule_next_fire_timestamp_seconds", []string{"queue=encode", "schedule=nightly"}, 1_700_000_060.5},
+		{"natstone_schedule_last_fire_timestamp_seconds", []string{"queue=encode", "schedule=nightly"}, 1_700_000_000},
+		{"natstone_schedule_failing", []string{"queue=encode", "schedule=nightly"}, 0},
+		{"natstone_schedule_last_fire_timestamp_seconds", []string{"queue=mail", "schedule=digest"}, 0},
+		{"natstone_schedule_failing", []string{"queue=mail", "schedule=digest"}, 1},
 		{"natstone_events_buffered", nil, 7},
 		{"natstone_events_enabled", nil, 1},
 	} {
 		if got := f.gauge(t, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
+	}
+	if got := f.counter(t, "natstone_schedule_skipped_total", "queue=encode", "schedule=nightly"); got != 4 {
+		t.Errorf("natstone_schedule_skipped_total{encode,nightly} = %v, want 4", got)
 	}
 	if got := f.counter(t, "natstone_events_published_total"); got != 42 {
 		t.Errorf("natstone_events_published_total = %v, want 42", got)
@@ -111,3 +124,5 @@ func TestWatchReplaceAndStop(t *testing.T) {
 		t.Error("natstone_queue_messages still exposed after Watch(nil)")
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
