@@ -29,6 +29,10 @@
 //	| natstone_queue_messages               | gauge     | queue, state     | messages in each of the six states                                       |
 //	| natstone_queue_oldest_pending_seconds | gauge     | queue            | how long the longest-waiting pending message has waited (0: none)        |
 //	| natstone_queue_blocked                | gauge     | queue, direction | 1 if enqueue (direction enqueue) or dequeue (dequeue) is blocked, else 0 |
+//	| natstone_schedule_next_fire_timestamp_seconds | gauge | queue, schedule | when a schedule fires next (Unix seconds)                       |
+//	| natstone_schedule_last_fire_timestamp_seconds | gauge | queue, schedule | when it last fired (0: never)                                   |
+//	| natstone_schedule_failing             | gauge     | queue, schedule  | 1 if its last fire enqueued nothing (the queue refused it), else 0       |
+//	| natstone_schedule_skipped_total       | counter   | queue, schedule  | its fire times with no message enqueued (stored: kept across restarts)   |
 //	| natstone_events_published_total       | counter   |                  | events stored in the events stream                                       |
 //	| natstone_events_dropped_total         | counter   |                  | events given up on (buffer full, or the stream refused them)             |
 //	| natstone_events_buffered              | gauge     |                  | events waiting to be published                                           |
@@ -38,8 +42,8 @@
 // The first six are counted as they happen. Every op's success counter and histogram exist at 0
 // from New, and a queue's transition counters of every kind and its expiry counter from its first
 // transition, so that rate() sees their first increment; an error code's series appears when first
-// counted. The last eight are read from the broker's snapshot at each scrape and are absent until
-// Watch is called; the counters among them restart from 0 with the broker. A deleted queue's
+// counted. The last twelve are read from the broker's snapshot at each scrape and are absent until
+// Watch is called; the events counters among them restart from 0 with the broker. A deleted queue's
 // series go with it: its gauges from the next scrape, and its transition and expiry counters when
 // the broker reports the deletion (QueueDeleted).
 //
