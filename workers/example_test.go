@@ -182,3 +182,26 @@ func startNatstone() (*nats.Conn, func()) {
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// ExampleClient_Schedule sets a nightly report: at 02:00 in Paris every day, a message due within
+// the hour (its priority the fire time plus an hour) lands in the reports queue.
+func ExampleClient_Schedule() {
+	nc, stop := startNatstone() // in a real program: nats.Connect(nats.DefaultURL)
+	defer stop()
+	ctx := context.Background()
+
+	c, _ := workers.NewClient(nc, nil)
+	s, err := c.Schedule(ctx, "reports", "nightly", workers.ScheduleOpts{
+		Cron:     "CRON_TZ=Europe/Paris 0 2 * * *",
+		Payload:  []byte(`{"report": "daily"}`),
+		Metadata: map[string]string{"kind": "report"},
+		Deadline: time.Hour,
+	})
+	if err != nil {
+		panic(err)
+	}
+	paris, _ := time.LoadLocation("Europe/Paris")
+	next := s.NextAt.In(paris)
+	fmt.Println(s.Name, s.NextAt.After(time.Now()), next.Format("15:04:05"))
+	// Output: nightly true 02:00:00
+}
