@@ -43,6 +43,12 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	if spec == "" {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron is required")
 	}
+	if strings.TrimSpace(spec) != spec {
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q begins or ends with white space", spec)
+	}
+	if zone, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(spec, "CRON_"), "TZ="), " "); hasZone(spec) && zone == "Local" {
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: CRON_TZ=Local names the broker's zone, not one", spec)
+	}
 	if len(spec) > maxCronLen {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron of %d bytes, at most %d", len(spec), maxCronLen)
 	}
@@ -85,15 +91,22 @@ const maxFirstFire = 5 * 365 * 24 * time.Hour
 
 // forward is a cron expression whose next time is always after the time given. The library's can
 // be before it over a clock change in a zone whose offset is not in whole hours (Pacific/Chatham's
-// 45 minutes): the search then starts again an hour later, up to three times.
+// 45 minutes): the next time is then found minute by minute.
 type forward struct{ *cron.SpecSchedule }
 
 func (f forward) Next(t time.Time) time.Time {
 	n := f.SpecSchedule.Next(t)
-	for i := 1; i <= 3 && !n.IsZero() && !n.After(t); i++ {
-		n = f.SpecSchedule.Next(t.Add(time.Duration(i) * time.Hour))
+	if n.IsZero() || n.After(t) {
+		return n
 	}
-	if !n.After(t) {
+	// Stepped back: the first minute of the next three hours that the expression matches (the
+	// library's next time after a second before it is that minute), else on from three hours later.
+	for m := t.Truncate(time.Minute).Add(time.Minute); m.Sub(t) <= 3*time.Hour; m = m.Add(time.Minute) {
+		if f.SpecSchedule.Next(m.Add(-time.Second)).Equal(m) {
+			return m
+		}
+	}
+	if n = f.SpecSchedule.Next(t.Add(3 * time.Hour)); !n.After(t) {
 		return time.Time{}
 	}
 	return n
@@ -350,7 +363,7 @@ func (s *scheduler) fire() {
 	for _, sc := range due {
 		if !s.fireOne(sc, now) {
 			again := *sc
-			again.retry = now.Add(scheduleRetry)
+			again.retry = b.clock.Now().Add(scheduleRetry) // after the try, which may have waited for storage
 			s.mu.Lock()
 			if s.all[sc.queue][sc.name] == sc {
 				s.all[sc.queue][sc.name] = &again
@@ -375,6 +388,13 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 	}
 	// The times before the last one due are skipped, unless a broker fired them already and died
 	// before it stored that (the queue holds their messages).
+	t, skipped := s.walk(sc, q, now)
+	id := fireID(sc.name, t)
+	return s.fireAt(sc, q, t, skipped, id)
+}
+
+// walk returns the last fire time of sc due at now, and how many before it were skipped.
+func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (time.Time, int64) {
 	t, skipped := sc.next, int64(0)
 	pass := func(t time.Time) {
 		if !q.holds(fireID(sc.name, t)) {
@@ -392,7 +412,11 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 		pass(t)
 		t = n
 	}
-	id := fireID(sc.name, t)
+	return t, skipped
+}
+
+func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, id string) bool {
+	b := s.b
 	req := sc.rec.Spec.Template()
 	req.ID = id
 	prio := t.UnixMilli() + sc.rec.Spec.DeadlineMS
@@ -402,7 +426,7 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout)
 	defer cancel()
-	_, err = q.enqueue(ctx, []subjects.EnqueueRequest{req})
+	_, err := q.enqueue(ctx, []subjects.EnqueueRequest{req})
 	if subjects.CodeOf(err) == subjects.CodeUnavailable {
 		b.log.Warn("a schedule's fire was not stored; it is tried again", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 		return false
@@ -540,7 +564,13 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	}
 	old := s.get(queue, r.Name)
 	if old != nil && sameSpec(&old.rec.Spec, &spec) {
-		return old.info(), nil // as asked already: nothing is written
+		// As asked already: nothing is written, unless the record went meanwhile (an unschedule
+		// of unknown outcome landed).
+		if cur, err := b.store.ScheduleRevision(ctx, queue, r.Name); err != nil {
+			return subjects.ScheduleInfo{}, unavailable("schedule", err)
+		} else if cur == old.rev {
+			return old.info(), nil
+		}
 	}
 	rec := kv.ScheduleRecord{Spec: spec, UpdatedAt: now.UnixMilli(), From: now.UnixMilli()}
 	sc := &schedule{queue: queue, name: r.Name, cron: c}
@@ -549,8 +579,12 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode, rec.Skipped = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.LastErrorCode, old.rec.Skipped
 		if old.rec.Spec.Cron == spec.Cron {
 			rec.From = old.rec.From // the same times: none is skipped or fired twice by the change
-		} else if !old.next.After(now) && !q.holds(fireID(r.Name, old.next)) {
-			rec.Skipped++ // a time of the old cron was due, waiting for its fire (or a retry of it)
+		} else if !old.next.After(now) {
+			last, k := s.walk(old, q, now)
+			rec.Skipped += k
+			if !q.holds(fireID(r.Name, last)) {
+				rec.Skipped++
+			}
 		}
 	} else if n := s.countQueue(queue); n >= subjects.MaxSchedules {
 		return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeOutOfRange, "queue %s has %d schedules, the most a queue may have", queue, n)

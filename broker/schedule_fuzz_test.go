@@ -70,3 +70,43 @@ func TestParseCronZones(t *testing.T) {
 		t0 = n
 	}
 }
+
+// TestForwardFindsEveryTime: where the cron library's next time steps back (Pacific/Chatham's clock
+// change, whose offset is not in whole hours), forward's is the first minute after the time given
+// that the expression matches, as a minute-by-minute search finds it.
+func TestForwardFindsEveryTime(t *testing.T) {
+	for _, c := range []struct {
+		zone, spec string
+		match      func(l time.Time) bool
+	}{
+		{"Pacific/Chatham", "0 3 * * *", func(l time.Time) bool { return l.Hour() == 3 && l.Minute() == 0 }},
+		{"Pacific/Chatham", "50 3 * * *", func(l time.Time) bool { return l.Hour() == 3 && l.Minute() == 50 }},
+	} {
+		loc, err := time.LoadLocation(c.zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := parseCron("CRON_TZ="+c.zone+" "+c.spec, time.Date(2023, 1, 1, 0, 0, 0, 0, time.UTC))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stepped := 0
+		// The clock change of April 2023, a day either side.
+		for u := time.Date(2023, 3, 31, 0, 0, 0, 0, time.UTC); u.Before(time.Date(2023, 4, 3, 0, 0, 0, 0, time.UTC)); u = u.Add(time.Minute) {
+			if raw := s.(forward).SpecSchedule.Next(u); raw.After(u) {
+				continue // the library's own answer, which forward keeps
+			}
+			stepped++
+			want := u.Truncate(time.Minute).Add(time.Minute)
+			for !c.match(want.In(loc)) {
+				want = want.Add(time.Minute)
+			}
+			if got := s.Next(u); !got.Equal(want) {
+				t.Errorf("%s %q: Next(%v) = %v, want %v", c.zone, c.spec, u, got, want)
+			}
+		}
+		if stepped == 0 {
+			t.Errorf("%s %q: the library never stepped back; the case tests nothing", c.zone, c.spec)
+		}
+	}
+}

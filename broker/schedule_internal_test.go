@@ -191,8 +191,8 @@ func TestScheduleRequestsWaitNoLongerThanTheirContext(t *testing.T) {
 	}
 }
 
-// TestScheduleReplacedWhileAFireWaits: a schedule replaced with another cron while a time of the
-// old one waits for a retry counts that time skipped: it will not be fired.
+// TestScheduleReplacedWhileAFireWaits: a schedule replaced with another cron while times of the
+// old one wait for a retry (five of them passed) counts them skipped: they will not be fired.
 func TestScheduleReplacedWhileAFireWaits(t *testing.T) {
 	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
 	ctx := context.Background()
@@ -203,7 +203,7 @@ func TestScheduleReplacedWhileAFireWaits(t *testing.T) {
 	q.mu.Lock()
 	q.close(subjects.Errorf(subjects.CodeUnavailable, "queue q is being deleted"))
 	q.mu.Unlock()
-	clk.Advance(time.Minute) // the fire waits for a retry
+	clk.Advance(5 * time.Minute) // the fires wait for a retry
 	q.mu.Lock()
 	q.closed = nil
 	q.mu.Unlock()
@@ -211,7 +211,7 @@ func TestScheduleReplacedWhileAFireWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Skipped != 1 || !info.NextAt.After(clk.Now()) {
+	if info.Skipped != 5 || !info.NextAt.After(clk.Now()) {
 		t.Fatalf("replaced while a fire waited: %+v, want it counted skipped", info)
 	}
 	clk.Advance(scheduleRetry)
@@ -220,5 +220,31 @@ func TestScheduleReplacedWhileAFireWaits(t *testing.T) {
 	q.mu.Unlock()
 	if n != 0 {
 		t.Fatal("the old cron's time was fired after the replacement")
+	}
+}
+
+// TestScheduleSameRequestAfterALostUnschedule: an unschedule whose delete landed though its reply
+// was lost, then the same schedule request sent again (the client keeps it after all): the request
+// stores the schedule again, and the next fire keeps it.
+func TestScheduleSameRequestAfterALostUnschedule(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	ctx := context.Background()
+	req := subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}
+	info, err := b.putSchedule(ctx, "q", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.DeleteSchedule(ctx, "q", "s", info.Revision); err != nil { // the unschedule's delete
+		t.Fatal(err)
+	}
+	if _, err := b.putSchedule(ctx, "q", req); err != nil {
+		t.Fatal(err)
+	}
+	if rev, err := b.store.ScheduleRevision(ctx, "q", "s"); err != nil || rev == 0 {
+		t.Fatalf("the schedule request succeeded, but the record is at revision %d (%v)", rev, err)
+	}
+	clk.Advance(time.Minute)
+	if sc := b.sched.get("q", "s"); sc == nil || sc.rec.LastAt == 0 {
+		t.Fatal("after a successful schedule request, the next fire forgot the schedule")
 	}
 }
