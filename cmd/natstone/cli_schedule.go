@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -67,30 +68,52 @@ nothing. The payload is PAYLOAD, else the content of --file (- for stdin), else 
 		if err != nil {
 			return err
 		}
-		return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now()) })
+		return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now(), false) })
 	})
 }
 
 func runScheduleList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newClientCommand("natstone schedule ls", "QUEUE [flags]", `
-Lists the schedules of QUEUE by name: when each fires next, its last fire and the id it enqueued,
+	c := newClientCommand("natstone schedule ls", "[QUEUE] [flags]", `
+Lists the schedules of QUEUE (of every queue without QUEUE) by queue and name: when each fires
+next, its last fire and the id it enqueued,
 or why that fire enqueued nothing (the queue blocked, or its config no longer takes the message),
 and how many fire times passed while no broker served (a starting broker fires only the last).
---json prints the protocol's reply, {"queue", "schedules": [...]}.
+--json prints the protocol's reply, {"queue", "schedules": [...]} (without QUEUE, {"schedules":
+[...]}, each with its queue).
 `, stdout, stderr)
-	pos, err := c.parse(args, 1, 1)
+	pos, err := c.parse(args, 0, 1)
 	if err != nil {
 		return parseExit(err)
 	}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
-		all, err := conn.client.Schedules(ctx, pos[0])
-		if err != nil {
-			return err
+		var queues []string
+		if len(pos) == 1 {
+			queues = pos
+		} else {
+			infos, err := conn.client.Queues(ctx)
+			if err != nil {
+				return err
+			}
+			for _, q := range infos {
+				queues = append(queues, q.Name)
+			}
 		}
-		if all == nil {
-			all = []subjects.ScheduleInfo{}
+		all := []subjects.ScheduleInfo{}
+		for _, q := range queues {
+			some, err := conn.client.Schedules(ctx, q)
+			if errors.Is(err, workers.ErrQueueNotFound) && len(pos) == 0 {
+				continue // deleted since the list
+			}
+			if err != nil {
+				return err
+			}
+			all = append(all, some...)
 		}
-		return c.output(subjects.SchedulesReply{Queue: pos[0], Schedules: all}, func(w io.Writer) { printSchedules(w, all, time.Now()) })
+		reply := subjects.SchedulesReply{Schedules: all}
+		if len(pos) == 1 {
+			reply.Queue = pos[0]
+		}
+		return c.output(reply, func(w io.Writer) { printSchedules(w, all, time.Now(), len(pos) == 0) })
 	})
 }
 
@@ -118,11 +141,17 @@ schedule that does not exist succeeds, and says so.
 	})
 }
 
-// printSchedules prints schedules as a table.
-func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time) {
+// printSchedules prints schedules as a table, with a QUEUE column when withQueue.
+func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, withQueue bool) {
 	tw := newTable(w)
+	if withQueue {
+		fmt.Fprint(tw, "QUEUE\t")
+	}
 	fmt.Fprintln(tw, "NAME\tCRON\tNEXT\tLAST\tLAST ID OR ERROR\tSKIPPED\tDEADLINE\tMETADATA")
 	for _, s := range all {
+		if withQueue {
+			fmt.Fprint(tw, s.Queue+"\t")
+		}
 		last, what := "-", "-"
 		if s.LastAt != nil {
 			last = fmtTime(*s.LastAt)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,12 +33,26 @@ func TestCLISchedule(t *testing.T) {
 	if !strings.HasPrefix(m.ID, "tick@") || m.Payload == nil || *m.Payload != "hello" || m.Metadata["kind"] != "tick" {
 		t.Fatalf("the fired message: %+v, want tick@…, payload hello, kind=tick", m)
 	}
+	// A second fire comes only once the first has stored its time: then ls shows at least that.
+	dequeueOne(t, url, "q", "--wait", "5s")
 	ls := jsonOf[subjects.SchedulesReply](t, cli(t, url, "schedule", "ls", "q", "--json"))
-	if len(ls.Schedules) != 1 || ls.Schedules[0].LastAt == nil || ls.Schedules[0].Revision <= info.Revision {
-		t.Fatalf("schedule ls --json: %+v, want tick, fired", ls)
+	if len(ls.Schedules) != 1 || ls.Schedules[0].LastAt == nil || ls.Schedules[0].LastID < m.ID {
+		t.Fatalf("schedule ls --json: %+v, want tick, fired at %s or after", ls, m.ID)
 	}
 	if out := cli(t, url, "schedule", "ls", "q").ok(t); !strings.Contains(out, "tick@") {
 		t.Fatalf("schedule ls: no fired id:\n%s", out)
+	}
+	cli(t, url, "schedule", "set", "other", "weekly", "@weekly").ok(t)
+	every := jsonOf[subjects.SchedulesReply](t, cli(t, url, "schedule", "ls", "--json"))
+	var names []string
+	for _, s := range every.Schedules {
+		names = append(names, s.Queue+"/"+s.Name)
+	}
+	if every.Queue != "" || !slices.Equal(names, []string{"other/weekly", "q/tick"}) {
+		t.Fatalf("schedule ls without a queue: %q, %v; want every queue's, by queue", every.Queue, names)
+	}
+	if rows := tableRows(cli(t, url, "schedule", "ls").ok(t)); len(rows) != 3 || rows[0][0] != "QUEUE" || rows[1][0] != "other" {
+		t.Fatalf("schedule ls without a queue: %q", rows)
 	}
 	fromStdin := jsonOf[subjects.ScheduleInfo](t, runCLI(t, cliOpts{stdin: "from stdin"}, "schedule", "set", "q", "daily", "@daily", "--file", "-", "--json", "--server", url))
 	if fromStdin.PayloadBytes != len("from stdin") {

@@ -417,6 +417,8 @@ async function run(nc, q) {
   const fm = fired.messages[0];
   check(fm.id.startsWith("tick@"), `the fired id ${fm.id} is tick@<fire time>`);
   eq([fm.payload, fm.metadata.kind, fm.priority], ["tock", "tick", Date.parse(fm.id.slice("tick@".length)) + 60000], "the fire's payload, metadata, and priority fire time + deadline_ms");
+  // A second fire comes only once the first has stored its time: then schedules shows it.
+  eq((await ok(nc, "dequeue", cq, { wait_ms: 10000 })).messages.length, 1, "a dequeue waiting gets the second fire");
   const sl = await ok(nc, "schedules", cq, {});
   eq(sl.schedules.map((x) => x.name), ["tick"], "schedules lists it");
   check(sl.schedules[0].last_at !== undefined && sl.schedules[0].next_at > sl.schedules[0].last_at, "schedules: last_at, and next_at after it");
