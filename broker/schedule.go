@@ -35,10 +35,11 @@ const maxSkipWalk = 1 << 20
 // the descriptors (@hourly, @daily, @every 90s…) and a leading CRON_TZ=<zone>.
 var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
-// parseCron parses spec, refusing what would not fire as written: an "@every" shorter than
-// subjects.MinScheduleEvery or not in whole seconds (the cron library would round it), and an
-// expression with no time in the next five years (such as February 30). now is the time it
-// must fire after.
+// parseCron parses spec, refusing what would not fire as written: an empty spec or one over
+// maxCronLen, white space around it, a zone without an expression, CRON_TZ=Local (the machine's
+// zone: a cron without a zone is in UTC), an "@every" shorter than subjects.MinScheduleEvery or
+// not in whole seconds (the cron library would round it), and an expression with no time within
+// maxFirstFire of now (such as February 30).
 func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	if spec == "" {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron is required")
@@ -139,6 +140,7 @@ type schedule struct {
 	cron        cron.Schedule
 	next        time.Time // the next fire time: the first time of cron after rec.From
 	retry       time.Time // not before then: the last try of next was unavailable (zero: none)
+	removing    bool      // an unschedule of unknown outcome: the next fire first reads whether it landed
 }
 
 // due is when sc is to be tried: its next fire time, or later if a try of it failed.
@@ -188,7 +190,11 @@ type scheduler struct {
 	mu      sync.Mutex // guards the fields below
 	all     map[string]map[string]*schedule
 	timer   clock.Timer
-	running bool // armed: Start has ended, Stop not begun
+	running bool // the timer may be armed: set as the broker begins to serve, cleared by Stop
+
+	// Set by tests only: called when a schedule or unschedule request's write failed, before its
+	// outcome is read back.
+	testWriteFailed func()
 }
 
 func newScheduler(b *Broker) *scheduler {
@@ -209,7 +215,8 @@ func (s *scheduler) lock(ctx context.Context) error {
 func (s *scheduler) unlock() { <-s.ops }
 
 // load reads every schedule, once the queues are recovered. A schedule of a queue that no longer
-// exists (its delete stopped part way, and the queue was recovered without it) is removed.
+// exists (a write of unknown outcome that landed after the queue's delete, or an old revision the
+// server brought back) is removed, whether its record decodes or not.
 func (s *scheduler) load(ctx context.Context) error {
 	b := s.b
 	now := b.clock.Now()
@@ -219,15 +226,15 @@ func (s *scheduler) load(ctx context.Context) error {
 	}
 	var orphans []orphan
 	err := b.store.LoadSchedules(ctx, "", func(queue, name string, r kv.ScheduleRecord, rev uint64, bad error) error {
-		if bad != nil {
-			b.log.Error("a schedule's record does not decode: it will not fire", "queue", queue, "schedule", name, "err", bad)
-			return nil
-		}
 		b.mu.Lock()
 		_, ok := b.queues[queue]
 		b.mu.Unlock()
 		if !ok {
 			orphans = append(orphans, orphan{queue, name, rev})
+			return nil
+		}
+		if bad != nil {
+			b.log.Error("a schedule's record does not decode: it will not fire", "queue", queue, "schedule", name, "err", bad)
 			return nil
 		}
 		c, err := parseCron(r.Spec.Cron, time.UnixMilli(r.From))
@@ -348,6 +355,14 @@ func (s *scheduler) fire() {
 	if s.lock(b.ctx) != nil {
 		return // the broker stops
 	}
+	s.fireDue()
+	s.arm()
+}
+
+// fireDue fires every schedule due, under s.ops, which it releases.
+func (s *scheduler) fireDue() {
+	b := s.b
+	defer s.unlock()
 	now := b.clock.Now()
 	s.mu.Lock()
 	var due []*schedule
@@ -371,20 +386,37 @@ func (s *scheduler) fire() {
 			s.mu.Unlock()
 		}
 	}
-	s.unlock()
-	s.arm()
 }
 
 // fireOne enqueues sc's last fire time due at now, counting those before it as skipped (unless
-// their messages are there), and stores
-// what it did. It reports false when storage did not take the enqueue (unavailable): the fire is
-// to be tried again. Called with s.ops held.
+// their messages are there), and stores what it did. It reports false when the fire is to be tried
+// again: storage did not take the enqueue (unavailable), or the claim does not hold. A schedule of
+// a queue deleted, or being deleted, is forgotten (a delete that stops part way leaves the queue
+// closed until it is sent again, and the stored schedules for a restart to load). Called with
+// s.ops held.
 func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 	b := s.b
 	q, err := b.lookup(b.ctx, sc.queue, false)
+	if err == nil {
+		q.mu.Lock()
+		if q.deleting {
+			err = q.usable()
+		}
+		q.mu.Unlock()
+	}
 	if err != nil {
-		s.drop(sc) // the queue was deleted
+		s.drop(sc)
 		return true
+	}
+	if sc.removing {
+		rev, err := s.storedRevision(sc.queue, sc.name)
+		switch {
+		case err != nil:
+			return false // read again at the retry
+		case rev == 0:
+			s.drop(sc) // the unschedule landed
+			return true
+		}
 	}
 	// The times before the last one due are skipped, unless a broker fired them already and died
 	// before it stored that (the queue holds their messages).
@@ -408,13 +440,15 @@ func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (time.Time, int6
 			t, skipped = t.Add(k*d.Delay), int64(k)
 		}
 	}
-	for walked, n := 0, sc.cron.Next(t); !n.After(now) && walked < maxSkipWalk; walked, n = walked+1, sc.cron.Next(t) {
+	for walked, n := 0, sc.cron.Next(t); !n.IsZero() && !n.After(now) && walked < maxSkipWalk; walked, n = walked+1, sc.cron.Next(t) {
 		pass(t)
 		t = n
 	}
 	return t, skipped
 }
 
+// fireAt enqueues sc's fire at t, as id, and stores its time, with skipped more times skipped;
+// what it reports is fireOne's.
 func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, id string) bool {
 	b := s.b
 	req := sc.rec.Spec.Template()
@@ -508,7 +542,21 @@ func (s *scheduler) write(ctx context.Context, sc *schedule, create bool) (uint6
 	return rev, err
 }
 
-// put creates or replaces schedule r.Name of queue (the schedule request).
+// storedRevision reads schedule name of queue's revision after a write of unknown outcome, with a
+// ctx of its own (the request's may have ended), within the claim: 0 if it is not stored.
+func (s *scheduler) storedRevision(queue, name string) (uint64, error) {
+	b := s.b
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout)
+	defer cancel()
+	ctx, cancelClaim, err := b.claim.bound(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancelClaim()
+	return b.store.ScheduleRevision(ctx, queue, name)
+}
+
+// putSchedule creates or replaces schedule r.Name of queue (the schedule request).
 func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.ScheduleRequest) (subjects.ScheduleInfo, error) {
 	if err := subjects.ValidateScheduleName(r.Name); err != nil {
 		return subjects.ScheduleInfo{}, err
@@ -579,7 +627,7 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode, rec.Skipped = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.LastErrorCode, old.rec.Skipped
 		if old.rec.Spec.Cron == spec.Cron {
 			rec.From = old.rec.From // the same times: none is skipped or fired twice by the change
-		} else if !old.next.After(now) {
+		} else if !old.next.IsZero() && !old.next.After(now) {
 			last, k := s.walk(old, q, now)
 			rec.Skipped += k
 			if !q.holds(fireID(r.Name, last)) {
@@ -593,6 +641,17 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	sc.next = c.Next(time.UnixMilli(rec.From))
 	rev, err := s.write(ctx, sc, true)
 	if err != nil {
+		// Its outcome is unknown: it may land yet. The broker goes on as if it had (a later write
+		// finds the revision stored), lest a schedule stored late live only in storage, unseen
+		// until a restart; the client, told unavailable, sends it again.
+		if s.testWriteFailed != nil {
+			s.testWriteFailed()
+		}
+		if cur, rerr := s.storedRevision(queue, r.Name); rerr == nil && cur != 0 {
+			sc.rev = cur
+		}
+		s.set(sc)
+		s.arm()
 		return subjects.ScheduleInfo{}, unavailable("schedule", err)
 	}
 	sc.rev = rev
@@ -660,6 +719,18 @@ func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.Unschedule
 		}
 	}
 	if err != nil {
+		// Its outcome is unknown: a delete that landed is one no fire may undo, or fire after.
+		if s.testWriteFailed != nil {
+			s.testWriteFailed()
+		}
+		if cur, rerr := s.storedRevision(q.name, r.Name); rerr == nil && cur == 0 {
+			s.drop(sc)
+			s.arm()
+		} else if s.get(q.name, r.Name) == sc {
+			doubt := *sc // it may land yet: the next fire reads first whether it did
+			doubt.removing = true
+			s.set(&doubt)
+		}
 		return reply, unavailable("unschedule", err)
 	}
 	s.drop(sc)

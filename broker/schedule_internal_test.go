@@ -248,3 +248,83 @@ func TestScheduleSameRequestAfterALostUnschedule(t *testing.T) {
 		t.Fatal("after a successful schedule request, the next fire forgot the schedule")
 	}
 }
+
+// failWritesAfterSending makes the broker's next write fail as a write whose acknowledgement does
+// not come in time does: its claim holds for a nanosecond more, so the write is sent and its wait
+// ends at once. The claim holds again once the broker reads the outcome back (testWriteFailed).
+func failWritesAfterSending(b *Broker) {
+	held := b.claim.until.Load()
+	b.claim.until.Store(int64(b.claim.clock.Now().Sub(b.claim.base)) + 1)
+	b.sched.testWriteFailed = func() { b.claim.until.Store(held) }
+}
+
+// TestScheduleOfUnknownOutcome: a schedule request whose write's outcome is unknown (its reply is
+// unavailable) and that landed leaves the broker firing the schedule as stored, and an
+// unschedule alike leaves it removed: memory and storage agree, and nothing fires after the
+// unschedule.
+func TestScheduleOfUnknownOutcome(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	ctx := context.Background()
+	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	failWritesAfterSending(b)
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
+		t.Fatalf("schedule whose write's wait ended: %v, want unavailable", err)
+	}
+	rev, err := b.store.ScheduleRevision(ctx, "q", "s")
+	if err != nil || rev == 0 {
+		t.Fatalf("the write did not land (revision %d, %v): the test tests nothing", rev, err)
+	}
+	if b.sched.get("q", "s") == nil {
+		t.Fatal("the schedule stored is not the broker's: it would fire only after a restart")
+	}
+	clk.Advance(time.Minute)
+	q, _ := b.lookup(ctx, "q", false)
+	if !q.holds(fireID("s", time.UnixMilli(1_700_000_000_000).Add(time.Minute))) {
+		t.Fatal("the schedule stored did not fire")
+	}
+	if rev, err := b.store.ScheduleRevision(ctx, "q", "s"); err != nil || b.sched.get("q", "s").rev != rev {
+		t.Fatalf("after the fire the broker's revision is %d, storage's %d (%v)", b.sched.get("q", "s").rev, rev, err)
+	}
+
+	failWritesAfterSending(b)
+	if _, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
+		t.Fatalf("unschedule whose write's wait ended: %v, want unavailable", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; { // the delete was sent: it lands
+		rev, err := b.store.ScheduleRevision(ctx, "q", "s")
+		if err == nil && rev == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the delete did not land (revision %d, %v): the test tests nothing", rev, err)
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+	clk.Advance(time.Minute)
+	if b.sched.get("q", "s") != nil {
+		t.Fatal("the broker still fires a schedule whose removal landed")
+	}
+	if q.holds(fireID("s", time.UnixMilli(1_700_000_000_000).Add(2*time.Minute))) {
+		t.Fatal("the schedule fired after its removal landed")
+	}
+}
+
+// TestScheduleOfADeletingQueue: a queue whose delete began (and stopped part way: the queue stays
+// closed until the delete is sent again) does not have its schedules tried every second: the
+// broker forgets them, and storage keeps them for a restart.
+func TestScheduleOfADeletingQueue(t *testing.T) {
+	b, clk, tries := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "is tried again")
+	ctx := context.Background()
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := b.lookup(ctx, "q", false)
+	q.mu.Lock()
+	q.deleting = true
+	q.close(subjects.Errorf(subjects.CodeUnavailable, "queue q is being deleted"))
+	q.mu.Unlock()
+	clk.Advance(time.Minute + 5*scheduleRetry)
+	if n := tries.Load(); n != 0 || b.sched.get("q", "s") != nil {
+		t.Fatalf("%d tries, schedule still there: %v; want it forgotten", n, b.sched.get("q", "s") != nil)
+	}
+}

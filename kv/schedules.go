@@ -23,7 +23,7 @@ type ScheduleRecord struct {
 	LastID        string                   `json:"last_id,omitempty"`    // the id the last fire enqueued
 	LastError     string                   `json:"last_error,omitempty"` // why the last fire enqueued nothing
 	LastErrorCode subjects.Code            `json:"last_error_code,omitempty"`
-	Skipped       int64                    `json:"skipped,omitempty"` // fire times passed while no broker served
+	Skipped       int64                    `json:"skipped,omitempty"` // fire times passed with no message enqueued for them
 }
 
 // ScheduleKey is the key of schedule name of queue; names are valid key tokens as they are.
@@ -51,8 +51,9 @@ func (s *Store) DeleteSchedule(ctx context.Context, queue, name string, expect u
 	msg := &nats.Msg{Subject: s.schedSubj + ScheduleKey(queue, name), Header: nats.Header{}}
 	msg.Header.Set(kvOperationHeader, kvDelete)
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
-	if _, err := s.js.PublishMsg(ctx, msg); err != nil {
-		return fmt.Errorf("kv: delete schedule %s/%s: %w", queue, name, mapErr(err))
+	f, err := s.js.PublishMsgAsync(msg)
+	if _, err = (Write{f: f, err: err}).Wait(ctx); err != nil {
+		return fmt.Errorf("kv: delete schedule %s/%s: %w", queue, name, err)
 	}
 	return nil
 }
