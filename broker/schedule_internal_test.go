@@ -43,23 +43,44 @@ func scheduleBroker(t *testing.T, now time.Time, sub string) (*Broker, *clock.Fa
 	return b, clk, n
 }
 
+// scheduled starts a broker on a fake clock with the schedule s of queue q, every minute from
+// t0 (counting the log records that contain sub), and returns q.
+func scheduled(t *testing.T, sub string) (*Broker, *clock.Fake, *atomic.Int64, *queue) {
+	t.Helper()
+	b, clk, n := scheduleBroker(t, t0, sub)
+	if _, err := b.putSchedule(context.Background(), "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	q, err := b.lookup(context.Background(), "q", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, clk, n, q
+}
+
+// setUnavailable closes q as a delete does first (deleting: as the delete itself), so that an
+// enqueue to it is unavailable; with neither, opens it again.
+func setUnavailable(q *queue, closed, deleting bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.deleting = deleting
+	if closed {
+		q.close(subjects.Errorf(subjects.CodeUnavailable, "queue q is being deleted"))
+	} else {
+		q.closed = nil
+	}
+}
+
+// t0 is the fake clock's start.
+var t0 = time.UnixMilli(1_700_000_000_000)
+
 // TestScheduleUnavailableFireRetries: a fire the queue answers unavailable (its delete has begun)
 // is tried again a second later, not at once in a loop, and the fire time is enqueued once the
 // queue takes it.
 func TestScheduleUnavailableFireRetries(t *testing.T) {
-	b, clk, tries := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "is tried again")
-	ctx := context.Background()
-	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
-		t.Fatal(err)
-	}
-	q, err := b.lookup(ctx, "q", false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, clk, tries, q := scheduled(t, "is tried again")
 	first := b.sched.get("q", "s").next
-	q.mu.Lock()
-	q.close(subjects.Errorf(subjects.CodeUnavailable, "queue q is being deleted")) // as deleteQueue does first
-	q.mu.Unlock()
+	setUnavailable(q, true, false)
 	clk.Advance(time.Minute) // it returns: before, the fire was tried again at once, forever
 	if n := tries.Load(); n != 1 {
 		t.Fatalf("tried %d times at the fire time, want 1", n)
@@ -68,9 +89,7 @@ func TestScheduleUnavailableFireRetries(t *testing.T) {
 	if n := tries.Load(); n != 2 {
 		t.Fatalf("tried %d times a second later, want 2", n)
 	}
-	q.mu.Lock()
-	q.closed = nil
-	q.mu.Unlock()
+	setUnavailable(q, false, false)
 	clk.Advance(scheduleRetry)
 	if !q.holds(fireID("s", first)) {
 		t.Fatalf("the fire of %v was not enqueued once the queue took it", first)
@@ -83,7 +102,7 @@ func TestScheduleUnavailableFireRetries(t *testing.T) {
 // TestScheduleFireWithoutTheClaim: a fire due while the claim does not hold (a pause past its
 // renewal) writes nothing, not even a payload, and is tried again once the claim holds.
 func TestScheduleFireWithoutTheClaim(t *testing.T) {
-	b, clk, tries := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "is tried again")
+	b, clk, tries := scheduleBroker(t, t0, "is tried again")
 	ctx := context.Background()
 	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Payload: "x"}); err != nil {
 		t.Fatal(err)
@@ -101,7 +120,7 @@ func TestScheduleFireWithoutTheClaim(t *testing.T) {
 	b.claim.until.Store(held)
 	clk.Advance(scheduleRetry)
 	q, _ := b.lookup(ctx, "q", false)
-	if n := tries.Load(); n != 0 || !q.holds(fireID("s", time.UnixMilli(1_700_000_000_000).Add(time.Minute))) {
+	if n := tries.Load(); n != 0 || !q.holds(fireID("s", t0.Add(time.Minute))) {
 		t.Fatalf("once the claim holds: %d warnings, want the fire enqueued", n)
 	}
 }
@@ -110,7 +129,7 @@ func TestScheduleFireWithoutTheClaim(t *testing.T) {
 // it (its reply timed out): the next fire's record write finds the schedule removed and does not
 // store it again; the broker forgets it.
 func TestScheduleRemovedMeanwhile(t *testing.T) {
-	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	b, clk, _ := scheduleBroker(t, t0, "-")
 	ctx := context.Background()
 	info, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"})
 	if err != nil {
@@ -138,7 +157,7 @@ func TestScheduleRemovedMeanwhile(t *testing.T) {
 // TestUnscheduleUnloaded: a stored schedule that a start could not load (its record does not
 // decode, or its cron no longer parses) is still removed by unschedule.
 func TestUnscheduleUnloaded(t *testing.T) {
-	b, _, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	b, _, _ := scheduleBroker(t, t0, "-")
 	ctx := context.Background()
 	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
 		t.Fatal(err)
@@ -168,7 +187,7 @@ func TestScheduleNextAfterCreation(t *testing.T) {
 // or a queue's delete that holds the schedules' lock through slow storage gives up with
 // unavailable when its context ends, writing nothing.
 func TestScheduleRequestsWaitNoLongerThanTheirContext(t *testing.T) {
-	b, _, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	b, _, _ := scheduleBroker(t, t0, "-")
 	ctx := context.Background()
 	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@hourly"}); err != nil {
 		t.Fatal(err)
@@ -194,19 +213,11 @@ func TestScheduleRequestsWaitNoLongerThanTheirContext(t *testing.T) {
 // TestScheduleReplacedWhileAFireWaits: a schedule replaced with another cron while times of the
 // old one wait for a retry (five of them passed) counts them skipped: they will not be fired.
 func TestScheduleReplacedWhileAFireWaits(t *testing.T) {
-	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	b, clk, _, q := scheduled(t, "-")
 	ctx := context.Background()
-	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
-		t.Fatal(err)
-	}
-	q, _ := b.lookup(ctx, "q", false)
-	q.mu.Lock()
-	q.close(subjects.Errorf(subjects.CodeUnavailable, "queue q is being deleted"))
-	q.mu.Unlock()
+	setUnavailable(q, true, false)
 	clk.Advance(5 * time.Minute) // the fires wait for a retry
-	q.mu.Lock()
-	q.closed = nil
-	q.mu.Unlock()
+	setUnavailable(q, false, false)
 	info, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@hourly"})
 	if err != nil {
 		t.Fatal(err)
@@ -227,7 +238,7 @@ func TestScheduleReplacedWhileAFireWaits(t *testing.T) {
 // was lost, then the same schedule request sent again (the client keeps it after all): the request
 // stores the schedule again, and the next fire keeps it.
 func TestScheduleSameRequestAfterALostUnschedule(t *testing.T) {
-	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	b, clk, _ := scheduleBroker(t, t0, "-")
 	ctx := context.Background()
 	req := subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}
 	info, err := b.putSchedule(ctx, "q", req)
@@ -263,7 +274,7 @@ func failWritesAfterSending(b *Broker) {
 // unschedule alike leaves it removed: memory and storage agree, and nothing fires after the
 // unschedule.
 func TestScheduleOfUnknownOutcome(t *testing.T) {
-	b, clk, _ := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "-")
+	b, clk, _ := scheduleBroker(t, t0, "-")
 	ctx := context.Background()
 	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
 	failWritesAfterSending(b)
@@ -279,7 +290,7 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 	}
 	clk.Advance(time.Minute)
 	q, _ := b.lookup(ctx, "q", false)
-	if !q.holds(fireID("s", time.UnixMilli(1_700_000_000_000).Add(time.Minute))) {
+	if !q.holds(fireID("s", t0.Add(time.Minute))) {
 		t.Fatal("the schedule stored did not fire")
 	}
 	if rev, err := b.store.ScheduleRevision(ctx, "q", "s"); err != nil || b.sched.get("q", "s").rev != rev {
@@ -304,7 +315,7 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 	if b.sched.get("q", "s") != nil {
 		t.Fatal("the broker still fires a schedule whose removal landed")
 	}
-	if q.holds(fireID("s", time.UnixMilli(1_700_000_000_000).Add(2*time.Minute))) {
+	if q.holds(fireID("s", t0.Add(2*time.Minute))) {
 		t.Fatal("the schedule fired after its removal landed")
 	}
 }
@@ -313,16 +324,8 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 // closed until the delete is sent again) does not have its schedules tried every second: the
 // broker forgets them, and storage keeps them for a restart.
 func TestScheduleOfADeletingQueue(t *testing.T) {
-	b, clk, tries := scheduleBroker(t, time.UnixMilli(1_700_000_000_000), "is tried again")
-	ctx := context.Background()
-	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
-		t.Fatal(err)
-	}
-	q, _ := b.lookup(ctx, "q", false)
-	q.mu.Lock()
-	q.deleting = true
-	q.close(subjects.Errorf(subjects.CodeUnavailable, "queue q is being deleted"))
-	q.mu.Unlock()
+	b, clk, tries, q := scheduled(t, "is tried again")
+	setUnavailable(q, true, true)
 	clk.Advance(time.Minute + 5*scheduleRetry)
 	if n := tries.Load(); n != 0 || b.sched.get("q", "s") != nil {
 		t.Fatalf("%d tries, schedule still there: %v; want it forgotten", n, b.sched.get("q", "s") != nil)
