@@ -47,35 +47,31 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	if strings.TrimSpace(spec) != spec {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q begins or ends with white space", spec)
 	}
-	if zone, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(spec, "CRON_"), "TZ="), " "); hasZone(spec) && zone == "Local" {
-		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: CRON_TZ=Local names the broker's zone, not one", spec)
-	}
 	if len(spec) > maxCronLen {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron of %d bytes, at most %d", len(spec), maxCronLen)
 	}
-	if z := afterZone(spec); hasZone(spec) && (z == spec || strings.TrimSpace(z) == "") {
+	full := spec
+	zone, expr, zoned := splitZone(spec)
+	switch {
+	case zoned && expr == "":
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: a zone without an expression", spec)
+	case zoned && zone == "Local":
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: CRON_TZ=Local names the broker's zone, not one", spec)
+	case !zoned:
+		full = "CRON_TZ=UTC " + spec // no zone: UTC, as documented, not the machine's time.Local
 	}
 	defer func() {
 		if r := recover(); r != nil { // the library has panicked on malformed zones
 			s, err = nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q is not a cron expression", spec)
 		}
 	}()
-	full := spec
-	if !hasZone(spec) { // no zone: UTC, as documented, not the machine's time.Local
-		full = "CRON_TZ=UTC " + spec
-	}
-	s, err = cronParser.Parse(full)
-	if ss, ok := s.(*cron.SpecSchedule); ok && err == nil {
-		if ss.Location == time.Local {
-			err = errors.New("CRON_TZ=Local names the broker's zone, not one")
-		}
-		s = forward{ss}
-	}
-	if err != nil {
+	if s, err = cronParser.Parse(full); err != nil {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, err)
 	}
-	if every, ok := strings.CutPrefix(strings.TrimSpace(afterZone(spec)), "@every "); ok {
+	if ss, ok := s.(*cron.SpecSchedule); ok {
+		s = forward{ss}
+	}
+	if every, ok := strings.CutPrefix(expr, "@every "); ok {
 		d, err := time.ParseDuration(strings.TrimSpace(every))
 		if err != nil || d < subjects.MinScheduleEvery || d%time.Second != 0 {
 			return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: @every takes a whole number of seconds, at least %v", spec, subjects.MinScheduleEvery)
@@ -113,19 +109,16 @@ func (f forward) Next(t time.Time) time.Time {
 	return n
 }
 
-// hasZone reports whether spec starts with a CRON_TZ= or TZ= zone.
-func hasZone(spec string) bool {
-	return strings.HasPrefix(spec, "CRON_TZ=") || strings.HasPrefix(spec, "TZ=")
-}
-
-// afterZone is spec without its leading CRON_TZ= or TZ= zone.
-func afterZone(spec string) string {
-	if hasZone(spec) {
-		if _, rest, ok := strings.Cut(spec, " "); ok {
-			return rest
+// splitZone splits spec into its leading CRON_TZ= or TZ= zone, if it has one (zoned), and the
+// expression after it.
+func splitZone(spec string) (zone, expr string, zoned bool) {
+	for _, prefix := range []string{"CRON_TZ=", "TZ="} {
+		if rest, ok := strings.CutPrefix(spec, prefix); ok {
+			zone, expr, _ = strings.Cut(rest, " ")
+			return zone, strings.TrimSpace(expr), true
 		}
 	}
-	return spec
+	return "", spec, false
 }
 
 // fireID is the id of the message a schedule's fire at t enqueues: the same for every try of that
@@ -151,28 +144,28 @@ func (sc *schedule) due() time.Time {
 	return sc.next
 }
 
-// info describes s.
-func (s *schedule) info() subjects.ScheduleInfo {
-	spec := &s.rec.Spec
+// info describes sc.
+func (sc *schedule) info() subjects.ScheduleInfo {
+	spec := &sc.rec.Spec
 	in := subjects.ScheduleInfo{
-		Queue:         s.queue,
-		Name:          s.name,
+		Queue:         sc.queue,
+		Name:          sc.name,
 		Cron:          spec.Cron,
 		Metadata:      spec.Metadata,
 		DeadlineMS:    spec.DeadlineMS,
 		LeaseMS:       spec.LeaseMS,
 		MaxAttempts:   spec.MaxAttempts,
 		PayloadBytes:  len(spec.PayloadBase64),
-		Revision:      s.rev,
-		UpdatedAt:     time.UnixMilli(s.rec.UpdatedAt).UTC(),
-		NextAt:        s.next.UTC(),
-		LastID:        s.rec.LastID,
-		LastError:     s.rec.LastError,
-		LastErrorCode: s.rec.LastErrorCode,
-		Skipped:       s.rec.Skipped,
+		Revision:      sc.rev,
+		UpdatedAt:     time.UnixMilli(sc.rec.UpdatedAt).UTC(),
+		NextAt:        sc.next.UTC(),
+		LastID:        sc.rec.LastID,
+		LastError:     sc.rec.LastError,
+		LastErrorCode: sc.rec.LastErrorCode,
+		Skipped:       sc.rec.Skipped,
 	}
-	if s.rec.LastAt != 0 {
-		t := time.UnixMilli(s.rec.LastAt).UTC()
+	if sc.rec.LastAt != 0 {
+		t := time.UnixMilli(sc.rec.LastAt).UTC()
 		in.LastAt = &t
 	}
 	return in
@@ -219,7 +212,6 @@ func (s *scheduler) unlock() { <-s.ops }
 // server brought back) is removed, whether its record decodes or not.
 func (s *scheduler) load(ctx context.Context) error {
 	b := s.b
-	now := b.clock.Now()
 	type orphan struct {
 		queue, name string
 		rev         uint64
@@ -254,7 +246,7 @@ func (s *scheduler) load(ctx context.Context) error {
 		}
 	}
 	if n := s.count(); n > 0 {
-		b.log.Info("schedules loaded", "schedules", n, "now", now.UTC())
+		b.log.Info("schedules loaded", "schedules", n)
 	}
 	return nil
 }
@@ -421,8 +413,7 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 	// The times before the last one due are skipped, unless a broker fired them already and died
 	// before it stored that (the queue holds their messages).
 	t, skipped := s.walk(sc, q, now)
-	id := fireID(sc.name, t)
-	return s.fireAt(sc, q, t, skipped, id)
+	return s.fireAt(sc, q, t, skipped)
 }
 
 // walk returns the last fire time of sc due at now, and how many before it were skipped.
@@ -447,10 +438,11 @@ func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (time.Time, int6
 	return t, skipped
 }
 
-// fireAt enqueues sc's fire at t, as id, and stores its time, with skipped more times skipped;
-// what it reports is fireOne's.
-func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, id string) bool {
+// fireAt enqueues sc's fire at t and stores its time, with skipped more times skipped; what it
+// reports is fireOne's.
+func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64) bool {
 	b := s.b
+	id := fireID(sc.name, t)
 	req := sc.rec.Spec.Template()
 	req.ID = id
 	prio := t.UnixMilli() + sc.rec.Spec.DeadlineMS
