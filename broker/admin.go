@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -362,28 +363,40 @@ func (b *Broker) list(r subjects.ListRequest) (subjects.ListReply, error) {
 	}
 	b.mu.Unlock()
 	slices.SortFunc(qs, func(a, b *queue) int { return strings.Compare(a.name, b.name) })
-	out := subjects.ListReply{Queues: make([]subjects.QueueInfo, 0, min(len(qs), limit))}
-	budget, size := b.replyBudget(), 0
-	for _, q := range qs {
-		q.mu.Lock()
-		var info subjects.QueueInfo
-		usable := q.usable() == nil
-		if usable {
-			info = q.info()
+	infos := func(yield func(subjects.QueueInfo) bool) {
+		for _, q := range qs {
+			q.mu.Lock()
+			var info subjects.QueueInfo
+			usable := q.usable() == nil
+			if usable {
+				info = q.info()
+			}
+			q.mu.Unlock()
+			if usable && !yield(info) {
+				return
+			}
 		}
-		q.mu.Unlock()
-		if !usable {
-			continue
-		}
-		data, err := json.Marshal(&info)
-		if err != nil {
-			return subjects.ListReply{}, err
-		}
-		if size += len(data) + 1; len(out.Queues) == limit || size > budget && len(out.Queues) > 0 {
-			out.More = true
-			break
-		}
-		out.Queues = append(out.Queues, info)
 	}
-	return out, nil
+	var out subjects.ListReply
+	var err error
+	out.Queues, out.More, err = fitReply(b.replyBudget(), limit, infos)
+	return out, err
+}
+
+// fitReply takes items in their order, at most limit of them (0: no limit) and as many as a reply
+// of budget bytes carries, each counted at its JSON size (one at least, whatever its size). more
+// says that some were left out.
+func fitReply[T any](budget, limit int, items iter.Seq[T]) (out []T, more bool, err error) {
+	out, size := []T{}, 0
+	for it := range items {
+		data, err := json.Marshal(&it)
+		if err != nil {
+			return nil, false, err
+		}
+		if size += len(data) + 1; limit > 0 && len(out) == limit || size > budget && len(out) > 0 {
+			return out, true, nil
+		}
+		out = append(out, it)
+	}
+	return out, false, nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -754,18 +753,7 @@ func (b *Broker) schedules(q *queue, r subjects.SchedulesRequest) (subjects.Sche
 	}
 	s.mu.Unlock()
 	slices.SortFunc(infos, func(x, y subjects.ScheduleInfo) int { return strings.Compare(x.Name, y.Name) })
-	out := subjects.SchedulesReply{Queue: q.name, Schedules: make([]subjects.ScheduleInfo, 0, len(infos))}
-	budget, size := b.replyBudget(), 0
-	for _, in := range infos {
-		data, err := json.Marshal(&in)
-		if err != nil {
-			return subjects.SchedulesReply{}, err
-		}
-		if size += len(data) + 1; size > budget && len(out.Schedules) > 0 {
-			out.More = true
-			break
-		}
-		out.Schedules = append(out.Schedules, in)
-	}
-	return out, nil
+	out := subjects.SchedulesReply{Queue: q.name}
+	out.Schedules, out.More, err = fitReply(b.replyBudget(), 0, slices.Values(infos))
+	return out, err
 }
