@@ -189,42 +189,53 @@ func TestDashboardHosts(t *testing.T) {
 }
 
 // TestHTTPServerDropsIdleAndSlowClients: the HTTP listener closes a kept-alive connection left
-// idle, and one whose request body does not come, so no client holds a connection open forever.
+// idle, one whose headers do not end and one whose request body does not come, so no client holds a
+// connection open forever. Each case gets a server where only the timeout it is about is short (the
+// others an hour), so each of the three is shown to be set: net/http falls back from an unset idle
+// timeout to the read timeout, which would not close the connection within the test's deadline.
 func TestHTTPServerDropsIdleAndSlowClients(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = io.WriteString(w, "ok")
 	})
-	to := httpTimeouts{readHeader: time.Second, read: 200 * time.Millisecond, idle: 200 * time.Millisecond}
-	hs := newHTTPServer(h, context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), to)
-	go func() { _ = hs.Serve(ln) }()
-	t.Cleanup(func() { hs.Close() })
-
-	for name, req := range map[string]string{
+	const short, long = 200 * time.Millisecond, time.Hour
+	for _, tc := range []struct {
+		name string
+		to   httpTimeouts
+		req  string
+	}{
 		// One whole request, answered; then the connection idles.
-		"idle": "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+		{"idle", httpTimeouts{readHeader: long, read: long, idle: short}, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
+		// Headers begun and never ended.
+		{"slow headers", httpTimeouts{readHeader: short, read: long, idle: long}, "GET / HTTP/1.1\r\nHost: x\r\n"},
 		// A body announced and never sent.
-		"slow body": "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{",
+		{"slow body", httpTimeouts{readHeader: long, read: short, idle: long}, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{"},
 	} {
-		conn, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, err := io.WriteString(conn, req); err != nil {
-			t.Fatal(err)
-		}
-		// The server closes the connection (after the reply, if any) long before this deadline.
-		if err := conn.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadAll(conn); err != nil {
-			t.Errorf("%s: the connection was not closed by the server: %v", name, err)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs := newHTTPServer(h, context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), tc.to)
+			go func() { _ = hs.Serve(ln) }()
+			t.Cleanup(func() { hs.Close() })
+			conn, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := io.WriteString(conn, tc.req); err != nil {
+				t.Fatal(err)
+			}
+			// The server closes the connection (after the reply, if any) long before this deadline.
+			if err := conn.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadAll(conn); err != nil {
+				t.Errorf("the connection was not closed by the server: %v", err)
+			}
+		})
 	}
 }
