@@ -454,6 +454,15 @@ func (q *queue) holds(id string) bool {
 	return q.entries.get(id) != nil
 }
 
+// unfinished reports whether the queue has a message id that is not finished: pending, invisible,
+// running, or not stored yet.
+func (q *queue) unfinished(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	e := q.entries.get(id)
+	return e != nil && !e.State().Terminal()
+}
+
 // close stops the queue's timers and answers its waiting dequeues with nothing; later requests get
 // why. Called with q.mu held.
 func (q *queue) close(why error) {

@@ -147,21 +147,23 @@ func (sc *schedule) due() time.Time {
 func (sc *schedule) info() subjects.ScheduleInfo {
 	spec := &sc.rec.Spec
 	in := subjects.ScheduleInfo{
-		Queue:         sc.queue,
-		Name:          sc.name,
-		Cron:          spec.Cron,
-		Metadata:      spec.Metadata,
-		DeadlineMS:    spec.DeadlineMS,
-		LeaseMS:       spec.LeaseMS,
-		MaxAttempts:   spec.MaxAttempts,
-		PayloadBytes:  len(spec.PayloadBase64),
-		Revision:      sc.rev,
-		UpdatedAt:     time.UnixMilli(sc.rec.UpdatedAt).UTC(),
-		NextAt:        sc.next.UTC(),
-		LastID:        sc.rec.LastID,
-		LastError:     sc.rec.LastError,
-		LastErrorCode: sc.rec.LastErrorCode,
-		Skipped:       sc.rec.Skipped,
+		Queue:          sc.queue,
+		Name:           sc.name,
+		Cron:           spec.Cron,
+		Metadata:       spec.Metadata,
+		DeadlineMS:     spec.DeadlineMS,
+		LeaseMS:        spec.LeaseMS,
+		MaxAttempts:    spec.MaxAttempts,
+		Overlap:        cmp.Or(spec.Overlap, subjects.OverlapAllow),
+		PayloadBytes:   len(spec.PayloadBase64),
+		Revision:       sc.rev,
+		UpdatedAt:      time.UnixMilli(sc.rec.UpdatedAt).UTC(),
+		NextAt:         sc.next.UTC(),
+		LastID:         sc.rec.LastID,
+		LastError:      sc.rec.LastError,
+		LastErrorCode:  sc.rec.LastErrorCode,
+		Skipped:        sc.rec.Skipped,
+		OverlapSkipped: sc.rec.OverlapSkipped,
 	}
 	if sc.rec.LastAt != 0 {
 		t := time.UnixMilli(sc.rec.LastAt).UTC()
@@ -411,15 +413,18 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 	}
 	// The times before the last one due are skipped, unless a broker fired them already and died
 	// before it stored that (the queue holds their messages).
-	t, skipped := s.walk(sc, q, now)
-	return s.fireAt(sc, q, t, skipped)
+	t, skipped, held := s.walk(sc, q, now)
+	return s.fireAt(sc, q, t, skipped, held)
 }
 
-// walk returns the last fire time of sc due at now, and how many before it were skipped.
-func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (time.Time, int64) {
-	t, skipped := sc.next, int64(0)
+// walk returns the last fire time of sc due at now, how many before it were skipped, and the
+// latest of those before it whose message the queue holds (zero if none).
+func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (last time.Time, skipped int64, held time.Time) {
+	t := sc.next
 	pass := func(t time.Time) {
-		if !q.holds(fireID(sc.name, t)) {
+		if q.holds(fireID(sc.name, t)) {
+			held = t
+		} else {
 			skipped++
 		}
 	}
@@ -434,21 +439,36 @@ func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (time.Time, int6
 		pass(t)
 		t = n
 	}
-	return t, skipped
+	return t, skipped, held
 }
 
-// fireAt enqueues sc's fire at t and stores its time, with skipped more times skipped; what it
-// reports is fireOne's.
-func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64) bool {
+// fireAt enqueues sc's fire at t and stores its time, with skipped more times skipped; held, if
+// not zero, is a fire time before t whose message a broker enqueued without storing so, which is
+// then the last fire. What it reports is fireOne's. A schedule whose overlap is skip enqueues
+// nothing while its last fire's message is not finished (unless a broker enqueued t's already): it
+// counts the time in OverlapSkipped and keeps its last fire, whose message the next fire looks at
+// again.
+func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, held time.Time) bool {
 	b := s.b
+	if !b.claim.held() {
+		return false // another broker may serve the store: nothing is written, not even the payload
+	}
+	rec := sc.rec
+	rec.From = t.UnixMilli()
+	rec.Skipped += skipped
+	if !held.IsZero() {
+		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = held.UnixMilli(), fireID(sc.name, held), "", ""
+	}
 	id := fireID(sc.name, t)
+	if rec.Spec.Overlap == subjects.OverlapSkip && rec.LastID != "" && !q.holds(id) && q.unfinished(rec.LastID) {
+		rec.OverlapSkipped++
+		b.log.Debug("a schedule's fire enqueued nothing: its last fire's message is not finished", "queue", sc.queue, "schedule", sc.name, "last_id", rec.LastID)
+		return s.stored(sc, rec, t)
+	}
 	req := sc.rec.Spec.Template()
 	req.ID = id
 	prio := t.UnixMilli() + sc.rec.Spec.DeadlineMS
 	req.Priority = &prio
-	if !b.claim.held() {
-		return false // another broker may serve the store: nothing is written, not even the payload
-	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout)
 	defer cancel()
 	_, err := q.enqueue(ctx, []subjects.EnqueueRequest{req})
@@ -456,9 +476,7 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64) b
 		b.log.Warn("a schedule's fire was not stored; it is tried again", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 		return false
 	}
-	rec := sc.rec
-	rec.From, rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = t.UnixMilli(), t.UnixMilli(), id, "", ""
-	rec.Skipped += skipped
+	rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = t.UnixMilli(), id, "", ""
 	if err != nil {
 		// The queue refuses it (blocked, or its config changed since): this fire is lost, and says
 		// why; the next one tries again.
@@ -469,6 +487,12 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64) b
 		}
 		b.log.Warn("a schedule's fire enqueued nothing", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 	}
+	return s.stored(sc, rec, t)
+}
+
+// stored writes rec, what sc's fire at t did, and keeps it as sc's; what it reports is fireOne's.
+func (s *scheduler) stored(sc *schedule, rec kv.ScheduleRecord, t time.Time) bool {
+	b := s.b
 	next := &schedule{queue: sc.queue, name: sc.name, rec: rec, rev: sc.rev, cron: sc.cron, next: sc.cron.Next(t)}
 	wctx, wcancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout) // a slow enqueue leaves it its own time
 	defer wcancel()
@@ -560,6 +584,11 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	if r.DeadlineMS < 0 || r.DeadlineMS > subjects.MaxScheduleDeadline.Milliseconds() {
 		return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeOutOfRange, "deadline_ms must be 0 to %d, got %d", subjects.MaxScheduleDeadline.Milliseconds(), r.DeadlineMS)
 	}
+	switch r.Overlap {
+	case "", subjects.OverlapAllow, subjects.OverlapSkip:
+	default:
+		return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeInvalidSchedule, "overlap must be %q or %q, got %q", subjects.OverlapAllow, subjects.OverlapSkip, r.Overlap)
+	}
 	// Each fire is an enqueue: it must be one the queue takes, with the id it will carry.
 	tmpl := r.Template()
 	tmpl.ID = fireID(r.Name, now)
@@ -585,6 +614,9 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	spec.Payload, spec.PayloadBase64 = "", nil
 	if spec.LeaseMS != nil && *spec.LeaseMS == 0 {
 		spec.LeaseMS = nil // 0 is the queue's lease, as none is
+	}
+	if spec.Overlap == subjects.OverlapAllow {
+		spec.Overlap = "" // the default, as none is
 	}
 	if len(payload) > 0 {
 		spec.PayloadBase64 = payload
@@ -615,11 +647,12 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	sc := &schedule{queue: queue, name: r.Name, cron: c}
 	if old != nil {
 		sc.rev = old.rev
-		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode, rec.Skipped = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.LastErrorCode, old.rec.Skipped
+		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.LastErrorCode
+		rec.Skipped, rec.OverlapSkipped = old.rec.Skipped, old.rec.OverlapSkipped
 		if old.rec.Spec.Cron == spec.Cron {
 			rec.From = old.rec.From // the same times: none is skipped or fired twice by the change
 		} else if !old.next.IsZero() && !old.next.After(now) {
-			last, k := s.walk(old, q, now)
+			last, k, _ := s.walk(old, q, now)
 			rec.Skipped += k
 			if !q.holds(fireID(r.Name, last)) {
 				rec.Skipped++
@@ -654,7 +687,7 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 // sameSpec reports whether a and b (both with their payload in PayloadBase64) enqueue the same
 // messages at the same times.
 func sameSpec(a, b *subjects.ScheduleRequest) bool {
-	return a.Cron == b.Cron && a.DeadlineMS == b.DeadlineMS && bytes.Equal(a.PayloadBase64, b.PayloadBase64) &&
+	return a.Cron == b.Cron && a.DeadlineMS == b.DeadlineMS && a.Overlap == b.Overlap && bytes.Equal(a.PayloadBase64, b.PayloadBase64) &&
 		maps.Equal(a.Metadata, b.Metadata) && equalPtr(a.LeaseMS, b.LeaseMS) && equalPtr(a.MaxAttempts, b.MaxAttempts)
 }
 

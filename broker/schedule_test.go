@@ -163,6 +163,8 @@ func TestScheduleBadRequests(t *testing.T) {
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = " @hourly" })},
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "@every 1h " })},
 		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Cron = "0" + strings.Repeat(" ", 257-len("0* * * *")) + "* * * *" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Overlap = "never" })},
+		{subjects.CodeInvalidSchedule, "q", with(func(r *subjects.ScheduleRequest) { r.Overlap = "Skip" })},
 		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.DeadlineMS = -1 })},
 		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.DeadlineMS = subjects.MaxScheduleDeadline.Milliseconds() + 1 })},
 		{subjects.CodeOutOfRange, "q", with(func(r *subjects.ScheduleRequest) { r.MaxAttempts = ptr[int64](0) })},
@@ -247,6 +249,128 @@ func TestScheduleReplace(t *testing.T) {
 	}
 	if m := e.get("q", ids[1]); m.Payload == nil || *m.Payload != "c" {
 		t.Fatalf("the fire after the change carried %+v, want payload c", m)
+	}
+}
+
+// TestScheduleOverlapSkip: a schedule with overlap skip enqueues nothing while its last fire's
+// message is pending or running, counting each such time in overlap_skipped (kept across a restart
+// and a replace), and enqueues again once that message finished; with overlap allow it enqueues
+// whatever its last message does.
+func TestScheduleOverlapSkip(t *testing.T) {
+	e := setup(t)
+	req := subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Overlap: subjects.OverlapSkip}
+	if info := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", req); info.Overlap != subjects.OverlapSkip {
+		t.Fatalf("schedule reply %+v, want overlap skip", info)
+	}
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	check := func(when string, lastID string, overlapped int64, pending ...string) {
+		t.Helper()
+		s := e.schedules("q")["s"]
+		if s.LastID != lastID || s.OverlapSkipped != overlapped || s.Skipped != 0 || s.LastError != "" {
+			t.Fatalf("%s: %+v, want last_id %s, overlap_skipped %d, skipped 0", when, s, lastID, overlapped)
+		}
+		if got := e.pendingIDs("q"); !slices.Equal(got, pending) {
+			t.Fatalf("%s: pending %v, want %v", when, got, pending)
+		}
+	}
+
+	e.advance(time.Minute)
+	m1 := fireAt("s", at(1))
+	check("the first fire", m1, 0, m1)
+	e.advance(time.Minute)
+	check("a fire while the last message is pending", m1, 1, m1)
+	leased := e.dequeue("q", subjects.DequeueRequest{LeaseMS: time.Hour.Milliseconds()})
+	if len(leased) != 1 || leased[0].ID != m1 {
+		t.Fatalf("dequeue: %+v, want %s", leased, m1)
+	}
+	e.advance(time.Minute)
+	check("a fire while it is running", m1, 2)
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m1, LeaseID: leased[0].LeaseID})
+	e.advance(time.Minute)
+	m4 := fireAt("s", at(4))
+	check("the fire after it completed", m4, 2, m4)
+	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: m4})
+	e.advance(time.Minute)
+	m5 := fireAt("s", at(5))
+	check("the fire after it was canceled", m5, 2, m5)
+	e.advance(time.Minute)
+	check("a fire while that one is pending", m5, 3, m5)
+
+	e.restartBroker()
+	check("after a restart", m5, 3, m5)
+	e.advance(time.Minute)
+	check("a fire after the restart", m5, 4, m5)
+
+	// The same request with overlap allow spelled out is another schedule: written, the counts
+	// and times kept; it fires whatever its last message does. Then "" is the same as allow.
+	req.Overlap = subjects.OverlapAllow
+	info := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", req)
+	if info.Overlap != subjects.OverlapAllow || info.OverlapSkipped != 4 || !info.NextAt.Equal(at(8)) {
+		t.Fatalf("replaced with overlap allow: %+v, want overlap allow, overlap_skipped 4, next_at %v", info, at(8))
+	}
+	req.Overlap = ""
+	if again := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", req); again.Revision != info.Revision {
+		t.Fatalf("overlap \"\" after allow: revision %d, want %d (nothing written)", again.Revision, info.Revision)
+	}
+	e.advance(time.Minute)
+	check("a fire with overlap allow", fireAt("s", at(8)), 4, m5, fireAt("s", at(8)))
+}
+
+// TestScheduleOverlapAfterAnUnstoredFire: a broker that enqueued a fire and died before it stored
+// so leaves a record whose last fire is the one before; with overlap skip, the broker that starts
+// finds that message among the times it walks and looks at it, not at the stored last one, so it
+// does not enqueue while that message is pending.
+func TestScheduleOverlapAfterAnUnstoredFire(t *testing.T) {
+	e := setup(t)
+	spec := subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Overlap: subjects.OverlapSkip}
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", spec)
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	e.advance(time.Minute)
+	leased := e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: leased.ID, LeaseID: leased.LeaseID})
+	e.advance(time.Minute) // the second fire, pending
+	if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", at(2))}) {
+		t.Fatalf("pending %v, want the second fire's message", got)
+	}
+
+	// The record as it was before the second fire was stored.
+	rec := kv.ScheduleRecord{Spec: spec, UpdatedAt: t0.UnixMilli(), From: at(1).UnixMilli(), LastAt: at(1).UnixMilli(), LastID: leased.ID}
+	data, err := json.Marshal(&rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.storeRaw("$KV.natstone-schedules."+kv.ScheduleKey("q", "s"), data)
+	e.stopBroker(e.b)
+	e.advance(2 * time.Minute) // nothing serves: the third and fourth fire times pass
+	e.startBroker()
+	e.advance(0)
+	if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", at(2))}) {
+		t.Fatalf("pending %v after the restart, want the second fire's message alone", got)
+	}
+	s := e.schedules("q")["s"]
+	if s.LastID != fireAt("s", at(2)) || !s.LastAt.Equal(at(2)) || s.OverlapSkipped != 1 || s.Skipped != 1 || !s.NextAt.Equal(at(5)) {
+		t.Fatalf("after the restart: %+v, want last %s, the third time skipped, the fourth overlap-skipped", s, fireAt("s", at(2)))
+	}
+}
+
+// TestScheduleOverlapFireEnqueuedAlready: with overlap skip, a fire time whose message is in the
+// queue already (a client enqueued its id first, or a broker that died before storing the fire)
+// takes that message as its last fire, even while the one before is pending: it is not counted
+// as left out, and the next fire looks at it.
+func TestScheduleOverlapFireEnqueuedAlready(t *testing.T) {
+	e := setup(t)
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Overlap: subjects.OverlapSkip})
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	e.advance(time.Minute)
+	e.enqueue("q", subjects.EnqueueRequest{ID: fireAt("s", at(2))})
+	e.advance(time.Minute)
+	s := e.schedules("q")["s"]
+	if s.LastID != fireAt("s", at(2)) || s.OverlapSkipped != 0 {
+		t.Fatalf("a fire enqueued already: %+v, want it the last fire, none left out", s)
+	}
+	e.advance(time.Minute)
+	if s = e.schedules("q")["s"]; s.LastID != fireAt("s", at(2)) || s.OverlapSkipped != 1 {
+		t.Fatalf("the next fire: %+v, want it left out while %s is pending", s, fireAt("s", at(2)))
 	}
 }
 

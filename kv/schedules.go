@@ -24,6 +24,9 @@ type ScheduleRecord struct {
 	LastError     string                   `json:"last_error,omitempty"` // why the last fire enqueued nothing
 	LastErrorCode subjects.Code            `json:"last_error_code,omitempty"`
 	Skipped       int64                    `json:"skipped,omitempty"` // fire times passed with no message enqueued for them
+	// OverlapSkipped counts the fire times that enqueued nothing because the last fire's message
+	// was not finished (Spec.Overlap skip).
+	OverlapSkipped int64 `json:"overlap_skipped,omitempty"`
 }
 
 // ScheduleKey is the key of schedule name of queue; names are valid key tokens as they are.

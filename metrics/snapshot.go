@@ -37,6 +37,9 @@ var (
 	scheduleSkippedDesc = prometheus.NewDesc("natstone_schedule_skipped_total",
 		"Fire times of a schedule that passed with no message enqueued for them (no broker served, or storage did not take the fire).",
 		[]string{"queue", "schedule"}, nil)
+	scheduleOverlapDesc = prometheus.NewDesc("natstone_schedule_overlap_skipped_total",
+		"Fire times of a schedule with overlap skip that enqueued nothing because its last fire's message was not finished.",
+		[]string{"queue", "schedule"}, nil)
 	servingDesc = prometheus.NewDesc("natstone_broker_serving",
 		"1 while the broker answers requests (it holds the store's claim), 0 while it stands by, recovers or has stopped.", nil, nil)
 )
@@ -63,7 +66,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		queueMessagesDesc, queueOldestPendingDesc, queueBlockedDesc,
 		eventsPublishedDesc, eventsDroppedDesc, eventsBufferedDesc, eventsEnabledDesc, servingDesc,
-		scheduleNextDesc, scheduleLastDesc, scheduleFailingDesc, scheduleSkippedDesc,
+		scheduleNextDesc, scheduleLastDesc, scheduleFailingDesc, scheduleSkippedDesc, scheduleOverlapDesc,
 	} {
 		ch <- d
 	}
@@ -96,6 +99,7 @@ func collectSchedule(ch chan<- prometheus.Metric, sc *subjects.ScheduleInfo) {
 	ch <- constMetric(scheduleLastDesc, prometheus.GaugeValue, last, sc.Queue, sc.Name)
 	ch <- constMetric(scheduleFailingDesc, prometheus.GaugeValue, flag(sc.LastError != ""), sc.Queue, sc.Name)
 	ch <- constMetric(scheduleSkippedDesc, prometheus.CounterValue, float64(sc.Skipped), sc.Queue, sc.Name)
+	ch <- constMetric(scheduleOverlapDesc, prometheus.CounterValue, float64(sc.OverlapSkipped), sc.Queue, sc.Name)
 }
 
 // unixSeconds is t in Unix seconds, to the millisecond.

@@ -30,7 +30,7 @@ func TestWatch(t *testing.T) {
 				{Name: "mail", Config: subjects.QueueConfig{EnqueueBlocked: true}},
 			},
 			Schedules: []subjects.ScheduleInfo{
-				{Queue: "encode", Name: "nightly", NextAt: time.UnixMilli(1_700_000_060_500), LastAt: ptr(time.UnixMilli(1_700_000_000_000)), Skipped: 4},
+				{Queue: "encode", Name: "nightly", NextAt: time.UnixMilli(1_700_000_060_500), LastAt: ptr(time.UnixMilli(1_700_000_000_000)), Skipped: 4, OverlapSkipped: 6},
 				{Queue: "mail", Name: "digest", NextAt: time.UnixMilli(1_700_000_000_000), LastError: "queue mail: enqueue is blocked"},
 			},
 			Events: broker.EventsSnapshot{Enabled: true, Published: 42, Dropped: 3, Buffered: 7},
@@ -88,6 +88,9 @@ func TestWatch(t *testing.T) {
 	}
 	if got := f.counter(t, "natstone_schedule_skipped_total", "queue=encode", "schedule=nightly"); got != 4 {
 		t.Errorf("natstone_schedule_skipped_total{encode,nightly} = %v, want 4", got)
+	}
+	if got := f.counter(t, "natstone_schedule_overlap_skipped_total", "queue=encode", "schedule=nightly"); got != 6 {
+		t.Errorf("natstone_schedule_overlap_skipped_total{encode,nightly} = %v, want 6", got)
 	}
 	if got := f.counter(t, "natstone_events_published_total"); got != 42 {
 		t.Errorf("natstone_events_published_total = %v, want 42", got)

@@ -17,7 +17,7 @@ const (
 	CodeInvalidConfig         Code = "invalid_config"          // a queue config field out of its bounds
 	CodeMissingExclusivityKey Code = "missing_exclusivity_key" // exclusive queue, message without the key
 	CodePayloadTooLarge       Code = "payload_too_large"       // payload over the queue's limit
-	CodeInvalidSchedule       Code = "invalid_schedule"        // a schedule's name or cron expression is not valid
+	CodeInvalidSchedule       Code = "invalid_schedule"        // a schedule's name, cron expression or overlap is not valid
 	CodeOutOfRange            Code = "out_of_range"            // batch, lease, wait, delay or invisibility out of bounds
 	CodeQueueNotFound         Code = "queue_not_found"         // no such queue (and auto-create is off or not applicable)
 	CodeQueueExists           Code = "queue_exists"            // create with a config differing from the stored one

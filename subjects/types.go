@@ -275,7 +275,9 @@ type Message struct {
 // ScheduleRequest is the body of schedule: the recurring enqueue Name of a queue, created, or
 // replaced if it exists. At every time Cron gives, the broker enqueues a message with the payload,
 // metadata, lease_ms and max_attempts given here, the id "<name>@<fire time, RFC 3339 UTC>", and the
-// priority fire time (Unix ms) + DeadlineMS. The same request sent again writes nothing.
+// priority fire time (Unix ms) + DeadlineMS. Overlap says what a fire does while the message of the
+// schedule's last fire is not finished: OverlapAllow (the default, "" alike) enqueues, OverlapSkip
+// enqueues nothing. The same request sent again writes nothing.
 type ScheduleRequest struct {
 	Name          string `json:"name"`
 	Cron          string `json:"cron"`
@@ -285,7 +287,15 @@ type ScheduleRequest struct {
 	DeadlineMS    int64  `json:"deadline_ms,omitempty"`
 	LeaseMS       *int64 `json:"lease_ms,omitempty"`
 	MaxAttempts   *int64 `json:"max_attempts,omitempty"`
+	Overlap       string `json:"overlap,omitempty"`
 }
+
+// The overlap policies of a schedule: what a fire does while the message of its last fire is
+// still pending, invisible or running.
+const (
+	OverlapAllow = "allow" // enqueue (the default)
+	OverlapSkip  = "skip"  // enqueue nothing, and count the fire time in overlap_skipped
+)
 
 // Template is the enqueue that each fire of r sends, without its id and priority.
 func (r *ScheduleRequest) Template() EnqueueRequest {
@@ -303,24 +313,28 @@ func (r *ScheduleRequest) Template() EnqueueRequest {
 // or its config changed since so that the message is no longer valid), with the error's code in
 // LastErrorCode; Skipped counts the fire
 // times that passed with no message enqueued for them (no broker served the store, of which a
-// starting broker fires only the last; or storage did not take the fire).
+// starting broker fires only the last; or storage did not take the fire), and OverlapSkipped the
+// fire times of an OverlapSkip schedule that enqueued nothing because the message of LastID was not
+// finished. Overlap is OverlapAllow or OverlapSkip, never "".
 type ScheduleInfo struct {
-	Queue         string     `json:"queue"`
-	Name          string     `json:"name"`
-	Cron          string     `json:"cron"`
-	Metadata      Pairs      `json:"metadata,omitempty"`
-	DeadlineMS    int64      `json:"deadline_ms"`
-	LeaseMS       *int64     `json:"lease_ms,omitempty"`
-	MaxAttempts   *int64     `json:"max_attempts,omitempty"`
-	PayloadBytes  int        `json:"payload_bytes"`
-	Revision      uint64     `json:"revision"`
-	UpdatedAt     time.Time  `json:"updated_at"`
-	NextAt        time.Time  `json:"next_at"`
-	LastAt        *time.Time `json:"last_at,omitempty"`
-	LastID        string     `json:"last_id,omitempty"`
-	LastError     string     `json:"last_error,omitempty"`
-	LastErrorCode Code       `json:"last_error_code,omitempty"`
-	Skipped       int64      `json:"skipped"`
+	Queue          string     `json:"queue"`
+	Name           string     `json:"name"`
+	Cron           string     `json:"cron"`
+	Metadata       Pairs      `json:"metadata,omitempty"`
+	DeadlineMS     int64      `json:"deadline_ms"`
+	LeaseMS        *int64     `json:"lease_ms,omitempty"`
+	MaxAttempts    *int64     `json:"max_attempts,omitempty"`
+	Overlap        string     `json:"overlap"`
+	PayloadBytes   int        `json:"payload_bytes"`
+	Revision       uint64     `json:"revision"`
+	UpdatedAt      time.Time  `json:"updated_at"`
+	NextAt         time.Time  `json:"next_at"`
+	LastAt         *time.Time `json:"last_at,omitempty"`
+	LastID         string     `json:"last_id,omitempty"`
+	LastError      string     `json:"last_error,omitempty"`
+	LastErrorCode  Code       `json:"last_error_code,omitempty"`
+	Skipped        int64      `json:"skipped"`
+	OverlapSkipped int64      `json:"overlap_skipped"`
 }
 
 // UnscheduleRequest is the body of unschedule.

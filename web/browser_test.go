@@ -100,14 +100,15 @@ func TestDashboard(t *testing.T) {
 	if got := b.rows("#expiring"); !slices.Equal(got, []string{running.ID}) {
 		t.Errorf("queue page: expiring leases of %v, want %s's", got, running.ID)
 	}
-	// A schedule set meanwhile shows up at the next refresh, with its cron and next fire.
+	// A schedule set meanwhile shows up at the next refresh, with its cron, next fire and overlap.
 	if evaluate[bool](b, `!document.querySelector('#schedules-section').hidden`) {
 		t.Errorf("queue page: a schedules section for a queue without schedules")
 	}
-	if _, err := e.c.Schedule(ctx(t), "orders", "nightly", workers.ScheduleOpts{Cron: "0 2 * * *"}); err != nil {
+	if _, err := e.c.Schedule(ctx(t), "orders", "nightly", workers.ScheduleOpts{Cron: "0 2 * * *", Overlap: subjects.OverlapSkip}); err != nil {
 		t.Fatal(err)
 	}
-	b.poll(`!document.querySelector('#schedules-section').hidden && document.querySelector('tr[data-schedule="nightly"] code').textContent === "0 2 * * *"`)
+	b.poll(`!document.querySelector('#schedules-section').hidden && document.querySelector('tr[data-schedule="nightly"] code').textContent === "0 2 * * *" &&
+		document.querySelector('tr[data-schedule="nightly"] .schedule-overlap').textContent === "skip"`)
 
 	// The dequeue-blocked switch changes the queue.
 	b.click(`#toggle-dequeue-blocked`)

@@ -22,6 +22,11 @@ type ScheduleOpts struct {
 	// Lease and MaxAttempts, if not 0, are each message's, as in EnqueueOpts.
 	Lease       time.Duration
 	MaxAttempts int
+	// Overlap says what a fire does while the message of the schedule's last fire is still
+	// pending, invisible or running: subjects.OverlapAllow (the default, "" alike) enqueues,
+	// subjects.OverlapSkip enqueues nothing (and counts the time in ScheduleInfo.OverlapSkipped), so
+	// that a job slower than its schedule, or workers down for a while, never piles up fires.
+	Overlap string
 }
 
 // Schedule creates the schedule name of queue, or replaces it: a recurring enqueue, which the
@@ -30,7 +35,7 @@ type ScheduleOpts struct {
 // duplicate. The queue is created with the defaults if it does not exist and the broker
 // auto-creates. The same schedule sent again writes nothing.
 //
-// Errors: ErrInvalidSchedule (name or cron), ErrOutOfRange (Deadline, Lease or MaxAttempts, or
+// Errors: ErrInvalidSchedule (name, cron or overlap), ErrOutOfRange (Deadline, Lease or MaxAttempts, or
 // the queue has subjects.MaxSchedules already), and those of an Enqueue of the message.
 func (c *Client) Schedule(ctx context.Context, queue, name string, opts ScheduleOpts) (subjects.ScheduleInfo, error) {
 	r := subjects.ScheduleRequest{
@@ -39,6 +44,7 @@ func (c *Client) Schedule(ctx context.Context, queue, name string, opts Schedule
 		PayloadBase64: opts.Payload,
 		Metadata:      opts.Metadata,
 		DeadlineMS:    ms(opts.Deadline),
+		Overlap:       opts.Overlap,
 	}
 	if opts.Lease != 0 {
 		r.LeaseMS = msPtr(&opts.Lease)

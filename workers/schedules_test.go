@@ -3,6 +3,7 @@ package workers_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,8 +13,9 @@ import (
 	"github.com/natstone/natstone/workers"
 )
 
-// TestSchedule: a Go client schedules a binary payload on an exclusive queue, sees the schedule,
-// gets its fired message, and unschedules it.
+// TestSchedule: a Go client schedules a binary payload on an exclusive queue, with overlap skip,
+// sees the schedule, gets its fired message, sees the next fire skipped while that message is
+// pending, and unschedules it.
 func TestSchedule(t *testing.T) {
 	t.Parallel()
 	e := setupFake(t)
@@ -22,12 +24,12 @@ func TestSchedule(t *testing.T) {
 	payload := []byte{0, 1, 2, 0xff}
 	info, err := e.c.Schedule(c, "x", "nightly", workers.ScheduleOpts{
 		Cron: "@every 1h", Payload: payload, Metadata: map[string]string{"project": "foo"},
-		Deadline: 10 * time.Minute, Lease: time.Minute, MaxAttempts: 3,
+		Deadline: 10 * time.Minute, Lease: time.Minute, MaxAttempts: 3, Overlap: subjects.OverlapSkip,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !info.NextAt.Equal(t0.Add(time.Hour)) || info.PayloadBytes != len(payload) || info.DeadlineMS != 600_000 || *info.LeaseMS != 60_000 || *info.MaxAttempts != 3 {
+	if !info.NextAt.Equal(t0.Add(time.Hour)) || info.PayloadBytes != len(payload) || info.DeadlineMS != 600_000 || *info.LeaseMS != 60_000 || *info.MaxAttempts != 3 || info.Overlap != subjects.OverlapSkip {
 		t.Fatalf("Schedule: %+v", info)
 	}
 	e.clk.Advance(time.Hour)
@@ -38,6 +40,13 @@ func TestSchedule(t *testing.T) {
 	m := e.get("x", all[0].LastID)
 	if !bytes.Equal(m.Payload, payload) || m.Priority != t0.Add(time.Hour+10*time.Minute).UnixMilli() || m.Metadata["project"] != "foo" || m.AttemptsLeft != 3 {
 		t.Fatalf("fired message %+v", m)
+	}
+	e.clk.Advance(time.Hour)
+	if all, err := e.c.Schedules(c, "x"); err != nil || len(all) != 1 || all[0].OverlapSkipped != 1 || all[0].LastID != m.ID {
+		t.Fatalf("Schedules an hour later: %+v, %v; want the fire skipped, its message pending", all, err)
+	}
+	if _, err := e.c.Schedule(c, "x", "nightly", workers.ScheduleOpts{Cron: "@hourly", Metadata: map[string]string{"project": "foo"}, Overlap: "never"}); !errors.Is(err, workers.ErrInvalidSchedule) {
+		t.Fatalf("Schedule with overlap never: %v, want ErrInvalidSchedule", err)
 	}
 	for i, want := range []bool{true, false} {
 		if removed, err := e.c.Unschedule(c, "x", "nightly"); err != nil || removed != want {

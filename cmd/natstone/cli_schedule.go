@@ -32,7 +32,10 @@ NAME@<fire time, RFC 3339 UTC> (so a fire sent again after a failover is a dupli
 priority fire time + --deadline-in, in Unix ms. CRON is five fields (minute hour day-of-month month
 day-of-week: "*/15 9-17 * * 1-5"), or @hourly, @daily, @weekly, @monthly, @yearly, or
 "@every 90s"; in UTC unless it starts with CRON_TZ=<IANA zone>. The same schedule set again writes
-nothing. The payload is PAYLOAD, else the content of --file (- for stdin), else empty.
+nothing. The payload is PAYLOAD, else the content of --file (- for stdin), else empty. With
+--overlap skip, a fire enqueues nothing while the message of the last fire is still pending,
+invisible or running (ls counts such times in OVERLAP), so a job slower than its schedule, or
+workers down for a while, never piles up fires.
 `, stdout, stderr)
 	file := c.fs.String("file", "", "read the payload from `file` (- for stdin)")
 	var meta pairsFlag
@@ -40,6 +43,7 @@ nothing. The payload is PAYLOAD, else the content of --file (- for stdin), else 
 	deadline := c.duration("deadline-in", 0, time.Millisecond, subjects.MaxScheduleDeadline, "each message's priority is its fire time plus this")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "each message's lease when a dequeue does not ask for one (default the queue's)")
 	maxAttempts := c.fs.Int("max-attempts", 0, "how many times each message may be leased, 1 to 1000 (default the queue's)")
+	overlap := c.fs.String("overlap", subjects.OverlapAllow, "while the last fire's message is not finished, a fire enqueues (allow) or not (skip)")
 	pos, err := c.parse(args, 3, 4)
 	if err != nil {
 		return parseExit(err)
@@ -48,7 +52,10 @@ nothing. The payload is PAYLOAD, else the content of --file (- for stdin), else 
 	if given["max-attempts"] && (*maxAttempts < 1 || *maxAttempts > subjects.MaxAttemptsLimit) {
 		return parseExit(c.usageError("--max-attempts must be 1 to %d, not %d", subjects.MaxAttemptsLimit, *maxAttempts))
 	}
-	opts := workers.ScheduleOpts{Cron: pos[2], Metadata: meta, Deadline: *deadline, Lease: *lease, MaxAttempts: *maxAttempts}
+	if *overlap != subjects.OverlapAllow && *overlap != subjects.OverlapSkip {
+		return parseExit(c.usageError("--overlap must be %s or %s, not %q", subjects.OverlapAllow, subjects.OverlapSkip, *overlap))
+	}
+	opts := workers.ScheduleOpts{Cron: pos[2], Metadata: meta, Deadline: *deadline, Lease: *lease, MaxAttempts: *maxAttempts, Overlap: *overlap}
 	switch {
 	case len(pos) == 4 && given["file"]:
 		return parseExit(c.usageError("give PAYLOAD or --file, not both"))
@@ -77,7 +84,8 @@ func runScheduleList(ctx context.Context, args []string, stdout, stderr io.Write
 Lists the schedules of QUEUE (of every queue without QUEUE) by queue and name: when each fires
 next, its last fire and the id it enqueued,
 or why that fire enqueued nothing (the queue blocked, or its config no longer takes the message),
-and how many fire times passed while no broker served (a starting broker fires only the last).
+how many fire times passed while no broker served (SKIPPED: a starting broker fires only the
+last), and its overlap policy with the fire times it left out (OVERLAP: "skip (3)").
 --json prints the protocol's reply, {"queue", "schedules": [...]} (without QUEUE, {"schedules":
 [...]}, each with its queue).
 `, stdout, stderr)
@@ -147,7 +155,7 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 	if withQueue {
 		fmt.Fprint(tw, "QUEUE\t")
 	}
-	fmt.Fprintln(tw, "NAME\tCRON\tNEXT\tLAST\tLAST ID OR ERROR\tSKIPPED\tDEADLINE\tMETADATA")
+	fmt.Fprintln(tw, "NAME\tCRON\tNEXT\tLAST\tLAST ID OR ERROR\tSKIPPED\tOVERLAP\tDEADLINE\tMETADATA")
 	for _, s := range all {
 		if withQueue {
 			fmt.Fprint(tw, s.Queue+"\t")
@@ -160,8 +168,12 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 				what = "error: " + string(s.LastErrorCode) + ": " + printable(s.LastError, 80)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s (in %s)\t%s\t%s\t%d\t%s\t%s\n", s.Name, printable(s.Cron, 60), fmtTime(s.NextAt),
-			fmtDuration(max(s.NextAt.Sub(now), 0).Round(time.Second)), last, what, s.Skipped, fmtMS(s.DeadlineMS), printable(fmtPairs(s.Metadata, ","), 80))
+		overlap := s.Overlap
+		if s.OverlapSkipped > 0 {
+			overlap = fmt.Sprintf("%s (%d)", s.Overlap, s.OverlapSkipped)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s (in %s)\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Name, printable(s.Cron, 60), fmtTime(s.NextAt),
+			fmtDuration(max(s.NextAt.Sub(now), 0).Round(time.Second)), last, what, s.Skipped, overlap, fmtMS(s.DeadlineMS), printable(fmtPairs(s.Metadata, ","), 80))
 	}
 	tw.Flush()
 }

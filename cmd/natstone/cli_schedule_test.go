@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -18,6 +19,7 @@ func TestCLISchedule(t *testing.T) {
 	cli(t, url, "schedule", "set", "q", "tick", "every second").fails(t, exitError, "natstone: invalid_schedule: ")
 	cli(t, url, "schedule", "set", "q", "tick", "@every 1s", "p", "--file", "x").fails(t, exitUsage, "give PAYLOAD or --file, not both")
 	cli(t, url, "schedule", "set", "q", "tick", "@every 1s", "--max-attempts", "0").fails(t, exitUsage, "--max-attempts must be 1 to 1000")
+	cli(t, url, "schedule", "set", "q", "tick", "@every 1s", "--overlap", "never").fails(t, exitUsage, "--overlap must be allow or skip")
 	cli(t, url, "schedule", "ls", "nope").fails(t, exitNotFound, "natstone: queue_not_found: ")
 
 	rows := tableRows(cli(t, url, "schedule", "set", "q", "tick", "@every 1s", "hello", "--meta", "kind=tick", "--deadline-in", "1m").ok(t))
@@ -58,6 +60,27 @@ func TestCLISchedule(t *testing.T) {
 	if fromStdin.PayloadBytes != len("from stdin") {
 		t.Fatalf("schedule set --file -: %+v, want the payload read from stdin", fromStdin)
 	}
+
+	// With --overlap skip, fires while the first fire's message runs enqueue nothing: ls counts them.
+	cli(t, url, "schedule", "set", "solo", "tick", "@every 1s", "--overlap", "skip").ok(t)
+	first := dequeueOne(t, url, "solo", "--wait", "5s", "--lease", "1m")
+	var solo subjects.ScheduleInfo
+	for deadline := time.Now().Add(10 * time.Second); solo.OverlapSkipped < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("schedule ls solo: %+v, want fires skipped while %s runs", solo, first.ID)
+		}
+		solo = jsonOf[subjects.SchedulesReply](t, cli(t, url, "schedule", "ls", "solo", "--json")).Schedules[0]
+	}
+	if solo.Overlap != subjects.OverlapSkip || solo.LastID != first.ID {
+		t.Fatalf("schedule ls solo: %+v, want overlap skip, last id %s", solo, first.ID)
+	}
+	if d := jsonOf[subjects.DepthReply](t, cli(t, url, "depth", "solo", "--json")); d.Counts.Running != 1 || d.Counts.Pending+d.Counts.Invisible != 0 {
+		t.Fatalf("depth solo: %+v, want the first fire's message alone, running", d)
+	}
+	if out := cli(t, url, "schedule", "ls", "solo").ok(t); !strings.Contains(out, " OVERLAP ") || !strings.Contains(out, " skip (") {
+		t.Fatalf("schedule ls solo: want an OVERLAP column with skip (n):\n%s", out)
+	}
+
 	if out := cli(t, url, "schedule", "rm", "q", "tick").ok(t); !strings.Contains(out, "removed schedule tick of q") {
 		t.Fatalf("schedule rm: %s", out)
 	}

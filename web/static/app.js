@@ -327,7 +327,7 @@ function queueView(r) {
     h('h2', {}, 'Schedules'),
     h('table', { id: 'schedules', class: 'grid' },
       h('thead', {}, h('tr', {}, h('th', {}, 'name'), h('th', {}, 'cron'), h('th', {}, 'next fire'),
-        h('th', {}, 'last fire'), h('th', { class: 'num' }, 'skipped'))),
+        h('th', {}, 'last fire'), h('th', { class: 'num' }, 'skipped'), h('th', {}, 'overlap'))),
       schedules));
   const enqueueSwitch = blockSwitch('enqueue_blocked', 'Block enqueues');
   const dequeueSwitch = blockSwitch('dequeue_blocked', 'Block dequeues');
@@ -462,7 +462,9 @@ function queueView(r) {
       h('td', { title: time(s.next_at) }, ago(s.next_at)),
       h('td', {}, s.last_error ? h('span', { class: 'schedule-error', title: time(s.last_at) }, (s.last_error_code || 'error') + ': ' + s.last_error)
         : s.last_id ? h('a', { href: messageHref(name, s.last_id), title: time(s.last_at) }, s.last_id) : '—'),
-      h('td', { class: 'num' }, s.skipped))));
+      h('td', { class: 'num' }, s.skipped),
+      // skip: no fire while the last fire's message is unfinished; how many it left out.
+      h('td', { class: 'schedule-overlap' }, s.overlap + (s.overlap_skipped ? ' (' + s.overlap_skipped + ' left out)' : '')))));
     schedulesSection.hidden = q.schedules.length === 0;
 
     set(messages, ...list.messages.map(m => h('tr', { 'data-message-id': m.id, 'data-priority': m.priority },

@@ -408,8 +408,9 @@ async function run(nc, q) {
   await ok(nc, "create", cq, {});
   await expectError(nc, "schedule", cq, { name: "tick", cron: "@every 500ms" }, "invalid_schedule", 400);
   await expectError(nc, "schedule", cq, { name: "tick", cron: "@every 1s", deadline_ms: -1 }, "out_of_range", 400);
+  await expectError(nc, "schedule", cq, { name: "tick", cron: "@every 1s", overlap: "never" }, "invalid_schedule", 400);
   const si = await ok(nc, "schedule", cq, { name: "tick", cron: "@every 1s", payload: "tock", metadata: { kind: "tick" }, deadline_ms: 60000 });
-  eq([si.name, si.cron, si.payload_bytes, si.deadline_ms], ["tick", "@every 1s", 4, 60000], "schedule: the reply describes it");
+  eq([si.name, si.cron, si.payload_bytes, si.deadline_ms, si.overlap, si.overlap_skipped], ["tick", "@every 1s", 4, 60000, "allow", 0], "schedule: the reply describes it");
   const si2 = await ok(nc, "schedule", cq, { name: "tick", cron: "@every 1s", payload: "tock", metadata: { kind: "tick" }, deadline_ms: 60000 });
   eq(si2.revision, si.revision, "the same schedule sent again writes nothing");
   const fired = await ok(nc, "dequeue", cq, { wait_ms: 10000 });
