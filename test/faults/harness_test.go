@@ -333,6 +333,12 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		defer wg.Done()
 		cancelSome(operator, stop, enqueued)
 	}()
+	soloWorker := connect("solo-worker")
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		workSolo(soloWorker, stop)
+	}()
 	churnOperator := connect("churner")
 	wg.Add(1)
 	go func() {
@@ -509,6 +515,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	}()
 	payloadsMatch(t, admin, specs)
 	stats.ticksFired, stats.ticksSkipped = checkTicks(t, admin)
+	stats.soloFired, stats.soloOverlapped = checkSolo(t, admin)
 	procMu.Lock()
 	proc.stop(t)
 	procMu.Unlock()
@@ -579,7 +586,7 @@ func streamsLed(t *testing.T, admin *client) {
 }
 
 // payloadsMatch checks, waiting up to 10 s, that the bodies stream holds as many payloads as the
-// queues hold messages (the churn queue's, if it is there, and the schedule's): none was left behind by an enqueue
+// queues hold messages (the churn queue's, if it is there, and the schedules'): none was left behind by an enqueue
 // that a kill interrupted, nor by a queue's delete.
 func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 	t.Helper()
@@ -591,7 +598,7 @@ func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 poll:
 	for {
 		messages := 0
-		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue, ticksQueue) {
+		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue, ticksQueue, soloQueue) {
 			var d subjects.DepthReply
 			o, code := admin.call(subjects.OpDepth, name, nil, &d)
 			if name == churnQueue && code == string(subjects.CodeQueueNotFound) {
@@ -647,6 +654,7 @@ type runStats struct {
 	cleanStops                             int // stops by SIGTERM instead of SIGKILL, during the run
 	snapshotStarts                         int // starts that read the snapshot of a clean stop
 	ticksFired, ticksSkipped               int // the schedule's messages, and its seconds skipped
+	soloFired, soloOverlapped              int // the overlap-skip schedule's messages, and its seconds left out
 
 	faults      atomic.Int64  // the kills begun and the restarts done: odd while one is under way
 	churnedOnce chan struct{} // closed when the churner has finished its first generation

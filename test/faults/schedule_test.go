@@ -2,6 +2,8 @@ package faults
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,19 +18,148 @@ const ticksQueue = "ticks"
 // ticksSchedule is the schedule's name.
 const ticksSchedule = "tick"
 
-// startTicks creates ticksQueue and its schedule, each request sent again until its outcome is
-// known (a kill may come first).
+// soloQueue holds the messages of a second schedule, every second with overlap skip, whose messages
+// one worker (workSolo) runs for 1.2 to 2.7 s each: most fires find the last message unfinished.
+// checkSolo judges it.
+const soloQueue = "solo"
+
+// startTicks creates ticksQueue and soloQueue with their schedules, each request sent again until
+// its outcome is known (a kill may come first).
 func startTicks(t *testing.T, admin *client) {
 	t.Helper()
-	retention := time.Hour.Milliseconds()
-	untilKnown(t, "create "+ticksQueue, func() (Outcome, string) {
-		var info subjects.QueueInfo
-		return admin.call(subjects.OpCreate, ticksQueue, subjects.CreateQueueRequest{RetentionMS: &retention}, &info)
+	retention, lease := time.Hour.Milliseconds(), (3 * time.Second).Milliseconds()
+	for _, s := range []struct {
+		queue string
+		req   subjects.ScheduleRequest
+	}{
+		{ticksQueue, subjects.ScheduleRequest{Name: ticksSchedule, Cron: "@every 1s", Payload: "tick"}},
+		{soloQueue, subjects.ScheduleRequest{Name: soloQueue, Cron: "@every 1s", Payload: "solo", Overlap: subjects.OverlapSkip}},
+	} {
+		untilKnown(t, "create "+s.queue, func() (Outcome, string) {
+			var info subjects.QueueInfo
+			return admin.call(subjects.OpCreate, s.queue, subjects.CreateQueueRequest{RetentionMS: &retention, LeaseMS: lease}, &info)
+		})
+		untilKnown(t, "schedule "+s.req.Name, func() (Outcome, string) {
+			var info subjects.ScheduleInfo
+			return admin.call(subjects.OpSchedule, s.queue, s.req, &info)
+		})
+	}
+}
+
+// workSolo runs soloQueue's messages until stop: each for 1.2 to 2.7 s, longer than the schedule's
+// interval, then completed (sent again while its outcome is unknown, for up to 5 s).
+func workSolo(c *client, stop <-chan struct{}) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		var r subjects.DequeueReply
+		if o, _ := c.call(subjects.OpDequeue, soloQueue, subjects.DequeueRequest{WaitMS: 500}, &r); o != OK || len(r.Messages) == 0 {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond): // no broker, or nothing: don't spin
+			}
+			continue
+		}
+		m := r.Messages[0]
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(1200+rng.IntN(1500)) * time.Millisecond): // the work
+		}
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			var done subjects.Message
+			if o, _ := c.call(subjects.OpComplete, soloQueue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, &done); o != Unknown {
+				break
+			}
+			<-time.After(50 * time.Millisecond)
+		}
+	}
+}
+
+// schedulesOf returns queue's schedule, asked until the answer is known; it must be queue's alone.
+func scheduleOf(t *testing.T, admin *client, queue string) subjects.ScheduleInfo {
+	t.Helper()
+	var s subjects.ScheduleInfo
+	untilKnown(t, "schedules "+queue, func() (Outcome, string) {
+		var r subjects.SchedulesReply
+		o, code := admin.call(subjects.OpSchedules, queue, nil, &r)
+		if o == OK && len(r.Schedules) != 1 {
+			t.Fatalf("schedules of %s: %+v, want one", queue, r.Schedules)
+		}
+		if o == OK {
+			s = r.Schedules[0]
+		}
+		return o, code
 	})
-	untilKnown(t, "schedule "+ticksSchedule, func() (Outcome, string) {
-		var info subjects.ScheduleInfo
-		return admin.call(subjects.OpSchedule, ticksQueue, subjects.ScheduleRequest{Name: ticksSchedule, Cron: "@every 1s", Payload: "tick"}, &info)
-	})
+	return s
+}
+
+// messagesOf returns queue's messages in states, asked until each answer is known.
+func messagesOf(t *testing.T, admin *client, queue string, states ...subjects.State) []subjects.Message {
+	t.Helper()
+	var msgs []subjects.Message
+	for _, state := range states {
+		for after, more := "", true; more; {
+			untilKnown(t, "browse "+queue, func() (Outcome, string) {
+				var r subjects.BrowseReply
+				o, code := admin.call(subjects.OpBrowse, queue, subjects.BrowseRequest{State: state, Limit: subjects.MaxBrowseLimit, After: after}, &r)
+				if o == OK {
+					msgs, after, more = append(msgs, r.Messages...), r.Next, r.More
+				}
+				return o, code
+			})
+		}
+	}
+	return msgs
+}
+
+// checkSolo checks soloQueue's schedule after the run: no message of it was enqueued before the
+// one before it had finished (ended_at no later than the next one's enqueued_at), so at most one
+// was ever unfinished, whatever the kills did; every second from its first fire to the last time
+// it handled (next_at - 1 s) either enqueued its message, or is counted skipped (no broker) or
+// overlap_skipped; and no fire said it enqueued nothing. It returns the messages and the seconds
+// left out by the overlap.
+func checkSolo(t *testing.T, admin *client) (fired, overlapped int) {
+	t.Helper()
+	s := scheduleOf(t, admin, soloQueue)
+	if s.LastAt == nil || s.LastError != "" || s.Overlap != subjects.OverlapSkip {
+		t.Fatalf("schedule %+v: want fires with overlap skip, the last without an error", s)
+	}
+	first := time.UnixMilli(s.UpdatedAt.UnixMilli()).Truncate(time.Second).Add(time.Second)
+	last := s.NextAt.Add(-time.Second)
+	type fire struct {
+		at time.Time
+		m  subjects.Message
+	}
+	var fires []fire
+	for _, m := range messagesOf(t, admin, soloQueue, subjects.StateInvisible, subjects.StatePending, subjects.StateRunning,
+		subjects.StateCompleted, subjects.StateCanceled, subjects.StateErrored) {
+		at, err := time.Parse(time.RFC3339, strings.TrimPrefix(m.ID, soloQueue+"@"))
+		if err != nil || !strings.HasPrefix(m.ID, soloQueue+"@") || at.Before(first) || at.After(last) {
+			t.Errorf("%s holds %s, not a fire of %s from %v to %v", soloQueue, m.ID, soloQueue, first, last)
+			continue
+		}
+		fires = append(fires, fire{at, m})
+	}
+	slices.SortFunc(fires, func(a, b fire) int { return a.at.Compare(b.at) })
+	for i := 1; i < len(fires); i++ {
+		a, b := fires[i-1].m, fires[i].m
+		if a.EndedAt == nil || b.EnqueuedAt.Before(*a.EndedAt) {
+			t.Errorf("%s: %s enqueued at %v while %s was %s (ended at %v): two unfinished at once",
+				soloQueue, b.ID, b.EnqueuedAt, a.ID, a.State, a.EndedAt)
+		}
+	}
+	seconds := int(last.Sub(first)/time.Second) + 1
+	if got := len(fires) + int(s.Skipped+s.OverlapSkipped); got != seconds {
+		t.Errorf("schedule %s: %d seconds from %v to %v, %d fired, %d skipped, %d overlap_skipped: %d unaccounted for",
+			soloQueue, seconds, first.Format(time.TimeOnly), last.Format(time.TimeOnly), len(fires), s.Skipped, s.OverlapSkipped, seconds-got)
+	}
+	return len(fires), int(s.OverlapSkipped)
 }
 
 // untilKnown calls call until its outcome is known, for up to a minute; a refusal fails the test.
@@ -57,18 +188,7 @@ func untilKnown(t *testing.T, what string, call func() (Outcome, string)) {
 // fired and the seconds skipped.
 func checkTicks(t *testing.T, admin *client) (fired, skipped int) {
 	t.Helper()
-	var s subjects.ScheduleInfo
-	untilKnown(t, "schedules", func() (Outcome, string) {
-		var r subjects.SchedulesReply
-		o, code := admin.call(subjects.OpSchedules, ticksQueue, nil, &r)
-		if o == OK && len(r.Schedules) != 1 {
-			t.Fatalf("schedules of %s: %+v, want %s alone", ticksQueue, r.Schedules, ticksSchedule)
-		}
-		if o == OK {
-			s = r.Schedules[0]
-		}
-		return o, code
-	})
+	s := scheduleOf(t, admin, ticksQueue)
 	if s.LastAt == nil || s.LastError != "" {
 		t.Fatalf("schedule %+v: want fires, the last without an error", s)
 	}
@@ -77,17 +197,7 @@ func checkTicks(t *testing.T, admin *client) (fired, skipped int) {
 	}
 	first := time.UnixMilli(s.UpdatedAt.UnixMilli()).Truncate(time.Second).Add(time.Second)
 	last := *s.LastAt
-	var msgs []subjects.Message
-	for after, more := "", true; more; {
-		untilKnown(t, "browse "+ticksQueue, func() (Outcome, string) {
-			var r subjects.BrowseReply
-			o, code := admin.call(subjects.OpBrowse, ticksQueue, subjects.BrowseRequest{State: subjects.StatePending, Limit: subjects.MaxBrowseLimit, After: after}, &r)
-			if o == OK {
-				msgs, after, more = append(msgs, r.Messages...), r.Next, r.More
-			}
-			return o, code
-		})
-	}
+	msgs := messagesOf(t, admin, ticksQueue, subjects.StatePending)
 	seen := make(map[int64]bool) // by Unix second
 	for _, m := range msgs {
 		at, err := time.Parse(time.RFC3339, strings.TrimPrefix(m.ID, ticksSchedule+"@"))
@@ -116,7 +226,7 @@ func checkTicks(t *testing.T, admin *client) (fired, skipped int) {
 	return len(seen), int(s.Skipped)
 }
 
-// tickSummary is the schedule's part of a run's summary.
-func tickSummary(fired, skipped int) string {
-	return fmt.Sprintf("ticks_fired=%d ticks_skipped=%d", fired, skipped)
+// tickSummary is the schedules' part of a run's summary.
+func tickSummary(s *runStats) string {
+	return fmt.Sprintf("ticks_fired=%d ticks_skipped=%d solo_fired=%d solo_overlapped=%d", s.ticksFired, s.ticksSkipped, s.soloFired, s.soloOverlapped)
 }
