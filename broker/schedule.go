@@ -417,10 +417,11 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 	return s.fireAt(sc, q, t, skipped, held)
 }
 
-// walk returns the last fire time of sc due at now, how many before it were skipped, and the
-// latest of those before it whose message the queue holds (zero if none).
-func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (last time.Time, skipped int64, held time.Time) {
-	t := sc.next
+// walk returns the last fire time of sc due at now, how many of the times before it were skipped,
+// and the latest of those whose message the queue holds (zero if none): a broker fired it and died
+// before it stored so.
+func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (time.Time, int64, time.Time) {
+	t, skipped, held := sc.next, int64(0), time.Time{}
 	pass := func(t time.Time) {
 		if q.holds(fireID(sc.name, t)) {
 			held = t
@@ -430,9 +431,11 @@ func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (last time.Time,
 	}
 	if d, ok := sc.cron.(cron.ConstantDelaySchedule); ok && d.Delay > 0 && now.After(t) {
 		// "@every" missed for longer than a walk goes: the times older than the walk's are
-		// counted at once (fired unstored, they would be in the walk).
+		// counted at once, but for the first, which a broker that died may have fired unstored
+		// (one whose stores kept failing may have fired the next few too: they are counted).
 		if k := now.Sub(t)/d.Delay - maxSkipWalk; k > 0 {
-			t, skipped = t.Add(k*d.Delay), int64(k)
+			pass(t)
+			t, skipped = t.Add(k*d.Delay), skipped+int64(k)-1
 		}
 	}
 	for walked, n := 0, sc.cron.Next(t); !n.IsZero() && !n.After(now) && walked < maxSkipWalk; walked, n = walked+1, sc.cron.Next(t) {
@@ -443,11 +446,12 @@ func (s *scheduler) walk(sc *schedule, q *queue, now time.Time) (last time.Time,
 }
 
 // fireAt enqueues sc's fire at t and stores its time, with skipped more times skipped; held, if
-// not zero, is a fire time before t whose message a broker enqueued without storing so, which is
-// then the last fire. What it reports is fireOne's. A schedule whose overlap is skip enqueues
-// nothing while its last fire's message is not finished (unless a broker enqueued t's already): it
-// counts the time in OverlapSkipped and keeps its last fire, whose message the next fire looks at
-// again.
+// not zero, is a fire time before t whose message a broker enqueued without storing so (walk),
+// which is then the last fire. What it reports is fireOne's. A fire whose message the queue holds
+// already (a broker fired it and died before storing so, or a client enqueued its id) is done. A
+// schedule whose overlap is skip enqueues nothing while its last fire's message is not finished:
+// it counts the time in OverlapSkipped and keeps its last fire, whose message the next fire looks
+// at again.
 func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, held time.Time) bool {
 	b := s.b
 	if !b.claim.held() {
@@ -456,14 +460,16 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, h
 	rec := sc.rec
 	rec.From = t.UnixMilli()
 	rec.Skipped += skipped
-	if !held.IsZero() {
-		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = held.UnixMilli(), fireID(sc.name, held), "", ""
-	}
+	lastFire(&rec, sc.name, held)
 	id := fireID(sc.name, t)
-	if rec.Spec.Overlap == subjects.OverlapSkip && rec.LastID != "" && !q.holds(id) && q.unfinished(rec.LastID) {
+	switch {
+	case q.holds(id):
+		lastFire(&rec, sc.name, t)
+		return s.saveFire(sc, rec, t)
+	case rec.Spec.Overlap == subjects.OverlapSkip && rec.LastID != "" && q.unfinished(rec.LastID):
 		rec.OverlapSkipped++
 		b.log.Debug("a schedule's fire enqueued nothing: its last fire's message is not finished", "queue", sc.queue, "schedule", sc.name, "last_id", rec.LastID)
-		return s.stored(sc, rec, t)
+		return s.saveFire(sc, rec, t)
 	}
 	req := sc.rec.Spec.Template()
 	req.ID = id
@@ -476,7 +482,7 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, h
 		b.log.Warn("a schedule's fire was not stored; it is tried again", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 		return false
 	}
-	rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = t.UnixMilli(), id, "", ""
+	lastFire(&rec, sc.name, t)
 	if err != nil {
 		// The queue refuses it (blocked, or its config changed since): this fire is lost, and says
 		// why; the next one tries again.
@@ -487,11 +493,19 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, h
 		}
 		b.log.Warn("a schedule's fire enqueued nothing", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 	}
-	return s.stored(sc, rec, t)
+	return s.saveFire(sc, rec, t)
 }
 
-// stored writes rec, what sc's fire at t did, and keeps it as sc's; what it reports is fireOne's.
-func (s *scheduler) stored(sc *schedule, rec kv.ScheduleRecord, t time.Time) bool {
+// lastFire makes the fire of schedule name at t, unless t is zero, rec's last: it enqueued its
+// message.
+func lastFire(rec *kv.ScheduleRecord, name string, t time.Time) {
+	if !t.IsZero() {
+		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = t.UnixMilli(), fireID(name, t), "", ""
+	}
+}
+
+// saveFire stores rec, what sc's fire at t did, and keeps it as sc's; what it reports is fireOne's.
+func (s *scheduler) saveFire(sc *schedule, rec kv.ScheduleRecord, t time.Time) bool {
 	b := s.b
 	next := &schedule{queue: sc.queue, name: sc.name, rec: rec, rev: sc.rev, cron: sc.cron, next: sc.cron.Next(t)}
 	wctx, wcancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout) // a slow enqueue leaves it its own time
@@ -652,11 +666,15 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 		if old.rec.Spec.Cron == spec.Cron {
 			rec.From = old.rec.From // the same times: none is skipped or fired twice by the change
 		} else if !old.next.IsZero() && !old.next.After(now) {
-			last, k, _ := s.walk(old, q, now)
+			// The times due are not fired; the last one a broker fired unstored is the last fire.
+			last, k, held := s.walk(old, q, now)
 			rec.Skipped += k
-			if !q.holds(fireID(r.Name, last)) {
+			if q.holds(fireID(r.Name, last)) {
+				held = last
+			} else {
 				rec.Skipped++
 			}
+			lastFire(&rec, r.Name, held)
 		}
 	} else if n := s.countQueue(queue); n >= subjects.MaxSchedules {
 		return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeOutOfRange, "queue %s has %d schedules, the most a queue may have", queue, n)

@@ -316,62 +316,108 @@ func TestScheduleOverlapSkip(t *testing.T) {
 	check("a fire with overlap allow", fireAt("s", at(8)), 4, m5, fireAt("s", at(8)))
 }
 
-// TestScheduleOverlapAfterAnUnstoredFire: a broker that enqueued a fire and died before it stored
-// so leaves a record whose last fire is the one before; with overlap skip, the broker that starts
-// finds that message among the times it walks and looks at it, not at the stored last one, so it
-// does not enqueue while that message is pending.
-func TestScheduleOverlapAfterAnUnstoredFire(t *testing.T) {
-	e := setup(t)
-	spec := subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Overlap: subjects.OverlapSkip}
-	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", spec)
-	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
-	e.advance(time.Minute)
-	leased := e.dequeueOne("q")
-	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: leased.ID, LeaseID: leased.LeaseID})
-	e.advance(time.Minute) // the second fire, pending
-	if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", at(2))}) {
-		t.Fatalf("pending %v, want the second fire's message", got)
-	}
-
-	// The record as it was before the second fire was stored.
-	rec := kv.ScheduleRecord{Spec: spec, UpdatedAt: t0.UnixMilli(), From: at(1).UnixMilli(), LastAt: at(1).UnixMilli(), LastID: leased.ID}
-	data, err := json.Marshal(&rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.storeRaw("$KV.natstone-schedules."+kv.ScheduleKey("q", "s"), data)
-	e.stopBroker(e.b)
-	e.advance(2 * time.Minute) // nothing serves: the third and fourth fire times pass
-	e.startBroker()
-	e.advance(0)
-	if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", at(2))}) {
-		t.Fatalf("pending %v after the restart, want the second fire's message alone", got)
-	}
-	s := e.schedules("q")["s"]
-	if s.LastID != fireAt("s", at(2)) || !s.LastAt.Equal(at(2)) || s.OverlapSkipped != 1 || s.Skipped != 1 || !s.NextAt.Equal(at(5)) {
-		t.Fatalf("after the restart: %+v, want last %s, the third time skipped, the fourth overlap-skipped", s, fireAt("s", at(2)))
-	}
-}
-
-// TestScheduleOverlapFireEnqueuedAlready: with overlap skip, a fire time whose message is in the
-// queue already (a client enqueued its id first, or a broker that died before storing the fire)
-// takes that message as its last fire, even while the one before is pending: it is not counted
-// as left out, and the next fire looks at it.
+// TestScheduleOverlapFireEnqueuedAlready: a fire time whose message is in the queue already (a
+// client enqueued its id first, or a broker that died before storing the fire) is that time's fire,
+// even while enqueues are blocked, and with overlap skip even while the one before is pending: it is
+// not counted as left out, nor as refused, and the next fire looks at its message.
 func TestScheduleOverlapFireEnqueuedAlready(t *testing.T) {
 	e := setup(t)
 	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Overlap: subjects.OverlapSkip})
 	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
 	e.advance(time.Minute)
 	e.enqueue("q", subjects.EnqueueRequest{ID: fireAt("s", at(2))})
+	info := must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{EnqueueBlocked: ptr(true)})
 	e.advance(time.Minute)
 	s := e.schedules("q")["s"]
-	if s.LastID != fireAt("s", at(2)) || s.OverlapSkipped != 0 {
-		t.Fatalf("a fire enqueued already: %+v, want it the last fire, none left out", s)
+	if s.LastID != fireAt("s", at(2)) || !s.LastAt.Equal(at(2)) || s.LastError != "" || s.OverlapSkipped != 0 {
+		t.Fatalf("a fire enqueued already: %+v, want it the last fire, none left out or refused", s)
 	}
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{Revision: info.Revision, EnqueueBlocked: ptr(false)})
 	e.advance(time.Minute)
 	if s = e.schedules("q")["s"]; s.LastID != fireAt("s", at(2)) || s.OverlapSkipped != 1 {
 		t.Fatalf("the next fire: %+v, want it left out while %s is pending", s, fireAt("s", at(2)))
 	}
+	if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", at(1)), fireAt("s", at(2))}) {
+		t.Fatalf("pending %v, want the two fires' messages", got)
+	}
+}
+
+// unstoredSecondFire leaves a schedule s of queue q, every interval with overlap skip, whose first
+// fire's message completed and whose second fire's message is pending, but whose stored record is
+// as before the second fire (a broker died between the two), with the broker stopped. It returns
+// the two fire times.
+func unstoredSecondFire(e *env, interval time.Duration) (first, second time.Time) {
+	e.t.Helper()
+	spec := subjects.ScheduleRequest{Name: "s", Cron: "@every " + interval.String(), Overlap: subjects.OverlapSkip}
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", spec)
+	first, second = t0.Add(interval), t0.Add(2*interval)
+	e.advance(interval)
+	leased := e.dequeueOne("q")
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: leased.ID, LeaseID: leased.LeaseID})
+	e.advance(interval)
+	if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", second)}) {
+		e.t.Fatalf("pending %v, want the second fire's message", got)
+	}
+	rec := kv.ScheduleRecord{Spec: spec, UpdatedAt: t0.UnixMilli(), From: first.UnixMilli(), LastAt: first.UnixMilli(), LastID: leased.ID}
+	data, err := json.Marshal(&rec)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.storeRaw("$KV.natstone-schedules."+kv.ScheduleKey("q", "s"), data)
+	e.stopBroker(e.b)
+	return first, second
+}
+
+// TestScheduleOverlapAfterAnUnstoredFire: a broker that enqueued a fire and died before it stored
+// so leaves a record whose last fire is the one before; with overlap skip, the broker that starts
+// finds that message among the times it walks (also past a walk's length, after a long outage) and
+// looks at it, not at the stored last one, so it does not enqueue while that message is pending.
+// So does a replace with another cron before that broker's first fire.
+func TestScheduleOverlapAfterAnUnstoredFire(t *testing.T) {
+	t.Run("restart", func(t *testing.T) {
+		e := setup(t)
+		_, second := unstoredSecondFire(e, time.Minute)
+		e.advance(2 * time.Minute) // nothing serves: the third and fourth fire times pass
+		e.startBroker()
+		e.advance(0)
+		if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", second)}) {
+			t.Fatalf("pending %v after the restart, want the second fire's message alone", got)
+		}
+		s := e.schedules("q")["s"]
+		if s.LastID != fireAt("s", second) || !s.LastAt.Equal(second) || s.OverlapSkipped != 1 || s.Skipped != 1 || !s.NextAt.Equal(second.Add(3*time.Minute)) {
+			t.Fatalf("after the restart: %+v, want last %s, the third time skipped, the fourth overlap-skipped", s, fireAt("s", second))
+		}
+	})
+	t.Run("long outage", func(t *testing.T) {
+		e := setup(t)
+		_, second := unstoredSecondFire(e, time.Second)
+		outage := 13 * 24 * time.Hour // more fire times than a walk goes
+		e.advance(outage)
+		e.startBroker()
+		e.advance(0)
+		if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", second)}) {
+			t.Fatalf("pending %v after the outage, want the second fire's message alone", got)
+		}
+		s := e.schedules("q")["s"]
+		times := int64(outage/time.Second) + 1 // from the second fire time to the last, both in
+		if s.LastID != fireAt("s", second) || s.OverlapSkipped != 1 || s.Skipped != times-2 {
+			t.Fatalf("after the outage: %+v, want last %s, %d skipped and the last overlap-skipped", s, fireAt("s", second), times-2)
+		}
+	})
+	t.Run("replace", func(t *testing.T) {
+		e := setup(t)
+		_, second := unstoredSecondFire(e, time.Minute)
+		e.advance(10 * time.Second)
+		e.startBroker() // its fire of the second time is due, not run before the clock moves
+		r := must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 2m", Overlap: subjects.OverlapSkip})
+		if r.LastID != fireAt("s", second) || r.Skipped != 0 {
+			t.Fatalf("replaced: %+v, want last %s, none skipped", r, fireAt("s", second))
+		}
+		e.advance(3 * time.Minute)
+		if got := e.pendingIDs("q"); !slices.Equal(got, []string{fireAt("s", second)}) {
+			t.Fatalf("pending %v after the replace, want the second fire's message alone", got)
+		}
+	})
 }
 
 // TestScheduleRefusedFire: a fire the queue refuses (enqueue blocked) enqueues nothing and says why;

@@ -279,22 +279,25 @@ type Message struct {
 // schedule's last fire is not finished: OverlapAllow (the default, "" alike) enqueues, OverlapSkip
 // enqueues nothing. The same request sent again writes nothing.
 type ScheduleRequest struct {
-	Name          string `json:"name"`
-	Cron          string `json:"cron"`
-	Payload       string `json:"payload,omitempty"`
-	PayloadBase64 []byte `json:"payload_base64,omitempty"`
-	Metadata      Pairs  `json:"metadata,omitempty"`
-	DeadlineMS    int64  `json:"deadline_ms,omitempty"`
-	LeaseMS       *int64 `json:"lease_ms,omitempty"`
-	MaxAttempts   *int64 `json:"max_attempts,omitempty"`
-	Overlap       string `json:"overlap,omitempty"`
+	Name          string  `json:"name"`
+	Cron          string  `json:"cron"`
+	Payload       string  `json:"payload,omitempty"`
+	PayloadBase64 []byte  `json:"payload_base64,omitempty"`
+	Metadata      Pairs   `json:"metadata,omitempty"`
+	DeadlineMS    int64   `json:"deadline_ms,omitempty"`
+	LeaseMS       *int64  `json:"lease_ms,omitempty"`
+	MaxAttempts   *int64  `json:"max_attempts,omitempty"`
+	Overlap       Overlap `json:"overlap,omitempty"`
 }
 
-// The overlap policies of a schedule: what a fire does while the message of its last fire is
+// Overlap is a schedule's overlap policy: what a fire does while the message of its last fire is
 // still pending, invisible or running.
+type Overlap string
+
+// The overlap policies.
 const (
-	OverlapAllow = "allow" // enqueue (the default)
-	OverlapSkip  = "skip"  // enqueue nothing, and count the fire time in overlap_skipped
+	OverlapAllow Overlap = "allow" // enqueue (the default)
+	OverlapSkip  Overlap = "skip"  // enqueue nothing, and count the fire time in overlap_skipped
 )
 
 // Template is the enqueue that each fire of r sends, without its id and priority.
@@ -324,7 +327,7 @@ type ScheduleInfo struct {
 	DeadlineMS     int64      `json:"deadline_ms"`
 	LeaseMS        *int64     `json:"lease_ms,omitempty"`
 	MaxAttempts    *int64     `json:"max_attempts,omitempty"`
-	Overlap        string     `json:"overlap"`
+	Overlap        Overlap    `json:"overlap"`
 	PayloadBytes   int        `json:"payload_bytes"`
 	Revision       uint64     `json:"revision"`
 	UpdatedAt      time.Time  `json:"updated_at"`

@@ -26,7 +26,7 @@ type ScheduleOpts struct {
 	// pending, invisible or running: subjects.OverlapAllow (the default, "" alike) enqueues,
 	// subjects.OverlapSkip enqueues nothing (and counts the time in ScheduleInfo.OverlapSkipped), so
 	// that a job slower than its schedule, or workers down for a while, never piles up fires.
-	Overlap string
+	Overlap subjects.Overlap
 }
 
 // Schedule creates the schedule name of queue, or replaces it: a recurring enqueue, which the

@@ -43,7 +43,7 @@ workers down for a while, never piles up fires.
 	deadline := c.duration("deadline-in", 0, time.Millisecond, subjects.MaxScheduleDeadline, "each message's priority is its fire time plus this")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "each message's lease when a dequeue does not ask for one (default the queue's)")
 	maxAttempts := c.fs.Int("max-attempts", 0, "how many times each message may be leased, 1 to 1000 (default the queue's)")
-	overlap := c.fs.String("overlap", subjects.OverlapAllow, "while the last fire's message is not finished, a fire enqueues (allow) or not (skip)")
+	overlap := c.fs.String("overlap", string(subjects.OverlapAllow), "while the last fire's message is not finished, a fire enqueues (allow) or not (skip)")
 	pos, err := c.parse(args, 3, 4)
 	if err != nil {
 		return parseExit(err)
@@ -52,10 +52,10 @@ workers down for a while, never piles up fires.
 	if given["max-attempts"] && (*maxAttempts < 1 || *maxAttempts > subjects.MaxAttemptsLimit) {
 		return parseExit(c.usageError("--max-attempts must be 1 to %d, not %d", subjects.MaxAttemptsLimit, *maxAttempts))
 	}
-	if *overlap != subjects.OverlapAllow && *overlap != subjects.OverlapSkip {
+	if o := subjects.Overlap(*overlap); o != subjects.OverlapAllow && o != subjects.OverlapSkip {
 		return parseExit(c.usageError("--overlap must be %s or %s, not %q", subjects.OverlapAllow, subjects.OverlapSkip, *overlap))
 	}
-	opts := workers.ScheduleOpts{Cron: pos[2], Metadata: meta, Deadline: *deadline, Lease: *lease, MaxAttempts: *maxAttempts, Overlap: *overlap}
+	opts := workers.ScheduleOpts{Cron: pos[2], Metadata: meta, Deadline: *deadline, Lease: *lease, MaxAttempts: *maxAttempts, Overlap: subjects.Overlap(*overlap)}
 	switch {
 	case len(pos) == 4 && given["file"]:
 		return parseExit(c.usageError("give PAYLOAD or --file, not both"))
@@ -168,7 +168,7 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 				what = "error: " + string(s.LastErrorCode) + ": " + printable(s.LastError, 80)
 			}
 		}
-		overlap := s.Overlap
+		overlap := string(s.Overlap)
 		if s.OverlapSkipped > 0 {
 			overlap = fmt.Sprintf("%s (%d)", s.Overlap, s.OverlapSkipped)
 		}
