@@ -25,6 +25,7 @@ func resolveConfig(r subjects.CreateQueueRequest) (subjects.QueueConfig, error) 
 		RetentionMS:      subjects.DefaultRetention.Milliseconds(),
 		MaxPayloadBytes:  r.MaxPayloadBytes,
 		MaxMetadataPairs: r.MaxMetadataPairs,
+		MaxRunning:       r.MaxRunning,
 		EnqueueBlocked:   r.EnqueueBlocked,
 		DequeueBlocked:   r.DequeueBlocked,
 	}
@@ -77,6 +78,7 @@ func validateConfig(c *subjects.QueueConfig) error {
 		{"retention_ms", c.RetentionMS, 0, subjects.MaxRetention.Milliseconds()},
 		{"max_payload_bytes", int64(c.MaxPayloadBytes), 0, subjects.MaxPayloadBytes},
 		{"max_metadata_pairs", int64(c.MaxMetadataPairs), 1, subjects.MaxMetadataPairs},
+		{"max_running", int64(c.MaxRunning), 0, subjects.MaxRunningLimit},
 	} {
 		if b.v < b.lo || b.v > b.hi {
 			return bad("%s must be %d to %d, got %d", b.field, b.lo, b.hi, b.v)
@@ -213,6 +215,7 @@ func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subj
 		setIf(&c.RetentionMS, r.RetentionMS)
 		setIf(&c.MaxPayloadBytes, r.MaxPayloadBytes)
 		setIf(&c.MaxMetadataPairs, r.MaxMetadataPairs)
+		setIf(&c.MaxRunning, r.MaxRunning)
 		setIf(&c.EnqueueBlocked, r.EnqueueBlocked)
 		setIf(&c.DequeueBlocked, r.DequeueBlocked)
 		if err := validateConfig(&c); err != nil {

@@ -9,15 +9,19 @@ import (
 )
 
 // TestConcurrentWorkers runs many workers against one queue and checks that every message is
-// completed exactly once, no message is held by two workers at once, and in an exclusive queue no
-// two workers hold the same value at once.
+// completed exactly once, no message is held by two workers at once, in an exclusive queue no two
+// workers hold the same value at once, and with max_running no more than that many are held.
 func TestConcurrentWorkers(t *testing.T) {
 	t.Parallel()
-	for _, exclusive := range []bool{false, true} {
-		t.Run(fmt.Sprintf("exclusive=%v", exclusive), func(t *testing.T) {
+	for _, c := range []struct {
+		exclusive  bool
+		maxRunning int
+	}{{false, 0}, {true, 0}, {false, 3}, {true, 3}} {
+		exclusive := c.exclusive
+		t.Run(fmt.Sprintf("exclusive=%v,max_running=%d", exclusive, c.maxRunning), func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
-			cfg := subjects.CreateQueueRequest{LeaseMS: 60_000}
+			cfg := subjects.CreateQueueRequest{LeaseMS: 60_000, MaxRunning: c.maxRunning}
 			if exclusive {
 				cfg.Type, cfg.ExclusivityKey = subjects.Exclusive, "p"
 			}
@@ -70,6 +74,12 @@ func TestConcurrentWorkers(t *testing.T) {
 								errs <- fmt.Errorf("message %s leased to worker %d while worker %s holds it", m.ID, w, other)
 							}
 							heldMsg[m.ID] = fmt.Sprint(w)
+							if c.maxRunning > 0 && len(heldMsg) > c.maxRunning {
+								select { // once is enough: errs holds one error per worker
+								case errs <- fmt.Errorf("%d messages held at once, max_running %d", len(heldMsg), c.maxRunning):
+								default:
+								}
+							}
 							if exclusive {
 								if other, ok := heldVal[m.Metadata["p"]]; ok {
 									errs <- fmt.Errorf("value %s leased with %s while %s holds it", m.Metadata["p"], m.ID, other)

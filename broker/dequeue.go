@@ -218,9 +218,13 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		}()
 	}
 
-	es := q.pending.Pop(filter, q.fitting(filter, r.Batch, taken))
+	var es []*entry
+	if room := q.room(); room > 0 {
+		es = q.pending.Pop(filter, min(q.fitting(filter, r.Batch, taken), room))
+	}
 	if len(es) == 0 && r.WaitMS > 0 {
 		es = q.wait(ctx, filter, r.Batch, time.Duration(r.WaitMS)*time.Millisecond)
+		q.reserved -= len(es) // taken: counted as leasing from the commit below
 		// The entries were reserved for this waiter (busy) when they were popped; take the
 		// reservation over: the commit below marks them busy again in the same lock hold.
 		for _, e := range es {
@@ -414,11 +418,13 @@ func (q *queue) serveWaiters() {
 	}
 	kept := q.waiters[:0]
 	for i, w := range q.waiters {
-		if q.pending.Len() == 0 {
+		room := q.room()
+		if q.pending.Len() == 0 || room <= 0 {
 			kept = append(kept, q.waiters[i:]...)
 			break
 		}
-		if es := q.pending.Pop(w.filter, q.fitting(w.filter, w.n, 0)); len(es) > 0 {
+		if es := q.pending.Pop(w.filter, min(q.fitting(w.filter, w.n, 0), room)); len(es) > 0 {
+			q.reserved += len(es)
 			// Reserved until the waiter's goroutine takes them: nothing else may write them
 			// (a cancel) or offer them to another dequeue meanwhile.
 			for _, e := range es {

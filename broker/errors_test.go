@@ -828,6 +828,8 @@ func TestErrCreateInvalidConfig(t *testing.T) {
 		cr(subjects.CreateQueueRequest{MaxPayloadBytes: subjects.MaxPayloadBytes + 1}),
 		cr(subjects.CreateQueueRequest{MaxMetadataPairs: -1}),
 		cr(subjects.CreateQueueRequest{MaxMetadataPairs: subjects.MaxMetadataPairs + 1}),
+		cr(subjects.CreateQueueRequest{MaxRunning: -1}),
+		cr(subjects.CreateQueueRequest{MaxRunning: subjects.MaxRunningLimit + 1}),
 		// An invalid config for an existing queue is invalid_config, not queue_exists.
 		{op: subjects.OpCreate, queue: "existing", body: subjects.CreateQueueRequest{LeaseMS: 99}, code: subjects.CodeInvalidConfig},
 	}
@@ -908,6 +910,8 @@ func TestErrUpdate(t *testing.T) {
 		up(subjects.UpdateQueueRequest{MaxPayloadBytes: ptr(subjects.MaxPayloadBytes + 1)}),
 		up(subjects.UpdateQueueRequest{MaxMetadataPairs: ptr(0)}),
 		up(subjects.UpdateQueueRequest{MaxMetadataPairs: ptr(subjects.MaxMetadataPairs + 1)}),
+		up(subjects.UpdateQueueRequest{MaxRunning: ptr(-1)}),
+		up(subjects.UpdateQueueRequest{MaxRunning: ptr(subjects.MaxRunningLimit + 1)}),
 		// One bad field among good ones changes nothing.
 		up(subjects.UpdateQueueRequest{LeaseMS: ptr(int64(5000)), EnqueueBlocked: ptr(true), MaxAttempts: ptr(-3)}),
 		up(subjects.UpdateQueueRequest{Revision: info.Revision, LeaseMS: ptr(int64(5000)), MaxMetadataPairs: ptr(33)}),

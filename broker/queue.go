@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -35,24 +36,28 @@ type queue struct {
 	deleting  bool  // a delete has started (it may be retried until storage has forgotten the queue)
 	deleted   int   // how many messages the delete removes
 
-	entries       idTable
-	pending       *index.Index[*entry]
-	counts        [numStates]int
-	invisible     deadlines     // invisible entries by VisibleAt
-	leases        deadlines     // running entries by LeaseExpires
-	gc            deadlines     // terminal entries by EndedAt + retention
-	collecting    bool          // a garbage collection is in flight; the gc timer waits for its end
-	idle          chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
-	locks         map[string]*lock
-	waiters       []*waiter
-	requests      map[string]*dequeueRecord // dequeue request id → its leases
-	doubtful      []*change                 // writes of unknown outcome, their entries kept busy
-	doubtfulLocks []*lockWrite              // lock writes of unknown outcome, for leases not written; their values kept held
-	doubt         clock.Timer               // issues the doubtful writes again
-	doubtArmed    bool
-	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
-	reqEnds       recordHeap // the records of requests, by when they are forgotten
-	widest        int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
+	entries    idTable
+	pending    *index.Index[*entry]
+	counts     [numStates]int
+	invisible  deadlines     // invisible entries by VisibleAt
+	leases     deadlines     // running entries by LeaseExpires
+	gc         deadlines     // terminal entries by EndedAt + retention
+	collecting bool          // a garbage collection is in flight; the gc timer waits for its end
+	idle       chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
+	locks      map[string]*lock
+	waiters    []*waiter
+	// leasing counts the leases being written (counted in commit, until finish or takeLocks drops
+	// them) and reserved the messages popped for parked dequeues that have not taken them yet: with
+	// the running ones, what a max_running queue has in use (room).
+	leasing, reserved int
+	requests          map[string]*dequeueRecord // dequeue request id → its leases
+	doubtful          []*change                 // writes of unknown outcome, their entries kept busy
+	doubtfulLocks     []*lockWrite              // lock writes of unknown outcome, for leases not written; their values kept held
+	doubt             clock.Timer               // issues the doubtful writes again
+	doubtArmed        bool
+	ids               *nuid.NUID // message and lease ids; the package's global one is behind a lock
+	reqEnds           recordHeap // the records of requests, by when they are forgotten
+	widest            int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
 
 	totals  subjects.Totals // transitions since the broker started
 	rates   rateWindow      // transitions over the last minute
@@ -446,6 +451,22 @@ func (q *queue) lockOf(value string) *lock {
 
 // usable returns why the queue takes no more work, or nil.
 func (q *queue) usable() error { return q.closed }
+
+// room is how many more messages the queue may lease now: its max_running less those running,
+// being leased, reserved for parked dequeues, or leased by a write of unknown outcome (which may
+// have landed); unlimited without max_running. Called with q.mu held.
+func (q *queue) room() int {
+	if q.cfg.MaxRunning == 0 {
+		return math.MaxInt
+	}
+	used := q.counts[stateIndex(subjects.StateRunning)] + q.leasing + q.reserved
+	for _, c := range q.doubtful {
+		if c.lease() {
+			used++
+		}
+	}
+	return q.cfg.MaxRunning - used
+}
 
 // holds reports whether the queue has a message id, in any state, until it is collected.
 func (q *queue) holds(id string) bool {

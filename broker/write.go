@@ -24,6 +24,20 @@ type change struct {
 	refund  bool               // a release's: the attempt was given back, as its event says
 	kind    subjects.EventKind // the event's kind, when the states alone do not tell it (a reschedule)
 	skipped bool               // never issued: its exclusivity lock was not taken (err says why)
+	leasing bool               // counted in queue.leasing until its outcome is applied
+}
+
+// lease reports whether c leases its message: from another state into running.
+func (c *change) lease() bool {
+	return c.next.State == subjects.StateRunning && c.prev != subjects.StateRunning
+}
+
+// leased ends c's count in q.leasing, if it has one. Called with q.mu held.
+func (q *queue) leased(c *change) {
+	if c.leasing {
+		c.leasing = false
+		q.leasing--
+	}
 }
 
 // rewrites bounds how often a write whose outcome is unknown is issued again (each waits up to the
@@ -74,6 +88,12 @@ func (q *queue) commit(cs []*change) {
 		}
 		return
 	}
+	for _, c := range cs {
+		if c.lease() {
+			c.leasing = true
+			q.leasing++
+		}
+	}
 	if q.exclusive() {
 		cs = q.takeLocks(cs)
 	}
@@ -101,6 +121,7 @@ func (q *queue) finish(cs []*change) {
 	var free []*entry
 	for _, c := range cs {
 		e := c.e
+		q.leased(c)
 		switch {
 		case c.err == nil:
 			q.apply(e, c.next, c.rev)
@@ -336,6 +357,7 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		q.log().Warn("exclusivity lock not taken", "value", c.e.Value(), "message_id", c.next.ID, "error", w.err)
 		c.err, c.skipped = w.err, true
 		dropped[c] = true
+		q.leased(c)
 		q.apply(c.e, c.e.record(), c.e.rev) // back to pending
 		q.endWrite(c.e)
 		q.dropLock(w)

@@ -43,6 +43,7 @@ type QueueConfig struct {
 	RetentionMS      int64     `json:"retention_ms"`       // how long terminal messages are kept
 	MaxPayloadBytes  int       `json:"max_payload_bytes"`  // largest payload accepted
 	MaxMetadataPairs int       `json:"max_metadata_pairs"` // most metadata pairs accepted
+	MaxRunning       int       `json:"max_running"`        // most messages running at once; 0: no limit
 	EnqueueBlocked   bool      `json:"enqueue_blocked"`
 	DequeueBlocked   bool      `json:"dequeue_blocked"`
 }
@@ -58,6 +59,7 @@ type CreateQueueRequest struct {
 	RetentionMS      *int64    `json:"retention_ms,omitempty"` // 0 is valid: collect at once
 	MaxPayloadBytes  int       `json:"max_payload_bytes,omitempty"`
 	MaxMetadataPairs int       `json:"max_metadata_pairs,omitempty"`
+	MaxRunning       int       `json:"max_running,omitempty"`
 	EnqueueBlocked   bool      `json:"enqueue_blocked,omitempty"`
 	DequeueBlocked   bool      `json:"dequeue_blocked,omitempty"`
 }
@@ -73,6 +75,7 @@ type UpdateQueueRequest struct {
 	RetentionMS      *int64 `json:"retention_ms,omitempty"`
 	MaxPayloadBytes  *int   `json:"max_payload_bytes,omitempty"`
 	MaxMetadataPairs *int   `json:"max_metadata_pairs,omitempty"`
+	MaxRunning       *int   `json:"max_running,omitempty"`
 	EnqueueBlocked   *bool  `json:"enqueue_blocked,omitempty"`
 	DequeueBlocked   *bool  `json:"dequeue_blocked,omitempty"`
 }

@@ -27,6 +27,9 @@ type QueueOpts struct {
 	MaxPayloadBytes int
 	// MaxMetadataPairs is the most metadata pairs a message may carry. Default 8.
 	MaxMetadataPairs int
+	// MaxRunning is the most messages that may run at once, whatever the workers: a dequeue leases
+	// no more than make up the difference. Default 0: no limit.
+	MaxRunning int
 	// EnqueueBlocked and DequeueBlocked pause the queue's intake and its dequeues.
 	EnqueueBlocked, DequeueBlocked bool
 }
@@ -42,6 +45,7 @@ type QueueUpdate struct {
 	Retention        *time.Duration
 	MaxPayloadBytes  *int
 	MaxMetadataPairs *int
+	MaxRunning       *int // 0: no limit
 	EnqueueBlocked   *bool
 	DequeueBlocked   *bool
 }
@@ -63,6 +67,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, opts *QueueOpts) 
 		RetentionMS:      msPtr(o.Retention),
 		MaxPayloadBytes:  o.MaxPayloadBytes,
 		MaxMetadataPairs: o.MaxMetadataPairs,
+		MaxRunning:       o.MaxRunning,
 		EnqueueBlocked:   o.EnqueueBlocked,
 		DequeueBlocked:   o.DequeueBlocked,
 	}
@@ -91,6 +96,7 @@ func (c *Client) UpdateQueue(ctx context.Context, name string, u *QueueUpdate) (
 			RetentionMS:      msPtr(u.Retention),
 			MaxPayloadBytes:  u.MaxPayloadBytes,
 			MaxMetadataPairs: u.MaxMetadataPairs,
+			MaxRunning:       u.MaxRunning,
 			EnqueueBlocked:   u.EnqueueBlocked,
 			DequeueBlocked:   u.DequeueBlocked,
 		}

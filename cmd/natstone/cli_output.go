@@ -259,6 +259,11 @@ func printQueue(w io.Writer, q *subjects.QueueInfo) {
 	fmt.Fprintf(tw, "Retention:\t%s\n", fmtMS(cfg.RetentionMS))
 	fmt.Fprintf(tw, "Max payload:\t%d bytes\n", cfg.MaxPayloadBytes)
 	fmt.Fprintf(tw, "Max metadata:\t%d pairs\n", cfg.MaxMetadataPairs)
+	if cfg.MaxRunning > 0 {
+		fmt.Fprintf(tw, "Max running:\t%d\n", cfg.MaxRunning)
+	} else {
+		fmt.Fprintf(tw, "Max running:\tno limit\n")
+	}
 	fmt.Fprintf(tw, "Enqueue blocked:\t%s\n", yesNo(cfg.EnqueueBlocked))
 	fmt.Fprintf(tw, "Dequeue blocked:\t%s\n", yesNo(cfg.DequeueBlocked))
 	fmt.Fprintf(tw, "Revision:\t%d\n", q.Revision)

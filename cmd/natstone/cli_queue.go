@@ -70,6 +70,7 @@ a 0 does too, except for --retention, where 0 collects finished messages at once
 	retention := c.duration("retention", subjects.DefaultRetention, 0, subjects.MaxRetention, "how long completed, canceled and errored messages are kept")
 	maxPayload := c.fs.Int("max-payload", subjects.DefaultMaxPayloadBytes, "largest payload accepted, in `bytes`")
 	maxMetadata := c.fs.Int("max-metadata", subjects.DefaultMaxMetadataPairs, "most metadata `pairs` per message")
+	maxRunning := c.fs.Int("max-running", 0, "most messages running at once, whatever the workers (0: no limit)")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
 		return parseExit(err)
@@ -100,6 +101,7 @@ a 0 does too, except for --retention, where 0 collects finished messages at once
 	if given["max-metadata"] {
 		opts.MaxMetadataPairs = *maxMetadata
 	}
+	opts.MaxRunning = *maxRunning
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
 		info, err := conn.client.CreateQueue(ctx, pos[0], opts)
 		if err != nil {
@@ -158,6 +160,7 @@ that revision (compare-and-swap), else it fails with revision_mismatch.
 	retention := c.duration("retention", 0, 0, subjects.MaxRetention, "how long completed, canceled and errored messages are kept (0: collect at once)")
 	maxPayload := c.fs.Int("max-payload", 0, "largest payload accepted, in `bytes`")
 	maxMetadata := c.fs.Int("max-metadata", 0, "most metadata `pairs` per message")
+	maxRunning := c.fs.Int("max-running", 0, "most messages running at once (0: no limit)")
 	blockEnqueue := c.fs.Bool("block-enqueue", false, "refuse enqueues (queue_blocked)")
 	unblockEnqueue := c.fs.Bool("unblock-enqueue", false, "accept enqueues again")
 	blockDequeue := c.fs.Bool("block-dequeue", false, "refuse dequeues (queue_blocked)")
@@ -189,6 +192,7 @@ that revision (compare-and-swap), else it fails with revision_mismatch.
 		"max-attempts": {maxAttempts, &u.MaxAttempts},
 		"max-payload":  {maxPayload, &u.MaxPayloadBytes},
 		"max-metadata": {maxMetadata, &u.MaxMetadataPairs},
+		"max-running":  {maxRunning, &u.MaxRunning},
 	}
 	for name, n := range ints {
 		if given[name] {
@@ -202,7 +206,7 @@ that revision (compare-and-swap), else it fails with revision_mismatch.
 		return parseExit(err)
 	}
 	if u.Lease == nil && u.Invisible == nil && u.Retention == nil && u.MaxAttempts == nil &&
-		u.MaxPayloadBytes == nil && u.MaxMetadataPairs == nil && u.EnqueueBlocked == nil && u.DequeueBlocked == nil &&
+		u.MaxPayloadBytes == nil && u.MaxMetadataPairs == nil && u.MaxRunning == nil && u.EnqueueBlocked == nil && u.DequeueBlocked == nil &&
 		!given["revision"] {
 		return parseExit(c.usageError("nothing to update: give at least one setting (or --revision alone, to check it)"))
 	}

@@ -14,11 +14,11 @@ func TestCLIQueueLifecycle(t *testing.T) {
 	url := startNatstone(t)
 
 	out := cli(t, url, "queue", "create", "encode", "--key", "project", "--lease", "1m",
-		"--max-attempts", "3", "--retention", "0s", "--max-payload", "1024", "--max-metadata", "4").ok(t)
+		"--max-attempts", "3", "--retention", "0s", "--max-payload", "1024", "--max-metadata", "4", "--max-running", "5").ok(t)
 	for label, want := range map[string]string{
 		"Name": "encode", "Type": "exclusive", "Exclusivity key": "project", "Default lease": "1m",
 		"Max attempts": "3", "Retention": "0s", "Max payload": "1024 bytes", "Max metadata": "4 pairs",
-		"Enqueue blocked": "no",
+		"Max running": "5", "Enqueue blocked": "no",
 	} {
 		if got := field(t, out, label); got != want {
 			t.Errorf("create: %s = %q, want %q", label, got, want)
@@ -28,11 +28,11 @@ func TestCLIQueueLifecycle(t *testing.T) {
 	// The same config again returns the queue; another one is queue_exists.
 	var info subjects.QueueInfo
 	r := cli(t, url, "queue", "create", "encode", "--json", "--type", "exclusive", "--key", "project",
-		"--lease", "1m", "--max-attempts", "3", "--retention", "0s", "--max-payload", "1024", "--max-metadata", "4")
+		"--lease", "1m", "--max-attempts", "3", "--retention", "0s", "--max-payload", "1024", "--max-metadata", "4", "--max-running", "5")
 	r.ok(t)
 	r.decode(t, &info)
 	want := subjects.QueueConfig{Type: subjects.Exclusive, ExclusivityKey: "project", LeaseMS: 60000,
-		MaxAttempts: 3, RetentionMS: 0, MaxPayloadBytes: 1024, MaxMetadataPairs: 4}
+		MaxAttempts: 3, RetentionMS: 0, MaxPayloadBytes: 1024, MaxMetadataPairs: 4, MaxRunning: 5}
 	if info.Name != "encode" || info.Config != want || strconv.FormatUint(info.Revision, 10) != field(t, out, "Revision") {
 		t.Fatalf("create again: %+v, want config %+v at the revision of the first create", info, want)
 	}
@@ -69,10 +69,10 @@ func TestCLIQueueLifecycle(t *testing.T) {
 	r.decode(t, &info)
 	rev := info.Revision
 	r = cli(t, url, "queue", "update", "simple", "--json", "--revision", strconv.FormatUint(rev, 10), "--lease", "2m",
-		"--invisible", "5s", "--block-enqueue", "--block-dequeue")
+		"--invisible", "5s", "--block-enqueue", "--block-dequeue", "--max-running", "2")
 	r.ok(t)
 	r.decode(t, &info)
-	if c := info.Config; c.LeaseMS != 120000 || c.InvisibleMS != 5000 || !c.EnqueueBlocked || !c.DequeueBlocked || info.Revision <= rev {
+	if c := info.Config; c.LeaseMS != 120000 || c.InvisibleMS != 5000 || !c.EnqueueBlocked || !c.DequeueBlocked || c.MaxRunning != 2 || info.Revision <= rev {
 		t.Fatalf("update: %+v", info)
 	}
 	cli(t, url, "queue", "update", "simple", "--revision", strconv.FormatUint(rev, 10), "--unblock-enqueue").fails(t, exitError, "natstone: revision_mismatch: ")

@@ -444,6 +444,7 @@ function queueView(r) {
       ['max attempts', c.max_attempts],
       ['retention', duration(c.retention_ms)],
       ['max payload', c.max_payload_bytes + ' bytes'],
+      ['max running', c.max_running ? c.max_running : 'no limit'],
       ['revision', q.revision],
       ['created', time(q.created_at)],
     ]));
