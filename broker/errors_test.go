@@ -841,9 +841,9 @@ func TestErrCreateInvalidConfig(t *testing.T) {
 
 	// The bounds are accepted.
 	for i, r := range []subjects.CreateQueueRequest{
-		{LeaseMS: 100, InvisibleMS: 0, MaxAttempts: 1, RetentionMS: ptr(int64(0)), MaxPayloadBytes: 1, MaxMetadataPairs: 1},
+		{LeaseMS: 100, InvisibleMS: 0, MaxAttempts: 1, RetentionMS: ptr(int64(0)), MaxPayloadBytes: 1, MaxMetadataPairs: 1, MaxRunning: 1},
 		{LeaseMS: maxLeaseMS, InvisibleMS: maxInvisibleMS, MaxAttempts: subjects.MaxAttemptsLimit, RetentionMS: ptr(maxRetentionMS),
-			MaxPayloadBytes: subjects.MaxPayloadBytes, MaxMetadataPairs: subjects.MaxMetadataPairs},
+			MaxPayloadBytes: subjects.MaxPayloadBytes, MaxMetadataPairs: subjects.MaxMetadataPairs, MaxRunning: subjects.MaxRunningLimit},
 		{Type: subjects.Exclusive, ExclusivityKey: strings.Repeat("k", subjects.MaxMetadataKeyLen)},
 	} {
 		e.create(fmt.Sprintf("bound%d", i), r)

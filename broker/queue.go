@@ -46,9 +46,10 @@ type queue struct {
 	idle       chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
 	locks      map[string]*lock
 	waiters    []*waiter
-	// leasing counts the leases being written (counted in commit, until finish or takeLocks drops
-	// them) and reserved the messages popped for parked dequeues that have not taken them yet: with
-	// the running ones, what a max_running queue has in use (room).
+	// leasing counts the leases being written or of unknown outcome (counted in commit, until
+	// finish applies a known outcome or takeLocks drops them) and reserved the messages popped for
+	// parked dequeues that have not taken them yet: with the running ones, what a max_running queue
+	// has in use (room).
 	leasing, reserved int
 	requests          map[string]*dequeueRecord // dequeue request id → its leases
 	doubtful          []*change                 // writes of unknown outcome, their entries kept busy
@@ -453,19 +454,13 @@ func (q *queue) lockOf(value string) *lock {
 func (q *queue) usable() error { return q.closed }
 
 // room is how many more messages the queue may lease now: its max_running less those running,
-// being leased, reserved for parked dequeues, or leased by a write of unknown outcome (which may
-// have landed); unlimited without max_running. Called with q.mu held.
+// being leased or leased by a write of unknown outcome (which may have landed: leasing), and
+// reserved for parked dequeues; unlimited without max_running. Called with q.mu held.
 func (q *queue) room() int {
 	if q.cfg.MaxRunning == 0 {
 		return math.MaxInt
 	}
-	used := q.counts[stateIndex(subjects.StateRunning)] + q.leasing + q.reserved
-	for _, c := range q.doubtful {
-		if c.lease() {
-			used++
-		}
-	}
-	return q.cfg.MaxRunning - used
+	return q.cfg.MaxRunning - q.counts[stateIndex(subjects.StateRunning)] - q.leasing - q.reserved
 }
 
 // holds reports whether the queue has a message id, in any state, until it is collected.

@@ -24,7 +24,7 @@ type change struct {
 	refund  bool               // a release's: the attempt was given back, as its event says
 	kind    subjects.EventKind // the event's kind, when the states alone do not tell it (a reschedule)
 	skipped bool               // never issued: its exclusivity lock was not taken (err says why)
-	leasing bool               // counted in queue.leasing until its outcome is applied
+	leasing bool               // counted in queue.leasing until its outcome is known and applied
 }
 
 // lease reports whether c leases its message: from another state into running.
@@ -121,7 +121,6 @@ func (q *queue) finish(cs []*change) {
 	var free []*entry
 	for _, c := range cs {
 		e := c.e
-		q.leased(c)
 		switch {
 		case c.err == nil:
 			q.apply(e, c.next, c.rev)
@@ -143,10 +142,12 @@ func (q *queue) finish(cs []*change) {
 				q.entries.remove(e.ID)
 			}
 		default:
+			// A lease stays counted (leasing) while in doubt: it may have landed.
 			q.log().Warn("message write outcome unknown; will ask storage again", "message_id", e.ID, "error", c.err)
 			q.doubtful = append(q.doubtful, c)
 			continue
 		}
+		q.leased(c)
 		if q.exclusive() && e.State() != subjects.StateRunning &&
 			(c.prev == subjects.StateRunning || c.next.State == subjects.StateRunning) {
 			free = append(free, e) // it left running, or its lease did not happen after its lock was taken

@@ -388,9 +388,10 @@ func TestLockWritesResolvedOneByOne(t *testing.T) {
 // TestUnknownLockWriteAskedAgain: a take whose lock write's outcome stays unknown leases nothing and
 // keeps its value held, and the doubt timer asks storage again: once storage shows the lock landed
 // (naming a lease that never ran), the value is free, and a retry of the dequeue with the same
-// request id leases. Both once waited for a restart.
+// request id leases. Both once waited for a restart. With max_running 1, the lease not written
+// leaves no count behind (it would starve the queue).
 func TestUnknownLockWriteAskedAgain(t *testing.T) {
-	b, _, q := internalQueue(t, subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g", MaxRunning: 1})
 	ctx := context.Background()
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Metadata: map[string]string{"g": "v1"}}}); err != nil {
 		t.Fatal(err)
@@ -561,5 +562,67 @@ func TestFailedCollectionRetriedLater(t *testing.T) {
 	}
 	if _, _, err := b.store.GetMessage(ctx, "q", "A"); err != nil {
 		t.Fatalf("A's record after failed collections: %v", err)
+	}
+}
+
+// TestMaxRunningCountsLeasesInDoubt: a lease whose write's outcome is unknown counts against
+// max_running, also while the doubt timer asks storage again (the queue's lock released meanwhile),
+// so that no dequeue leases beside it; once storage shows it landed, its message is running.
+func TestMaxRunningCountsLeasesInDoubt(t *testing.T) {
+	b, clk, q := internalQueue(t, subjects.CreateQueueRequest{MaxRunning: 1})
+	ctx := context.Background()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Priority: ptrTo(int64(1))}, {ID: "B", Priority: ptrTo(int64(2))}}); err != nil {
+		t.Fatal(err)
+	}
+	// A lease of A whose write landed but whose acknowledgement was lost, as commit issues it.
+	q.mu.Lock()
+	e := q.entries.get("A")
+	q.pending.Remove(e)
+	next := e.record()
+	next.State, next.LeaseID, next.LeaseExpires = subjects.StateRunning, "L", clk.Now().Add(time.Hour).UnixMilli()
+	next.Attempts++
+	next.Version++
+	c := &change{e: e, next: next, prev: subjects.StatePending, expect: e.rev, leasing: true}
+	q.leasing++
+	e.setBusy(true)
+	q.mu.Unlock()
+	if _, err := b.store.WriteMessage("q", &next, c.expect).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.err = errors.New("nats: timeout")
+	q.mu.Lock()
+	q.finish([]*change{c})
+	doubts := q.doubts()
+	q.mu.Unlock()
+	if doubts != 1 {
+		t.Fatalf("%d writes in doubt, want A's lease", doubts)
+	}
+	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{}); err != nil || len(ms) != 0 {
+		t.Fatalf("dequeue while A's lease is in doubt: %+v, %v; want nothing", ms, err)
+	}
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		q.fireDoubt() // what the timer does when it fires
+	}()
+	for asked := false; !asked; {
+		select {
+		case <-done:
+			asked = true
+		default:
+		}
+		if ms, err := q.dequeue(ctx, subjects.DequeueRequest{}); err != nil || len(ms) != 0 {
+			t.Fatalf("dequeue while A's lease is asked about: %+v, %v; want nothing", ms, err)
+		}
+	}
+	q.mu.Lock()
+	state, running, leasing := e.State(), q.counts[stateIndex(subjects.StateRunning)], q.leasing
+	q.mu.Unlock()
+	if state != subjects.StateRunning || running != 1 || leasing != 0 {
+		t.Fatalf("after storage answered: A %s, %d running, %d leasing; want A running alone", state, running, leasing)
+	}
+	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{}); err != nil || len(ms) != 0 {
+		t.Fatalf("dequeue with A running under max_running 1: %+v, %v; want nothing", ms, err)
 	}
 }

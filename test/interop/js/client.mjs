@@ -186,7 +186,7 @@ async function run(nc, q) {
   eq(info.name, q, "create: name");
   eq(info.config, {
     type: "exclusive", exclusivity_key: "project", lease_ms: 30000, invisible_ms: 0, max_attempts: 5,
-    retention_ms: 86400000, max_payload_bytes: 32768, max_metadata_pairs: 8, enqueue_blocked: false, dequeue_blocked: false,
+    retention_ms: 86400000, max_payload_bytes: 32768, max_metadata_pairs: 8, max_running: 0, enqueue_blocked: false, dequeue_blocked: false,
   }, "create: config with the documented defaults");
   check(Number.isInteger(info.revision), `create: revision ${info.revision}`);
   isTimestamp(info.created_at, "create: created_at");
