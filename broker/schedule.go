@@ -468,6 +468,7 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, h
 		return s.saveFire(sc, rec, t)
 	case rec.Spec.Overlap == subjects.OverlapSkip && rec.LastID != "" && q.unfinished(rec.LastID):
 		rec.OverlapSkipped++
+		rec.LastError, rec.LastErrorCode = "", "" // left out by the policy: no fire was refused
 		b.log.Debug("a schedule's fire enqueued nothing: its last fire's message is not finished", "queue", sc.queue, "schedule", sc.name, "last_id", rec.LastID)
 		return s.saveFire(sc, rec, t)
 	}
@@ -482,11 +483,13 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, h
 		b.log.Warn("a schedule's fire was not stored; it is tried again", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 		return false
 	}
-	lastFire(&rec, sc.name, t)
-	if err != nil {
+	if err == nil {
+		lastFire(&rec, sc.name, t)
+	} else {
 		// The queue refuses it (blocked, or its config changed since): this fire is lost, and says
-		// why; the next one tries again.
-		rec.LastID, rec.LastError, rec.LastErrorCode = "", err.Error(), subjects.CodeOf(err)
+		// why; the next one tries again. LastID stays the message of the last fire that enqueued
+		// one, which overlap skip looks at (an operator may retry it).
+		rec.LastAt, rec.LastError, rec.LastErrorCode = t.UnixMilli(), err.Error(), subjects.CodeOf(err)
 		var e *subjects.Error
 		if errors.As(err, &e) {
 			rec.LastError = e.Message

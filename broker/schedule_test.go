@@ -420,6 +420,33 @@ func TestScheduleOverlapAfterAnUnstoredFire(t *testing.T) {
 	})
 }
 
+// TestScheduleOverlapAfterARefusedFire: a fire the queue refuses keeps last_id, the message of the
+// last fire that enqueued one, so that with overlap skip an operator's retry of that message holds
+// the next fires back again.
+func TestScheduleOverlapAfterARefusedFire(t *testing.T) {
+	e := setup(t)
+	info := e.create("q", subjects.CreateQueueRequest{})
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Overlap: subjects.OverlapSkip})
+	e.advance(time.Minute)
+	m := fireAt("s", t0.Add(time.Minute))
+	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: m})
+	info = must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{Revision: info.Revision, EnqueueBlocked: ptr(true)})
+	e.advance(time.Minute)
+	s := e.schedules("q")["s"]
+	if s.LastErrorCode != subjects.CodeQueueBlocked || s.LastID != m || !s.LastAt.Equal(t0.Add(2*time.Minute)) {
+		t.Fatalf("a refused fire: %+v, want last_error queue_blocked at %v, last_id still %s", s, t0.Add(2*time.Minute), m)
+	}
+	must[subjects.Message](e, subjects.OpRetry, "q", subjects.RetryRequest{ID: m})
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{Revision: info.Revision, EnqueueBlocked: ptr(false)})
+	e.advance(time.Minute)
+	if got := e.pendingIDs("q"); !slices.Equal(got, []string{m}) {
+		t.Fatalf("pending %v after the retry, want %s alone: it holds the fire back", got, m)
+	}
+	if s = e.schedules("q")["s"]; s.OverlapSkipped != 1 || s.LastID != m || s.LastError != "" {
+		t.Fatalf("the fire after the retry: %+v, want it left out, last_id %s", s, m)
+	}
+}
+
 // TestScheduleRefusedFire: a fire the queue refuses (enqueue blocked) enqueues nothing and says why;
 // the next fire, once the queue takes it, clears that.
 func TestScheduleRefusedFire(t *testing.T) {

@@ -20,7 +20,7 @@ type ScheduleRecord struct {
 	UpdatedAt     int64                    `json:"updated_at"`           // Unix ms of the last schedule request that changed Spec
 	From          int64                    `json:"from"`                 // Unix ms: the next fire is the first time of Spec.Cron after it
 	LastAt        int64                    `json:"last_at,omitempty"`    // Unix ms of the last fire, 0 if none
-	LastID        string                   `json:"last_id,omitempty"`    // the id the last fire enqueued
+	LastID        string                   `json:"last_id,omitempty"`    // the id of the last fire that enqueued a message
 	LastError     string                   `json:"last_error,omitempty"` // why the last fire enqueued nothing
 	LastErrorCode subjects.Code            `json:"last_error_code,omitempty"`
 	Skipped       int64                    `json:"skipped,omitempty"` // fire times passed with no message enqueued for them
