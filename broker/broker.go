@@ -578,6 +578,25 @@ func (b *Broker) lostErr() error {
 	return b.lost
 }
 
+// serveParked offers every open queue's pending messages to its parked long polls again (the
+// claim holds again after a time it did not).
+func (b *Broker) serveParked() {
+	if !b.track() {
+		return
+	}
+	defer b.wg.Done()
+	b.mu.Lock()
+	qs := slices.Collect(maps.Values(b.queues))
+	b.mu.Unlock()
+	for _, q := range qs {
+		q.mu.Lock()
+		if q.closed == nil {
+			q.serveWaiters()
+		}
+		q.mu.Unlock()
+	}
+}
+
 // lose stops the broker, its claim on the store lost (cause says how): another broker may serve
 // the store already. A recovery in progress ends, and Start fails.
 func (b *Broker) lose(cause error) {

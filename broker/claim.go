@@ -335,7 +335,13 @@ func (c *claimer) renew() {
 	}
 	switch {
 	case err == nil:
+		back := !c.held()
 		c.renewed(next, sent)
+		if back {
+			// Long polls parked meanwhile may have been served messages whose leases were not
+			// written, and put back: they are offered again now, not at the next transition.
+			go c.b.serveParked()
+		}
 	case errors.Is(err, kv.ErrConflict):
 		c.end()
 		go c.b.lose(errors.New("another broker holds it"))

@@ -171,3 +171,42 @@ func TestDoubtsWaitForTheClaim(t *testing.T) {
 		t.Fatalf("stored %s, %v: want canceled, issued again once the claim holds", r.State, err)
 	}
 }
+
+// TestParkedPollServedOnceTheClaimHoldsAgain: a long poll served while the claim did not hold
+// answers unavailable and puts its message back; another poll parked beside it is served that
+// message once a renewal makes the claim hold again, rather than waiting out its wait_ms.
+func TestParkedPollServedOnceTheClaimHoldsAgain(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ctx := context.Background()
+	a, q := pausedServer(t, srv, "q", subjects.CreateQueueRequest{})
+	parked := make(chan struct{}, 2)
+	q.testParked = func() { parked <- struct{}{} }
+	q.testLeasing = func() { // the claim ends between the first serving and its lease
+		q.testLeasing = nil
+		a.claim.until.Store(0)
+	}
+	type polled struct {
+		ms  []subjects.Message
+		err error
+	}
+	poll := func() <-chan polled {
+		done := make(chan polled, 1)
+		go func() {
+			ms, err := q.dequeue(ctx, subjects.DequeueRequest{Batch: 1, WaitMS: 60_000})
+			done <- polled{ms, err}
+		}()
+		waitOn(t, parked)
+		return done
+	}
+	first, second := poll(), poll()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitOn(t, first); len(got.ms) != 0 || !errors.Is(got.err, &subjects.Error{Code: subjects.CodeUnavailable}) {
+		t.Fatalf("the poll served without the claim: %v, %v; want unavailable and no lease", got.ms, got.err)
+	}
+	a.claim.renew() // what the renewal timer does: stored, the claim holds again
+	if got := waitOn(t, second); got.err != nil || len(got.ms) != 1 || got.ms[0].ID != "m" {
+		t.Fatalf("the other poll, once the claim holds again: %v, %v; want m", got.ms, got.err)
+	}
+}
