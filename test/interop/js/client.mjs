@@ -403,6 +403,25 @@ async function run(nc, q) {
   await ok(nc, "delete", sq);
   done("reschedule: bad_request without a change; a new priority, sent again writes nothing; an invisible message pending at once; a running one invalid_state; a cancel fenced by version");
 
+  step("max_running");
+  const mq = `${q}-max-running`;
+  await expectError(nc, "create", mq, { max_running: -1 }, "invalid_config", 400);
+  const mi = await ok(nc, "create", mq, { max_running: 2 });
+  eq(mi.config.max_running, 2, "create with max_running 2");
+  for (const id of ["r-1", "r-2", "r-3"]) {
+    await ok(nc, "enqueue", mq, { id, payload: id });
+  }
+  let mr = await ok(nc, "dequeue", mq, { batch: 3 });
+  eq(mr.messages.map((m) => m.id), ["r-1", "r-2"], "a batch of 3 under max_running 2 leases 2");
+  mr = await ok(nc, "dequeue", mq, { batch: 3 });
+  eq(mr.messages.length, 0, "nothing more while 2 run");
+  const mu = await ok(nc, "update", mq, { max_running: 3 });
+  eq(mu.config.max_running, 3, "update to max_running 3");
+  mr = await ok(nc, "dequeue", mq, { batch: 3 });
+  eq(mr.messages.map((m) => m.id), ["r-3"], "the room the update made");
+  await ok(nc, "delete", mq);
+  done("max_running: invalid_config below 0; a batch cut to the room left; an update makes room");
+
   step("schedules");
   const cq = `${q}-schedules`;
   await ok(nc, "create", cq, {});
