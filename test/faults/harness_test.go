@@ -315,6 +315,8 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	}
 
 	startTicks(t, admin)
+	startCapped(t, admin)
+	capped := &cappedTracker{held: make(map[string]cappedLease)}
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -333,6 +335,14 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		defer wg.Done()
 		cancelSome(operator, stop, enqueued)
 	}()
+	for w := range 6 {
+		c := connect(fmt.Sprintf("capped-worker-%d", w))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			workCapped(c, stop, capped)
+		}()
+	}
 	soloWorker := connect("solo-worker")
 	wg.Add(1)
 	go func() {
@@ -516,6 +526,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	payloadsMatch(t, admin, specs)
 	stats.ticksFired, stats.ticksSkipped = checkTicks(t, admin)
 	stats.soloFired, stats.soloOverlapped = checkSolo(t, admin)
+	stats.cappedLeases, stats.cappedMost = checkCapped(t, capped)
 	procMu.Lock()
 	proc.stop(t)
 	procMu.Unlock()
@@ -598,7 +609,7 @@ func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 poll:
 	for {
 		messages := 0
-		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue, ticksQueue, soloQueue) {
+		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue, ticksQueue, soloQueue, cappedQueue) {
 			var d subjects.DepthReply
 			o, code := admin.call(subjects.OpDepth, name, nil, &d)
 			if name == churnQueue && code == string(subjects.CodeQueueNotFound) {
@@ -655,6 +666,7 @@ type runStats struct {
 	snapshotStarts                         int // starts that read the snapshot of a clean stop
 	ticksFired, ticksSkipped               int // the schedule's messages, and its seconds skipped
 	soloFired, soloOverlapped              int // the overlap-skip schedule's messages, and its seconds left out
+	cappedLeases, cappedMost               int // the max_running queue's leases seen, and the most held at once
 
 	faults      atomic.Int64  // the kills begun and the restarts done: odd while one is under way
 	churnedOnce chan struct{} // closed when the churner has finished its first generation

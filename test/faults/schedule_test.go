@@ -235,5 +235,6 @@ func checkTicks(t *testing.T, admin *client) (fired, skipped int) {
 
 // tickSummary is the schedules' part of a run's summary.
 func tickSummary(s *runStats) string {
-	return fmt.Sprintf("ticks_fired=%d ticks_skipped=%d solo_fired=%d solo_overlapped=%d", s.ticksFired, s.ticksSkipped, s.soloFired, s.soloOverlapped)
+	return fmt.Sprintf("ticks_fired=%d ticks_skipped=%d solo_fired=%d solo_overlapped=%d capped_leases=%d capped_most=%d",
+		s.ticksFired, s.ticksSkipped, s.soloFired, s.soloOverlapped, s.cappedLeases, s.cappedMost)
 }
