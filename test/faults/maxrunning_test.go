@@ -92,30 +92,16 @@ func (tr *cappedTracker) end(id string) {
 // workCapped dequeues from cappedQueue until stop, holds each message 0–50 ms, and completes it.
 func workCapped(c *client, stop <-chan struct{}, tr *cappedTracker) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(len(c.name))+13))
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		var r subjects.DequeueReply
-		o, _ := c.call(subjects.OpDequeue, cappedQueue, subjects.DequeueRequest{Batch: 1 + rng.IntN(3), WaitMS: 200}, &r)
-		if o != OK || len(r.Messages) == 0 {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond): // no broker, or no room: don't spin
-			}
-			continue
-		}
-		tr.grant(r.Messages)
+	next := func() subjects.DequeueRequest { return subjects.DequeueRequest{Batch: 1 + rng.IntN(3), WaitMS: 200} }
+	pollUntil(c, stop, cappedQueue, next, func(ms []subjects.Message) {
+		tr.grant(ms)
 		<-time.After(time.Duration(rng.IntN(50)) * time.Millisecond)
-		for _, m := range r.Messages {
+		for _, m := range ms {
 			tr.end(m.ID) // before the complete is sent: the broker may free the room at once
 			var done subjects.Message
 			c.call(subjects.OpComplete, cappedQueue, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}, &done)
 		}
-	}
+	})
 }
 
 // checkCapped reports the tracker's violations and returns the leases it saw and the most held at

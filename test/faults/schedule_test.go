@@ -50,22 +50,8 @@ func startTicks(t *testing.T, admin *client) {
 // interval, then completed (sent again while its outcome is unknown, for up to 5 s).
 func workSolo(c *client, stop <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		var r subjects.DequeueReply
-		if o, _ := c.call(subjects.OpDequeue, soloQueue, subjects.DequeueRequest{WaitMS: 500}, &r); o != OK || len(r.Messages) == 0 {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond): // no broker, or nothing: don't spin
-			}
-			continue
-		}
-		m := r.Messages[0]
+	pollUntil(c, stop, soloQueue, func() subjects.DequeueRequest { return subjects.DequeueRequest{WaitMS: 500} }, func(ms []subjects.Message) {
+		m := ms[0]
 		select {
 		case <-stop:
 			return
@@ -78,6 +64,28 @@ func workSolo(c *client, stop <-chan struct{}) {
 			}
 			<-time.After(50 * time.Millisecond)
 		}
+	})
+}
+
+// pollUntil dequeues from queue with next's requests until stop, and hands what each leases to
+// handle; when a dequeue leases nothing (no broker, nothing to lease) it waits 10 ms, not to spin.
+func pollUntil(c *client, stop <-chan struct{}, queue string, next func() subjects.DequeueRequest, handle func([]subjects.Message)) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		var r subjects.DequeueReply
+		if o, _ := c.call(subjects.OpDequeue, queue, next(), &r); o != OK || len(r.Messages) == 0 {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		handle(r.Messages)
 	}
 }
 
