@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -37,6 +38,25 @@ func TestConcurrentWorkers(t *testing.T) {
 			}
 			must[subjects.EnqueueBatchReply](e, subjects.OpEnqueueBatch, "q", batch)
 
+			// Under max_running, the workers without room long-poll for it (parked polls served
+			// as room is made) rather than spin; the polls left parked at the end are released by
+			// moving the broker's (fake) clock past their wait.
+			var wait int64
+			if c.maxRunning > 0 {
+				wait = 100
+			}
+			finished, released := make(chan struct{}), make(chan struct{})
+			go func() {
+				<-finished
+				for {
+					e.advance(time.Second)
+					select {
+					case <-released:
+						return
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+			}()
 			var mu sync.Mutex
 			heldMsg := map[string]string{} // message id → worker
 			heldVal := map[string]string{} // value → message id
@@ -49,7 +69,7 @@ func TestConcurrentWorkers(t *testing.T) {
 					defer wg.Done()
 					nc := e.srv.Connect(t)
 					for {
-						msg, err := nc.Request(e.space.Subject(subjects.OpDequeue, "q"), mustJSON(t, subjects.DequeueRequest{Batch: 1 + w%3}), 10e9)
+						msg, err := nc.Request(e.space.Subject(subjects.OpDequeue, "q"), mustJSON(t, subjects.DequeueRequest{Batch: 1 + w%3, WaitMS: wait}), 10e9)
 						if err != nil {
 							errs <- err
 							return
@@ -106,12 +126,16 @@ func TestConcurrentWorkers(t *testing.T) {
 							}
 							mu.Lock()
 							completed[m.ID]++
+							if len(completed) == n && completed[m.ID] == 1 {
+								close(finished)
+							}
 							mu.Unlock()
 						}
 					}
 				}()
 			}
 			wg.Wait()
+			close(released)
 			close(errs)
 			for err := range errs {
 				t.Error(err)
