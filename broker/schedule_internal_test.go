@@ -262,11 +262,34 @@ func TestScheduleSameRequestAfterALostUnschedule(t *testing.T) {
 
 // failWritesAfterSending makes the broker's next write fail as a write whose acknowledgement does
 // not come in time does: its claim holds for a nanosecond more, so the write is sent and its wait
-// ends at once. The claim holds again once the broker reads the outcome back (testWriteFailed).
-func failWritesAfterSending(b *Broker) {
+// ends at once (unless the acknowledgement is there first: the wait's select takes either). The
+// claim holds again once the broker reads the outcome back (testWriteFailed), or once the returned
+// restore is called.
+func failWritesAfterSending(b *Broker) (restore func()) {
 	held := b.claim.until.Load()
 	b.claim.until.Store(int64(b.claim.clock.Now().Sub(b.claim.base)) + 1)
-	b.sched.testWriteFailed = func() { b.claim.until.Store(held) }
+	restore = func() { b.claim.until.Store(held) }
+	b.sched.testWriteFailed = restore
+	return restore
+}
+
+// untilUnknown runs op under failWritesAfterSending until its write's outcome is unknown
+// (unavailable), calling undo after each try whose acknowledgement won the race.
+func untilUnknown(t *testing.T, b *Broker, what string, op func() error, undo func()) {
+	t.Helper()
+	for try := 0; try < 50; try++ {
+		restore := failWritesAfterSending(b)
+		err := op()
+		restore()
+		switch {
+		case subjects.CodeOf(err) == subjects.CodeUnavailable:
+			return
+		case err != nil:
+			t.Fatalf("%s: %v, want unavailable", what, err)
+		}
+		undo()
+	}
+	t.Fatalf("%s: acknowledged 50 times, never unavailable", what)
 }
 
 // TestScheduleOfUnknownOutcome: a schedule request whose write's outcome is unknown (its reply is
@@ -277,10 +300,19 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 	b, clk, _ := scheduleBroker(t, t0, "-")
 	ctx := context.Background()
 	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	failWritesAfterSending(b)
-	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
-		t.Fatalf("schedule whose write's wait ended: %v, want unavailable", err)
+	put := func() error {
+		_, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"})
+		return err
 	}
+	untilUnknown(t, b, "schedule whose write's wait ended", put, func() {
+		q, err := b.lookup(ctx, "q", false)
+		if err == nil {
+			_, err = b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
 	rev, err := b.store.ScheduleRevision(ctx, "q", "s")
 	if err != nil || rev == 0 {
 		t.Fatalf("the write did not land (revision %d, %v): the test tests nothing", rev, err)
@@ -297,10 +329,14 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 		t.Fatalf("after the fire the broker's revision is %d, storage's %d (%v)", b.sched.get("q", "s").rev, rev, err)
 	}
 
-	failWritesAfterSending(b)
-	if _, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
-		t.Fatalf("unschedule whose write's wait ended: %v, want unavailable", err)
-	}
+	untilUnknown(t, b, "unschedule whose write's wait ended", func() error {
+		_, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
+		return err
+	}, func() {
+		if err := put(); err != nil {
+			t.Fatal(err)
+		}
+	})
 	for deadline := time.Now().Add(10 * time.Second); ; { // the delete was sent: it lands
 		rev, err := b.store.ScheduleRevision(ctx, "q", "s")
 		if err == nil && rev == 0 {
