@@ -104,7 +104,17 @@ func startUntil(t *testing.T, args []string, logPath, until string) *natstone {
 	case <-n.done:
 		fatalWithLog(t, logPath, "natstone exited before a line with %q", until)
 	case <-time.After(60 * time.Second):
-		n.kill()
+		// SIGQUIT: the Go runtime writes every goroutine's stack to the log before it exits, which
+		// says where the start waits; the whole log is kept (saveLog), the tail below is too short.
+		_ = n.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-n.done:
+		case <-time.After(10 * time.Second):
+			n.kill()
+		}
+		if b, err := os.ReadFile(logPath); err == nil {
+			saveLog(t, string(b))
+		}
 		fatalWithLog(t, logPath, "no line with %q from natstone within 60s", until)
 	}
 	return n
