@@ -36,29 +36,30 @@ type queue struct {
 	deleting  bool  // a delete has started (it may be retried until storage has forgotten the queue)
 	deleted   int   // how many messages the delete removes
 
-	entries    idTable
-	pending    *index.Index[*entry]
-	counts     [numStates]int
-	invisible  deadlines     // invisible entries by VisibleAt
-	leases     deadlines     // running entries by LeaseExpires
-	gc         deadlines     // terminal entries by EndedAt + retention
-	collecting bool          // a garbage collection is in flight; the gc timer waits for its end
-	idle       chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
-	locks      map[string]*lock
-	waiters    []*waiter
+	entries       idTable
+	pending       *index.Index[*entry]
+	counts        [numStates]int
+	invisible     deadlines     // invisible entries by VisibleAt
+	leases        deadlines     // running entries by LeaseExpires
+	gc            deadlines     // terminal entries by EndedAt + retention
+	collecting    bool          // a garbage collection is in flight; the gc timer waits for its end
+	idle          chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
+	locks         map[string]*lock
+	waiters       []*waiter
+	requests      map[string]*dequeueRecord // dequeue request id → its leases
+	doubtful      []*change                 // writes of unknown outcome, their entries kept busy
+	doubtfulLocks []*lockWrite              // lock writes of unknown outcome, for leases not written; their values kept held
+	doubt         clock.Timer               // issues the doubtful writes again
+	doubtArmed    bool
+	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
+	reqEnds       recordHeap // the records of requests, by when they are forgotten
+	widest        int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
+
 	// leasing counts the leases being written or of unknown outcome (counted in commit, until
 	// finish applies a known outcome or takeLocks drops them) and reserved the messages popped for
 	// parked dequeues that have not taken them yet: with the running ones, what a max_running queue
 	// has in use (room).
 	leasing, reserved int
-	requests          map[string]*dequeueRecord // dequeue request id → its leases
-	doubtful          []*change                 // writes of unknown outcome, their entries kept busy
-	doubtfulLocks     []*lockWrite              // lock writes of unknown outcome, for leases not written; their values kept held
-	doubt             clock.Timer               // issues the doubtful writes again
-	doubtArmed        bool
-	ids               *nuid.NUID // message and lease ids; the package's global one is behind a lock
-	reqEnds           recordHeap // the records of requests, by when they are forgotten
-	widest            int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
 
 	totals  subjects.Totals // transitions since the broker started
 	rates   rateWindow      // transitions over the last minute

@@ -327,7 +327,7 @@ func (q *queue) takeLocks(cs []*change) []*change {
 	var ws []*lockWrite
 	var takes []*change
 	for _, c := range cs {
-		if c.next.State != subjects.StateRunning || c.prev == subjects.StateRunning {
+		if !c.lease() {
 			continue
 		}
 		l := q.lockOf(c.e.Value())
