@@ -286,6 +286,18 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			return nil, err
 		}
 		return b.schedules(q, r)
+	case subjects.OpSchedulePause, subjects.OpScheduleResume:
+		var r subjects.SchedulePauseRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return b.setPaused(ctx, q, r, op == subjects.OpSchedulePause)
+	case subjects.OpScheduleFire:
+		var r subjects.ScheduleFireRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return b.fireNow(ctx, q, r)
 	}
 	return nil, subjects.Errorf(subjects.CodeBadRequest, "unknown operation %q", op)
 }

@@ -133,18 +133,26 @@ type schedule struct {
 	next        time.Time // the next fire time: the first time of cron after rec.From
 	retry       time.Time // not before then: the last try of next was unavailable (zero: none)
 	removing    bool      // an unschedule of unknown outcome: the next fire first reads whether it landed
+	// unsure: rec is the record of a write of unknown outcome that had not landed when read back
+	// (storage may hold the record of rev instead), so a request that would change nothing writes
+	// it again.
+	unsure bool
 }
 
-// due is when sc is to be tried: its next fire time, or later if a try of it failed.
+// due is when sc is to be tried: its next fire time, or later if a try of it failed; zero (never)
+// while it is paused.
 func (sc *schedule) due() time.Time {
+	if sc.rec.Paused {
+		return time.Time{}
+	}
 	if sc.retry.After(sc.next) {
 		return sc.retry
 	}
 	return sc.next
 }
 
-// info describes sc.
-func (sc *schedule) info() subjects.ScheduleInfo {
+// info describes sc at now.
+func (sc *schedule) info(now time.Time) subjects.ScheduleInfo {
 	spec := &sc.rec.Spec
 	in := subjects.ScheduleInfo{
 		Queue:          sc.queue,
@@ -164,10 +172,18 @@ func (sc *schedule) info() subjects.ScheduleInfo {
 		LastErrorCode:  sc.rec.LastErrorCode,
 		Skipped:        sc.rec.Skipped,
 		OverlapSkipped: sc.rec.OverlapSkipped,
+		Paused:         sc.rec.Paused,
+		Note:           sc.rec.Note,
 	}
 	if sc.rec.LastAt != 0 {
 		t := time.UnixMilli(sc.rec.LastAt).UTC()
 		in.LastAt = &t
+	}
+	if sc.rec.Paused {
+		// Its next time were it resumed now: a resume fires from then, none of the times passed.
+		in.NextAt = sc.cron.Next(now).UTC()
+		t := time.UnixMilli(sc.rec.PausedAt).UTC()
+		in.PausedAt = &t
 	}
 	return in
 }
@@ -272,11 +288,12 @@ func (s *scheduler) get(queue, name string) *schedule {
 
 // infos describes every schedule, by queue and name.
 func (s *scheduler) infos() []subjects.ScheduleInfo {
+	now := s.b.clock.Now()
 	s.mu.Lock()
 	var out []subjects.ScheduleInfo
 	for _, m := range s.all {
 		for _, sc := range m {
-			out = append(out, sc.info())
+			out = append(out, sc.info(now))
 		}
 	}
 	s.mu.Unlock()
@@ -522,6 +539,7 @@ func (s *scheduler) saveFire(sc *schedule, rec kv.ScheduleRecord, t time.Time) b
 		// The fire happened: it is not fired again by this broker, whose memory goes on. A broker
 		// that starts from the stored record fires it again, as a duplicate.
 		b.log.Warn("a schedule's last fire was not stored", "queue", sc.queue, "schedule", sc.name, "err", err)
+		next.unsure = true
 	default:
 		next.rev = rev
 	}
@@ -656,8 +674,8 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 		// of unknown outcome landed).
 		if cur, err := b.store.ScheduleRevision(ctx, queue, r.Name); err != nil {
 			return subjects.ScheduleInfo{}, unavailable("schedule", err)
-		} else if cur == old.rev {
-			return old.info(), nil
+		} else if cur == old.rev && !old.unsure {
+			return old.info(now), nil
 		}
 	}
 	rec := kv.ScheduleRecord{Spec: spec, UpdatedAt: now.UnixMilli(), From: now.UnixMilli()}
@@ -666,9 +684,10 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 		sc.rev = old.rev
 		rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = old.rec.LastAt, old.rec.LastID, old.rec.LastError, old.rec.LastErrorCode
 		rec.Skipped, rec.OverlapSkipped = old.rec.Skipped, old.rec.OverlapSkipped
+		rec.Paused, rec.PausedAt, rec.Note = old.rec.Paused, old.rec.PausedAt, old.rec.Note // a replace keeps its state
 		if old.rec.Spec.Cron == spec.Cron {
 			rec.From = old.rec.From // the same times: none is skipped or fired twice by the change
-		} else if !old.next.IsZero() && !old.next.After(now) {
+		} else if !old.rec.Paused && !old.next.IsZero() && !old.next.After(now) {
 			// The times due are not fired; the last one a broker fired unstored is the last fire.
 			last, k, held := s.walk(old, q, now)
 			rec.Skipped += k
@@ -692,8 +711,9 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 		if s.testWriteFailed != nil {
 			s.testWriteFailed()
 		}
+		sc.unsure = true
 		if cur, rerr := s.storedRevision(queue, r.Name); rerr == nil && cur != 0 {
-			sc.rev = cur
+			sc.rev, sc.unsure = cur, old != nil && cur == old.rev // landed, unless storage still holds the old revision
 		}
 		s.set(sc)
 		s.arm()
@@ -702,7 +722,7 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	sc.rev = rev
 	s.set(sc)
 	s.arm()
-	return sc.info(), nil
+	return sc.info(now), nil
 }
 
 // sameSpec reports whether a and b (both with their payload in PayloadBase64) enqueue the same
@@ -797,12 +817,12 @@ func (b *Broker) schedules(q *queue, r subjects.SchedulesRequest) (subjects.Sche
 	if err != nil {
 		return subjects.SchedulesReply{}, err
 	}
-	s := b.sched
+	s, now := b.sched, b.clock.Now()
 	s.mu.Lock()
 	var infos []subjects.ScheduleInfo
 	for name, sc := range s.all[q.name] {
 		if name > r.After {
-			infos = append(infos, sc.info())
+			infos = append(infos, sc.info(now))
 		}
 	}
 	s.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/natstone/natstone/broker/clock"
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
 )
@@ -95,7 +96,7 @@ func TestScheduleUnavailableFireRetries(t *testing.T) {
 		t.Fatalf("the fire of %v was not enqueued once the queue took it", first)
 	}
 	if sc := b.sched.get("q", "s"); sc.rec.Skipped != 0 || !sc.next.Equal(first.Add(time.Minute)) {
-		t.Fatalf("after the retried fire: %+v, want nothing skipped and the next minute", sc.info())
+		t.Fatalf("after the retried fire: %+v, want nothing skipped and the next minute", sc.info(clk.Now()))
 	}
 }
 
@@ -365,5 +366,82 @@ func TestScheduleOfADeletingQueue(t *testing.T) {
 	clk.Advance(time.Minute + 5*scheduleRetry)
 	if n := tries.Load(); n != 0 || b.sched.get("q", "s") != nil {
 		t.Fatalf("%d tries, schedule still there: %v; want it forgotten", n, b.sched.get("q", "s") != nil)
+	}
+}
+
+// TestSchedulePauseOfUnknownOutcome: a pause whose write's outcome is unknown (its reply is
+// unavailable) and that landed leaves the broker's schedule paused, as stored: it does not fire.
+func TestSchedulePauseOfUnknownOutcome(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, t0, "-")
+	ctx := context.Background()
+	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := b.lookup(ctx, "q", false)
+	setPaused := func(pause bool) error {
+		_, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s"}, pause)
+		return err
+	}
+	untilUnknown(t, b, "pause whose write's wait ended", func() error { return setPaused(true) }, func() {
+		if err := setPaused(false); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if !b.sched.get("q", "s").rec.Paused {
+		t.Fatal("the pause may land, but the broker's schedule is not paused")
+	}
+	clk.Advance(2 * time.Minute)
+	if q.holds(fireID("s", t0.Add(time.Minute))) {
+		t.Fatal("the schedule whose pause may land fired")
+	}
+	// The pause sent again, as its client does after unavailable, is written (over the first,
+	// if it landed meanwhile): storage and the broker agree.
+	if err := setPaused(true); err != nil {
+		t.Fatal(err)
+	}
+	var rec kv.ScheduleRecord
+	var rev uint64
+	err := b.store.LoadSchedules(ctx, "q", func(_, _ string, r kv.ScheduleRecord, at uint64, _ error) error {
+		rec, rev = r, at
+		return nil
+	})
+	if err != nil || !rec.Paused || rev != b.sched.get("q", "s").rev {
+		t.Fatalf("stored after the pause sent again: %+v at revision %d (%v), the broker's revision %d; want paused, the same", rec, rev, err, b.sched.get("q", "s").rev)
+	}
+}
+
+// TestScheduleReplaceOfUnknownOutcome: a replace whose write failed (unavailable: here not even
+// sent, the claim not holding), sent again as its client does, is written: storage and the broker
+// then hold the new schedule at the same revision. (The broker had kept it in memory at the old
+// revision, as a write that may land yet.)
+func TestScheduleReplaceOfUnknownOutcome(t *testing.T) {
+	b, _, _ := scheduleBroker(t, t0, "-")
+	ctx := context.Background()
+	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	put := func(cron string) error {
+		_, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: cron})
+		return err
+	}
+	if err := put("@every 1m"); err != nil {
+		t.Fatal(err)
+	}
+	held := b.claim.until.Load()
+	b.claim.until.Store(0) // the claim does not hold: no write is sent, nor read back
+	if err := put("@every 2m"); subjects.CodeOf(err) != subjects.CodeUnavailable {
+		t.Fatalf("a replace without the claim: %v, want unavailable", err)
+	}
+	b.claim.until.Store(held)
+	if err := put("@every 2m"); err != nil {
+		t.Fatal(err)
+	}
+	var rec kv.ScheduleRecord
+	var rev uint64
+	err := b.store.LoadSchedules(ctx, "q", func(_, _ string, r kv.ScheduleRecord, at uint64, _ error) error {
+		rec, rev = r, at
+		return nil
+	})
+	if err != nil || rec.Spec.Cron != "@every 2m" || rev != b.sched.get("q", "s").rev {
+		t.Fatalf("stored after the replace sent again: cron %q at revision %d (%v), the broker's revision %d; want @every 2m, the same", rec.Spec.Cron, rev, err, b.sched.get("q", "s").rev)
 	}
 }

@@ -27,6 +27,12 @@ type ScheduleRecord struct {
 	// OverlapSkipped counts the fire times that enqueued nothing because the last fire's message
 	// was not finished (Spec.Overlap skip).
 	OverlapSkipped int64 `json:"overlap_skipped,omitempty"`
+	// Paused: the schedule does not fire until resumed, which fires it next at the first time of
+	// Spec.Cron after the resume (From). PausedAt is the Unix ms of the pause, Note the note of the
+	// last pause or resume.
+	Paused   bool   `json:"paused,omitempty"`
+	PausedAt int64  `json:"paused_at,omitempty"`
+	Note     string `json:"note,omitempty"`
 }
 
 // ScheduleKey is the key of schedule name of queue; names are valid key tokens as they are.

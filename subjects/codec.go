@@ -436,6 +436,14 @@ func ValidateError(e string) error {
 	return nil
 }
 
+// ValidateNote checks the note of a schedule's pause or resume (empty means none).
+func ValidateNote(n string) error {
+	if len(n) > MaxNoteLen || !printable(n) {
+		return Errorf(CodeBadRequest, "note must be at most %d bytes of printable UTF-8, got %d bytes", MaxNoteLen, len(n))
+	}
+	return nil
+}
+
 // ValidateWorker checks a dequeue's worker name (empty means none).
 func ValidateWorker(w string) error {
 	if len(w) > MaxWorkerLen || !printable(w) {

@@ -23,6 +23,7 @@ const (
 	CodeQueueExists           Code = "queue_exists"            // create with a config differing from the stored one
 	CodeQueueBlocked          Code = "queue_blocked"           // enqueue_blocked or dequeue_blocked is set
 	CodeMessageNotFound       Code = "message_not_found"       // no message with that id (never existed or collected)
+	CodeScheduleNotFound      Code = "schedule_not_found"      // no schedule of that name in the queue
 	CodeInvalidState          Code = "invalid_state"           // the transition does not apply to the message's state
 	CodeLeaseMismatch         Code = "lease_mismatch"          // the lease id is not the message's current lease
 	CodeLeaseExpired          Code = "lease_expired"           // the lease id was current but its time ran out
@@ -34,7 +35,7 @@ const (
 // Status returns the HTTP-like status sent in the Nats-Service-Error-Code header for c.
 func (c Code) Status() int {
 	switch c {
-	case CodeQueueNotFound, CodeMessageNotFound:
+	case CodeQueueNotFound, CodeMessageNotFound, CodeScheduleNotFound:
 		return 404
 	case CodeQueueExists, CodeQueueBlocked, CodeInvalidState, CodeLeaseMismatch, CodeLeaseExpired, CodeRevisionMismatch:
 		return 409

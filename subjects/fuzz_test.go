@@ -143,6 +143,8 @@ var requestTypes = []func() any{
 	func() any { return new(subjects.ScheduleRequest) },
 	func() any { return new(subjects.UnscheduleRequest) },
 	func() any { return new(subjects.SchedulesRequest) },
+	func() any { return new(subjects.SchedulePauseRequest) },
+	func() any { return new(subjects.ScheduleFireRequest) },
 }
 
 func FuzzDecode(f *testing.F) {
@@ -159,6 +161,9 @@ func FuzzDecode(f *testing.F) {
 		`{"max_running":1000000,"max_metadata_pairs":32}`,
 		`{"name":"s","cron":"@every 1s","overlap":"skip","deadline_ms":1}`,
 		`{"overlap":1}`,
+		`{"name":"s","note":"db migration"}`,
+		`{"name":"s","id":"by-hand"}`,
+		`{"note":null,"id":7}`,
 		`{"id":"m","priority":-9223372036854775808,"payload":"héllo ✓","metadata":{"k":"v"},"invisible_ms":1,"lease_ms":2}`,
 		`{"payload_base64":"AP8="}`,
 		`{"payload_base64":""}`,

@@ -22,6 +22,7 @@ const (
 	MaxListLimit        = 10000     // queues one list reply returns
 	MaxSchedules        = 100       // schedules (recurring enqueues) of one queue
 	MaxScheduleNameLen  = 128       // bytes of a schedule's name
+	MaxNoteLen          = 1024      // bytes of the note of a schedule's pause or resume
 	MaxRunningLimit     = 1_000_000 // the highest max_running a queue may set
 
 	MinLease            = 100 * time.Millisecond

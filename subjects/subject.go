@@ -39,6 +39,10 @@ const (
 	OpSchedule     Op = "schedule"      // create or replace a recurring enqueue (cron)
 	OpUnschedule   Op = "unschedule"    // remove a recurring enqueue
 	OpSchedules    Op = "schedules"     // a queue's recurring enqueues, with their next and last fires
+	// A schedule's state and fires by hand.
+	OpSchedulePause  Op = "schedule_pause"  // a schedule fires no more until resumed
+	OpScheduleResume Op = "schedule_resume" // a paused schedule fires again, from its next time after now
+	OpScheduleFire   Op = "schedule_fire"   // a schedule's fire now, out of its times
 )
 
 // Ops lists every operation, in the order the docs present them.
@@ -47,6 +51,7 @@ var Ops = []Op{
 	OpEnqueue, OpEnqueueBatch, OpEnqueueRaw, OpDequeue,
 	OpComplete, OpExtend, OpRelease, OpCancel, OpRetry, OpReschedule, OpGet, OpDepth,
 	OpStats, OpBrowse, OpHistory, OpSchedule, OpUnschedule, OpSchedules,
+	OpSchedulePause, OpScheduleResume, OpScheduleFire,
 }
 
 func (op Op) valid() bool {

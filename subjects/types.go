@@ -321,7 +321,9 @@ func (r *ScheduleRequest) Template() EnqueueRequest {
 // times that passed with no message enqueued for them (no broker served the store, of which a
 // starting broker fires only the last; or storage did not take the fire), and OverlapSkipped the
 // fire times of an OverlapSkip schedule that enqueued nothing because the message of LastID was not
-// finished. Overlap is OverlapAllow or OverlapSkip, never "".
+// finished. Overlap is OverlapAllow or OverlapSkip, never "". A Paused schedule does not fire
+// (NextAt is then the time it would fire next were it resumed now); PausedAt is when it was paused,
+// and Note the note of its last pause or resume.
 type ScheduleInfo struct {
 	Queue          string     `json:"queue"`
 	Name           string     `json:"name"`
@@ -341,6 +343,25 @@ type ScheduleInfo struct {
 	LastErrorCode  Code       `json:"last_error_code,omitempty"`
 	Skipped        int64      `json:"skipped"`
 	OverlapSkipped int64      `json:"overlap_skipped"`
+	Paused         bool       `json:"paused"`
+	PausedAt       *time.Time `json:"paused_at,omitempty"`
+	Note           string     `json:"note,omitempty"`
+}
+
+// SchedulePauseRequest is the body of schedule_pause and of schedule_resume: the schedule Name,
+// and a Note for the operators who look at it (why it is paused, who resumed it), kept until the
+// next pause or resume. At most MaxNoteLen bytes of printable UTF-8; empty means none.
+type SchedulePauseRequest struct {
+	Name string `json:"name"`
+	Note string `json:"note,omitempty"`
+}
+
+// ScheduleFireRequest is the body of schedule_fire: fire the schedule Name now, paused or not.
+// ID, if given, is the message's id (else "<name>@<now, RFC 3339 UTC>"): a fire sent again with
+// the same ID is the same fire, and enqueues nothing more.
+type ScheduleFireRequest struct {
+	Name string `json:"name"`
+	ID   string `json:"id,omitempty"`
 }
 
 // UnscheduleRequest is the body of unschedule.
