@@ -27,6 +27,7 @@ var (
 	ErrQueueExists           = errors.New("natstone: queue exists")
 	ErrQueueBlocked          = errors.New("natstone: queue blocked")
 	ErrMessageNotFound       = errors.New("natstone: message not found")
+	ErrScheduleNotFound      = errors.New("natstone: schedule not found")
 	ErrInvalidState          = errors.New("natstone: invalid state")
 	ErrLeaseMismatch         = errors.New("natstone: lease mismatch")
 	ErrLeaseExpired          = errors.New("natstone: lease expired")
@@ -50,6 +51,7 @@ var sentinels = map[subjects.Code]error{
 	subjects.CodeQueueExists:           ErrQueueExists,
 	subjects.CodeQueueBlocked:          ErrQueueBlocked,
 	subjects.CodeMessageNotFound:       ErrMessageNotFound,
+	subjects.CodeScheduleNotFound:      ErrScheduleNotFound,
 	subjects.CodeInvalidState:          ErrInvalidState,
 	subjects.CodeLeaseMismatch:         ErrLeaseMismatch,
 	subjects.CodeLeaseExpired:          ErrLeaseExpired,

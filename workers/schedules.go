@@ -83,3 +83,36 @@ func (c *Client) Schedules(ctx context.Context, queue string) ([]subjects.Schedu
 		req.After = r.Schedules[len(r.Schedules)-1].Name
 	}
 }
+
+// PauseSchedule pauses the schedule name of queue: it fires no more until ResumeSchedule, though
+// FireSchedule still fires it by hand. note, if not "", says why to whoever lists the schedules
+// (ScheduleInfo.Note). Pausing a paused schedule changes only its note. Errors:
+// ErrScheduleNotFound, ErrQueueNotFound, ErrInvalidSchedule (name), ErrBadRequest (note).
+func (c *Client) PauseSchedule(ctx context.Context, queue, name, note string) (subjects.ScheduleInfo, error) {
+	var info subjects.ScheduleInfo
+	err := c.request(ctx, subjects.OpSchedulePause, queue, subjects.SchedulePauseRequest{Name: name, Note: note}, &info)
+	return info, err
+}
+
+// ResumeSchedule resumes the paused schedule name of queue: it fires next at its cron's first
+// time after now; the times that passed while it was paused are not fired. note replaces the
+// pause's. Resuming a schedule that is not paused changes only its note. Errors: those of
+// PauseSchedule.
+func (c *Client) ResumeSchedule(ctx context.Context, queue, name, note string) (subjects.ScheduleInfo, error) {
+	var info subjects.ScheduleInfo
+	err := c.request(ctx, subjects.OpScheduleResume, queue, subjects.SchedulePauseRequest{Name: name, Note: note}, &info)
+	return info, err
+}
+
+// FireSchedule fires the schedule name of queue now, paused or not, out of its times: it enqueues
+// the schedule's message with the priority now + its deadline, and the id id, or if id is ""
+// "<name>@<now, RFC 3339 UTC>". Give an id to make the call safe to repeat: a fire sent again with
+// the same id enqueues nothing more. The reply's LastID is the message's id. Errors:
+// ErrScheduleNotFound, ErrQueueNotFound, ErrInvalidSchedule (name), ErrInvalidID, ErrInvalidState
+// (an overlap skip schedule whose last fire's message is not finished), and those of an Enqueue
+// of the message (ErrQueueBlocked…).
+func (c *Client) FireSchedule(ctx context.Context, queue, name, id string) (subjects.ScheduleInfo, error) {
+	var info subjects.ScheduleInfo
+	err := c.request(ctx, subjects.OpScheduleFire, queue, subjects.ScheduleFireRequest{Name: name, ID: id}, &info)
+	return info, err
+}

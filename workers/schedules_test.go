@@ -55,6 +55,49 @@ func TestSchedule(t *testing.T) {
 	}
 }
 
+// TestSchedulePauseAndFire: a Go client pauses a schedule with a note, which then fires at none of
+// its times, fires it by hand by an id, twice (one message), and resumes it, which fires it at its
+// next time; a schedule that does not exist is ErrScheduleNotFound.
+func TestSchedulePauseAndFire(t *testing.T) {
+	t.Parallel()
+	e := setupFake(t)
+	c := ctx(t)
+	if _, err := e.c.Schedule(c, "q", "tick", workers.ScheduleOpts{Cron: "@every 1m", Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	paused, err := e.c.PauseSchedule(c, "q", "tick", "maintenance")
+	if err != nil || !paused.Paused || paused.Note != "maintenance" {
+		t.Fatalf("PauseSchedule: %+v, %v", paused, err)
+	}
+	e.clk.Advance(3 * time.Minute)
+	for range 2 {
+		fired, err := e.c.FireSchedule(c, "q", "tick", "by-hand")
+		if err != nil || fired.LastID != "by-hand" || !fired.Paused {
+			t.Fatalf("FireSchedule: %+v, %v; want last_id by-hand, still paused", fired, err)
+		}
+	}
+	if d, err := e.c.Depth(c, "q", nil); err != nil || d.Pending != 1 {
+		t.Fatalf("Depth: %+v, %v; want the one message fired by hand", d, err)
+	}
+	resumed, err := e.c.ResumeSchedule(c, "q", "tick", "")
+	if err != nil || resumed.Paused || resumed.Note != "" || !resumed.NextAt.Equal(t0.Add(4*time.Minute)) {
+		t.Fatalf("ResumeSchedule: %+v, %v; want not paused, next a minute after now", resumed, err)
+	}
+	e.clk.Advance(time.Minute)
+	if all, err := e.c.Schedules(c, "q"); err != nil || len(all) != 1 || all[0].LastID != "tick@"+t0.Add(4*time.Minute).Format(time.RFC3339) {
+		t.Fatalf("Schedules after the resume: %+v, %v; want tick fired a minute after it", all, err)
+	}
+	for name, call := range map[string]func() error{
+		"PauseSchedule":  func() error { _, err := e.c.PauseSchedule(c, "q", "none", ""); return err },
+		"ResumeSchedule": func() error { _, err := e.c.ResumeSchedule(c, "q", "none", ""); return err },
+		"FireSchedule":   func() error { _, err := e.c.FireSchedule(c, "q", "none", ""); return err },
+	} {
+		if err := call(); !errors.Is(err, workers.ErrScheduleNotFound) {
+			t.Errorf("%s of a schedule that does not exist: %v, want ErrScheduleNotFound", name, err)
+		}
+	}
+}
+
 // TestSchedulesPages: a queue's schedules with large metadata take more than one reply (1 MiB):
 // the broker says more, and Schedules asks again after the last name until it has them all.
 func TestSchedulesPages(t *testing.T) {
