@@ -19,7 +19,7 @@ import (
 // The exit codes of the client commands, on top of exitOK, exitError and exitUsage. Scripts rely on
 // them: they are listed in every client command's help (exitCodesHelp) and in docs/cli.md.
 const (
-	exitNotFound = 3 // queue_not_found or message_not_found
+	exitNotFound = 3 // queue_not_found, message_not_found or schedule_not_found
 	exitEmpty    = 4 // dequeue: no message was available
 	exitNoBroker = 5 // no NATS server, connection rejected, no broker answering, or no reply in time
 )
@@ -32,7 +32,7 @@ Exit codes:
      import had failed lines, the command was interrupted (SIGINT, SIGTERM), or another error
      (e.g. a file that cannot be read)
   2  bad command line: unknown flag, wrong arguments, unknown or unusable nats context
-  3  not found: the broker replied queue_not_found or message_not_found
+  3  not found: the broker replied queue_not_found, message_not_found or schedule_not_found
   4  nothing to dequeue: dequeue got no message (within --wait)
   5  cannot reach natstone: no NATS server, connection refused or rejected, no broker answering
      on --prefix (no responders), or no reply within --timeout
@@ -201,7 +201,7 @@ func exitCodeOf(err error) int {
 	case errors.Is(err, errNothingToDequeue):
 		return exitEmpty
 	case errors.As(err, &apiErr):
-		if apiErr.Code == subjects.CodeQueueNotFound || apiErr.Code == subjects.CodeMessageNotFound {
+		if apiErr.Code == subjects.CodeQueueNotFound || apiErr.Code == subjects.CodeMessageNotFound || apiErr.Code == subjects.CodeScheduleNotFound {
 			return exitNotFound
 		}
 		return exitError

@@ -218,6 +218,7 @@ func TestExitCodeOf(t *testing.T) {
 		{&workers.APIError{Code: subjects.CodeLeaseExpired}, exitError},
 		{fmt.Errorf("w: %w", &workers.APIError{Code: subjects.CodeQueueNotFound}), exitNotFound},
 		{&workers.APIError{Code: subjects.CodeMessageNotFound}, exitNotFound},
+		{&workers.APIError{Code: subjects.CodeScheduleNotFound}, exitNotFound},
 		{&workers.APIError{Code: subjects.CodeUnavailable}, exitError},
 		{fmt.Errorf("%w from q", errNothingToDequeue), exitEmpty},
 		{fmt.Errorf("natstone: list : %w", nats.ErrNoResponders), exitNoBroker},

@@ -17,6 +17,9 @@ var scheduleCommands = []command{
 	{name: "set", summary: "create or replace a recurring enqueue (cron)", run: runScheduleSet},
 	{name: "ls", summary: "list a queue's schedules with their next and last fires", run: runScheduleList},
 	{name: "rm", summary: "remove a schedule", run: runScheduleRemove},
+	{name: "pause", summary: "stop a schedule's fires until it is resumed", run: runSchedulePause},
+	{name: "resume", summary: "let a paused schedule fire again, from its next time", run: runScheduleResume},
+	{name: "fire", summary: "fire a schedule now, out of its times", run: runScheduleFire},
 }
 
 // runSchedule is "natstone schedule": it dispatches to a subcommand.
@@ -149,6 +152,66 @@ schedule that does not exist succeeds, and says so.
 	})
 }
 
+func runSchedulePause(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone schedule pause", "QUEUE NAME [flags]", `
+Pauses the schedule NAME of QUEUE and prints it: it fires at none of its times until it is resumed
+(schedule resume), and the times that pass meanwhile are not fired later; schedule fire still
+fires it by hand. --note says why, to whoever lists the schedules. Pausing a paused schedule
+changes only its note.
+`, stdout, stderr)
+	return c.setPaused(ctx, args, true)
+}
+
+func runScheduleResume(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone schedule resume", "QUEUE NAME [flags]", `
+Resumes the paused schedule NAME of QUEUE and prints it: it fires next at its first time after
+now. The times that passed while it was paused are not fired. --note replaces the pause's note.
+Resuming a schedule that is not paused changes only its note.
+`, stdout, stderr)
+	return c.setPaused(ctx, args, false)
+}
+
+// setPaused runs schedule pause (pause) or schedule resume.
+func (c *clientCommand) setPaused(ctx context.Context, args []string, pause bool) int {
+	note := c.fs.String("note", "", fmt.Sprintf("why, for whoever lists the schedules (at most %d bytes, one line)", subjects.MaxNoteLen))
+	pos, err := c.parse(args, 2, 2)
+	if err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		set := conn.client.ResumeSchedule
+		if pause {
+			set = conn.client.PauseSchedule
+		}
+		info, err := set(ctx, pos[0], pos[1], *note)
+		if err != nil {
+			return err
+		}
+		return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now(), false) })
+	})
+}
+
+func runScheduleFire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newClientCommand("natstone schedule fire", "QUEUE NAME [flags]", `
+Fires the schedule NAME of QUEUE now, paused or not, and prints it: it enqueues the schedule's
+message with the priority now + its deadline and the id --id, else NAME@<now, RFC 3339 UTC>. A
+fire sent again with the same --id enqueues nothing more, so give one to retry safely. A schedule
+with --overlap skip refuses to fire while the message of its last fire is not finished.
+`, stdout, stderr)
+	id := c.fs.String("id", "", "the message's id (default NAME@<now>)")
+	pos, err := c.parse(args, 2, 2)
+	if err != nil {
+		return parseExit(err)
+	}
+	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		info, err := conn.client.FireSchedule(ctx, pos[0], pos[1], *id)
+		if err != nil {
+			return err
+		}
+		return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now(), false) })
+	})
+}
+
 // printSchedules prints schedules as a table, with a QUEUE column when withQueue.
 func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, withQueue bool) {
 	tw := newTable(w)
@@ -172,8 +235,18 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 		if s.OverlapSkipped > 0 {
 			overlap = fmt.Sprintf("%s (%d)", s.Overlap, s.OverlapSkipped)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s (in %s)\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Name, printable(s.Cron, 60), fmtTime(s.NextAt),
-			fmtDuration(max(s.NextAt.Sub(now), 0).Round(time.Second)), last, what, s.Skipped, overlap, fmtMS(s.DeadlineMS), printable(fmtPairs(s.Metadata, ","), 80))
+		next := fmt.Sprintf("%s (in %s)", fmtTime(s.NextAt), fmtDuration(max(s.NextAt.Sub(now), 0).Round(time.Second)))
+		if s.Paused {
+			next = "paused"
+			if s.PausedAt != nil {
+				next += " since " + fmtTime(*s.PausedAt)
+			}
+			if s.Note != "" {
+				next += ": " + printable(s.Note, 60)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Name, printable(s.Cron, 60), next,
+			last, what, s.Skipped, overlap, fmtMS(s.DeadlineMS), printable(fmtPairs(s.Metadata, ","), 80))
 	}
 	tw.Flush()
 }

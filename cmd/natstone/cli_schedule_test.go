@@ -79,6 +79,34 @@ func TestCLISchedule(t *testing.T) {
 		t.Fatalf("schedule ls solo: want an OVERLAP column with skip (n):\n%s", out)
 	}
 
+	// Paused, tick fires no more: a dequeue waiting over two of its times gets nothing, and ls
+	// says so. Fired by hand, it enqueues at once, by the id given; resumed, it fires again.
+	paused := jsonOf[subjects.ScheduleInfo](t, cli(t, url, "schedule", "pause", "q", "tick", "--note", "db migration", "--json"))
+	if !paused.Paused || paused.Note != "db migration" || paused.PausedAt == nil {
+		t.Fatalf("schedule pause --json: %+v", paused)
+	}
+	cli(t, url, "dequeue", "q", "--batch", "256") // takes the fires enqueued before the pause, if any
+	cli(t, url, "dequeue", "q", "--wait", "2500ms").fails(t, exitEmpty, "")
+	if out := cli(t, url, "schedule", "ls", "q").ok(t); !strings.Contains(out, "paused since ") || !strings.Contains(out, ": db migration") {
+		t.Fatalf("schedule ls of a paused schedule: want paused since …: db migration:\n%s", out)
+	}
+	if out := cli(t, url, "schedule", "fire", "q", "tick", "--id", "by-hand").ok(t); !strings.Contains(out, "by-hand") {
+		t.Fatalf("schedule fire: want the id it enqueued:\n%s", out)
+	}
+	if m := dequeueOne(t, url, "q"); m.ID != "by-hand" || m.Payload == nil || *m.Payload != "hello" {
+		t.Fatalf("the message fired by hand: %+v", m)
+	}
+	resumed := jsonOf[subjects.ScheduleInfo](t, cli(t, url, "schedule", "resume", "q", "tick", "--json"))
+	if resumed.Paused || resumed.Note != "" {
+		t.Fatalf("schedule resume --json: %+v", resumed)
+	}
+	if m := dequeueOne(t, url, "q", "--wait", "5s"); !strings.HasPrefix(m.ID, "tick@") {
+		t.Fatalf("after the resume: %+v, want a fire of tick", m)
+	}
+	cli(t, url, "schedule", "pause", "q", "nope").fails(t, exitNotFound, "natstone: schedule_not_found: ")
+	cli(t, url, "schedule", "fire", "q", "nope").fails(t, exitNotFound, "natstone: schedule_not_found: ")
+	cli(t, url, "schedule", "resume", "q").fails(t, exitUsage, "")
+
 	if out := cli(t, url, "schedule", "rm", "q", "tick").ok(t); !strings.Contains(out, "removed schedule tick of q") {
 		t.Fatalf("schedule rm: %s", out)
 	}
