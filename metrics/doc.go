@@ -34,6 +34,7 @@
 //	| natstone_schedule_failing             | gauge     | queue, schedule  | 1 if its last fire enqueued nothing (the queue refused it), else 0       |
 //	| natstone_schedule_skipped_total       | counter   | queue, schedule  | its fire times with no message enqueued (stored: kept across restarts)   |
 //	| natstone_schedule_overlap_skipped_total | counter | queue, schedule | its fire times left out by overlap skip (its last message unfinished) |
+//	| natstone_schedule_paused              | gauge     | queue, schedule  | 1 while it is paused (it fires at none of its times), else 0             |
 //	| natstone_events_published_total       | counter   |                  | events stored in the events stream                                       |
 //	| natstone_events_dropped_total         | counter   |                  | events given up on (buffer full, or the stream refused them)             |
 //	| natstone_events_buffered              | gauge     |                  | events waiting to be published                                           |

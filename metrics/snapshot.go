@@ -37,6 +37,8 @@ var (
 	scheduleSkippedDesc = prometheus.NewDesc("natstone_schedule_skipped_total",
 		"Fire times of a schedule that passed with no message enqueued for them (no broker served, or storage did not take the fire).",
 		[]string{"queue", "schedule"}, nil)
+	schedulePausedDesc = prometheus.NewDesc("natstone_schedule_paused",
+		"1 while a schedule is paused (it fires at none of its times), else 0.", []string{"queue", "schedule"}, nil)
 	scheduleOverlapDesc = prometheus.NewDesc("natstone_schedule_overlap_skipped_total",
 		"Fire times of a schedule with overlap skip that enqueued nothing because its last fire's message was not finished.",
 		[]string{"queue", "schedule"}, nil)
@@ -66,7 +68,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		queueMessagesDesc, queueOldestPendingDesc, queueBlockedDesc,
 		eventsPublishedDesc, eventsDroppedDesc, eventsBufferedDesc, eventsEnabledDesc, servingDesc,
-		scheduleNextDesc, scheduleLastDesc, scheduleFailingDesc, scheduleSkippedDesc, scheduleOverlapDesc,
+		scheduleNextDesc, scheduleLastDesc, scheduleFailingDesc, scheduleSkippedDesc, scheduleOverlapDesc, schedulePausedDesc,
 	} {
 		ch <- d
 	}
@@ -100,6 +102,7 @@ func collectSchedule(ch chan<- prometheus.Metric, sc *subjects.ScheduleInfo) {
 	ch <- constMetric(scheduleFailingDesc, prometheus.GaugeValue, flag(sc.LastError != ""), sc.Queue, sc.Name)
 	ch <- constMetric(scheduleSkippedDesc, prometheus.CounterValue, float64(sc.Skipped), sc.Queue, sc.Name)
 	ch <- constMetric(scheduleOverlapDesc, prometheus.CounterValue, float64(sc.OverlapSkipped), sc.Queue, sc.Name)
+	ch <- constMetric(schedulePausedDesc, prometheus.GaugeValue, flag(sc.Paused), sc.Queue, sc.Name)
 }
 
 // unixSeconds is t in Unix seconds, to the millisecond.
