@@ -399,6 +399,68 @@ func (s *Server) rescheduleMessage(r *http.Request) (any, error) {
 	})
 }
 
+// noteRequest is the body of POST /api/queues/{name}/schedules/{schedule}/pause and /resume.
+type noteRequest struct {
+	Note string `json:"note"`
+}
+
+// pauseSchedule answers POST /api/queues/{name}/schedules/{schedule}/pause with the paused
+// schedule (protocol.md's schedule_pause).
+func (s *Server) pauseSchedule(r *http.Request) (any, error) {
+	return s.setPaused(r, true)
+}
+
+// resumeSchedule answers POST /api/queues/{name}/schedules/{schedule}/resume with the resumed
+// schedule (protocol.md's schedule_resume).
+func (s *Server) resumeSchedule(r *http.Request) (any, error) {
+	return s.setPaused(r, false)
+}
+
+func (s *Server) setPaused(r *http.Request, pause bool) (any, error) {
+	if _, err := query(r.URL, nil); err != nil {
+		return nil, err
+	}
+	var req noteRequest
+	if err := decodeBody(r, &req, `{"note": string}`); err != nil {
+		return nil, err
+	}
+	name, schedule := r.PathValue("name"), r.PathValue("schedule")
+	set, done := s.client.ResumeSchedule, "resumed"
+	if pause {
+		set, done = s.client.PauseSchedule, "paused"
+	}
+	info, err := set(r.Context(), name, schedule, req.Note)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("web: schedule "+done, "queue", name, "schedule", schedule, "note", req.Note, "remote_addr", r.RemoteAddr)
+	return info, nil
+}
+
+// fireRequest is the body of POST /api/queues/{name}/schedules/{schedule}/fire.
+type fireRequest struct {
+	ID string `json:"id"`
+}
+
+// fireSchedule answers POST /api/queues/{name}/schedules/{schedule}/fire with the schedule fired
+// now (protocol.md's schedule_fire): its last_id is the message enqueued.
+func (s *Server) fireSchedule(r *http.Request) (any, error) {
+	if _, err := query(r.URL, nil); err != nil {
+		return nil, err
+	}
+	var req fireRequest
+	if err := decodeBody(r, &req, `{"id": string}`); err != nil {
+		return nil, err
+	}
+	name, schedule := r.PathValue("name"), r.PathValue("schedule")
+	info, err := s.client.FireSchedule(r.Context(), name, schedule, req.ID)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("web: schedule fired", "queue", name, "schedule", schedule, "message_id", info.LastID, "remote_addr", r.RemoteAddr)
+	return info, nil
+}
+
 // atVersion reads a POST's body into req strictly (want describes it), checks that it names a
 // message and a version, calls act, and logs what was done.
 func (s *Server) atVersion(r *http.Request, req interface{ versioned() *versionedRequest }, want, done string,

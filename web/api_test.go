@@ -592,6 +592,54 @@ func TestCancelMessage(t *testing.T) {
 	}
 }
 
+// TestScheduleActions: POST /api/queues/{name}/schedules/{schedule}/pause, /resume and /fire
+// pause a schedule with a note, fire it now by the id given, and resume it; bad bodies never reach
+// the broker, and a schedule that does not exist is 404 schedule_not_found.
+func TestScheduleActions(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	if _, err := e.c.Schedule(ctx(t), "q", "nightly", workers.ScheduleOpts{Cron: "0 2 * * *", Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	reqs := e.watch("q", subjects.OpSchedulePause, subjects.OpScheduleResume, subjects.OpScheduleFire)
+	for _, c := range []struct {
+		name, path, contentType, body string
+		status                        int
+	}{
+		{"plain text", "pause", "text/plain", `{}`, http.StatusUnsupportedMediaType},
+		{"empty body", "pause", "application/json", ``, http.StatusBadRequest},
+		{"unknown field", "resume", "application/json", `{"paused":true}`, http.StatusBadRequest},
+		{"a note to fire", "fire", "application/json", `{"note":"x"}`, http.StatusBadRequest},
+	} {
+		status, h, body := e.do(http.MethodPost, "/api/queues/q/schedules/nightly/"+c.path, c.contentType, c.body)
+		wantError(t, c.name, status, h, body, c.status, subjects.CodeBadRequest)
+	}
+	if n := reqs.count(); n != 0 {
+		t.Errorf("%d requests reached the broker, want none", n)
+	}
+	status, h, body := e.do(http.MethodPost, "/api/queues/q/schedules/none/pause", "application/json", `{}`)
+	wantError(t, "no such schedule", status, h, body, http.StatusNotFound, subjects.CodeScheduleNotFound)
+
+	var info subjects.ScheduleInfo
+	e.post("/api/queues/q/schedules/nightly/pause", `{"note":"maintenance"}`, &info)
+	if !info.Paused || info.Note != "maintenance" {
+		t.Errorf("paused: %+v, want paused with its note", info)
+	}
+	e.post("/api/queues/q/schedules/nightly/fire", `{"id":"by-hand"}`, &info)
+	if info.LastID != "by-hand" {
+		t.Errorf("fired: %+v, want last_id by-hand", info)
+	}
+	if m, err := e.c.Get(ctx(t), "q", "by-hand"); err != nil || m.State != subjects.StatePending {
+		t.Errorf("the message fired: %+v, %v; want pending", m, err)
+	}
+	var resumed subjects.ScheduleInfo
+	e.post("/api/queues/q/schedules/nightly/resume", `{}`, &resumed)
+	if resumed.Paused || resumed.Note != "" || resumed.PausedAt != nil {
+		t.Errorf("resumed: %+v, want not paused, no note", resumed)
+	}
+}
+
 // TestUnavailable checks that a broker that does not answer gives 503 unavailable.
 func TestUnavailable(t *testing.T) {
 	t.Parallel()

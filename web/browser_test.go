@@ -231,6 +231,35 @@ func TestDashboard(t *testing.T) {
 	}
 	b.noError()
 
+	// The queue page pauses a schedule, fires it now, and resumes it.
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/orders"))
+	b.waitLoaded(`[data-view="queue"][data-queue="orders"]`)
+	nightly := `tr[data-schedule="nightly"]`
+	b.poll(`document.querySelector('` + nightly + ` .schedule-pause') !== null`)
+	b.click(nightly + ` .schedule-pause`)
+	b.poll(`document.querySelector('` + nightly + ` .schedule-paused') !== null && document.querySelector('` + nightly + ` .schedule-resume') !== null`)
+	b.click(nightly + ` .schedule-fire`)
+	var fired subjects.ScheduleInfo
+	waitFor(t, "the schedule fired by the button", func() bool {
+		all, err := e.c.Schedules(ctx(t), "orders")
+		if err == nil && len(all) == 1 {
+			fired = all[0]
+		}
+		return fired.LastID != ""
+	})
+	if !fired.Paused || !strings.HasPrefix(fired.LastID, "nightly@") {
+		t.Errorf("after pause and fire now: %+v, want paused, last_id nightly@<now>", fired)
+	}
+	if m, err := e.c.Get(ctx(t), "orders", fired.LastID); err != nil || m.State != subjects.StatePending {
+		t.Errorf("the message fired by the button: %+v, %v; want pending", m, err)
+	}
+	b.click(nightly + ` .schedule-resume`)
+	b.poll(`document.querySelector('` + nightly + ` .schedule-paused') === null && document.querySelector('` + nightly + ` .schedule-pause') !== null`)
+	if all, err := e.c.Schedules(ctx(t), "orders"); err != nil || len(all) != 1 || all[0].Paused {
+		t.Errorf("after the resume button: %+v, %v; want nightly not paused", all, err)
+	}
+	b.noError()
+
 	// The refresh can be paused.
 	b.click(`#refresh-toggle`)
 	if got := evaluate[string](b, `document.getElementById('refresh-toggle').getAttribute('aria-pressed') + ' ' + document.getElementById('refresh-toggle').textContent`); got != "true Resume" {

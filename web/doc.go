@@ -77,6 +77,19 @@
 //	     running or finished, 404 message_not_found, 400 out_of_range for a delay_ms outside 0 to
 //	     366 days.
 //
+//	POST /api/queues/{name}/schedules/{schedule}/pause
+//	POST /api/queues/{name}/schedules/{schedule}/resume
+//	     Body {"note": string}, or {}, sent as the blocked flags are (the body's 1 KiB bounds the
+//	     note). Pauses the schedule, or resumes it (the protocol's schedule_pause and
+//	     schedule_resume): the reply is the schedule, as in the queue's "schedules". 404
+//	     schedule_not_found.
+//
+//	POST /api/queues/{name}/schedules/{schedule}/fire
+//	     Body {"id": string}, or {} for the id <schedule>@<now>. Fires the schedule now, paused or
+//	     not (the protocol's schedule_fire): the reply is the schedule, its last_id the message
+//	     enqueued. 404 schedule_not_found, 409 invalid_state for an overlap skip schedule whose last
+//	     fire's message is not finished, 409 queue_blocked.
+//
 // With [Config.Hosts] set, a request whose Host header names another host is answered 421 bad_request: a page
 // of a site whose name was made to resolve to the listener's address (DNS rebinding) is same-origin
 // to the browser and would otherwise read the API and toggle the flags. natstone serve sets the
@@ -102,7 +115,8 @@
 // GET / serves a single-page dashboard (index.html, app.js, style.css and favicon.svg, embedded in
 // the binary; no build step, nothing loaded from elsewhere, Content-Security-Policy default-src
 // 'self'). Its hash routes: #/ the queues; #/queues/<name>[?state=…&filter=k=v,k2=v2] a queue with its counts, rates,
-// leases about to expire, blocked switches and its messages by state; #/queues/<name>/messages/<id>
+// leases about to expire, blocked switches, its schedules (each with Pause or Resume and Fire now
+// buttons) and its messages by state; #/queues/<name>/messages/<id>
 // a message with its payload preview, history timeline and, errored or canceled, a Retry button
 // (invisible: a Run now button, a reschedule with delay_ms 0; not finished: a Cancel button, which
 // asks for a second click). It refreshes every 2 seconds unless

@@ -84,6 +84,9 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /api/queues/{name}/retry", s.api(s.retryMessage))
 	mux.HandleFunc("POST /api/queues/{name}/reschedule", s.api(s.rescheduleMessage))
 	mux.HandleFunc("POST /api/queues/{name}/cancel", s.api(s.cancelMessage))
+	mux.HandleFunc("POST /api/queues/{name}/schedules/{schedule}/pause", s.api(s.pauseSchedule))
+	mux.HandleFunc("POST /api/queues/{name}/schedules/{schedule}/resume", s.api(s.resumeSchedule))
+	mux.HandleFunc("POST /api/queues/{name}/schedules/{schedule}/fire", s.api(s.fireSchedule))
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}

@@ -327,7 +327,7 @@ function queueView(r) {
     h('h2', {}, 'Schedules'),
     h('table', { id: 'schedules', class: 'grid' },
       h('thead', {}, h('tr', {}, h('th', {}, 'name'), h('th', {}, 'cron'), h('th', {}, 'next fire'),
-        h('th', {}, 'last fire'), h('th', { class: 'num' }, 'skipped'), h('th', {}, 'overlap'))),
+        h('th', {}, 'last fire'), h('th', { class: 'num' }, 'skipped'), h('th', {}, 'overlap'), h('th', {}, ''))),
       schedules));
   const enqueueSwitch = blockSwitch('enqueue_blocked', 'Block enqueues');
   const dequeueSwitch = blockSwitch('dequeue_blocked', 'Block dequeues');
@@ -389,6 +389,30 @@ function queueView(r) {
     const target = queueHref(name, tabParams(r.state, pairs.join(',')));
     if (location.hash === target) refresh(view);
     else location.hash = target;
+  }
+
+  // A schedule can be paused (it fires at none of its times until resumed), resumed (it fires
+  // next at its first time after now), or fired now, out of its times: its message enqueued at
+  // once, with the id <name>@<now>.
+  function scheduleButton(s, action, label) {
+    const button = h('button', { type: 'button', class: 'schedule-' + action }, label);
+    button.addEventListener('click', async () => {
+      button.disabled = true;
+      try {
+        await api(apiQueue(name) + '/schedules/' + encodeURIComponent(s.name) + '/' + action, {
+          method: 'POST',
+          headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
+          body: '{}',
+        });
+        setError(null);
+      } catch (err) {
+        setError(err);
+      } finally {
+        button.disabled = false;
+      }
+      refresh(view);
+    });
+    return button;
   }
 
   function blockSwitch(field, label) {
@@ -460,12 +484,16 @@ function queueView(r) {
     set(schedules, ...q.schedules.map(s => h('tr', { 'data-schedule': s.name },
       h('td', {}, s.name),
       h('td', {}, h('code', {}, s.cron)),
-      h('td', { title: time(s.next_at) }, ago(s.next_at)),
+      s.paused ? h('td', { class: 'schedule-paused', title: 'paused ' + time(s.paused_at) + (s.note ? ': ' + s.note : '') },
+        'paused' + (s.note ? ': ' + s.note : ''))
+        : h('td', { title: time(s.next_at) }, ago(s.next_at)),
       h('td', {}, s.last_error ? h('span', { class: 'schedule-error', title: time(s.last_at) }, (s.last_error_code || 'error') + ': ' + s.last_error)
         : s.last_id ? h('a', { href: messageHref(name, s.last_id), title: time(s.last_at) }, s.last_id) : '—'),
       h('td', { class: 'num' }, s.skipped),
       // skip: no fire while the last fire's message is unfinished; how many it left out.
-      h('td', { class: 'schedule-overlap' }, s.overlap + (s.overlap_skipped ? ' (' + s.overlap_skipped + ' left out)' : '')))));
+      h('td', { class: 'schedule-overlap' }, s.overlap + (s.overlap_skipped ? ' (' + s.overlap_skipped + ' left out)' : '')),
+      h('td', {}, s.paused ? scheduleButton(s, 'resume', 'Resume') : scheduleButton(s, 'pause', 'Pause'), ' ',
+        scheduleButton(s, 'fire', 'Fire now')))));
     schedulesSection.hidden = q.schedules.length === 0;
 
     set(messages, ...list.messages.map(m => h('tr', { 'data-message-id': m.id, 'data-priority': m.priority },
