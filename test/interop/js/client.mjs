@@ -442,10 +442,21 @@ async function run(nc, q) {
   const sl = await ok(nc, "schedules", cq, {});
   eq(sl.schedules.map((x) => x.name), ["tick"], "schedules lists it");
   check(sl.schedules[0].last_at !== undefined && sl.schedules[0].next_at > sl.schedules[0].last_at, "schedules: last_at, and next_at after it");
+  const ps = await ok(nc, "schedule_pause", cq, { name: "tick", note: "maintenance" });
+  eq([ps.paused, ps.note, typeof ps.paused_at], [true, "maintenance", "string"], "schedule_pause: paused, with its note and time");
+  eq((await ok(nc, "schedule_pause", cq, { name: "tick", note: "maintenance" })).revision, ps.revision, "the same pause sent again writes nothing");
+  await expectError(nc, "schedule_pause", cq, { name: "nope" }, "schedule_not_found", 404);
+  await expectError(nc, "schedule_resume", cq, { name: "tick", note: "a\u0001" }, "bad_request", 400);
+  const byHand = await ok(nc, "schedule_fire", cq, { name: "tick", id: "by-hand" });
+  eq([byHand.last_id, byHand.paused], ["by-hand", true], "schedule_fire while paused: last_id is the id given");
+  eq((await ok(nc, "schedule_fire", cq, { name: "tick", id: "by-hand" })).revision, byHand.revision, "the same fire sent again writes nothing");
+  await expectError(nc, "schedule_fire", cq, { name: "tick", id: "x".repeat(257) }, "invalid_id", 400);
+  const resumed = await ok(nc, "schedule_resume", cq, { name: "tick" });
+  eq([resumed.paused, resumed.note, resumed.paused_at], [false, undefined, undefined], "schedule_resume: not paused, no note");
   eq((await ok(nc, "unschedule", cq, { name: "tick" })).removed, true, "unschedule removes it");
   eq((await ok(nc, "unschedule", cq, { name: "tick" })).removed, false, "unschedule again: removed false");
   await ok(nc, "delete", cq);
-  done("schedule: invalid_schedule, out_of_range; the same schedule again writes nothing; a fire's id, payload and priority; schedules; unschedule twice");
+  done("schedule: invalid_schedule, out_of_range; the same schedule again writes nothing; a fire's id, payload and priority; schedules; pause, fire by hand, resume; unschedule twice");
 
   step("payload forms");
   // A reply carries a payload as a JSON string when escapes grow it by at most half, else as
