@@ -13,6 +13,7 @@ func TestOpsList(t *testing.T) {
 		"enqueue", "enqueue_batch", "enqueue_raw", "dequeue",
 		"complete", "extend", "release", "cancel", "retry", "reschedule", "get", "depth",
 		"stats", "browse", "history", "schedule", "unschedule", "schedules",
+		"schedule_pause", "schedule_resume", "schedule_fire",
 	}
 	if len(subjects.Ops) != len(want) {
 		t.Fatalf("len(Ops) = %d, want %d", len(subjects.Ops), len(want))
@@ -125,6 +126,9 @@ func TestSubjectEveryOp(t *testing.T) {
 		{subjects.OpSchedule, "natstone.v1.schedule.encode", "natstone.v1.schedule.*"},
 		{subjects.OpUnschedule, "natstone.v1.unschedule.encode", "natstone.v1.unschedule.*"},
 		{subjects.OpSchedules, "natstone.v1.schedules.encode", "natstone.v1.schedules.*"},
+		{subjects.OpSchedulePause, "natstone.v1.schedule_pause.encode", "natstone.v1.schedule_pause.*"},
+		{subjects.OpScheduleResume, "natstone.v1.schedule_resume.encode", "natstone.v1.schedule_resume.*"},
+		{subjects.OpScheduleFire, "natstone.v1.schedule_fire.encode", "natstone.v1.schedule_fire.*"},
 	}
 	if len(tests) != len(subjects.Ops) {
 		t.Fatalf("table covers %d ops, Ops has %d", len(tests), len(subjects.Ops))
