@@ -471,6 +471,17 @@ func (q *queue) holds(id string) bool {
 	return q.entries.get(id) != nil
 }
 
+// enqueuedAt returns when the queue's message id was enqueued (Unix ms), if the queue holds it.
+func (q *queue) enqueuedAt(id string) (int64, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	e := q.entries.get(id)
+	if e == nil {
+		return 0, false
+	}
+	return e.record().EnqueuedAt, true
+}
+
 // unfinished reports whether the queue has a message id that is not finished: pending, invisible,
 // running, or not stored yet.
 func (q *queue) unfinished(id string) bool {

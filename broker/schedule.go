@@ -133,16 +133,15 @@ type schedule struct {
 	next        time.Time // the next fire time: the first time of cron after rec.From
 	retry       time.Time // not before then: the last try of next was unavailable (zero: none)
 	removing    bool      // an unschedule of unknown outcome: the next fire first reads whether it landed
-	// unsure: rec is the record of a write of unknown outcome that had not landed when read back
-	// (storage may hold the record of rev instead), so a request that would change nothing writes
-	// it again.
+	// unsure: rec is the record of a write of unknown outcome (storage may hold another record), so
+	// a request that would change nothing writes it again.
 	unsure bool
 }
 
 // due is when sc is to be tried: its next fire time, or later if a try of it failed; zero (never)
-// while it is paused.
+// while it is paused, unless its fire is to read whether its unschedule landed.
 func (sc *schedule) due() time.Time {
-	if sc.rec.Paused {
+	if sc.rec.Paused && !sc.removing {
 		return time.Time{}
 	}
 	if sc.retry.After(sc.next) {
@@ -426,6 +425,15 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 		case rev == 0:
 			s.drop(sc) // the unschedule landed
 			return true
+		case sc.rec.Paused:
+			kept := *sc // still stored: a paused schedule is kept, not fired
+			kept.removing = false
+			s.mu.Lock()
+			if s.all[sc.queue][sc.name] == sc {
+				s.all[sc.queue][sc.name] = &kept
+			}
+			s.mu.Unlock()
+			return true
 		}
 	}
 	// The times before the last one due are skipped, unless a broker fired them already and died
@@ -567,6 +575,9 @@ func (s *scheduler) dropQueue(queue string) {
 // lost, say): the schedule is not written back.
 var errScheduleGone = errors.New("the schedule was removed")
 
+// errNotWritten: a schedule's write was not sent, the claim not holding: its outcome is known.
+var errNotWritten = errors.New("the schedule was not written")
+
 // write stores sc.rec over sc.rev, within the claim. Only the broker holding the claim writes
 // schedules, so a conflict means that a write before, of unknown outcome, landed: a record, over
 // which the write is tried again, or a removal (an unschedule), which only a schedule request
@@ -575,7 +586,7 @@ func (s *scheduler) write(ctx context.Context, sc *schedule, create bool) (uint6
 	b := s.b
 	ctx, cancel, err := b.claim.bound(ctx)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("%w: %w", errNotWritten, err)
 	}
 	defer cancel()
 	rev, err := b.store.PutSchedule(ctx, sc.queue, sc.name, &sc.rec, sc.rev)
@@ -669,6 +680,15 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 		return subjects.ScheduleInfo{}, err
 	}
 	old := s.get(queue, r.Name)
+	if old != nil && old.removing {
+		// Its unschedule's outcome is unknown: if it landed, this schedule is a new one.
+		if cur, err := s.storedRevision(queue, r.Name); err != nil {
+			return subjects.ScheduleInfo{}, unavailable("schedule", err)
+		} else if cur == 0 {
+			s.drop(old)
+			old = nil
+		}
+	}
 	if old != nil && sameSpec(&old.rec.Spec, &spec) {
 		// As asked already: nothing is written, unless the record went meanwhile (an unschedule
 		// of unknown outcome landed).
@@ -704,16 +724,20 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	sc.rec = rec
 	sc.next = c.Next(time.UnixMilli(rec.From))
 	rev, err := s.write(ctx, sc, true)
+	if errors.Is(err, errNotWritten) {
+		return subjects.ScheduleInfo{}, unavailable("schedule", err)
+	}
 	if err != nil {
 		// Its outcome is unknown: it may land yet. The broker goes on as if it had (a later write
 		// finds the revision stored), lest a schedule stored late live only in storage, unseen
-		// until a restart; the client, told unavailable, sends it again.
+		// until a restart; the client, told unavailable, sends it again, which writes it again
+		// (unsure: the revision read back cannot tell this write from an earlier one that landed).
 		if s.testWriteFailed != nil {
 			s.testWriteFailed()
 		}
 		sc.unsure = true
 		if cur, rerr := s.storedRevision(queue, r.Name); rerr == nil && cur != 0 {
-			sc.rev, sc.unsure = cur, old != nil && cur == old.rev // landed, unless storage still holds the old revision
+			sc.rev = cur
 		}
 		s.set(sc)
 		s.arm()
@@ -795,6 +819,7 @@ func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.Unschedule
 			doubt := *sc // it may land yet: the next fire reads first whether it did
 			doubt.removing = true
 			s.set(&doubt)
+			s.arm() // (due even while paused)
 		}
 		return reply, unavailable("unschedule", err)
 	}

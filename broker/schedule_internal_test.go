@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -400,21 +401,31 @@ func TestSchedulePauseOfUnknownOutcome(t *testing.T) {
 	if err := setPaused(true); err != nil {
 		t.Fatal(err)
 	}
-	var rec kv.ScheduleRecord
-	var rev uint64
-	err := b.store.LoadSchedules(ctx, "q", func(_, _ string, r kv.ScheduleRecord, at uint64, _ error) error {
-		rec, rev = r, at
-		return nil
-	})
-	if err != nil || !rec.Paused || rev != b.sched.get("q", "s").rev {
-		t.Fatalf("stored after the pause sent again: %+v at revision %d (%v), the broker's revision %d; want paused, the same", rec, rev, err, b.sched.get("q", "s").rev)
+	rec, rev := storedSchedule(t, b)
+	if !rec.Paused || rev != b.sched.get("q", "s").rev {
+		t.Fatalf("stored after the pause sent again: %+v at revision %d, the broker's revision %d; want paused, the same", rec, rev, b.sched.get("q", "s").rev)
 	}
 }
 
-// TestScheduleReplaceOfUnknownOutcome: a replace whose write failed (unavailable: here not even
-// sent, the claim not holding), sent again as its client does, is written: storage and the broker
-// then hold the new schedule at the same revision. (The broker had kept it in memory at the old
-// revision, as a write that may land yet.)
+// storedSchedule reads schedule s of queue q as storage holds it.
+func storedSchedule(t *testing.T, b *Broker) (kv.ScheduleRecord, uint64) {
+	t.Helper()
+	var rec kv.ScheduleRecord
+	var rev uint64
+	err := b.store.LoadSchedules(context.Background(), "q", func(_, _ string, r kv.ScheduleRecord, at uint64, _ error) error {
+		rec, rev = r, at
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec, rev
+}
+
+// TestScheduleReplaceOfUnknownOutcome: a replace not sent (the claim not holding) changes
+// nothing; one whose write's outcome is unknown, sent again as its client does after unavailable,
+// is written again, whether or not the first write had landed: storage and the broker then hold
+// the new schedule at the same revision.
 func TestScheduleReplaceOfUnknownOutcome(t *testing.T) {
 	b, _, _ := scheduleBroker(t, t0, "-")
 	ctx := context.Background()
@@ -427,21 +438,131 @@ func TestScheduleReplaceOfUnknownOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := b.claim.until.Load()
-	b.claim.until.Store(0) // the claim does not hold: no write is sent, nor read back
+	b.claim.until.Store(0) // the claim does not hold: no write is sent
 	if err := put("@every 2m"); subjects.CodeOf(err) != subjects.CodeUnavailable {
 		t.Fatalf("a replace without the claim: %v, want unavailable", err)
 	}
 	b.claim.until.Store(held)
-	if err := put("@every 2m"); err != nil {
+	if sc := b.sched.get("q", "s"); sc.rec.Spec.Cron != "@every 1m" || sc.unsure {
+		t.Fatalf("after a replace not sent the broker has %q (unsure %v), want @every 1m as stored", sc.rec.Spec.Cron, sc.unsure)
+	}
+
+	cron := "@every 2m"
+	untilUnknown(t, b, "replace whose write's wait ended", func() error { return put(cron) }, func() {
+		cron += "0" // a new replace for the next try: @every 20m, 200m…
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; { // the write was sent: it lands
+		if rec, _ := storedSchedule(t, b); rec.Spec.Cron == cron {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replace sent did not land")
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+	_, landed := storedSchedule(t, b)
+	if err := put(cron); err != nil {
 		t.Fatal(err)
 	}
-	var rec kv.ScheduleRecord
-	var rev uint64
-	err := b.store.LoadSchedules(ctx, "q", func(_, _ string, r kv.ScheduleRecord, at uint64, _ error) error {
-		rec, rev = r, at
-		return nil
-	})
-	if err != nil || rec.Spec.Cron != "@every 2m" || rev != b.sched.get("q", "s").rev {
-		t.Fatalf("stored after the replace sent again: cron %q at revision %d (%v), the broker's revision %d; want @every 2m, the same", rec.Spec.Cron, rev, err, b.sched.get("q", "s").rev)
+	rec, rev := storedSchedule(t, b)
+	if rec.Spec.Cron != cron || rev == landed || rev != b.sched.get("q", "s").rev {
+		t.Fatalf("stored after the replace sent again: cron %q at revision %d (the first landed at %d), the broker's revision %d; want %q written again", rec.Spec.Cron, rev, landed, b.sched.get("q", "s").rev, cron)
+	}
+}
+
+// TestSchedulePauseNotSent: a pause not sent (the claim not holding) is unavailable and leaves
+// the schedule as it was, firing.
+func TestSchedulePauseNotSent(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, t0, "-")
+	ctx := context.Background()
+	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := b.lookup(ctx, "q", false)
+	held := b.claim.until.Load()
+	b.claim.until.Store(0)
+	if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s"}, true); subjects.CodeOf(err) != subjects.CodeUnavailable {
+		t.Fatalf("a pause without the claim: %v, want unavailable", err)
+	}
+	b.claim.until.Store(held)
+	clk.Advance(time.Minute)
+	if !q.holds(fireID("s", t0.Add(time.Minute))) {
+		t.Fatal("a schedule whose pause was not sent did not fire")
+	}
+}
+
+// TestSchedulePausedUnscheduleOfUnknownOutcome: a paused schedule whose unschedule's outcome is
+// unknown, and which landed, is forgotten at its next time (read, not fired), and a schedule
+// request of its name before that makes a new schedule, not paused.
+func TestSchedulePausedUnscheduleOfUnknownOutcome(t *testing.T) {
+	for _, recreate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("recreate=%v", recreate), func(t *testing.T) {
+			b, clk, _ := scheduleBroker(t, t0, "-")
+			ctx := context.Background()
+			b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+			put := func() error {
+				_, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"})
+				return err
+			}
+			if err := put(); err != nil {
+				t.Fatal(err)
+			}
+			q, _ := b.lookup(ctx, "q", false)
+			pause := func() {
+				if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s", Note: "n"}, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			again := func() {
+				if err := put(); err != nil {
+					t.Fatal(err)
+				}
+				pause()
+			}
+			pause()
+			for try := 0; ; try++ {
+				untilUnknown(t, b, "unschedule whose write's wait ended", func() error {
+					_, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
+					return err
+				}, again)
+				if sc := b.sched.get("q", "s"); sc != nil && sc.removing {
+					break // in doubt: it had not landed when the broker read it back
+				}
+				if try == 50 {
+					t.Fatal("50 unschedules of unknown outcome, each read back landed: the test tests nothing")
+				}
+				again()
+			}
+			for deadline := time.Now().Add(10 * time.Second); ; { // the delete was sent: it lands
+				if _, rev := storedSchedule(t, b); rev == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the unschedule sent did not land")
+				}
+				<-time.After(10 * time.Millisecond)
+			}
+			if recreate {
+				if err := put(); err != nil {
+					t.Fatal(err)
+				}
+				if sc := b.sched.get("q", "s"); sc.rec.Paused || sc.rec.Note != "" {
+					t.Fatalf("made again after its unschedule landed: %+v, want a new schedule, not paused", sc.rec)
+				}
+				clk.Advance(time.Minute)
+				if !q.holds(fireID("s", t0.Add(time.Minute))) {
+					t.Fatal("the schedule made again did not fire")
+				}
+				return
+			}
+			clk.Advance(time.Minute)
+			if sc := b.sched.get("q", "s"); sc != nil {
+				t.Fatalf("a paused schedule whose unschedule landed is still there at its next time: %+v", sc)
+			}
+			if q.holds(fireID("s", t0.Add(time.Minute))) {
+				t.Fatal("the paused schedule fired")
+			}
+		})
 	}
 }

@@ -51,12 +51,19 @@ func (b *Broker) setPaused(ctx context.Context, q *queue, r subjects.SchedulePau
 	return next.info(now), nil
 }
 
+// handFireID is the id of a fire by hand of schedule name at t without an id of its own: its time
+// to the millisecond, which no time of a cron has in its id (fireID), so that the two never meet.
+func handFireID(name string, t time.Time) string {
+	return name + "@" + t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
 // fireNow fires schedule r.Name of q now, paused or not, out of its cron's times (the
-// schedule_fire request): it enqueues the schedule's message with the id r.ID, or
-// "<name>@<now>", and the priority now + deadline_ms, and makes it the schedule's last fire. An id
-// the queue holds already is taken for this fire, sent before: nothing more is enqueued. With
-// overlap skip, a fire while the last fire's message is not finished is refused (invalid_state),
-// as a fire of the cron would enqueue nothing.
+// schedule_fire request): it enqueues the schedule's message with the id r.ID, or handFireID's,
+// and the priority now + deadline_ms, and makes it the schedule's last fire. An id the queue holds
+// already enqueues nothing more: if its message is newer than the last fire, it is this fire, sent
+// before, and becomes the last fire; else nothing changes. With overlap skip, a fire while the
+// last fire's message is not finished is refused (invalid_state), as a fire of the cron would
+// enqueue nothing.
 func (b *Broker) fireNow(ctx context.Context, q *queue, r subjects.ScheduleFireRequest) (subjects.ScheduleInfo, error) {
 	if err := subjects.ValidateScheduleName(r.Name); err != nil {
 		return subjects.ScheduleInfo{}, err
@@ -73,9 +80,23 @@ func (b *Broker) fireNow(ctx context.Context, q *queue, r subjects.ScheduleFireR
 	}
 	defer s.unlock()
 	now := b.clock.Now()
-	id := cmp.Or(r.ID, fireID(r.Name, now))
-	rec := sc.rec
-	if !q.holds(id) {
+	id := cmp.Or(r.ID, handFireID(r.Name, now))
+	rec, at := sc.rec, now
+	enqueuedAt, held := q.enqueuedAt(id)
+	switch {
+	case rec.LastID == id && rec.LastError == "":
+		if !sc.unsure {
+			return sc.info(now), nil // this fire, sent again
+		}
+		at = time.UnixMilli(rec.LastAt) // its record's write was of unknown outcome: written again
+	case held && enqueuedAt <= rec.LastAt:
+		// A message older than the last fire (this fire sent before, and another fired since;
+		// or not the schedule's): nothing changes.
+		return sc.info(now), nil
+	case held:
+		// Newer than the last fire: this fire sent before, by a broker that did not store it.
+		at = time.UnixMilli(enqueuedAt)
+	default:
 		if rec.Spec.Overlap == subjects.OverlapSkip && rec.LastID != "" && q.unfinished(rec.LastID) {
 			return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeInvalidState,
 				"schedule %s skips overlaps, and the message of its last fire, %s, is not finished", r.Name, rec.LastID)
@@ -88,14 +109,12 @@ func (b *Broker) fireNow(ctx context.Context, q *queue, r subjects.ScheduleFireR
 			return subjects.ScheduleInfo{}, err
 		}
 	}
-	if rec.LastID == id && rec.LastError == "" && !sc.unsure {
-		return sc.info(now), nil // this fire, sent again
-	}
-	rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = now.UnixMilli(), id, "", ""
+	rec.LastAt, rec.LastID, rec.LastError, rec.LastErrorCode = at.UnixMilli(), id, "", ""
 	next, err := s.store(ctx, sc, rec)
 	if err != nil {
 		return subjects.ScheduleInfo{}, err // the message is enqueued: the fire sent again with its id stores it
 	}
+	now = at
 	b.log.Info("a schedule fired by request", "queue", q.name, "schedule", r.Name, "id", id)
 	return next.info(now), nil
 }
@@ -131,9 +150,11 @@ func (s *scheduler) lockPresent(ctx context.Context, q *queue, name string) (*sc
 }
 
 // store writes rec as sc's record and keeps it, its next fire time counted from rec.From, and
-// arms the timer. A write of unknown outcome fails with unavailable, and is kept all the same, as
+// arms the timer. A write not sent (the claim does not hold) fails with unavailable and changes
+// nothing. One of unknown outcome fails with unavailable too, and is kept all the same, as
 // putSchedule keeps its own: it may land yet, and a later write of the schedule writes over what
-// storage holds then. Read back before it landed, it is unsure. Called with s.ops held.
+// storage holds then; it is unsure, so that the request sent again writes it again. Called with
+// s.ops held.
 func (s *scheduler) store(ctx context.Context, sc *schedule, rec kv.ScheduleRecord) (*schedule, error) {
 	next := &schedule{queue: sc.queue, name: sc.name, rec: rec, rev: sc.rev, cron: sc.cron,
 		next: sc.cron.Next(time.UnixMilli(rec.From))}
@@ -142,13 +163,15 @@ func (s *scheduler) store(ctx context.Context, sc *schedule, rec kv.ScheduleReco
 	case errors.Is(err, errScheduleGone):
 		s.drop(sc)
 		return nil, subjects.Errorf(subjects.CodeScheduleNotFound, "queue %s has no schedule %s", sc.queue, sc.name)
+	case errors.Is(err, errNotWritten):
+		return nil, unavailable("schedule", err)
 	case err != nil:
 		if s.testWriteFailed != nil {
 			s.testWriteFailed()
 		}
 		next.unsure = true
-		if cur, rerr := s.storedRevision(sc.queue, sc.name); rerr == nil && cur != 0 && cur != sc.rev {
-			next.rev, next.unsure = cur, false // it landed: only the broker holding the claim writes schedules
+		if cur, rerr := s.storedRevision(sc.queue, sc.name); rerr == nil && cur != 0 {
+			next.rev = cur
 		}
 		s.set(next)
 		s.arm()

@@ -101,7 +101,7 @@ func TestScheduleFireNow(t *testing.T) {
 	e.advance(1500 * time.Millisecond)
 	now := e.clk.Now()
 	fired := must[subjects.ScheduleInfo](e, subjects.OpScheduleFire, "q", subjects.ScheduleFireRequest{Name: "nightly"})
-	id := fireAt("nightly", now)
+	id := "nightly@" + now.UTC().Format("2006-01-02T15:04:05.000Z07:00") // to the millisecond: never a cron time's id
 	if fired.LastID != id || fired.LastAt == nil || !fired.LastAt.Equal(now) {
 		t.Fatalf("fire reply %+v, want last_id %s at %v", fired, id, now)
 	}
@@ -110,7 +110,7 @@ func TestScheduleFireNow(t *testing.T) {
 	}
 	before := e.snap()
 	if again := must[subjects.ScheduleInfo](e, subjects.OpScheduleFire, "q", subjects.ScheduleFireRequest{Name: "nightly"}); again.Revision != fired.Revision {
-		t.Fatalf("the fire sent again within its second: %+v, want revision %d", again, fired.Revision)
+		t.Fatalf("the fire sent again within its millisecond: %+v, want revision %d", again, fired.Revision)
 	}
 	e.unchanged(before)
 
@@ -176,4 +176,37 @@ func TestSchedulePauseBadRequests(t *testing.T) {
 	// Unscheduled, it is not found.
 	must[subjects.UnscheduleReply](e, subjects.OpUnschedule, "q", subjects.UnscheduleRequest{Name: "s"})
 	fails(e, subjects.CodeScheduleNotFound, subjects.OpScheduleResume, "q", subjects.SchedulePauseRequest{Name: "s"})
+}
+
+// TestScheduleFireNowBesideTheCron: a fire by hand in the second of a cron time, without an id,
+// enqueues a message of its own beside the cron's; and a fire by hand sent again after a timed fire
+// superseded it changes nothing, so overlap skip goes on looking at the timed fire's message.
+func TestScheduleFireNowBesideTheCron(t *testing.T) {
+	e := setup(t)
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", subjects.ScheduleRequest{Name: "tick", Cron: "@every 1m"})
+	e.advance(time.Minute) // the cron's fire at t0+1m
+	cron := fireAt("tick", t0.Add(time.Minute))
+	e.advance(400 * time.Millisecond)
+	hand := must[subjects.ScheduleInfo](e, subjects.OpScheduleFire, "q", subjects.ScheduleFireRequest{Name: "tick"})
+	if got := e.pendingIDs("q"); len(got) != 2 || got[0] != cron || got[1] != hand.LastID {
+		t.Fatalf("pending %v, want the cron's %s and the fire by hand's %s", got, cron, hand.LastID)
+	}
+
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "s", subjects.ScheduleRequest{Name: "solo", Cron: "@every 1m", Overlap: subjects.OverlapSkip})
+	must[subjects.ScheduleInfo](e, subjects.OpScheduleFire, "s", subjects.ScheduleFireRequest{Name: "solo", ID: "m1"})
+	must[subjects.Message](e, subjects.OpCancel, "s", subjects.LeaseRequest{ID: "m1"})
+	e.advance(time.Minute) // a timed fire, its message pending
+	timed := e.schedules("s")["solo"]
+	if timed.LastID == "m1" || e.get("s", timed.LastID).State != subjects.StatePending {
+		t.Fatalf("after the timed fire: %+v, want its message the last fire", timed)
+	}
+	before := e.snap()
+	if again := must[subjects.ScheduleInfo](e, subjects.OpScheduleFire, "s", subjects.ScheduleFireRequest{Name: "solo", ID: "m1"}); again.LastID != timed.LastID || again.Revision != timed.Revision {
+		t.Fatalf("the fire by hand sent again after a timed fire: %+v, want nothing changed (last_id %s)", again, timed.LastID)
+	}
+	e.unchanged(before)
+	e.advance(time.Minute)
+	if s := e.schedules("s")["solo"]; s.LastID != timed.LastID || s.OverlapSkipped != 1 {
+		t.Fatalf("the next timed fire: %+v, want it left out, %s still pending", s, timed.LastID)
+	}
 }

@@ -357,8 +357,8 @@ type SchedulePauseRequest struct {
 }
 
 // ScheduleFireRequest is the body of schedule_fire: fire the schedule Name now, paused or not.
-// ID, if given, is the message's id (else "<name>@<now, RFC 3339 UTC>"): a fire sent again with
-// the same ID is the same fire, and enqueues nothing more.
+// ID, if given, is the message's id (else "<name>@<now, RFC 3339 UTC to the millisecond>", which
+// no fire of its cron's times has): a fire sent again with the same ID enqueues nothing more.
 type ScheduleFireRequest struct {
 	Name string `json:"name"`
 	ID   string `json:"id,omitempty"`

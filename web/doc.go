@@ -85,7 +85,7 @@
 //	     schedule_not_found.
 //
 //	POST /api/queues/{name}/schedules/{schedule}/fire
-//	     Body {"id": string}, or {} for the id <schedule>@<now>. Fires the schedule now, paused or
+//	     Body {"id": string}, or {} for the id <schedule>@<now, to the ms>. Fires the schedule now, paused or
 //	     not (the protocol's schedule_fire): the reply is the schedule, its last_id the message
 //	     enqueued. 404 schedule_not_found, 409 invalid_state for an overlap skip schedule whose last
 //	     fire's message is not finished, 409 queue_blocked.

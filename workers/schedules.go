@@ -106,8 +106,9 @@ func (c *Client) ResumeSchedule(ctx context.Context, queue, name, note string) (
 
 // FireSchedule fires the schedule name of queue now, paused or not, out of its times: it enqueues
 // the schedule's message with the priority now + its deadline, and the id id, or if id is ""
-// "<name>@<now, RFC 3339 UTC>". Give an id to make the call safe to repeat: a fire sent again with
-// the same id enqueues nothing more. The reply's LastID is the message's id. Errors:
+// "<name>@<now, RFC 3339 UTC to the millisecond>". Give an id to make the call safe to repeat: a
+// fire sent again with the same id enqueues nothing more. The reply's LastID is the message's id
+// (unless a fire of the cron came between a fire and its repetition). Errors:
 // ErrScheduleNotFound, ErrQueueNotFound, ErrInvalidSchedule (name), ErrInvalidID, ErrInvalidState
 // (an overlap skip schedule whose last fire's message is not finished), and those of an Enqueue
 // of the message (ErrQueueBlocked…).

@@ -194,11 +194,11 @@ func (c *clientCommand) setPaused(ctx context.Context, args []string, pause bool
 func runScheduleFire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newClientCommand("natstone schedule fire", "QUEUE NAME [flags]", `
 Fires the schedule NAME of QUEUE now, paused or not, and prints it: it enqueues the schedule's
-message with the priority now + its deadline and the id --id, else NAME@<now, RFC 3339 UTC>. A
+message with the priority now + its deadline and the id --id, else NAME@<now, to the ms>. A
 fire sent again with the same --id enqueues nothing more, so give one to retry safely. A schedule
 with --overlap skip refuses to fire while the message of its last fire is not finished.
 `, stdout, stderr)
-	id := c.fs.String("id", "", "the message's id (default NAME@<now>)")
+	id := c.fs.String("id", "", "the message's id (default NAME@<now, RFC 3339 UTC to the millisecond>)")
 	pos, err := c.parse(args, 2, 2)
 	if err != nil {
 		return parseExit(err)

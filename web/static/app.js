@@ -393,7 +393,7 @@ function queueView(r) {
 
   // A schedule can be paused (it fires at none of its times until resumed), resumed (it fires
   // next at its first time after now), or fired now, out of its times: its message enqueued at
-  // once, with the id <name>@<now>.
+  // once, with the id <name>@<now, to the millisecond>.
   function scheduleButton(s, action, label) {
     const button = h('button', { type: 'button', class: 'schedule-' + action }, label);
     button.addEventListener('click', async () => {
