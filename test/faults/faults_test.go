@@ -120,6 +120,9 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	if stats.cappedMost < 2 {
 		t.Errorf("the max_running queue had at most %d leases held at once (%d leases): its check checked nothing", stats.cappedMost, stats.cappedLeases)
 	}
+	if stats.haltedFor < 3*time.Second {
+		t.Errorf("the paused schedule was paused for %v at the end: its check checked too little", stats.haltedFor)
+	}
 	if stats.soloFired == 0 || stats.soloOverlapped == 0 {
 		t.Errorf("the overlap-skip schedule fired %d messages and left out %d seconds: its check checked nothing", stats.soloFired, stats.soloOverlapped)
 	}

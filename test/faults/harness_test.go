@@ -536,6 +536,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	payloadsMatch(t, admin, specs)
 	stats.ticksFired, stats.ticksSkipped = checkTicks(t, admin)
 	stats.soloFired, stats.soloOverlapped = checkSolo(t, admin)
+	stats.haltedFor = checkHalted(t, admin)
 	stats.cappedLeases, stats.cappedMost = checkCapped(t, capped)
 	procMu.Lock()
 	proc.stop(t)
@@ -619,7 +620,7 @@ func payloadsMatch(t *testing.T, admin *client, specs map[string]QueueSpec) {
 poll:
 	for {
 		messages := 0
-		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue, ticksQueue, soloQueue, cappedQueue) {
+		for _, name := range append(slices.Collect(maps.Keys(specs)), churnQueue, ticksQueue, soloQueue, haltedQueue, cappedQueue) {
 			var d subjects.DepthReply
 			o, code := admin.call(subjects.OpDepth, name, nil, &d)
 			if name == churnQueue && code == string(subjects.CodeQueueNotFound) {
@@ -670,13 +671,14 @@ type runStats struct {
 	churnUnchecked                         int    // deletes whose storage a kill made it too late to check
 	churnMarkers                           int    // delete and purge markers (no record) found after a delete
 	churnViolations                        []Violation
-	ghosts                                 int // records of deleted queues that starts removed
-	batches                                int // enqueue_batch requests acknowledged
-	cleanStops                             int // stops by SIGTERM instead of SIGKILL, during the run
-	snapshotStarts                         int // starts that read the snapshot of a clean stop
-	ticksFired, ticksSkipped               int // the schedule's messages, and its seconds skipped
-	soloFired, soloOverlapped              int // the overlap-skip schedule's messages, and its seconds left out
-	cappedLeases, cappedMost               int // the max_running queue's leases seen, and the most held at once
+	ghosts                                 int           // records of deleted queues that starts removed
+	batches                                int           // enqueue_batch requests acknowledged
+	cleanStops                             int           // stops by SIGTERM instead of SIGKILL, during the run
+	snapshotStarts                         int           // starts that read the snapshot of a clean stop
+	ticksFired, ticksSkipped               int           // the schedule's messages, and its seconds skipped
+	soloFired, soloOverlapped              int           // the overlap-skip schedule's messages, and its seconds left out
+	haltedFor                              time.Duration // how long the paused schedule was paused, at the end
+	cappedLeases, cappedMost               int           // the max_running queue's leases seen, and the most held at once
 
 	faults      atomic.Int64  // the kills begun and the restarts done: odd while one is under way
 	churnedOnce chan struct{} // closed when the churner has finished its first generation

@@ -23,8 +23,15 @@ const ticksSchedule = "tick"
 // checkSolo judges it.
 const soloQueue = "solo"
 
-// startTicks creates ticksQueue and soloQueue with their schedules, each request sent again until
-// its outcome is known (a kill may come first).
+// haltedQueue holds the messages of a third schedule, every second, paused before the kills and
+// fired once by hand: checkHalted judges it.
+const haltedQueue = "halted"
+
+// haltedByHand is the id of haltedQueue's fire by hand.
+const haltedByHand = "halted-by-hand"
+
+// startTicks creates ticksQueue, soloQueue and haltedQueue with their schedules, pauses haltedQueue's
+// and fires it by hand, each request sent again until its outcome is known (a kill may come first).
 func startTicks(t *testing.T, admin *client) {
 	t.Helper()
 	retention, lease := time.Hour.Milliseconds(), (3 * time.Second).Milliseconds()
@@ -34,6 +41,7 @@ func startTicks(t *testing.T, admin *client) {
 	}{
 		{ticksQueue, subjects.ScheduleRequest{Name: ticksSchedule, Cron: "@every 1s", Payload: "tick"}},
 		{soloQueue, subjects.ScheduleRequest{Name: soloQueue, Cron: "@every 1s", Payload: "solo", Overlap: subjects.OverlapSkip}},
+		{haltedQueue, subjects.ScheduleRequest{Name: haltedQueue, Cron: "@every 1s", Payload: "halted"}},
 	} {
 		untilKnown(t, "create "+s.queue, func() (Outcome, string) {
 			var info subjects.QueueInfo
@@ -44,6 +52,45 @@ func startTicks(t *testing.T, admin *client) {
 			return admin.call(subjects.OpSchedule, s.queue, s.req, &info)
 		})
 	}
+	untilKnown(t, "pause "+haltedQueue, func() (Outcome, string) {
+		var info subjects.ScheduleInfo
+		return admin.call(subjects.OpSchedulePause, haltedQueue, subjects.SchedulePauseRequest{Name: haltedQueue, Note: "the fault test"}, &info)
+	})
+	untilKnown(t, "fire "+haltedQueue, func() (Outcome, string) {
+		var info subjects.ScheduleInfo
+		return admin.call(subjects.OpScheduleFire, haltedQueue, subjects.ScheduleFireRequest{Name: haltedQueue, ID: haltedByHand}, &info)
+	})
+}
+
+// checkHalted checks haltedQueue's schedule after the run: it is still paused, its last fire is
+// the one by hand, and none of its messages is of a time after its pause, whatever the kills did.
+// It returns how long it was paused.
+func checkHalted(t *testing.T, admin *client) time.Duration {
+	t.Helper()
+	s := scheduleOf(t, admin, haltedQueue)
+	if !s.Paused || s.PausedAt == nil || s.Note != "the fault test" {
+		t.Errorf("schedule %+v: want it paused, with its note", s)
+		return 0
+	}
+	if s.LastID != haltedByHand {
+		t.Errorf("schedule %+v: its last fire is not the one by hand, %s", s, haltedByHand)
+	}
+	byHand := false
+	for _, m := range messagesOf(t, admin, haltedQueue, subjects.StateInvisible, subjects.StatePending, subjects.StateRunning,
+		subjects.StateCompleted, subjects.StateCanceled, subjects.StateErrored) {
+		if m.ID == haltedByHand {
+			byHand = true
+			continue
+		}
+		at, err := time.Parse(time.RFC3339, strings.TrimPrefix(m.ID, haltedQueue+"@"))
+		if err != nil || !strings.HasPrefix(m.ID, haltedQueue+"@") || at.After(*s.PausedAt) {
+			t.Errorf("%s holds %s, not a fire of %s before its pause at %v", haltedQueue, m.ID, haltedQueue, s.PausedAt)
+		}
+	}
+	if !byHand {
+		t.Errorf("%s does not hold %s, its fire by hand", haltedQueue, haltedByHand)
+	}
+	return time.Since(*s.PausedAt)
 }
 
 // workSolo runs soloQueue's messages until stop: each for 1.2 to 2.7 s, longer than the schedule's
@@ -243,6 +290,6 @@ func checkTicks(t *testing.T, admin *client) (fired, skipped int) {
 
 // tickSummary is the schedules' part of a run's summary.
 func tickSummary(s *runStats) string {
-	return fmt.Sprintf("ticks_fired=%d ticks_skipped=%d solo_fired=%d solo_overlapped=%d capped_leases=%d capped_most=%d",
-		s.ticksFired, s.ticksSkipped, s.soloFired, s.soloOverlapped, s.cappedLeases, s.cappedMost)
+	return fmt.Sprintf("ticks_fired=%d ticks_skipped=%d solo_fired=%d solo_overlapped=%d halted_for=%v capped_leases=%d capped_most=%d",
+		s.ticksFired, s.ticksSkipped, s.soloFired, s.soloOverlapped, s.haltedFor.Round(time.Second), s.cappedLeases, s.cappedMost)
 }
