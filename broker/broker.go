@@ -100,6 +100,7 @@ type Broker struct {
 	svc      *service
 	events   *publisher
 	observer Observer
+	waits    WaitObserver // the observer, if it is one; else nil
 	claim    *claimer
 	sched    *scheduler
 
@@ -177,6 +178,7 @@ func New(cfg *Config) (*Broker, error) {
 		done:     make(chan struct{}),
 		queues:   make(map[string]*queue),
 	}
+	b.waits, _ = c.Observer.(WaitObserver)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.claim = newClaimer(b)
 	b.sched = newScheduler(b)

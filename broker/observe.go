@@ -31,6 +31,14 @@ type QueueObserver interface {
 	QueueDeleted(queue string)
 }
 
+// WaitObserver is an Observer that is also told, at every lease, how long the message had waited
+// pending: from when it became pending (its visible_at) to the lease. Like Transition, Waited is
+// called with the queue's lock held.
+type WaitObserver interface {
+	Observer
+	Waited(queue string, d time.Duration)
+}
+
 // Snapshot is the broker's state at one moment, for metrics and dashboards.
 type Snapshot struct {
 	// Serving is true while the broker answers requests: started, not stopped, its claim on the

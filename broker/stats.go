@@ -26,6 +26,9 @@ func (q *queue) transitioned(ev *pendingEvent) {
 	case subjects.EventLeased:
 		t.Dequeued++
 		q.rates.add(at, rateDequeued)
+		if w := q.b.waits; w != nil && ev.prev == subjects.StatePending {
+			w.Waited(q.name, time.Duration(max(at-ev.rec.VisibleAt, 0))*time.Millisecond) // a pending record's visible_at is when it became pending
+		}
 	case subjects.EventCompleted:
 		t.Completed++
 		q.rates.add(at, rateCompleted)

@@ -9,6 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/metrics"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
@@ -148,11 +149,59 @@ func TestBroker(t *testing.T) {
 		t.Fatalf("delete: %v", err)
 	}
 	f = scrape(t, m.Handler())
-	for _, name := range []string{"natstone_transitions_total", "natstone_lease_expiries_total"} {
-		for _, set := range f.labelSets(t, name, dto.MetricType_COUNTER) {
+	for name, typ := range map[string]dto.MetricType{
+		"natstone_transitions_total":    dto.MetricType_COUNTER,
+		"natstone_lease_expiries_total": dto.MetricType_COUNTER,
+		"natstone_queue_wait_seconds":   dto.MetricType_HISTOGRAM,
+	} {
+		for _, set := range f.labelSets(t, name, typ) {
 			if strings.Contains(set, "queue=jobs") {
 				t.Errorf("%s{%s} outlived its queue", name, set)
 			}
+		}
+	}
+}
+
+// TestQueueWait: each lease observes how long its message waited pending, from when it became
+// pending: at its enqueue, or when its invisibility ended.
+func TestQueueWait(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	srv := natstest.Start(t, nil)
+	m := metrics.New()
+	obs := signal{Metrics: m, calls: make(chan string, 1024)}
+	clk := clock.NewFake(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
+	startBroker(t, srv, &broker.Config{Observer: obs, Clock: clk})
+	client, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatalf("workers.NewClient: %v", err)
+	}
+	if _, err := client.Enqueue(ctx, "jobs", []byte("a"), &workers.EnqueueOpts{ID: "now"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Enqueue(ctx, "jobs", []byte("b"), &workers.EnqueueOpts{ID: "later", Invisible: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(3 * time.Second)
+	msgs, err := client.Dequeue(ctx, "jobs", nil)
+	if err != nil || len(msgs) != 1 || msgs[0].ID != "now" {
+		t.Fatalf("dequeue: %+v, %v; want now", msgs, err)
+	}
+	if _, err := client.Complete(ctx, "jobs", msgs[0].ID, msgs[0].LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(67 * time.Second) // later became pending at 10 s: it waits 60 s
+	if msgs, err := client.Dequeue(ctx, "jobs", nil); err != nil || len(msgs) != 1 || msgs[0].ID != "later" {
+		t.Fatalf("dequeue: %+v, %v; want later", msgs, err)
+	}
+	obs.await(ctx, t, "transition leased", "transition leased")
+	h := scrape(t, m.Handler()).histogram(t, "natstone_queue_wait_seconds", "queue=jobs")
+	if h.GetSampleCount() != 2 || h.GetSampleSum() != 63 {
+		t.Fatalf("natstone_queue_wait_seconds{queue=jobs}: %d samples summing to %v s, want 2 summing to 63 (3 + 60)", h.GetSampleCount(), h.GetSampleSum())
+	}
+	for _, b := range h.GetBucket() {
+		if want := map[bool]uint64{true: 0, false: 1}[b.GetUpperBound() < 3]; b.GetUpperBound() < 60 && b.GetCumulativeCount() != want {
+			t.Errorf("bucket ≤ %v s: %d, want %d", b.GetUpperBound(), b.GetCumulativeCount(), want)
 		}
 	}
 }

@@ -26,6 +26,7 @@
 //	| natstone_kv_write_errors_total        | counter   |                  | message record writes that failed                                        |
 //	| natstone_transitions_total            | counter   | queue, kind      | stored transitions of messages                                           |
 //	| natstone_lease_expiries_total         | counter   | queue            | leases that ran out (kind expired, or errored with reason lease_expired) |
+//	| natstone_queue_wait_seconds           | histogram | queue            | how long each message leased had waited pending (from its visible_at)    |
 //	| natstone_queue_messages               | gauge     | queue, state     | messages in each of the six states                                       |
 //	| natstone_queue_oldest_pending_seconds | gauge     | queue            | how long the longest-waiting pending message has waited (0: none)        |
 //	| natstone_queue_blocked                | gauge     | queue, direction | 1 if enqueue (direction enqueue) or dequeue (dequeue) is blocked, else 0 |

@@ -39,9 +39,11 @@ type Metrics struct {
 	writeDurations prometheus.Histogram
 	writeErrors    prometheus.Counter
 
-	// natstone_transitions_total{queue,kind} and natstone_lease_expiries_total{queue}.
+	// natstone_transitions_total{queue,kind}, natstone_lease_expiries_total{queue} and
+	// natstone_queue_wait_seconds{queue}.
 	transitions   *prometheus.CounterVec
 	leaseExpiries *prometheus.CounterVec
+	waits         *prometheus.HistogramVec
 	queues        children[string, *queueChildren]
 
 	snapshot *snapshotCollector
@@ -59,10 +61,19 @@ type opChildren struct {
 type queueChildren struct {
 	kinds    map[subjects.EventKind]prometheus.Counter // every subjects.EventKinds; read-only
 	expiries prometheus.Counter
+	wait     prometheus.Observer
 }
 
-// Interface check: Metrics is what broker.Config.Observer takes, and is told of deleted queues.
-var _ broker.QueueObserver = (*Metrics)(nil)
+// Interface checks: Metrics is what broker.Config.Observer takes, is told of deleted queues, and of
+// how long leased messages waited.
+var (
+	_ broker.QueueObserver = (*Metrics)(nil)
+	_ broker.WaitObserver  = (*Metrics)(nil)
+)
+
+// waitBuckets (seconds) span 1 ms to about 68 minutes, by fours: a busy queue's messages wait
+// milliseconds, a backlog's minutes or hours.
+var waitBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
 
 // New returns Metrics registered in a new registry along with the Go and process collectors. The
 // gauges read from the broker's state appear once Watch is called.
@@ -96,6 +107,11 @@ func New() *Metrics {
 			Name: "natstone_lease_expiries_total",
 			Help: "Leases that ran out, by queue: kind expired, or kind errored with reason lease_expired.",
 		}, []string{"queue"}),
+		waits: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "natstone_queue_wait_seconds",
+			Help:    "How long each message leased had waited pending, from when it became pending (its visible_at) to its lease, by queue.",
+			Buckets: waitBuckets,
+		}, []string{"queue"}),
 		snapshot: &snapshotCollector{},
 	}
 	m.ops.create = m.newOpChildren
@@ -107,7 +123,7 @@ func New() *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.requests, m.durations, m.writeDurations, m.writeErrors, m.transitions, m.leaseExpiries,
+		m.requests, m.durations, m.writeDurations, m.writeErrors, m.transitions, m.leaseExpiries, m.waits,
 		m.snapshot,
 	)
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
@@ -132,6 +148,7 @@ func (m *Metrics) newQueueChildren(queue string) *queueChildren {
 	q := &queueChildren{
 		kinds:    make(map[subjects.EventKind]prometheus.Counter, len(subjects.EventKinds)),
 		expiries: m.leaseExpiries.WithLabelValues(queue),
+		wait:     m.waits.WithLabelValues(queue),
 	}
 	for _, kind := range subjects.EventKinds {
 		q.kinds[kind] = m.transitions.WithLabelValues(queue, string(kind))
@@ -179,12 +196,18 @@ func (m *Metrics) Transition(queue string, kind subjects.EventKind, reason strin
 	}
 }
 
-// QueueDeleted removes the deleted queue's transition and lease expiry series, so that queues
+// Waited observes how long a message of queue leased had waited pending.
+func (m *Metrics) Waited(queue string, d time.Duration) {
+	m.queues.get(queue).wait.Observe(d.Seconds())
+}
+
+// QueueDeleted removes the deleted queue's transition, lease expiry and wait series, so that queues
 // created and deleted (or auto-created by enqueues to made-up names) do not grow the metrics
 // without bound. A queue created again under the name counts from zero.
 func (m *Metrics) QueueDeleted(queue string) {
 	m.queues.remove(queue, func() {
 		m.transitions.DeletePartialMatch(prometheus.Labels{"queue": queue})
 		m.leaseExpiries.DeleteLabelValues(queue)
+		m.waits.DeleteLabelValues(queue)
 	})
 }
