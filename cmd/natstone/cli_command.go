@@ -10,6 +10,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -60,8 +61,15 @@ func printFlags(w io.Writer, fs *flag.FlagSet, include func(name string) bool) {
 			return
 		}
 		arg, text := flag.UnquoteUsage(f)
-		if _, ok := f.Value.(*msDuration); ok && arg == "value" {
-			arg = "duration"
+		if arg == "value" {
+			switch f.Value.(type) {
+			case *msDuration:
+				arg = "duration"
+			case *decimal[int], *decimal[int64]:
+				arg = "int"
+			case *decimal[uint64]:
+				arg = "uint"
+			}
 		}
 		line := "  --" + f.Name
 		if arg != "" {
@@ -271,4 +279,41 @@ func (c *clientCommand) duration(name string, def, min, max time.Duration, usage
 	f := &msDuration{d: def, min: min, max: max}
 	c.fs.Var(f, name, usage)
 	return &f.d
+}
+
+// decimal is an integer flag read in base 10 alone. The flag package's integer flags take Go's
+// base prefixes, so that --priority 010 would be 8 and --max-running 0x10 16: numbers of the
+// protocol are decimal.
+type decimal[T int | int64 | uint64] struct{ v T }
+
+func (d *decimal[T]) String() string { return fmt.Sprint(d.v) }
+
+func (d *decimal[T]) Set(s string) error {
+	var v T
+	var err error
+	switch p := any(&v).(type) {
+	case *uint64:
+		*p, err = strconv.ParseUint(s, 10, 64)
+	default:
+		var n int64
+		if n, err = strconv.ParseInt(s, 10, 64); err == nil && int64(T(n)) != n {
+			err = strconv.ErrRange
+		}
+		v = T(n)
+	}
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return errors.New("out of range")
+	case err != nil:
+		return errors.New("not a whole number in decimal")
+	}
+	d.v = v
+	return nil
+}
+
+// integer defines a decimal integer flag of c.
+func integer[T int | int64 | uint64](c *clientCommand, name string, def T, usage string) *T {
+	d := &decimal[T]{v: def}
+	c.fs.Var(d, name, usage)
+	return &d.v
 }

@@ -40,15 +40,15 @@ stderr on a terminal it shows the progress.
 `, stdout, stderr)
 	file := c.fs.String("file", "", "read the payload from `file` (- for stdin)")
 	id := c.fs.String("id", "", "message `id` for idempotency: an id that exists is a duplicate and writes nothing (default: the broker makes one)")
-	priority := c.fs.Int64("priority", 0, "`priority`, lower is dequeued first (default: the enqueue time in Unix ms, which makes the queue FIFO)")
+	priority := integer[int64](c, "priority", 0, "`priority`, lower is dequeued first (default: the enqueue time in Unix ms, which makes the queue FIFO)")
 	deadline := c.fs.String("deadline", "", "the priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
 	var meta pairsFlag
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
 	invisible := c.duration("invisible", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending (default the queue's)")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "the message's lease when a dequeue does not ask for one (default the queue's)")
-	maxAttempts := c.fs.Int("max-attempts", 0, "how many times this message may be leased, 1 to 1000 (default the queue's)")
+	maxAttempts := integer(c, "max-attempts", 0, "how many times this message may be leased, 1 to 1000 (default the queue's)")
 	importFile := c.fs.String("import", "", "import JSON lines from `file` (- for stdin) instead of enqueueing one message")
-	inFlight := c.fs.Int("in-flight", importInFlight, "with --import: send `n` batches at once; 1 enqueues the messages without a priority in the file's order")
+	inFlight := integer(c, "in-flight", importInFlight, "with --import: send `n` batches at once; 1 enqueues the messages without a priority in the file's order")
 	pos, err := c.parse(args, 1, 2)
 	if err != nil {
 		return parseExit(err)
@@ -128,7 +128,7 @@ that long for a first message if none is pending. Exits 4 when it got no message
 
 ends when the queue is empty. --json prints the protocol's reply, {"messages": [...]}.
 `, stdout, stderr)
-	batch := c.fs.Int("batch", 1, "lease up to `n` messages (1 to 256)")
+	batch := integer(c, "batch", 1, "lease up to `n` messages (1 to 256)")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "lease duration (default each message's, else the queue's)")
 	wait := c.duration("wait", 0, time.Millisecond, subjects.MaxWait, "wait up to this long for a first message (at most 5m)")
 	var filter pairsFlag
@@ -248,11 +248,11 @@ collected, is skipped and named. Canceling running messages ends their leases: t
 learn it at their next extend or complete. A last line says when more were left, for the command
 to be run again. --json prints {"canceled": [ids], "skipped": [{"id", "code", "error"}], "more": bool}.
 `, stdout, stderr)
-	version := c.fs.Uint64("version", 0, "cancel only while the message is at this `version` (see get)")
+	version := integer[uint64](c, "version", 0, "cancel only while the message is at this `version` (see get)")
 	state := c.fs.String("state", "", "cancel the queue's messages in this `state` (pending, invisible or running) instead of message ID")
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "with --state: only messages with metadata `key=value`, repeatable (all must match)")
-	limit := c.fs.Int("limit", subjects.MaxBrowseLimit, "with --state: cancel at most `n` messages (1 to 1000)")
+	limit := integer(c, "limit", subjects.MaxBrowseLimit, "with --state: cancel at most `n` messages (1 to 1000)")
 	pos, err := c.parse(args, 1, 3)
 	if err != nil {
 		return parseExit(err)
@@ -373,12 +373,12 @@ listed: one that changed meanwhile, or was collected, is skipped and named. A la
 more were left, for the command to be run again. --json prints {"retried": [ids], "skipped": [{"id",
 "code", "error"}], "more": bool}.
 `, stdout, stderr)
-	version := c.fs.Uint64("version", 0, "retry only while the message is at this `version` (see get)")
+	version := integer[uint64](c, "version", 0, "retry only while the message is at this `version` (see get)")
 	delay := c.duration("delay", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending again")
 	errored := c.fs.Bool("errored", false, "retry the queue's errored messages instead of message ID")
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "with --errored: only messages with metadata `key=value`, repeatable (all must match)")
-	limit := c.fs.Int("limit", subjects.MaxBrowseLimit, "with --errored: retry at most `n` messages (1 to 1000)")
+	limit := integer(c, "limit", subjects.MaxBrowseLimit, "with --errored: retry at most `n` messages (1 to 1000)")
 	pos, err := c.parse(args, 1, 2)
 	if err != nil {
 		return parseExit(err)
@@ -421,8 +421,8 @@ message pending at once), or both. With --version, only while the message is at 
 (revision_mismatch if it changed since). A message already as asked is left as it is (the command
 succeeds, writing nothing). A running or finished message is not rescheduled (invalid_state).
 `, stdout, stderr)
-	version := c.fs.Uint64("version", 0, "reschedule only while the message is at this `version` (see get)")
-	priority := c.fs.Int64("priority", 0, "the new `priority`, lower is dequeued first")
+	version := integer[uint64](c, "version", 0, "reschedule only while the message is at this `version` (see get)")
+	priority := integer[int64](c, "priority", 0, "the new `priority`, lower is dequeued first")
 	deadline := c.fs.String("deadline", "", "the new priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
 	delay := c.duration("delay", 0, time.Millisecond, subjects.MaxInvisible, "make the message pending this long from now (0: at once)")
 	pos, err := c.parse(args, 2, 2)

@@ -25,7 +25,7 @@ are of the messages whose metadata has every pair; rates, totals and leases are 
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "count only messages with metadata `key=value`, repeatable (all must match)")
 	within := c.fs.Duration("expiring-within", subjects.DefaultExpiringWithin, "list the leases that expire within this long (at most 24h)")
-	limit := c.fs.Int("expiring-limit", subjects.DefaultExpiringLimit, "list at most `n` expiring leases, the soonest first (1 to 1000)")
+	limit := integer(c, "expiring-limit", subjects.DefaultExpiringLimit, "list at most `n` expiring leases, the soonest first (1 to 1000)")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
 		return parseExit(err)
@@ -60,7 +60,7 @@ browse reply (its next is that --after).
 	state := c.fs.String("state", string(subjects.StatePending), "the `state` to list: invisible, pending, running, completed, canceled or errored")
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "list only messages with metadata `key=value`, repeatable (all must match)")
-	limit := c.fs.Int("limit", subjects.DefaultBrowseLimit, "list at most `n` messages (1 to 1000)")
+	limit := integer(c, "limit", subjects.DefaultBrowseLimit, "list at most `n` messages (1 to 1000)")
 	after := c.fs.String("after", "", "list the page after the one whose last line (or --json's next) gave this `cursor`")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
@@ -93,7 +93,7 @@ message was garbage-collected (it then says "(collected)"), for as long as the e
 Exits 3 (message_not_found) when there is no event of ID. --json prints the protocol's history
 reply.
 `, stdout, stderr)
-	limit := c.fs.Int("limit", 0, "show at most the first `n` events (1 to 10000; default 1000)")
+	limit := integer(c, "limit", 0, "show at most the first `n` events (1 to 10000; default 1000)")
 	pos, err := c.parse(args, 2, 2)
 	if err != nil {
 		return parseExit(err)

@@ -69,12 +69,14 @@ func TestCLIQueueLifecycle(t *testing.T) {
 	r.decode(t, &info)
 	rev := info.Revision
 	r = cli(t, url, "queue", "update", "simple", "--json", "--revision", strconv.FormatUint(rev, 10), "--lease", "2m",
-		"--invisible", "5s", "--block-enqueue", "--block-dequeue", "--max-running", "2")
+		"--invisible", "5s", "--block-enqueue", "--block-dequeue", "--max-running", "010")
 	r.ok(t)
 	r.decode(t, &info)
-	if c := info.Config; c.LeaseMS != 120000 || c.InvisibleMS != 5000 || !c.EnqueueBlocked || !c.DequeueBlocked || c.MaxRunning != 2 || info.Revision <= rev {
-		t.Fatalf("update: %+v", info)
+	if c := info.Config; c.LeaseMS != 120000 || c.InvisibleMS != 5000 || !c.EnqueueBlocked || !c.DequeueBlocked || c.MaxRunning != 10 || info.Revision <= rev {
+		t.Fatalf("update: %+v, want max_running 10 (integers are decimal: 010 is ten)", info)
 	}
+	cli(t, url, "queue", "update", "simple", "--max-running", "0x10").fails(t, exitUsage, `invalid value "0x10" for flag --max-running: not a whole number in decimal`)
+	cli(t, url, "enqueue", "simple", "z", "--priority", "9223372036854775808").fails(t, exitUsage, "for flag --priority: out of range")
 	cli(t, url, "queue", "update", "simple", "--revision", strconv.FormatUint(rev, 10), "--unblock-enqueue").fails(t, exitError, "natstone: revision_mismatch: ")
 	cli(t, url, "enqueue", "simple", "y").fails(t, exitError, "natstone: queue_blocked: ")
 	out = cli(t, url, "queue", "update", "simple", "--unblock-enqueue").ok(t)

@@ -45,7 +45,7 @@ workers down for a while, never piles up fires.
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
 	deadline := c.duration("deadline-in", 0, time.Millisecond, subjects.MaxScheduleDeadline, "each message's priority is its fire time plus this")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "each message's lease when a dequeue does not ask for one (default the queue's)")
-	maxAttempts := c.fs.Int("max-attempts", 0, "how many times each message may be leased, 1 to 1000 (default the queue's)")
+	maxAttempts := integer(c, "max-attempts", 0, "how many times each message may be leased, 1 to 1000 (default the queue's)")
 	overlap := c.fs.String("overlap", string(subjects.OverlapAllow), "while the last fire's message is not finished, a fire enqueues (allow) or not (skip)")
 	pos, err := c.parse(args, 3, 4)
 	if err != nil {
