@@ -26,6 +26,10 @@ const maxCronLen = 256
 // scheduleRetry is how soon a fire that storage did not take (unavailable) is tried again.
 const scheduleRetry = time.Second
 
+// removingPoll is how often a paused schedule whose unschedule's outcome is unknown, still stored
+// when last read, is read again: no fire of it will.
+const removingPoll = time.Minute
+
 // maxSkipWalk bounds the fire times a late fire walks to find the last one due. A walk cut short
 // fires the time it reached, still in the past; the next fire walks on from there.
 const maxSkipWalk = 1 << 20
@@ -426,8 +430,8 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 			s.drop(sc) // the unschedule landed
 			return true
 		case sc.rec.Paused:
-			kept := *sc // still stored: a paused schedule is kept, not fired
-			kept.removing = false
+			kept := *sc // still stored: a paused schedule is kept, not fired, and read again later
+			kept.retry = b.clock.Now().Add(removingPoll)
 			s.mu.Lock()
 			if s.all[sc.queue][sc.name] == sc {
 				s.all[sc.queue][sc.name] = &kept
@@ -816,8 +820,9 @@ func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.Unschedule
 			s.drop(sc)
 			s.arm()
 		} else if s.get(q.name, r.Name) == sc {
-			doubt := *sc // it may land yet: the next fire reads first whether it did
+			doubt := *sc // it may land yet: the next fire, a second from now at the soonest, reads first whether it did
 			doubt.removing = true
+			doubt.retry = b.clock.Now().Add(scheduleRetry)
 			s.set(&doubt)
 			s.arm() // (due even while paused)
 		}

@@ -492,47 +492,39 @@ func TestSchedulePauseNotSent(t *testing.T) {
 	}
 }
 
-// TestSchedulePausedUnscheduleOfUnknownOutcome: a paused schedule whose unschedule's outcome is
-// unknown, and which landed, is forgotten at its next time (read, not fired), and a schedule
-// request of its name before that makes a new schedule, not paused.
+// TestSchedulePausedUnscheduleOfUnknownOutcome: a schedule paused for longer than its interval
+// (its next time past) whose unschedule's outcome is unknown, and which landed, is read a second
+// after the unschedule, not at once (giving the delete that time to land), and then forgotten,
+// not fired; a schedule request of its name before that makes a new schedule, not paused.
 func TestSchedulePausedUnscheduleOfUnknownOutcome(t *testing.T) {
 	for _, recreate := range []bool{false, true} {
 		t.Run(fmt.Sprintf("recreate=%v", recreate), func(t *testing.T) {
 			b, clk, _ := scheduleBroker(t, t0, "-")
 			ctx := context.Background()
 			b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-			put := func() error {
-				_, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"})
-				return err
-			}
-			if err := put(); err != nil {
-				t.Fatal(err)
-			}
 			q, _ := b.lookup(ctx, "q", false)
-			pause := func() {
+			pausedLong := func() { // made, paused, and two of its times passed
+				if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+					t.Fatal(err)
+				}
 				if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s", Note: "n"}, true); err != nil {
 					t.Fatal(err)
 				}
+				clk.Advance(2 * time.Minute)
 			}
-			again := func() {
-				if err := put(); err != nil {
-					t.Fatal(err)
-				}
-				pause()
-			}
-			pause()
+			pausedLong()
 			for try := 0; ; try++ {
 				untilUnknown(t, b, "unschedule whose write's wait ended", func() error {
 					_, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
 					return err
-				}, again)
+				}, pausedLong)
 				if sc := b.sched.get("q", "s"); sc != nil && sc.removing {
 					break // in doubt: it had not landed when the broker read it back
 				}
 				if try == 50 {
 					t.Fatal("50 unschedules of unknown outcome, each read back landed: the test tests nothing")
 				}
-				again()
+				pausedLong()
 			}
 			for deadline := time.Now().Add(10 * time.Second); ; { // the delete was sent: it lands
 				if _, rev := storedSchedule(t, b); rev == 0 {
@@ -544,25 +536,133 @@ func TestSchedulePausedUnscheduleOfUnknownOutcome(t *testing.T) {
 				<-time.After(10 * time.Millisecond)
 			}
 			if recreate {
-				if err := put(); err != nil {
+				if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
 					t.Fatal(err)
 				}
 				if sc := b.sched.get("q", "s"); sc.rec.Paused || sc.rec.Note != "" {
 					t.Fatalf("made again after its unschedule landed: %+v, want a new schedule, not paused", sc.rec)
 				}
+				now := clk.Now()
 				clk.Advance(time.Minute)
-				if !q.holds(fireID("s", t0.Add(time.Minute))) {
+				if !q.holds(fireID("s", now.Add(time.Minute))) {
 					t.Fatal("the schedule made again did not fire")
 				}
 				return
 			}
-			clk.Advance(time.Minute)
+			clk.Advance(scheduleRetry - time.Millisecond)
+			if sc := b.sched.get("q", "s"); sc == nil || !sc.removing {
+				t.Fatalf("a paused schedule whose unschedule is in doubt was read before a second passed: %+v", sc)
+			}
+			clk.Advance(time.Millisecond)
 			if sc := b.sched.get("q", "s"); sc != nil {
-				t.Fatalf("a paused schedule whose unschedule landed is still there at its next time: %+v", sc)
+				t.Fatalf("a paused schedule whose unschedule landed is still there a second later: %+v", sc)
 			}
-			if q.holds(fireID("s", t0.Add(time.Minute))) {
-				t.Fatal("the paused schedule fired")
+			q.mu.Lock()
+			for e := range q.entries.all() {
+				t.Errorf("the paused schedule fired: %s", e.ID)
 			}
+			q.mu.Unlock()
 		})
+	}
+}
+
+// TestSchedulePausedRemovingReadAgain: a paused schedule whose unschedule is in doubt, found still
+// stored, is read again a minute later (not at every turn of the timer, and not never): once its
+// record is gone, it is forgotten.
+func TestSchedulePausedRemovingReadAgain(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, t0, "-")
+	ctx := context.Background()
+	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	q, _ := b.lookup(ctx, "q", false)
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s"}, true); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Minute)
+	doubt := *b.sched.get("q", "s") // as an unschedule of unknown outcome that has not landed leaves it
+	doubt.removing, doubt.retry = true, clk.Now().Add(scheduleRetry)
+	b.sched.set(&doubt)
+	b.sched.arm()
+	clk.Advance(scheduleRetry)
+	sc := b.sched.get("q", "s")
+	if sc == nil || !sc.removing || !sc.retry.Equal(clk.Now().Add(removingPoll)) {
+		t.Fatalf("read and found stored: %+v, want it kept, in doubt, read again in %v", sc, removingPoll)
+	}
+	if err := b.store.DeleteSchedule(ctx, "q", "s", sc.rev); err != nil { // the delete lands late
+		t.Fatal(err)
+	}
+	clk.Advance(removingPoll)
+	if sc := b.sched.get("q", "s"); sc != nil {
+		t.Fatalf("its record gone, the paused schedule is still there a poll later: %+v", sc)
+	}
+	q.mu.Lock()
+	n := q.entries.len()
+	q.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("the paused schedule fired %d messages", n)
+	}
+}
+
+// TestScheduleFireByHandSentAgainAfterALateTimedFire: a fire by hand h enqueued between a cron
+// time t and the timed fire of t, late (retried), is older than the timed fire's message, though
+// enqueued after t: h sent again (its reply lost) changes nothing, and overlap skip goes on
+// looking at the timed fire's message.
+func TestScheduleFireByHandSentAgainAfterALateTimedFire(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, t0, "-")
+	ctx := context.Background()
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m", Overlap: subjects.OverlapSkip}); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := b.lookup(ctx, "q", false)
+	setUnavailable(q, true, false)
+	clk.Advance(time.Minute) // the fire of t0+1m is unavailable: retried at t0+61s
+	setUnavailable(q, false, false)
+	clk.Advance(500 * time.Millisecond)
+	if _, err := b.fireNow(ctx, q, subjects.ScheduleFireRequest{Name: "s", ID: "h"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.cancel(ctx, subjects.LeaseRequest{ID: "h"}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(500 * time.Millisecond) // the retry enqueues s@t0+1m, after h
+	tid := fireID("s", t0.Add(time.Minute))
+	if sc := b.sched.get("q", "s"); sc.rec.LastID != tid || !q.unfinished(tid) {
+		t.Fatalf("after the retried timed fire last_id %s, want %s (pending)", sc.rec.LastID, tid)
+	}
+	info, err := b.fireNow(ctx, q, subjects.ScheduleFireRequest{Name: "s", ID: "h"}) // h's reply was lost
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.LastID != tid {
+		t.Errorf("h sent again: last_id %s, want %s (h is older than the timed fire's message)", info.LastID, tid)
+	}
+	clk.Advance(time.Minute)
+	if q.holds(fireID("s", t0.Add(2*time.Minute))) {
+		t.Errorf("overlap skip: s@t0+2m enqueued while %s is still pending", tid)
+	}
+}
+
+// TestScheduleFireByHandAdoptedReply: a paused schedule fired by hand with the id of a message
+// enqueued long before replies with the next_at of now, as its listing says, not of that message's
+// time.
+func TestScheduleFireByHandAdoptedReply(t *testing.T) {
+	b, clk, _, q := scheduled(t, "-")
+	ctx := context.Background()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "h"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s"}, true); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(10 * time.Minute)
+	info, err := b.fireNow(ctx, q, subjects.ScheduleFireRequest{Name: "s", ID: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := b.sched.get("q", "s").info(clk.Now())
+	if !info.NextAt.Equal(listed.NextAt) || info.NextAt.Before(clk.Now()) {
+		t.Errorf("reply next_at %v, listing %v, now %v", info.NextAt, listed.NextAt, clk.Now())
 	}
 }

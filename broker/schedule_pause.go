@@ -83,13 +83,17 @@ func (b *Broker) fireNow(ctx context.Context, q *queue, r subjects.ScheduleFireR
 	id := cmp.Or(r.ID, handFireID(r.Name, now))
 	rec, at := sc.rec, now
 	enqueuedAt, held := q.enqueuedAt(id)
+	last := rec.LastAt // when the last fire's message was enqueued: a timed fire's may be after its time
+	if t, ok := q.enqueuedAt(rec.LastID); ok {
+		last = t
+	}
 	switch {
 	case rec.LastID == id && rec.LastError == "":
 		if !sc.unsure {
 			return sc.info(now), nil // this fire, sent again
 		}
 		at = time.UnixMilli(rec.LastAt) // its record's write was of unknown outcome: written again
-	case held && enqueuedAt <= rec.LastAt:
+	case held && enqueuedAt <= last:
 		// A message older than the last fire (this fire sent before, and another fired since;
 		// or not the schedule's): nothing changes.
 		return sc.info(now), nil
@@ -114,7 +118,6 @@ func (b *Broker) fireNow(ctx context.Context, q *queue, r subjects.ScheduleFireR
 	if err != nil {
 		return subjects.ScheduleInfo{}, err // the message is enqueued: the fire sent again with its id stores it
 	}
-	now = at
 	b.log.Info("a schedule fired by request", "queue", q.name, "schedule", r.Name, "id", id)
 	return next.info(now), nil
 }
