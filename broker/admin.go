@@ -17,17 +17,18 @@ import (
 // resolveConfig applies the defaults to a create request and validates the result.
 func resolveConfig(r subjects.CreateQueueRequest) (subjects.QueueConfig, error) {
 	c := subjects.QueueConfig{
-		Type:             r.Type,
-		ExclusivityKey:   r.ExclusivityKey,
-		LeaseMS:          r.LeaseMS,
-		InvisibleMS:      r.InvisibleMS,
-		MaxAttempts:      r.MaxAttempts,
-		RetentionMS:      subjects.DefaultRetention.Milliseconds(),
-		MaxPayloadBytes:  r.MaxPayloadBytes,
-		MaxMetadataPairs: r.MaxMetadataPairs,
-		MaxRunning:       r.MaxRunning,
-		EnqueueBlocked:   r.EnqueueBlocked,
-		DequeueBlocked:   r.DequeueBlocked,
+		Type:               r.Type,
+		ExclusivityKey:     r.ExclusivityKey,
+		LeaseMS:            r.LeaseMS,
+		InvisibleMS:        r.InvisibleMS,
+		MaxAttempts:        r.MaxAttempts,
+		RetentionMS:        subjects.DefaultRetention.Milliseconds(),
+		MaxPayloadBytes:    r.MaxPayloadBytes,
+		MaxMetadataPairs:   r.MaxMetadataPairs,
+		MaxRunning:         r.MaxRunning,
+		MaxRunningPerValue: r.MaxRunningPerValue,
+		EnqueueBlocked:     r.EnqueueBlocked,
+		DequeueBlocked:     r.DequeueBlocked,
 	}
 	if c.Type == "" {
 		c.Type = subjects.Simple
@@ -47,6 +48,9 @@ func resolveConfig(r subjects.CreateQueueRequest) (subjects.QueueConfig, error) 
 	if c.MaxMetadataPairs == 0 {
 		c.MaxMetadataPairs = subjects.DefaultMaxMetadataPairs
 	}
+	if c.Type == subjects.Exclusive && c.MaxRunningPerValue == 0 {
+		c.MaxRunningPerValue = 1
+	}
 	return c, validateConfig(&c)
 }
 
@@ -60,9 +64,15 @@ func validateConfig(c *subjects.QueueConfig) error {
 		if c.ExclusivityKey != "" {
 			return bad("exclusivity_key is only for exclusive queues")
 		}
+		if c.MaxRunningPerValue != 0 {
+			return bad("max_running_per_value is only for exclusive queues")
+		}
 	case subjects.Exclusive:
 		if err := subjects.ValidateMetadata(map[string]string{c.ExclusivityKey: ""}, 1); err != nil {
 			return bad("an exclusive queue needs an exclusivity_key of 1 to %d printable bytes", subjects.MaxMetadataKeyLen)
+		}
+		if c.MaxRunningPerValue < 1 || c.MaxRunningPerValue > subjects.MaxPerValueLimit {
+			return bad("max_running_per_value must be 1 to %d, got %d", subjects.MaxPerValueLimit, c.MaxRunningPerValue)
 		}
 	default:
 		return bad("type must be %q or %q, got %q", subjects.Simple, subjects.Exclusive, c.Type)
@@ -216,6 +226,7 @@ func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subj
 		setIf(&c.MaxPayloadBytes, r.MaxPayloadBytes)
 		setIf(&c.MaxMetadataPairs, r.MaxMetadataPairs)
 		setIf(&c.MaxRunning, r.MaxRunning)
+		setIf(&c.MaxRunningPerValue, r.MaxRunningPerValue)
 		setIf(&c.EnqueueBlocked, r.EnqueueBlocked)
 		setIf(&c.DequeueBlocked, r.DequeueBlocked)
 		if err := validateConfig(&c); err != nil {
@@ -266,7 +277,9 @@ func (q *queue) update(ctx context.Context, r subjects.UpdateQueueRequest) (subj
 // setConfig makes c, stored at revision rev, the queue's config. Called with q.mu held.
 func (q *queue) setConfig(c subjects.QueueConfig, rev uint64) {
 	retention := c.RetentionMS != q.cfg.RetentionMS
+	withPerValue(&c)
 	q.cfg, q.cfgRev = c, rev
+	q.pending.SetPerValue(c.MaxRunningPerValue)
 	if retention {
 		q.gc.armedAt = 0 // every gc deadline moved by the same amount: the order holds
 	}

@@ -17,14 +17,15 @@ func TestConcurrentWorkers(t *testing.T) {
 	for _, c := range []struct {
 		exclusive  bool
 		maxRunning int
-	}{{false, 0}, {true, 0}, {false, 3}, {true, 3}} {
-		exclusive := c.exclusive
-		t.Run(fmt.Sprintf("exclusive=%v,max_running=%d", exclusive, c.maxRunning), func(t *testing.T) {
+		perValue   int // max_running_per_value (exclusive: 0 is 1)
+	}{{false, 0, 0}, {true, 0, 0}, {false, 3, 0}, {true, 3, 0}, {true, 0, 3}} {
+		exclusive, perValue := c.exclusive, max(c.perValue, 1)
+		t.Run(fmt.Sprintf("exclusive=%v,max_running=%d,per_value=%d", exclusive, c.maxRunning, c.perValue), func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
 			cfg := subjects.CreateQueueRequest{LeaseMS: 60_000, MaxRunning: c.maxRunning}
 			if exclusive {
-				cfg.Type, cfg.ExclusivityKey = subjects.Exclusive, "p"
+				cfg.Type, cfg.ExclusivityKey, cfg.MaxRunningPerValue = subjects.Exclusive, "p", c.perValue
 			}
 			e.create("q", cfg)
 			const n, workers = 400, 8
@@ -58,8 +59,8 @@ func TestConcurrentWorkers(t *testing.T) {
 				}
 			}()
 			var mu sync.Mutex
-			heldMsg := map[string]string{} // message id → worker
-			heldVal := map[string]string{} // value → message id
+			heldMsg := map[string]string{}          // message id → worker
+			heldVal := map[string]map[string]bool{} // value → message ids
 			completed := map[string]int{}
 			var wg sync.WaitGroup
 			errs := make(chan error, workers)
@@ -101,10 +102,16 @@ func TestConcurrentWorkers(t *testing.T) {
 								}
 							}
 							if exclusive {
-								if other, ok := heldVal[m.Metadata["p"]]; ok {
-									errs <- fmt.Errorf("value %s leased with %s while %s holds it", m.Metadata["p"], m.ID, other)
+								v := m.Metadata["p"]
+								if heldVal[v] == nil {
+									heldVal[v] = map[string]bool{}
 								}
-								heldVal[m.Metadata["p"]] = m.ID
+								if heldVal[v][m.ID] = true; len(heldVal[v]) > perValue {
+									select { // once is enough: errs holds one error per worker
+									case errs <- fmt.Errorf("value %s leased with %s while %d others hold it (max_running_per_value %d)", v, m.ID, len(heldVal[v])-1, perValue):
+									default:
+									}
+								}
 							}
 							mu.Unlock()
 						}
@@ -113,7 +120,7 @@ func TestConcurrentWorkers(t *testing.T) {
 							// value after the complete is stored, so a correct broker never overlaps.
 							mu.Lock()
 							delete(heldMsg, m.ID)
-							delete(heldVal, m.Metadata["p"])
+							delete(heldVal[m.Metadata["p"]], m.ID)
 							mu.Unlock()
 							reply, err := nc.Request(e.space.Subject(subjects.OpComplete, "q"), mustJSON(t, subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID}), 10e9)
 							if err != nil {

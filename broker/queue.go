@@ -15,10 +15,15 @@ import (
 	"github.com/natstone/natstone/subjects"
 )
 
-// lock is the in-memory mirror of an exclusivity lock key.
+// lock is the in-memory mirror of one slot of an exclusivity value's lock: a key of its own
+// (kv.SlotKey), taken by one running message at a time. A value has max_running_per_value slots (1
+// by default); a recovery may find more, taken before the config lowered it.
 type lock struct {
 	rev    uint64
 	holder string // message id; "" if free
+	// taking: a take's write is in flight, or of unknown outcome (doubtfulLocks): the slot is not
+	// free, whoever holder names.
+	taking bool
 }
 
 // queue is one queue's engine. Its mutex serialises every decision on the queue; the KV writes
@@ -44,7 +49,7 @@ type queue struct {
 	gc            deadlines     // terminal entries by EndedAt + retention
 	collecting    bool          // a garbage collection is in flight; the gc timer waits for its end
 	idle          chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
-	locks         map[string]*lock
+	locks         map[string][]*lock
 	waiters       []*waiter
 	requests      map[string]*dequeueRecord // dequeue request id → its leases
 	doubtful      []*change                 // writes of unknown outcome, their entries kept busy
@@ -110,11 +115,13 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 		cfgRev:    rev,
 		createdAt: rec.CreatedAt,
 		pending:   index.New[*entry](rec.Config.Type == subjects.Exclusive),
-		locks:     make(map[string]*lock),
+		locks:     make(map[string][]*lock),
 		requests:  make(map[string]*dequeueRecord),
 		ids:       nuid.New(),
 		waiting:   waitingAges{bySec: make(map[int64]int)},
 	}
+	withPerValue(&q.cfg)
+	q.pending.SetPerValue(q.cfg.MaxRunningPerValue)
 	q.rates.start = b.clock.Now().UnixMilli()
 	q.invisible.key = func(e *entry) int64 { return e.VisibleAt() }
 	q.leases.key = func(e *entry) int64 { return e.extra().LeaseExpires }
@@ -123,6 +130,14 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 }
 
 func (q *queue) exclusive() bool { return q.cfg.Type == subjects.Exclusive }
+
+// withPerValue gives an exclusive queue's config stored before max_running_per_value was its
+// default, 1.
+func withPerValue(c *subjects.QueueConfig) {
+	if c.Type == subjects.Exclusive && c.MaxRunningPerValue == 0 {
+		c.MaxRunningPerValue = 1
+	}
+}
 
 func (q *queue) now() int64 { return q.b.clock.Now().UnixMilli() }
 
@@ -442,13 +457,24 @@ func (q *queue) collectionEnded() {
 	}
 }
 
-func (q *queue) lockOf(value string) *lock {
-	l := q.locks[value]
-	if l == nil {
-		l = &lock{}
-		q.locks[value] = l
+func (q *queue) lockOf(value string, slot int) *lock {
+	ls := q.locks[value]
+	for len(ls) <= slot {
+		ls = append(ls, &lock{})
 	}
-	return l
+	q.locks[value] = ls
+	return ls[slot]
+}
+
+// freeSlot returns the lowest slot of value below max_running_per_value that no message holds and
+// no take is writing, or -1 and nil if there is none. Called with q.mu held.
+func (q *queue) freeSlot(value string) (int, *lock) {
+	for slot := range q.cfg.MaxRunningPerValue {
+		if l := q.lockOf(value, slot); l.holder == "" && !l.taking {
+			return slot, l
+		}
+	}
+	return -1, nil
 }
 
 // usable returns why the queue takes no more work, or nil.

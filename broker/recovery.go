@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -144,8 +146,8 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 	for name, rq := range loaded {
 		running[name] = rq.index()
 	}
-	locks := make(map[string]map[string]kv.Lock)
-	err = b.store.LoadLocks(ctx, "", func(name, value string, l kv.Lock, rev uint64, bad error) error {
+	locks := make(map[string]map[slotKey]kv.Lock)
+	err = b.store.LoadLocks(ctx, "", func(name, value string, slot int, l kv.Lock, rev uint64, bad error) error {
 		q := b.queues[name]
 		if q == nil {
 			return nil
@@ -155,11 +157,11 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 			// take, overwrites it at its revision.
 			b.log.Error("unreadable exclusivity lock taken as free", "queue", name, "error", bad)
 		}
-		q.locks[value] = &lock{rev: rev, holder: l.MessageID}
+		*q.lockOf(value, slot) = lock{rev: rev, holder: l.MessageID}
 		if locks[name] == nil {
-			locks[name] = make(map[string]kv.Lock)
+			locks[name] = make(map[slotKey]kv.Lock)
 		}
-		locks[name][value] = l
+		locks[name][slotKey{value, slot}] = l
 		return nil
 	})
 	if err == nil && b.loaded != nil {
@@ -549,62 +551,75 @@ func radixPass(src, dst []pendingKey, prio bool, lo uint64, shift uint) {
 	}
 }
 
+// slotKey names one slot of an exclusivity value's lock.
+type slotKey struct {
+	value string
+	slot  int
+}
+
 // reconcile makes the exclusivity locks agree with the running messages (runningEntries) after a
-// restart. A lock holds its value only while its holder is running under its lease, so a lock whose
+// restart. A slot holds its value only while its holder is running under its lease, so a slot whose
 // holder is not is free, and stays as it is in storage. The write order (lock before lease) means a
-// running message has its lock; one whose lock names another message or lease is given it, and two
-// running messages sharing a value are reported. Called with q.mu held, before the queue serves
-// requests.
-func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored map[string]kv.Lock) error {
+// running message has a slot; one that no slot names under its lease is given a free one, and more
+// running messages of a value than max_running_per_value are reported. Called with q.mu held,
+// before the queue serves requests.
+func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored map[slotKey]kv.Lock) error {
 	if !q.exclusive() {
 		return nil
 	}
-	running := make(map[string]*entry)
+	byValue := make(map[string]int)
 	for _, e := range runningEntries {
-		if other := running[e.Value()]; other != nil {
-			q.log().Error("two running messages share an exclusivity value", "value", e.Value(), "message_id", e.ID, "other_message_id", other.ID)
+		if byValue[e.Value()]++; byValue[e.Value()] == q.cfg.MaxRunningPerValue+1 {
+			q.log().Error("more running messages share an exclusivity value than max_running_per_value", "value", e.Value(), "message_id", e.ID, "max_running_per_value", q.cfg.MaxRunningPerValue)
 		}
-		running[e.Value()] = e
 		q.pending.Hold(e.Value())
 	}
-	for value, l := range stored {
+	held := make(map[*entry]bool) // running messages that a slot names under their lease
+	for _, k := range slices.SortedFunc(maps.Keys(stored), func(a, b slotKey) int {
+		return cmp.Or(strings.Compare(a.value, b.value), cmp.Compare(a.slot, b.slot))
+	}) {
+		l := stored[k]
 		if l.MessageID == "" {
 			continue
 		}
-		if e := running[value]; e != nil && e.ID == l.MessageID && e.extra().LeaseID == l.LeaseID {
+		e := q.entries.get(l.MessageID)
+		if e != nil && e.State() == subjects.StateRunning && e.Value() == k.value && e.extra().LeaseID == l.LeaseID && !held[e] {
+			held[e] = true
 			continue
 		}
-		if running[value] != nil {
-			continue // taken below for its running message
-		}
-		if e := q.entries.get(l.MessageID); e != nil && e.extra().LeaseID != l.LeaseID {
-			// The lock was taken for a lease its message's record never got: that lease's write
+		if e != nil && e.extra().LeaseID != l.LeaseID {
+			// The slot was taken for a lease its message's record never got: that lease's write
 			// failed, or it is still on its way from a broker that served the store before this
 			// one (it paused, say, between the two writes) and would land behind this broker's
-			// back, a second running message of the value once this broker leases another.
+			// back, one more running message of the value once this broker leases another.
 			if err := q.fenceRecord(ctx, e); err != nil {
 				return err
 			}
-			rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{}, q.locks[value].rev).Wait(ctx)
+			lk := q.lockOf(k.value, k.slot)
+			rev, err := q.b.store.WriteSlot(q.name, k.value, k.slot, kv.Lock{}, lk.rev).Wait(ctx)
 			if err != nil {
-				return fmt.Errorf("%w: recover queue %s: free lock %q: %w", kv.ErrStale, q.name, value, err)
+				return fmt.Errorf("%w: recover queue %s: free lock %q slot %d: %w", kv.ErrStale, q.name, k.value, k.slot, err)
 			}
-			q.locks[value].rev = rev // so that the next start need not fence it again
+			lk.rev = rev // so that the next start need not fence it again
 		}
-		// The holder is no longer running under that lease, so the value is free; the key stays as
+		// The holder is no longer running under that lease, so the slot is free; the key stays as
 		// it is until the next take overwrites it.
-		q.locks[value].holder = ""
+		q.lockOf(k.value, k.slot).holder = ""
 	}
-	for value, e := range running {
-		lk := q.lockOf(value)
-		if lk.holder == e.ID {
+	for _, e := range runningEntries {
+		if held[e] {
 			continue
 		}
-		rev, err := q.b.store.WriteLock(q.name, value, kv.Lock{MessageID: e.ID, LeaseID: e.extra().LeaseID}, lk.rev).Wait(ctx)
+		slot := 0
+		for ; q.lockOf(e.Value(), slot).holder != ""; slot++ { // the lowest free, past the limit if need be
+		}
+		lk := q.lockOf(e.Value(), slot)
+		rev, err := q.b.store.WriteSlot(q.name, e.Value(), slot, kv.Lock{MessageID: e.ID, LeaseID: e.extra().LeaseID}, lk.rev).Wait(ctx)
 		if err != nil {
-			return fmt.Errorf("natstone: recover queue %s: take lock %q: %w", q.name, value, err)
+			return fmt.Errorf("natstone: recover queue %s: take lock %q slot %d: %w", q.name, e.Value(), slot, err)
 		}
 		lk.rev, lk.holder = rev, e.ID
+		held[e] = true
 	}
 	return nil
 }

@@ -268,9 +268,10 @@ func sameWrite(stored, want *kv.Record) bool {
 		stored.Priority == want.Priority && stored.VisibleAt == want.VisibleAt
 }
 
-// lockWrite is one write of an exclusivity lock.
+// lockWrite is one write of a slot of an exclusivity value's lock.
 type lockWrite struct {
 	value  string
+	slot   int
 	want   kv.Lock
 	expect uint64
 	rev    uint64
@@ -283,7 +284,7 @@ func (q *queue) writeLocks(ws []*lockWrite) {
 	ctx := context.Background()
 	pending := make([]kv.Write, len(ws))
 	for i, w := range ws {
-		pending[i] = q.b.store.WriteLock(q.name, w.value, w.want, w.expect)
+		pending[i] = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect)
 	}
 	for i, w := range ws {
 		w.rev, w.err = pending[i].Wait(ctx)
@@ -298,10 +299,10 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 			if try >= rewrites {
 				return // unknown it stays
 			}
-			w.rev, w.err = q.b.store.WriteLock(q.name, w.value, w.want, w.expect).Wait(ctx)
+			w.rev, w.err = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect).Wait(ctx)
 			continue
 		}
-		l, rev, err := q.b.store.GetLock(ctx, q.name, w.value)
+		l, rev, err := q.b.store.GetSlot(ctx, q.name, w.value, w.slot)
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			w.truth, w.rev = nil, 0
@@ -320,48 +321,57 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 	}
 }
 
-// takeLocks takes the exclusivity lock of every change that leases a message, before its lease is
-// written. Changes whose lock could not be taken are dropped and their entries put back. Called and
-// returns with q.mu held; the returned slice is new (the caller still reads every change it passed).
+// takeLocks takes a free slot of the exclusivity lock of every change that leases a message,
+// before its lease is written. Changes whose slot could not be taken are dropped and their entries
+// put back. Called and returns with q.mu held; the returned slice is new (the caller still reads
+// every change it passed).
 func (q *queue) takeLocks(cs []*change) []*change {
 	var ws []*lockWrite
 	var takes []*change
-	for _, c := range cs {
-		if !c.lease() {
-			continue
-		}
-		l := q.lockOf(c.e.Value())
-		w := &lockWrite{value: c.e.Value(), want: kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID}, expect: l.rev}
-		if l.holder != "" && l.holder != c.next.ID {
-			// The index should never offer a held value; refuse rather than overwrite the holder's
-			// lock with our own current revision.
-			q.log().Error("exclusivity value offered while held", "value", c.e.Value(), "message_id", c.next.ID, "holder", l.holder)
-			w.expect = l.rev + 1 // certain to conflict
-		}
-		ws = append(ws, w)
-		takes = append(takes, c)
-	}
-	if len(ws) == 0 {
-		return cs
-	}
-	// The values are held in the index, so no other write on these locks starts meanwhile.
-	q.mu.Unlock()
-	q.writeLocks(ws)
-	q.mu.Lock()
 	dropped := map[*change]bool{}
-	for i, c := range takes {
-		w, l := ws[i], q.lockOf(c.e.Value())
-		if w.err == nil {
-			l.rev, l.holder = w.rev, c.next.ID
-			continue
-		}
-		q.log().Warn("exclusivity lock not taken", "value", c.e.Value(), "message_id", c.next.ID, "error", w.err)
-		c.err, c.skipped = w.err, true
+	drop := func(c *change, err error) {
+		c.err, c.skipped = err, true
 		dropped[c] = true
 		q.leased(c)
 		q.apply(c.e, c.e.record(), c.e.rev) // back to pending
 		q.endWrite(c.e)
+	}
+	for _, c := range cs {
+		if !c.lease() {
+			continue
+		}
+		slot, l := q.freeSlot(c.e.Value())
+		if l == nil {
+			// The index should never offer a full value; refuse rather than overwrite a holder's
+			// slot.
+			q.log().Error("exclusivity value offered while full", "value", c.e.Value(), "message_id", c.next.ID)
+			drop(c, subjects.Errorf(subjects.CodeInternal, "exclusivity value %q offered while full", c.e.Value()))
+			q.pending.Release(c.e.Value()) // held by the pop for this lease
+			continue
+		}
+		// Marked taking, the slot is not free for another take until this one's outcome is known:
+		// the index may offer the value again meanwhile, if it may run more than one message.
+		l.taking = true
+		ws = append(ws, &lockWrite{value: c.e.Value(), slot: slot, want: kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID}, expect: l.rev})
+		takes = append(takes, c)
+	}
+	if len(ws) > 0 {
+		q.mu.Unlock()
+		q.writeLocks(ws)
+		q.mu.Lock()
+	}
+	for i, c := range takes {
+		w, l := ws[i], q.lockOf(ws[i].value, ws[i].slot)
+		if w.err == nil {
+			l.rev, l.holder, l.taking = w.rev, c.next.ID, false
+			continue
+		}
+		q.log().Warn("exclusivity lock not taken", "value", c.e.Value(), "slot", w.slot, "message_id", c.next.ID, "error", w.err)
+		drop(c, w.err)
 		q.dropLock(w)
+	}
+	if len(dropped) == 0 {
+		return cs
 	}
 	kept := make([]*change, 0, len(cs)-len(dropped))
 	for _, c := range cs {
@@ -372,16 +382,16 @@ func (q *queue) takeLocks(cs []*change) []*change {
 	return kept
 }
 
-// dropLock settles the value of a take whose lease is not written, from what its lock write did.
+// dropLock settles the slot of a take whose lease is not written, from what its lock write did.
 // A lock that landed names a lease that never ran, so it holds nothing. A lock another writer wrote
 // holds nothing if it names a message that has ended here, since an ended message runs again only
 // once retried, and a retry, like a lease, reaches a client only from the broker holding the claim;
 // otherwise whether its holder runs is known only from storage's messages, which a restart's
-// reconcile reads, and until then the value stays held. While the write's outcome is unknown the
-// value stays held and the write is doubtful: the doubt timer asks storage again. Called with q.mu
-// held.
+// reconcile reads, and until then the slot stays taken (the value held once more in the index).
+// While the write's outcome is unknown the slot stays taken and the write is doubtful: the doubt
+// timer asks storage again. Called with q.mu held.
 func (q *queue) dropLock(w *lockWrite) {
-	l := q.lockOf(w.value)
+	l := q.lockOf(w.value, w.slot)
 	switch {
 	case w.err == nil:
 		l.rev, l.holder = w.rev, ""
@@ -396,24 +406,25 @@ func (q *queue) dropLock(w *lockWrite) {
 		q.doubtfulLocks = append(q.doubtfulLocks, w)
 		return
 	}
+	l.taking = false
 	if l.holder == "" {
-		q.pending.Release(w.value)
+		q.pending.Release(w.value) // the pop's hold for this take
 	}
 }
 
-// freeLocks frees the exclusivity values of entries that are no longer running and releases them in
-// the index. It writes nothing: a lock key names the message and lease that took its value, and it
-// holds the value only while that message is running under that lease, so the message's own write
-// out of running is what freed it. The next take overwrites the key, expecting the revision known
-// here. Called with q.mu held.
+// freeLocks frees the slots of entries that are no longer running and releases their values in the
+// index, once for each slot freed. It writes nothing: a slot's key names the message and lease that
+// took it, and it holds the slot only while that message is running under that lease, so the
+// message's own write out of running is what freed it. The next take overwrites the key, expecting
+// the revision known here. Called with q.mu held.
 func (q *queue) freeLocks(es []*entry) {
 	for _, e := range es {
-		l := q.lockOf(e.Value())
-		if l.holder == e.ID {
-			l.holder = ""
-		}
-		if l.holder == "" {
-			q.pending.Release(e.Value())
+		for _, l := range q.locks[e.Value()] {
+			if l.holder == e.ID && !l.taking {
+				l.holder = ""
+				q.pending.Release(e.Value())
+				break
+			}
 		}
 	}
 }

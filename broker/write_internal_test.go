@@ -378,7 +378,7 @@ func TestLockWritesResolvedOneByOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	q.mu.Lock()
-	got := *q.lockOf("v2")
+	got := *q.lockOf("v2", 0)
 	q.mu.Unlock()
 	if got.rev != rev || got.holder != "B" {
 		t.Fatalf("v2's lock as the broker knows it: %+v; storage has revision %d", got, rev)

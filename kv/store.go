@@ -397,40 +397,70 @@ func (s *Store) LoadMessages(ctx context.Context, queue string, fn func(queue st
 	})
 }
 
-// LockKey returns the KV key of exclusivity value in queue.
-func LockKey(queue, value string) string { return queue + "." + encodeToken(value) }
+// LockKey returns the KV key of exclusivity value in queue: its slot 0 (SlotKey).
+func LockKey(queue, value string) string { return SlotKey(queue, value, 0) }
 
-// WriteLock stores l as the lock of value in queue if its revision is still expect (0: new).
-func (s *Store) WriteLock(queue, value string, l Lock, expect uint64) Write {
-	return s.publish(s.lockSubj+LockKey(queue, value), EncodeLock(l), expect)
+// SlotKey returns the KV key of slot of exclusivity value in queue. A value has as many slots as
+// messages of it may run at once (max_running_per_value), each a lock of its own. Slot 0's key is
+// <queue>.<value token>, the key of the value's one lock before values had more; slot k's adds .k.
+func SlotKey(queue, value string, slot int) string {
+	if slot == 0 {
+		return queue + "." + encodeToken(value)
+	}
+	return queue + "." + encodeToken(value) + "." + strconv.Itoa(slot)
 }
 
-// GetLock reads the lock of value in queue with its revision.
+// WriteLock stores l as the lock of value in queue (its slot 0) if its revision is still expect
+// (0: new).
+func (s *Store) WriteLock(queue, value string, l Lock, expect uint64) Write {
+	return s.WriteSlot(queue, value, 0, l, expect)
+}
+
+// WriteSlot stores l as slot of value's lock in queue if its revision is still expect (0: new).
+func (s *Store) WriteSlot(queue, value string, slot int, l Lock, expect uint64) Write {
+	return s.publish(s.lockSubj+SlotKey(queue, value, slot), EncodeLock(l), expect)
+}
+
+// GetLock reads the lock of value in queue (its slot 0) with its revision.
 func (s *Store) GetLock(ctx context.Context, queue, value string) (Lock, uint64, error) {
-	data, rev, err := s.getKey(ctx, s.locks, LockKey(queue, value))
+	return s.GetSlot(ctx, queue, value, 0)
+}
+
+// GetSlot reads slot of value's lock in queue with its revision.
+func (s *Store) GetSlot(ctx context.Context, queue, value string, slot int) (Lock, uint64, error) {
+	data, rev, err := s.getKey(ctx, s.locks, SlotKey(queue, value, slot))
 	if err != nil {
 		return Lock{}, 0, err
 	}
 	var l Lock
 	if err := json.Unmarshal(data, &l); err != nil {
-		return Lock{}, 0, fmt.Errorf("kv: decode lock %s/%q: %w", queue, value, err)
+		return Lock{}, 0, fmt.Errorf("kv: decode lock %s/%q slot %d: %w", queue, value, slot, err)
 	}
 	return l, rev, nil
 }
 
-// LoadLocks calls fn for every lock of queue ("" for every queue). A lock that does not decode
+// LoadLocks calls fn for every lock slot of queue ("" for every queue). A lock that does not decode
 // comes as the empty Lock, which names no holder, with bad saying why.
-func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, value string, l Lock, rev uint64, bad error) error) error {
+func (s *Store) LoadLocks(ctx context.Context, queue string, fn func(queue, value string, slot int, l Lock, rev uint64, bad error) error) error {
 	return s.load(ctx, s.locks, queue, func(q, tok string, data []byte, rev uint64) error {
+		tok, slotTok, hasSlot := strings.Cut(tok, ".")
+		slot := 0
+		if hasSlot {
+			n, err := strconv.Atoi(slotTok)
+			if err != nil || n < 1 || strconv.Itoa(n) != slotTok {
+				return nil // not a key natstone wrote; nothing to load
+			}
+			slot = n
+		}
 		value, err := decodeToken(tok)
 		if err != nil {
 			return nil // not a key natstone wrote; nothing to load
 		}
 		var l Lock
 		if err := json.Unmarshal(data, &l); err != nil {
-			return fn(q, value, Lock{}, rev, fmt.Errorf("kv: decode lock %s/%q: %w", q, value, err))
+			return fn(q, value, slot, Lock{}, rev, fmt.Errorf("kv: decode lock %s/%q slot %d: %w", q, value, slot, err))
 		}
-		return fn(q, value, l, rev, nil)
+		return fn(q, value, slot, l, rev, nil)
 	})
 }
 

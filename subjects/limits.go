@@ -24,6 +24,7 @@ const (
 	MaxScheduleNameLen  = 128       // bytes of a schedule's name
 	MaxNoteLen          = 1024      // bytes of the note of a schedule's pause or resume
 	MaxRunningLimit     = 1_000_000 // the highest max_running a queue may set
+	MaxPerValueLimit    = 1000      // the highest max_running_per_value an exclusive queue may set
 
 	MinLease            = 100 * time.Millisecond
 	MaxLease            = 24 * time.Hour

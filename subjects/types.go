@@ -44,8 +44,11 @@ type QueueConfig struct {
 	MaxPayloadBytes  int       `json:"max_payload_bytes"`  // largest payload accepted
 	MaxMetadataPairs int       `json:"max_metadata_pairs"` // most metadata pairs accepted
 	MaxRunning       int       `json:"max_running"`        // most messages running at once; 0: no limit
-	EnqueueBlocked   bool      `json:"enqueue_blocked"`
-	DequeueBlocked   bool      `json:"dequeue_blocked"`
+	// MaxRunningPerValue is, in an exclusive queue, the most messages of one exclusivity value
+	// running at once (1, the default: one at a time); 0 in a simple queue.
+	MaxRunningPerValue int  `json:"max_running_per_value,omitempty"`
+	EnqueueBlocked     bool `json:"enqueue_blocked"`
+	DequeueBlocked     bool `json:"dequeue_blocked"`
 }
 
 // CreateQueueRequest is the body of create. Every field is optional; an empty body creates a simple
@@ -60,8 +63,10 @@ type CreateQueueRequest struct {
 	MaxPayloadBytes  int       `json:"max_payload_bytes,omitempty"`
 	MaxMetadataPairs int       `json:"max_metadata_pairs,omitempty"`
 	MaxRunning       int       `json:"max_running,omitempty"`
-	EnqueueBlocked   bool      `json:"enqueue_blocked,omitempty"`
-	DequeueBlocked   bool      `json:"dequeue_blocked,omitempty"`
+	// MaxRunningPerValue: an exclusive queue's; 0 is 1.
+	MaxRunningPerValue int  `json:"max_running_per_value,omitempty"`
+	EnqueueBlocked     bool `json:"enqueue_blocked,omitempty"`
+	DequeueBlocked     bool `json:"dequeue_blocked,omitempty"`
 }
 
 // UpdateQueueRequest is the body of update: only the fields given change. If Revision is set the
@@ -76,8 +81,10 @@ type UpdateQueueRequest struct {
 	MaxPayloadBytes  *int   `json:"max_payload_bytes,omitempty"`
 	MaxMetadataPairs *int   `json:"max_metadata_pairs,omitempty"`
 	MaxRunning       *int   `json:"max_running,omitempty"`
-	EnqueueBlocked   *bool  `json:"enqueue_blocked,omitempty"`
-	DequeueBlocked   *bool  `json:"dequeue_blocked,omitempty"`
+	// MaxRunningPerValue: an exclusive queue's, 1 or more.
+	MaxRunningPerValue *int  `json:"max_running_per_value,omitempty"`
+	EnqueueBlocked     *bool `json:"enqueue_blocked,omitempty"`
+	DequeueBlocked     *bool `json:"dequeue_blocked,omitempty"`
 }
 
 // Counts is the number of messages in each state.

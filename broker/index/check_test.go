@@ -137,8 +137,11 @@ func (x *Index[T]) check() error {
 		if err != nil {
 			return fmt.Errorf("group %q: %w", v, err)
 		}
-		if len(es) == 0 && !g.held {
-			return fmt.Errorf("group %q: empty and free but kept", v)
+		if len(es) == 0 && g.held == 0 {
+			return fmt.Errorf("group %q: empty and not held but kept", v)
+		}
+		if g.held < 0 {
+			return fmt.Errorf("group %q: held %d times", v, g.held)
 		}
 		for _, e := range es {
 			if !in[e] || e.IndexItem().Value() != v {
@@ -146,9 +149,10 @@ func (x *Index[T]) check() error {
 			}
 		}
 		total += len(es)
-		if g.held {
+		if g.held > 0 {
 			held++
-		} else {
+		}
+		if !x.full(g) && len(es) > 0 {
 			wantFree++
 			if !inFree[es[0]] {
 				return fmt.Errorf("group %q: head not in free", v)

@@ -32,8 +32,8 @@ func (x *Index[T]) smallest(f Filter) *orderedSet[T] {
 func (x *Index[T]) collect(f Filter, n int) []T {
 	if len(f) == 0 {
 		if x.exclusive {
-			// free holds one message per free value, its best, so its
-			// first n are exactly what n successive single pops return.
+			// free holds one message per value not full, its best, so
+			// its first n are what a batch takes: one per value.
 			return x.free.first(n)
 		}
 		return x.all.first(n)
@@ -57,7 +57,7 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 		if x.exclusive {
 			g := x.groups[it.Value()]
 			if g != nil {
-				if g.held || g.mark == x.epoch {
+				if x.full(g) || g.mark == x.epoch {
 					return true
 				}
 				g.mark = x.epoch

@@ -23,8 +23,9 @@ var (
 // model is the obviously correct reference: a slice sorted on every query.
 type model struct {
 	exclusive bool
+	perValue  int // 1 or more
 	items     []*rec
-	held      map[string]bool
+	held      map[string]int
 }
 
 func (m *model) contains(r *rec) bool { return slices.Contains(m.items, r) }
@@ -76,7 +77,7 @@ func (m *model) peek(f Filter, n int) []*rec {
 			continue
 		}
 		if m.exclusive {
-			if m.held[r.Value()] || picked[r.Value()] {
+			if m.held[r.Value()] >= m.perValue || picked[r.Value()] {
 				continue
 			}
 			picked[r.Value()] = true
@@ -91,7 +92,7 @@ func (m *model) pop(f Filter, n int) []*rec {
 	for _, r := range out {
 		m.remove(r)
 		if m.exclusive {
-			m.held[r.Value()] = true
+			m.held[r.Value()]++
 		}
 	}
 	return out
@@ -100,7 +101,7 @@ func (m *model) pop(f Filter, n int) []*rec {
 func (m *model) heldCount() int {
 	n := 0
 	for _, h := range m.held {
-		if h {
+		if h > 0 {
 			n++
 		}
 	}
@@ -175,7 +176,7 @@ func runOps(t *testing.T, data []byte) {
 		x.cfg.smallMax = 1 + int(cfgByte>>2)%6
 		x.cfg.degree = 2 + int(cfgByte>>5)%3
 	}
-	m := &model{exclusive: exclusive, held: map[string]bool{}}
+	m := &model{exclusive: exclusive, perValue: 1, held: map[string]int{}}
 	var created []*rec
 	pick := func() *rec {
 		if len(created) == 0 {
@@ -184,7 +185,7 @@ func runOps(t *testing.T, data []byte) {
 		return created[int(r.next())%len(created)]
 	}
 	for op := 0; !r.done() && op < maxFuzzOps; op++ {
-		switch code := r.next() % 12; code {
+		switch code := r.next() % 13; code {
 		case 0, 1, 2, 5:
 			// A new message, or (5) a twin of an existing one: a different
 			// element with the same (Priority, Seq).
@@ -231,12 +232,18 @@ func runOps(t *testing.T, data []byte) {
 			v := fuzzValues[r.next()%4]
 			x.Hold(v)
 			if exclusive {
-				m.held[v] = true
+				m.held[v]++
 			}
 		case 9:
 			v := fuzzValues[r.next()%4]
 			x.Release(v)
-			delete(m.held, v)
+			if m.held[v] > 0 {
+				m.held[v]--
+			}
+		case 12:
+			n := int(r.next()%4) - 1 // -1 and 0 are 1
+			x.SetPerValue(n)
+			m.perValue = max(n, 1)
 		case 10:
 			fl := r.filter()
 			if got, want := x.Count(fl), len(m.peekAll(fl)); got != want {
@@ -246,8 +253,8 @@ func runOps(t *testing.T, data []byte) {
 				t.Fatalf("op %d: Contains = %v", op, x.Contains(e))
 			}
 			for _, v := range fuzzValues {
-				if x.Held(v) != m.held[v] {
-					t.Fatalf("op %d: Held(%q) = %v", op, v, x.Held(v))
+				if full := exclusive && m.held[v] >= m.perValue; x.Held(v) != full || x.Holds(v) != m.held[v] {
+					t.Fatalf("op %d: Held(%q) = %v, Holds %d; want %v, %d", op, v, x.Held(v), x.Holds(v), full, m.held[v])
 				}
 			}
 		case 11:

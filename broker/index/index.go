@@ -16,14 +16,16 @@ type Index[T Elem] struct {
 	pairs map[Pair]*orderedSet[T]
 
 	exclusive bool
-	// groups holds, per exclusivity value, its pending messages and whether
-	// it is held. A value has an entry exactly when it has a pending message
-	// or is held.
+	// groups holds, per exclusivity value, its pending messages and how many
+	// times it is held. A value has an entry exactly when it has a pending
+	// message or is held.
 	groups map[string]*group[T]
-	// free holds the best pending message of every value that is not held:
+	// free holds the best pending message of every value that is not full:
 	// its minimum is the next message Pop returns without a filter.
 	free orderedSet[T]
-	held int
+	// held counts the values held at least once; perValue is SetPerValue's
+	// (0: 1).
+	held, perValue int
 	// epoch identifies one Pop or Peek; a group whose mark equals it already
 	// contributed a message to that call. It is 32 bits to keep groups
 	// small; see nextEpoch for the wrap-around.
@@ -41,8 +43,8 @@ type Index[T Elem] struct {
 }
 
 // New returns an empty index. exclusive reports whether the queue is
-// exclusive: then at most one message per exclusivity Value may be leased at
-// a time, and values can be held.
+// exclusive: then at most PerValue messages (1 unless SetPerValue says more)
+// per exclusivity Value may be leased at a time, and values can be held.
 func New[T Elem](exclusive bool) *Index[T] {
 	x := &Index[T]{exclusive: exclusive}
 	x.init()
@@ -133,9 +135,10 @@ func (x *Index[T]) Len() int { return x.all.len() }
 
 // Pop removes and returns up to n eligible messages in EDF order: ascending
 // (Priority, Seq), matching f, and in an exclusive index only messages whose
-// Value is not held. Each returned message's Value becomes held, so a batch
-// holds at most one message per value. It returns nil if n <= 0, if nothing
-// is eligible, or if called from an Ascend callback.
+// Value is not full. Each returned message's Value is held once more, and a
+// batch takes at most one message per value (whatever PerValue: the next
+// Pop may take another). It returns nil if n <= 0, if nothing is eligible,
+// or if called from an Ascend callback.
 func (x *Index[T]) Pop(f Filter, n int) []T {
 	if n <= 0 || x.ascending > 0 {
 		return nil
@@ -144,9 +147,9 @@ func (x *Index[T]) Pop(f Filter, n int) []T {
 	for _, e := range out {
 		it := e.IndexItem()
 		if x.exclusive {
-			// Holding first takes the value out of free, so removing its
-			// head below need not promote the next message only to
-			// withdraw it again.
+			// Holding first takes a value that becomes full out of free,
+			// so removing its head below need not promote the next
+			// message only to withdraw it again.
 			x.Hold(it.Value())
 		}
 		x.all.delete(&x.cfg, e)

@@ -227,10 +227,12 @@ func TestExclusive(t *testing.T) {
 			},
 			steps: []step{
 				{op: "hold", arg: "foo"},
-				{op: "hold", arg: "foo"}, // idempotent
+				{op: "hold", arg: "foo"}, // counted: two releases end it
 				{op: "peek", n: 3, want: []string{"b3"}},
 				{op: "release", arg: "foo"},
-				{op: "release", arg: "foo"}, // idempotent
+				{op: "peek", n: 3, want: []string{"b3"}},
+				{op: "release", arg: "foo"},
+				{op: "release", arg: "foo"}, // not held: nothing
 				{op: "peek", n: 3, want: []string{"f1", "b3"}},
 				{op: "hold", arg: "nobody"}, // a value with no messages
 				{op: "peek", n: 3, want: []string{"f1", "b3"}},
@@ -238,6 +240,32 @@ func TestExclusive(t *testing.T) {
 				{op: "pop", n: 3, want: nil},
 				{op: "release", arg: "foo"},
 				{op: "pop", n: 3, want: []string{"f2"}},
+			},
+		},
+		{
+			name: "two per value: a batch takes one, the next another, then the value is full",
+			recs: []*rec{
+				mk("f1", 1, 1, "foo"), mk("f2", 2, 2, "foo"), mk("f3", 3, 3, "foo", "k=v"),
+				mk("b4", 4, 4, "bar"),
+			},
+			steps: []step{
+				{op: "per", n: 2},
+				{op: "pop", n: 3, want: []string{"f1", "b4"}},
+				{op: "pop", n: 3, want: []string{"f2"}},
+				{op: "peek", n: 3, want: nil}, // foo full
+				{op: "release", arg: "foo"},
+				{op: "peek", n: 3, want: []string{"f3"}},
+				{op: "hold", arg: "foo"},
+				{op: "per", n: 1}, // two holds: full until both end
+				{op: "release", arg: "foo"},
+				{op: "peek", n: 3, want: nil},
+				{op: "peek", n: 3, filter: Filter{{Key: "k", Value: "v"}}, want: nil},
+				{op: "per", n: 3},
+				{op: "peek", n: 3, want: []string{"f3"}},
+				{op: "peek", n: 3, filter: Filter{{Key: "k", Value: "v"}}, want: []string{"f3"}},
+				{op: "per", n: 1},
+				{op: "release", arg: "foo"},
+				{op: "peek", n: 3, want: []string{"f3"}},
 			},
 		},
 		{
@@ -310,21 +338,25 @@ func TestExclusive(t *testing.T) {
 					}
 					if s.op == "pop" {
 						for _, r := range got {
-							if !x.Held(r.Value()) {
+							if x.Holds(r.Value()) == 0 {
 								t.Fatalf("step %d: value %q of popped %s not held", i, r.Value(), r.name)
 							}
 						}
 					}
 				case "hold":
+					before := x.Holds(s.arg)
 					x.Hold(s.arg)
-					if !x.Held(s.arg) {
-						t.Fatalf("step %d: Held(%q) false after Hold", i, s.arg)
+					if x.Holds(s.arg) != before+1 {
+						t.Fatalf("step %d: Holds(%q) %d after Hold, want %d", i, s.arg, x.Holds(s.arg), before+1)
 					}
 				case "release":
+					before := x.Holds(s.arg)
 					x.Release(s.arg)
-					if x.Held(s.arg) {
-						t.Fatalf("step %d: Held(%q) true after Release", i, s.arg)
+					if want := max(before-1, 0); x.Holds(s.arg) != want {
+						t.Fatalf("step %d: Holds(%q) %d after Release, want %d", i, s.arg, x.Holds(s.arg), want)
 					}
+				case "per":
+					x.SetPerValue(s.n)
 				case "remove":
 					if !x.Remove(byName[s.arg]) {
 						t.Fatalf("step %d: Remove(%s) = false", i, s.arg)

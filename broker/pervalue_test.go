@@ -1,0 +1,140 @@
+package broker_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+)
+
+// enqueueValues enqueues each id with the value of its first letter for key p, in the order given.
+func (e *env) enqueueValues(queue string, ids ...string) {
+	e.t.Helper()
+	for i, id := range ids {
+		e.enqueue(queue, subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: subjects.Pairs{"p": id[:1]}})
+	}
+}
+
+// complete completes the running message id of queue under its current lease.
+func (e *env) complete(queue, id string) {
+	e.t.Helper()
+	m := e.get(queue, id)
+	must[subjects.Message](e, subjects.OpComplete, queue, subjects.LeaseRequest{ID: id, LeaseID: m.LeaseID})
+}
+
+// store opens the KV store the broker uses, on the test's own connection.
+func (e *env) store() *kv.Store {
+	e.t.Helper()
+	s, err := kv.Open(context.Background(), &kv.Config{JS: e.jetStream()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+// TestMaxRunningPerValue: an exclusive queue with max_running_per_value 2 runs up to two messages
+// of a value at once (a batch takes one of a value, the next dequeue another), each in a lock slot
+// of its own; a third waits until one ends, and a parked poll gets it. Lowering the limit below what
+// runs leases nothing of the value until enough have ended; raising it serves at once.
+func TestMaxRunningPerValue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	info := e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2, LeaseMS: time.Minute.Milliseconds()})
+	if info.Config.MaxRunningPerValue != 2 {
+		t.Fatalf("created with %+v, want max_running_per_value 2", info.Config)
+	}
+	e.enqueueValues("x", "a1", "a2", "a3", "b1", "a4")
+
+	if got := ids(e.dequeue("x", subjects.DequeueRequest{Batch: 10})); !slices.Equal(got, []string{"a1", "b1"}) {
+		t.Fatalf("a batch of 10 leased %v, want a1, b1: one of each value", got)
+	}
+	if got := ids(e.dequeue("x", subjects.DequeueRequest{Batch: 10})); !slices.Equal(got, []string{"a2"}) {
+		t.Fatalf("the next batch leased %v, want a2: a's second", got)
+	}
+	if got := e.dequeue("x", subjects.DequeueRequest{Batch: 10}); len(got) != 0 {
+		t.Fatalf("with two of a running, a dequeue leased %v", ids(got))
+	}
+	for slot, id := range []string{"a1", "a2"} {
+		l, _, err := e.store().GetSlot(context.Background(), "x", "a", slot)
+		if err != nil || l.MessageID != id {
+			t.Fatalf("slot %d of a: %+v, %v; want %s's", slot, l, err, id)
+		}
+	}
+
+	polled := e.asyncDequeue("x", subjects.DequeueRequest{WaitMS: 60_000})
+	e.waitTimers(2) // the leases' timer, and the poll's
+	e.complete("x", "a1")
+	if got := ids(receive(t, polled)); !slices.Equal(got, []string{"a3"}) {
+		t.Fatalf("the parked poll got %v after a1 completed, want a3", got)
+	}
+
+	// Lowered to 1 with a2 and a3 running: nothing of a until both ended.
+	if info := must[subjects.QueueInfo](e, subjects.OpUpdate, "x", subjects.UpdateQueueRequest{MaxRunningPerValue: ptr(1)}); info.Config.MaxRunningPerValue != 1 {
+		t.Fatalf("updated: %+v", info.Config)
+	}
+	e.complete("x", "a2")
+	if got := e.dequeue("x", subjects.DequeueRequest{}); len(got) != 0 {
+		t.Fatalf("with a3 running under max_running_per_value 1, a dequeue leased %v", ids(got))
+	}
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "x", subjects.UpdateQueueRequest{MaxRunningPerValue: ptr(3)})
+	if got := ids(e.dequeue("x", subjects.DequeueRequest{})); !slices.Equal(got, []string{"a4"}) {
+		t.Fatalf("raised to 3 with a3 running: leased %v, want a4", got)
+	}
+}
+
+// TestMaxRunningPerValueAcrossRestarts: two running messages of a value, each in its slot, survive a
+// restart: the value stays full, both complete under their leases, and then the next runs.
+func TestMaxRunningPerValueAcrossRestarts(t *testing.T) {
+	cleanRestarts(t, func(t *testing.T, restart func(e *env)) {
+		e := setup(t)
+		e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2, LeaseMS: time.Hour.Milliseconds()})
+		e.enqueueValues("x", "a1", "a2", "a3")
+		e.dequeue("x", subjects.DequeueRequest{})
+		e.dequeue("x", subjects.DequeueRequest{})
+		restart(e)
+		if got := e.dequeue("x", subjects.DequeueRequest{}); len(got) != 0 {
+			t.Fatalf("after a restart with a1 and a2 running, a dequeue leased %v", ids(got))
+		}
+		e.complete("x", "a2")
+		if got := ids(e.dequeue("x", subjects.DequeueRequest{})); !slices.Equal(got, []string{"a3"}) {
+			t.Fatalf("after a2 completed: leased %v, want a3", got)
+		}
+		e.complete("x", "a1")
+		e.complete("x", "a3")
+	})
+}
+
+// TestMaxRunningPerValueBadConfig: max_running_per_value is 1 to MaxPerValueLimit, for exclusive
+// queues only; an exclusive queue created without it has 1, a simple queue none.
+func TestMaxRunningPerValueBadConfig(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	before := e.snap()
+	for _, r := range []subjects.CreateQueueRequest{
+		{MaxRunningPerValue: 2},
+		{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: -1},
+		{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: subjects.MaxPerValueLimit + 1},
+	} {
+		fails(e, subjects.CodeInvalidConfig, subjects.OpCreate, "q", r)
+	}
+	e.unchanged(before)
+	if c := e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"}).Config; c.MaxRunningPerValue != 1 {
+		t.Fatalf("an exclusive queue's default: %+v, want max_running_per_value 1", c)
+	}
+	if c := e.create("s", subjects.CreateQueueRequest{}).Config; c.MaxRunningPerValue != 0 {
+		t.Fatalf("a simple queue: %+v, want no max_running_per_value", c)
+	}
+	if c := e.create("y", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: subjects.MaxPerValueLimit}).Config; c.MaxRunningPerValue != subjects.MaxPerValueLimit {
+		t.Fatalf("at the limit: %+v", c)
+	}
+	before = e.snap()
+	fails(e, subjects.CodeInvalidConfig, subjects.OpUpdate, "x", subjects.UpdateQueueRequest{MaxRunningPerValue: ptr(0)})
+	fails(e, subjects.CodeInvalidConfig, subjects.OpUpdate, "s", subjects.UpdateQueueRequest{MaxRunningPerValue: ptr(1)})
+	e.unchanged(before)
+	// The same create again (without the field, or with its default) is the same queue.
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 1})
+	fails(e, subjects.CodeQueueExists, subjects.OpCreate, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2})
+}
