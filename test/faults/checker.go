@@ -79,6 +79,31 @@ type checker struct {
 	out    []Violation
 }
 
+// MostSharing returns the most leases of distinct messages of one exclusivity value of queue that
+// were certainly valid at once, at a grant: what shows that a queue whose max_running_per_value is
+// above 1 ran that many (checkExclusivity fails a run above it).
+func MostSharing(run Run, queue string) int {
+	c := &checker{run: run, leases: map[string]*lease{}}
+	c.collectLeases()
+	most := 0
+	for _, g := range c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.Value }) {
+		if len(g) == 0 || g[0].queue != queue {
+			continue
+		}
+		var valid []*lease
+		for _, l := range g {
+			valid = slices.DeleteFunc(valid, func(o *lease) bool { return !l.GrantedAt.Before(o.certainEnd.Add(-clockSlack)) })
+			ids := map[string]bool{l.MessageID: true}
+			for _, o := range valid {
+				ids[o.MessageID] = true
+			}
+			most = max(most, len(ids))
+			valid = append(valid, l)
+		}
+	}
+	return most
+}
+
 func (c *checker) fail(rule, format string, args ...any) {
 	c.out = append(c.out, Violation{Rule: rule, Detail: fmt.Sprintf(format, args...)})
 }
@@ -209,8 +234,9 @@ func (c *checker) checkDoubleLeases() {
 	}
 }
 
-// checkExclusivity: in an exclusive queue no lease on a value is granted while a lease on another
-// message of that value is certainly valid.
+// checkExclusivity: in an exclusive queue no lease on a value is granted while leases on as many
+// other messages of that value as its max_running_per_value (1 unless said) are certainly valid.
+// A message's own earlier lease (the double-lease rule's business) is not counted.
 func (c *checker) checkExclusivity() {
 	groups := c.sortedLeases(func(l *lease) string {
 		if !c.run.Queues[l.queue].Exclusive {
@@ -219,26 +245,25 @@ func (c *checker) checkExclusivity() {
 		return l.queue + "/" + l.Value
 	})
 	for _, g := range inKeyOrder(groups) {
-		// The two longest-valid leases of distinct messages so far, so that a message's own
-		// earlier lease (the double-lease rule's business) cannot hide another message's.
-		var best [2]*lease
+		var valid []*lease // the leases granted so far that may still be certainly valid
 		for _, l := range g {
-			for _, o := range best {
-				if o != nil && o.MessageID != l.MessageID && l.GrantedAt.Before(o.certainEnd.Add(-clockSlack)) {
-					c.fail("exclusivity", "%s value %q: %s leased at %s while %s held it until %s",
-						l.queue, l.Value, l.MessageID, ts(l.GrantedAt), o.MessageID, ts(o.certainEnd))
-					break
+			per := max(c.run.Queues[l.queue].PerValue, 1)
+			valid = slices.DeleteFunc(valid, func(o *lease) bool { return !l.GrantedAt.Before(o.certainEnd.Add(-clockSlack)) })
+			holders := map[string]*lease{}
+			for _, o := range valid {
+				if o.MessageID != l.MessageID && (holders[o.MessageID] == nil || o.certainEnd.After(holders[o.MessageID].certainEnd)) {
+					holders[o.MessageID] = o
 				}
 			}
-			switch {
-			case best[0] == nil || l.certainEnd.After(best[0].certainEnd):
-				if best[0] == nil || best[0].MessageID != l.MessageID {
-					best[1] = best[0]
+			if len(holders) >= per {
+				var held []string
+				for _, id := range slices.Sorted(maps.Keys(holders)) {
+					held = append(held, fmt.Sprintf("%s until %s", id, ts(holders[id].certainEnd)))
 				}
-				best[0] = l
-			case l.MessageID != best[0].MessageID && (best[1] == nil || l.certainEnd.After(best[1].certainEnd)):
-				best[1] = l
+				c.fail("exclusivity", "%s value %q: %s leased at %s while %d held it (max_running_per_value %d): %s",
+					l.queue, l.Value, l.MessageID, ts(l.GrantedAt), len(holders), per, strings.Join(held, ", "))
 			}
+			valid = append(valid, l)
 		}
 	}
 }
@@ -608,7 +633,7 @@ func (c *checker) checkEDF() {
 			}
 			if spec.Exclusive {
 				v := cd.md[spec.Key]
-				if values[v] || !c.valueFree(byValue[op.Queue+"/"+v], from, granted, op.Leases) {
+				if values[v] || !c.valueFree(byValue[op.Queue+"/"+v], from, granted, op.Leases, max(spec.PerValue, 1)) {
 					continue
 				}
 			}
@@ -622,14 +647,38 @@ func (c *checker) checkEDF() {
 	}
 }
 
-// valueFree reports whether no lease (but the dequeue's own) may have held the value at any time
-// from the request to its decision.
-func (c *checker) valueFree(leases []*lease, from, to time.Time, own []Lease) bool {
+// valueFree reports whether, at every moment from the request to its decision, fewer leases than
+// per (the queue's max_running_per_value) but the dequeue's own may have held the value.
+func (c *checker) valueFree(leases []*lease, from, to time.Time, own []Lease, per int) bool {
+	type edge struct {
+		at time.Time
+		d  int
+	}
+	var edges []edge
+	lo, hi := from.Add(-clockSlack), to.Add(clockSlack)
 	for _, l := range leases {
 		if slices.ContainsFunc(own, func(o Lease) bool { return o.LeaseID == l.LeaseID }) {
 			continue
 		}
-		if l.GrantedAt.Before(to.Add(clockSlack)) && l.possibleEnd.After(from.Add(-clockSlack)) {
+		if l.GrantedAt.Before(hi) && l.possibleEnd.After(lo) {
+			if per <= 1 {
+				return false
+			}
+			start, end := l.GrantedAt, l.possibleEnd
+			if start.Before(lo) {
+				start = lo
+			}
+			if end.After(hi) {
+				end = hi
+			}
+			edges = append(edges, edge{start, 1}, edge{end, -1})
+		}
+	}
+	// At a moment where one ends and another begins, both are counted.
+	slices.SortFunc(edges, func(a, b edge) int { return cmp.Or(a.at.Compare(b.at), cmp.Compare(b.d, a.d)) })
+	n := 0
+	for _, e := range edges {
+		if n += e.d; n >= per {
 			return false
 		}
 	}

@@ -17,9 +17,10 @@ var base = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 func at(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
 
 var specs = map[string]QueueSpec{
-	"s": {MaxAttempts: 3, Lease: time.Second},
-	"x": {Exclusive: true, Key: "p", MaxAttempts: 3, Lease: time.Second},
-	"c": {MaxAttempts: 1000, Lease: time.Second, Collected: true},
+	"s":  {MaxAttempts: 3, Lease: time.Second},
+	"x":  {Exclusive: true, Key: "p", MaxAttempts: 3, Lease: time.Second},
+	"x2": {Exclusive: true, Key: "p", PerValue: 2, MaxAttempts: 3, Lease: time.Second},
+	"c":  {MaxAttempts: 1000, Lease: time.Second, Collected: true},
 }
 
 func enq(q, id string, prio int64, start, end int, md map[string]string) Op {
@@ -114,6 +115,48 @@ func TestChecker(t *testing.T) {
 				deq("x", "r2", 20, 22, ls("b", "L2", 2, "foo", 21, 1021)),
 			}, Final: finals("x/a", "running", 1, "x/b", "running", 1)},
 			rules: []string{"exclusivity"},
+		},
+		{
+			name: "two per value: two messages of one value at once are fine",
+			run: Run{Ops: []Op{
+				enq("x2", "a", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x2", "b", 2, 0, 2, map[string]string{"p": "foo"}),
+				deq("x2", "r1", 10, 12, ls("a", "L1", 1, "foo", 11, 1011)),
+				deq("x2", "r2", 20, 22, ls("b", "L2", 2, "foo", 21, 1021)),
+			}, Final: finals("x2/a", "running", 1, "x2/b", "running", 1)},
+		},
+		{
+			name: "two per value: a third message of one value at once is not",
+			run: Run{Ops: []Op{
+				enq("x2", "a", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x2", "b", 2, 0, 2, map[string]string{"p": "foo"}),
+				enq("x2", "c", 3, 0, 2, map[string]string{"p": "foo"}),
+				deq("x2", "r1", 10, 12, ls("a", "L1", 1, "foo", 11, 1011)),
+				deq("x2", "r2", 20, 22, ls("b", "L2", 2, "foo", 21, 1021)),
+				deq("x2", "r3", 30, 32, ls("c", "L3", 3, "foo", 31, 1031)),
+			}, Final: finals("x2/a", "running", 1, "x2/b", "running", 1, "x2/c", "running", 1)},
+			rules: []string{"exclusivity"},
+		},
+		{
+			name: "two per value: a less urgent value leased while the value had room is not EDF",
+			run: Run{Ops: []Op{
+				enq("x2", "a", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x2", "b", 2, 0, 2, map[string]string{"p": "foo"}),
+				enq("x2", "c", 9, 0, 2, map[string]string{"p": "bar"}),
+				deq("x2", "r1", 10, 12, ls("a", "L1", 1, "foo", 11, 1011)),
+				deq("x2", "r2", 20, 22, ls("c", "L2", 9, "bar", 21, 1021)),
+			}, Final: finals("x2/a", "running", 1, "x2/b", "pending", 0, "x2/c", "running", 1)},
+			rules: []string{"edf"},
+		},
+		{
+			name: "one per value: the same is EDF, foo being held",
+			run: Run{Ops: []Op{
+				enq("x", "a", 1, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "b", 2, 0, 2, map[string]string{"p": "foo"}),
+				enq("x", "c", 9, 0, 2, map[string]string{"p": "bar"}),
+				deq("x", "r1", 10, 12, ls("a", "L1", 1, "foo", 11, 1011)),
+				deq("x", "r2", 20, 22, ls("c", "L2", 9, "bar", 21, 1021)),
+			}, Final: finals("x/a", "running", 1, "x/b", "pending", 0, "x/c", "running", 1)},
 		},
 		{
 			name: "figure 5: another value is fine",

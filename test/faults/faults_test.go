@@ -120,6 +120,11 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	if stats.cappedMost < 2 {
 		t.Errorf("the max_running queue had at most %d leases held at once (%d leases): its check checked nothing", stats.cappedMost, stats.cappedLeases)
 	}
+	if most := MostSharing(run, "pairs"); most < 2 {
+		t.Errorf("the queue of two running messages per value never ran two of a value at once (at most %d): its check checked nothing", most)
+	} else {
+		t.Logf("pairs: at most %d messages of one value running at once (max_running_per_value 2)", most)
+	}
 	if stats.haltedFor < 3*time.Second {
 		t.Errorf("the paused schedule was paused for %v at the end: its check checked too little", stats.haltedFor)
 	}

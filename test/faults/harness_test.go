@@ -272,10 +272,25 @@ func (cfg faultConfig) specs() map[string]QueueSpec {
 	return out
 }
 
-// queues of every run: a simple one and an exclusive one, short leases so expiry happens a lot.
+// queues of every run: a simple one, an exclusive one, and an exclusive one running two messages
+// of a value at once; short leases so expiry happens a lot.
 var queueSpecs = map[string]QueueSpec{
 	"simple":    {MaxAttempts: 3, Lease: 800 * time.Millisecond},
 	"exclusive": {Exclusive: true, Key: "p", MaxAttempts: 3, Lease: 800 * time.Millisecond},
+	"pairs":     {Exclusive: true, Key: "p", PerValue: 2, MaxAttempts: 3, Lease: 800 * time.Millisecond},
+}
+
+// pickQueue picks a queue of queueSpecs for a producer's enqueue or a worker's dequeue: half the
+// time the simple one, else one of the exclusive ones.
+func pickQueue(rng *rand.Rand) string {
+	switch rng.IntN(4) {
+	case 0, 1:
+		return "simple"
+	case 2:
+		return "exclusive"
+	default:
+		return "pairs"
+	}
 }
 
 // runFaults drives natstone under SIGKILLs and returns the run for the checker.
@@ -316,7 +331,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		}
 		req := subjects.CreateQueueRequest{LeaseMS: q.Lease.Milliseconds(), MaxAttempts: q.MaxAttempts, RetentionMS: &retention}
 		if q.Exclusive {
-			req.Type, req.ExclusivityKey = subjects.Exclusive, q.Key
+			req.Type, req.ExclusivityKey, req.MaxRunningPerValue = subjects.Exclusive, q.Key, q.PerValue
 		}
 		var info subjects.QueueInfo
 		if o, code := admin.call(subjects.OpCreate, name, req, &info); o != OK {
@@ -768,10 +783,7 @@ func produce(c *client, stop <-chan struct{}, stats *runStats, enqueued chan<- e
 			return
 		default:
 		}
-		queue := "simple"
-		if rng.IntN(2) == 0 {
-			queue = "exclusive"
-		}
+		queue := pickQueue(rng)
 		size := 1
 		if rng.IntN(4) == 0 {
 			size = 2 + rng.IntN(4)
@@ -843,10 +855,7 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 			return
 		default:
 		}
-		queue := "simple"
-		if rng.IntN(2) == 0 {
-			queue = "exclusive"
-		}
+		queue := pickQueue(rng)
 		var got []subjects.Message
 		if len(carried) > 0 {
 			queue, got, carried = carriedFrom, carried, nil

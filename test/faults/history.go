@@ -119,6 +119,7 @@ func (h *History) Ops() []Op {
 type QueueSpec struct {
 	Exclusive   bool
 	Key         string // the exclusivity key of an exclusive queue
+	PerValue    int    // an exclusive queue's max_running_per_value (0: 1)
 	MaxAttempts int
 	Lease       time.Duration // the longest lease any dequeue asked for
 	// Collected: the queue keeps nothing that ended (retention 0), so a completed or canceled
