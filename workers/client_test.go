@@ -47,7 +47,7 @@ func TestQueueAdmin(t *testing.T) {
 	opts := &workers.QueueOpts{
 		Type: subjects.Exclusive, ExclusivityKey: "project", Lease: 90 * time.Second,
 		Invisible: 2 * time.Second, MaxAttempts: 7, Retention: ptr(time.Duration(0)),
-		MaxPayloadBytes: 1000, MaxMetadataPairs: 4, MaxRunning: 3, DequeueBlocked: true,
+		MaxPayloadBytes: 1000, MaxMetadataPairs: 4, MaxRunning: 3, MaxRunningPerValue: 2, DequeueBlocked: true,
 	}
 	info, err := e.c.CreateQueue(c, "jobs", opts)
 	if err != nil {
@@ -55,7 +55,7 @@ func TestQueueAdmin(t *testing.T) {
 	}
 	want := subjects.QueueConfig{
 		Type: subjects.Exclusive, ExclusivityKey: "project", LeaseMS: 90_000, InvisibleMS: 2000,
-		MaxAttempts: 7, RetentionMS: 0, MaxPayloadBytes: 1000, MaxMetadataPairs: 4, MaxRunning: 3, DequeueBlocked: true,
+		MaxAttempts: 7, RetentionMS: 0, MaxPayloadBytes: 1000, MaxMetadataPairs: 4, MaxRunning: 3, MaxRunningPerValue: 2, DequeueBlocked: true,
 	}
 	if info.Name != "jobs" || info.Config != want || info.Revision == 0 || info.CreatedAt.IsZero() {
 		t.Fatalf("create = %+v, want config %+v", info, want)
@@ -86,13 +86,14 @@ func TestQueueAdmin(t *testing.T) {
 	up, err := e.c.UpdateQueue(c, "jobs", &workers.QueueUpdate{
 		Revision: info.Revision, Lease: ptr(time.Minute), DequeueBlocked: ptr(false), MaxAttempts: ptr(9),
 		Retention: ptr(time.Hour), Invisible: ptr(time.Duration(0)), MaxPayloadBytes: ptr(2000),
-		MaxMetadataPairs: ptr(5), MaxRunning: ptr(0), EnqueueBlocked: ptr(true),
+		MaxMetadataPairs: ptr(5), MaxRunning: ptr(0), MaxRunningPerValue: ptr(3), EnqueueBlocked: ptr(true),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want.LeaseMS, want.DequeueBlocked, want.MaxAttempts, want.RetentionMS = 60_000, false, 9, time.Hour.Milliseconds()
 	want.InvisibleMS, want.MaxPayloadBytes, want.MaxMetadataPairs, want.MaxRunning, want.EnqueueBlocked = 0, 2000, 5, 0, true
+	want.MaxRunningPerValue = 3
 	if up.Config != want || up.Revision <= info.Revision {
 		t.Fatalf("update = %+v, want config %+v and a new revision", up, want)
 	}

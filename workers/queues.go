@@ -30,6 +30,9 @@ type QueueOpts struct {
 	// MaxRunning is the most messages that may run at once, whatever the workers: a dequeue leases
 	// no more than make up the difference. Default 0: no limit.
 	MaxRunning int
+	// MaxRunningPerValue is, in an exclusive queue, the most messages of one exclusivity value
+	// that may run at once. Default 1 (one at a time); a simple queue has none.
+	MaxRunningPerValue int
 	// EnqueueBlocked and DequeueBlocked pause the queue's intake and its dequeues.
 	EnqueueBlocked, DequeueBlocked bool
 }
@@ -46,8 +49,10 @@ type QueueUpdate struct {
 	MaxPayloadBytes  *int
 	MaxMetadataPairs *int
 	MaxRunning       *int // 0: no limit
-	EnqueueBlocked   *bool
-	DequeueBlocked   *bool
+	// MaxRunningPerValue: an exclusive queue's, 1 or more.
+	MaxRunningPerValue *int
+	EnqueueBlocked     *bool
+	DequeueBlocked     *bool
 }
 
 // CreateQueue creates the queue name with opts (nil for the defaults). Creating an existing queue
@@ -59,17 +64,18 @@ func (c *Client) CreateQueue(ctx context.Context, name string, opts *QueueOpts) 
 		o = *opts
 	}
 	req := subjects.CreateQueueRequest{
-		Type:             o.Type,
-		ExclusivityKey:   o.ExclusivityKey,
-		LeaseMS:          ms(o.Lease),
-		InvisibleMS:      ms(o.Invisible),
-		MaxAttempts:      o.MaxAttempts,
-		RetentionMS:      msPtr(o.Retention),
-		MaxPayloadBytes:  o.MaxPayloadBytes,
-		MaxMetadataPairs: o.MaxMetadataPairs,
-		MaxRunning:       o.MaxRunning,
-		EnqueueBlocked:   o.EnqueueBlocked,
-		DequeueBlocked:   o.DequeueBlocked,
+		Type:               o.Type,
+		ExclusivityKey:     o.ExclusivityKey,
+		LeaseMS:            ms(o.Lease),
+		InvisibleMS:        ms(o.Invisible),
+		MaxAttempts:        o.MaxAttempts,
+		RetentionMS:        msPtr(o.Retention),
+		MaxPayloadBytes:    o.MaxPayloadBytes,
+		MaxMetadataPairs:   o.MaxMetadataPairs,
+		MaxRunning:         o.MaxRunning,
+		MaxRunningPerValue: o.MaxRunningPerValue,
+		EnqueueBlocked:     o.EnqueueBlocked,
+		DequeueBlocked:     o.DequeueBlocked,
 	}
 	var info subjects.QueueInfo
 	err := c.request(ctx, subjects.OpCreate, name, req, &info)
@@ -89,16 +95,17 @@ func (c *Client) UpdateQueue(ctx context.Context, name string, u *QueueUpdate) (
 	var req subjects.UpdateQueueRequest
 	if u != nil {
 		req = subjects.UpdateQueueRequest{
-			Revision:         u.Revision,
-			LeaseMS:          msPtr(u.Lease),
-			InvisibleMS:      msPtr(u.Invisible),
-			MaxAttempts:      u.MaxAttempts,
-			RetentionMS:      msPtr(u.Retention),
-			MaxPayloadBytes:  u.MaxPayloadBytes,
-			MaxMetadataPairs: u.MaxMetadataPairs,
-			MaxRunning:       u.MaxRunning,
-			EnqueueBlocked:   u.EnqueueBlocked,
-			DequeueBlocked:   u.DequeueBlocked,
+			Revision:           u.Revision,
+			LeaseMS:            msPtr(u.Lease),
+			InvisibleMS:        msPtr(u.Invisible),
+			MaxAttempts:        u.MaxAttempts,
+			RetentionMS:        msPtr(u.Retention),
+			MaxPayloadBytes:    u.MaxPayloadBytes,
+			MaxMetadataPairs:   u.MaxMetadataPairs,
+			MaxRunning:         u.MaxRunning,
+			MaxRunningPerValue: u.MaxRunningPerValue,
+			EnqueueBlocked:     u.EnqueueBlocked,
+			DequeueBlocked:     u.DequeueBlocked,
 		}
 	}
 	var info subjects.QueueInfo
