@@ -252,6 +252,7 @@ func printQueue(w io.Writer, q *subjects.QueueInfo) {
 	fmt.Fprintf(tw, "Type:\t%s\n", cfg.Type)
 	if cfg.ExclusivityKey != "" {
 		fmt.Fprintf(tw, "Exclusivity key:\t%s\n", cfg.ExclusivityKey)
+		fmt.Fprintf(tw, "Running per value:\t%d at most\n", max(cfg.MaxRunningPerValue, 1))
 	}
 	fmt.Fprintf(tw, "Default lease:\t%s\n", fmtMS(cfg.LeaseMS))
 	fmt.Fprintf(tw, "Default invisible:\t%s\n", fmtMS(cfg.InvisibleMS))

@@ -63,7 +63,7 @@ with a different config it fails with queue_exists. A flag not given takes the b
 a 0 does too, except for --retention, where 0 collects finished messages at once.
 `, stdout, stderr)
 	typ := c.fs.String("type", string(subjects.Simple), "queue `type`: simple or exclusive")
-	key := c.fs.String("key", "", "exclusivity `key`: the metadata key whose value may run once at a time (implies --type exclusive)")
+	key := c.fs.String("key", "", "exclusivity `key`: the metadata key whose value may run once at a time, or --max-running-per-value times (implies --type exclusive)")
 	lease := c.duration("lease", subjects.DefaultLease, subjects.MinLease, subjects.MaxLease, "lease of a dequeue that does not ask for one")
 	invisible := c.duration("invisible", 0, time.Millisecond, subjects.MaxInvisible, "invisibility of an enqueue that does not ask for one")
 	maxAttempts := integer(c, "max-attempts", subjects.DefaultMaxAttempts, "how many times a message may be dequeued")
@@ -71,6 +71,7 @@ a 0 does too, except for --retention, where 0 collects finished messages at once
 	maxPayload := integer(c, "max-payload", subjects.DefaultMaxPayloadBytes, "largest payload accepted, in `bytes`")
 	maxMetadata := integer(c, "max-metadata", subjects.DefaultMaxMetadataPairs, "most metadata `pairs` per message")
 	maxRunning := integer(c, "max-running", 0, "most messages running at once, whatever the workers (0: no limit)")
+	perValue := integer(c, "max-running-per-value", 1, "an exclusive queue's most messages of one exclusivity value running at once")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
 		return parseExit(err)
@@ -102,6 +103,9 @@ a 0 does too, except for --retention, where 0 collects finished messages at once
 		opts.MaxMetadataPairs = *maxMetadata
 	}
 	opts.MaxRunning = *maxRunning
+	if given["max-running-per-value"] {
+		opts.MaxRunningPerValue = *perValue
+	}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
 		info, err := conn.client.CreateQueue(ctx, pos[0], opts)
 		if err != nil {
@@ -161,6 +165,7 @@ that revision (compare-and-swap), else it fails with revision_mismatch.
 	maxPayload := integer(c, "max-payload", 0, "largest payload accepted, in `bytes`")
 	maxMetadata := integer(c, "max-metadata", 0, "most metadata `pairs` per message")
 	maxRunning := integer(c, "max-running", 0, "most messages running at once (0: no limit)")
+	perValue := integer(c, "max-running-per-value", 0, "an exclusive queue's most messages of one exclusivity value running at once")
 	blockEnqueue := c.fs.Bool("block-enqueue", false, "refuse enqueues (queue_blocked)")
 	unblockEnqueue := c.fs.Bool("unblock-enqueue", false, "accept enqueues again")
 	blockDequeue := c.fs.Bool("block-dequeue", false, "refuse dequeues (queue_blocked)")
@@ -189,10 +194,11 @@ that revision (compare-and-swap), else it fails with revision_mismatch.
 		v   *int
 		dst **int
 	}{
-		"max-attempts": {maxAttempts, &u.MaxAttempts},
-		"max-payload":  {maxPayload, &u.MaxPayloadBytes},
-		"max-metadata": {maxMetadata, &u.MaxMetadataPairs},
-		"max-running":  {maxRunning, &u.MaxRunning},
+		"max-attempts":          {maxAttempts, &u.MaxAttempts},
+		"max-payload":           {maxPayload, &u.MaxPayloadBytes},
+		"max-metadata":          {maxMetadata, &u.MaxMetadataPairs},
+		"max-running":           {maxRunning, &u.MaxRunning},
+		"max-running-per-value": {perValue, &u.MaxRunningPerValue},
 	}
 	for name, n := range ints {
 		if given[name] {
@@ -206,7 +212,8 @@ that revision (compare-and-swap), else it fails with revision_mismatch.
 		return parseExit(err)
 	}
 	if u.Lease == nil && u.Invisible == nil && u.Retention == nil && u.MaxAttempts == nil &&
-		u.MaxPayloadBytes == nil && u.MaxMetadataPairs == nil && u.MaxRunning == nil && u.EnqueueBlocked == nil && u.DequeueBlocked == nil &&
+		u.MaxPayloadBytes == nil && u.MaxMetadataPairs == nil && u.MaxRunning == nil && u.MaxRunningPerValue == nil &&
+		u.EnqueueBlocked == nil && u.DequeueBlocked == nil &&
 		!given["revision"] {
 		return parseExit(c.usageError("nothing to update: give at least one setting (or --revision alone, to check it)"))
 	}

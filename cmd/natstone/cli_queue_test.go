@@ -16,7 +16,7 @@ func TestCLIQueueLifecycle(t *testing.T) {
 	out := cli(t, url, "queue", "create", "encode", "--key", "project", "--lease", "1m",
 		"--max-attempts", "3", "--retention", "0s", "--max-payload", "1024", "--max-metadata", "4", "--max-running", "5").ok(t)
 	for label, want := range map[string]string{
-		"Name": "encode", "Type": "exclusive", "Exclusivity key": "project", "Default lease": "1m",
+		"Name": "encode", "Type": "exclusive", "Exclusivity key": "project", "Running per value": "1 at most", "Default lease": "1m",
 		"Max attempts": "3", "Retention": "0s", "Max payload": "1024 bytes", "Max metadata": "4 pairs",
 		"Max running": "5", "Enqueue blocked": "no",
 	} {
@@ -32,11 +32,20 @@ func TestCLIQueueLifecycle(t *testing.T) {
 	r.ok(t)
 	r.decode(t, &info)
 	want := subjects.QueueConfig{Type: subjects.Exclusive, ExclusivityKey: "project", LeaseMS: 60000,
-		MaxAttempts: 3, RetentionMS: 0, MaxPayloadBytes: 1024, MaxMetadataPairs: 4, MaxRunning: 5}
+		MaxAttempts: 3, RetentionMS: 0, MaxPayloadBytes: 1024, MaxMetadataPairs: 4, MaxRunning: 5, MaxRunningPerValue: 1}
 	if info.Name != "encode" || info.Config != want || strconv.FormatUint(info.Revision, 10) != field(t, out, "Revision") {
 		t.Fatalf("create again: %+v, want config %+v at the revision of the first create", info, want)
 	}
 	cli(t, url, "queue", "create", "encode", "--lease", "2m").fails(t, exitError, "natstone: queue_exists: ")
+	pairs := cli(t, url, "queue", "create", "pairs", "--key", "project", "--max-running-per-value", "2").ok(t)
+	if got := field(t, pairs, "Running per value"); got != "2 at most" {
+		t.Errorf("create --max-running-per-value 2: Running per value = %q", got)
+	}
+	if got := field(t, cli(t, url, "queue", "update", "pairs", "--max-running-per-value", "3").ok(t), "Running per value"); got != "3 at most" {
+		t.Errorf("update --max-running-per-value 3: Running per value = %q", got)
+	}
+	cli(t, url, "queue", "create", "solo", "--max-running-per-value", "2").fails(t, exitError, "natstone: invalid_config: ")
+	cli(t, url, "queue", "rm", "pairs").ok(t)
 	cli(t, url, "queue", "create", "simple").ok(t)
 
 	// ls: a table sorted by name, and the list reply.
