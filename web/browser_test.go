@@ -260,6 +260,14 @@ func TestDashboard(t *testing.T) {
 	}
 	b.noError()
 
+	// An exclusive queue running two messages of a value at once says so in its config.
+	if _, err := e.c.CreateQueue(ctx(t), "pairs", &workers.QueueOpts{Type: subjects.Exclusive, ExclusivityKey: "tenant", MaxRunningPerValue: 2}); err != nil {
+		t.Fatal(err)
+	}
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/pairs"))
+	b.waitLoaded(`[data-view="queue"][data-queue="pairs"]`)
+	b.poll(`[...document.querySelectorAll('#config dt')].some(dt => dt.textContent === 'type' && dt.nextElementSibling.textContent === 'exclusive by tenant, 2 running per value')`)
+
 	// The refresh can be paused.
 	b.click(`#refresh-toggle`)
 	if got := evaluate[string](b, `document.getElementById('refresh-toggle').getAttribute('aria-pressed') + ' ' + document.getElementById('refresh-toggle').textContent`); got != "true Resume" {

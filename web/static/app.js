@@ -462,7 +462,8 @@ function queueView(r) {
     ]));
     const c = q.config;
     set(config, ...facts([
-      ['type', c.type + (c.exclusivity_key ? ' by ' + c.exclusivity_key : '')],
+      ['type', c.type + (c.exclusivity_key ? ' by ' + c.exclusivity_key : '') +
+        (c.max_running_per_value > 1 ? ', ' + c.max_running_per_value + ' running per value' : '')],
       ['lease', duration(c.lease_ms)],
       ['invisibility', duration(c.invisible_ms)],
       ['max attempts', c.max_attempts],

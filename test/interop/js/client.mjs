@@ -186,7 +186,8 @@ async function run(nc, q) {
   eq(info.name, q, "create: name");
   eq(info.config, {
     type: "exclusive", exclusivity_key: "project", lease_ms: 30000, invisible_ms: 0, max_attempts: 5,
-    retention_ms: 86400000, max_payload_bytes: 32768, max_metadata_pairs: 8, max_running: 0, enqueue_blocked: false, dequeue_blocked: false,
+    retention_ms: 86400000, max_payload_bytes: 32768, max_metadata_pairs: 8, max_running: 0, max_running_per_value: 1,
+    enqueue_blocked: false, dequeue_blocked: false,
   }, "create: config with the documented defaults");
   check(Number.isInteger(info.revision), `create: revision ${info.revision}`);
   isTimestamp(info.created_at, "create: created_at");
@@ -421,6 +422,25 @@ async function run(nc, q) {
   eq(mr.messages.map((m) => m.id), ["r-3"], "the room the update made");
   await ok(nc, "delete", mq);
   done("max_running: invalid_config below 0; a batch cut to the room left; an update makes room");
+
+  step("max_running_per_value");
+  const vq = `${q}-per-value`;
+  await expectError(nc, "create", vq, { max_running_per_value: 2 }, "invalid_config", 400);
+  await expectError(nc, "create", vq, { type: "exclusive", exclusivity_key: "p", max_running_per_value: 1001 }, "invalid_config", 400);
+  const vi = await ok(nc, "create", vq, { type: "exclusive", exclusivity_key: "p", max_running_per_value: 2 });
+  eq(vi.config.max_running_per_value, 2, "create with max_running_per_value 2");
+  for (const id of ["v-1", "v-2", "v-3"]) {
+    await ok(nc, "enqueue", vq, { id, metadata: { p: "foo" } });
+  }
+  const leased = [];
+  for (let i = 0; i < 3; i++) {
+    leased.push(...(await ok(nc, "dequeue", vq, { batch: 3 })).messages.map((m) => m.id));
+  }
+  eq(leased, ["v-1", "v-2"], "two of value foo run at once, a batch taking one; the third waits");
+  eq((await ok(nc, "update", vq, { max_running_per_value: 3 })).config.max_running_per_value, 3, "update to 3");
+  eq((await ok(nc, "dequeue", vq, { batch: 3 })).messages.map((m) => m.id), ["v-3"], "the room the update made");
+  await ok(nc, "delete", vq);
+  done("max_running_per_value: exclusive queues only, at most 1000; two of a value at once, a batch taking one; an update makes room");
 
   step("schedules");
   const cq = `${q}-schedules`;
