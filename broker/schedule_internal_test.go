@@ -373,13 +373,8 @@ func TestScheduleOfADeletingQueue(t *testing.T) {
 // TestSchedulePauseOfUnknownOutcome: a pause whose write's outcome is unknown (its reply is
 // unavailable) and that landed leaves the broker's schedule paused, as stored: it does not fire.
 func TestSchedulePauseOfUnknownOutcome(t *testing.T) {
-	b, clk, _ := scheduleBroker(t, t0, "-")
+	b, clk, _, q := scheduled(t, "-")
 	ctx := context.Background()
-	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
-		t.Fatal(err)
-	}
-	q, _ := b.lookup(ctx, "q", false)
 	setPaused := func(pause bool) error {
 		_, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s"}, pause)
 		return err
@@ -473,13 +468,8 @@ func TestScheduleReplaceOfUnknownOutcome(t *testing.T) {
 // TestSchedulePauseNotSent: a pause not sent (the claim not holding) is unavailable and leaves
 // the schedule as it was, firing.
 func TestSchedulePauseNotSent(t *testing.T) {
-	b, clk, _ := scheduleBroker(t, t0, "-")
+	b, clk, _, q := scheduled(t, "-")
 	ctx := context.Background()
-	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
-		t.Fatal(err)
-	}
-	q, _ := b.lookup(ctx, "q", false)
 	held := b.claim.until.Load()
 	b.claim.until.Store(0)
 	if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s"}, true); subjects.CodeOf(err) != subjects.CodeUnavailable {
@@ -570,13 +560,8 @@ func TestSchedulePausedUnscheduleOfUnknownOutcome(t *testing.T) {
 // stored, is read again a minute later (not at every turn of the timer, and not never): once its
 // record is gone, it is forgotten.
 func TestSchedulePausedRemovingReadAgain(t *testing.T) {
-	b, clk, _ := scheduleBroker(t, t0, "-")
+	b, clk, _, q := scheduled(t, "-")
 	ctx := context.Background()
-	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	q, _ := b.lookup(ctx, "q", false)
-	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "s"}, true); err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,6 @@ import (
 // next at its cron's first time after now, none of the times passed while it was paused. A request
 // that changes nothing (a pause of a paused schedule with the same note) writes nothing.
 func (b *Broker) setPaused(ctx context.Context, q *queue, r subjects.SchedulePauseRequest, pause bool) (subjects.ScheduleInfo, error) {
-	if err := subjects.ValidateScheduleName(r.Name); err != nil {
-		return subjects.ScheduleInfo{}, err
-	}
 	if err := subjects.ValidateNote(r.Note); err != nil {
 		return subjects.ScheduleInfo{}, err
 	}
@@ -65,9 +62,6 @@ func handFireID(name string, t time.Time) string {
 // last fire's message is not finished is refused (invalid_state), as a fire of the cron would
 // enqueue nothing.
 func (b *Broker) fireNow(ctx context.Context, q *queue, r subjects.ScheduleFireRequest) (subjects.ScheduleInfo, error) {
-	if err := subjects.ValidateScheduleName(r.Name); err != nil {
-		return subjects.ScheduleInfo{}, err
-	}
 	if r.ID != "" {
 		if err := subjects.ValidateID(r.ID); err != nil {
 			return subjects.ScheduleInfo{}, err
@@ -122,10 +116,13 @@ func (b *Broker) fireNow(ctx context.Context, q *queue, r subjects.ScheduleFireR
 	return next.info(now), nil
 }
 
-// lockPresent takes s.ops and returns schedule name of q, or fails with schedule_not_found (and
-// s.ops released). A schedule whose unschedule is of unknown outcome is read first: gone if it
-// landed.
+// lockPresent checks name, takes s.ops and returns schedule name of q, or fails with
+// invalid_schedule or schedule_not_found (and s.ops released). A schedule whose unschedule is of
+// unknown outcome is read first: gone if it landed.
 func (s *scheduler) lockPresent(ctx context.Context, q *queue, name string) (*schedule, error) {
+	if err := subjects.ValidateScheduleName(name); err != nil {
+		return nil, err
+	}
 	if err := s.lock(ctx); err != nil {
 		return nil, err
 	}

@@ -148,6 +148,16 @@ async function api(path, init) {
   return body;
 }
 
+// post sends body as JSON to an API path and returns the reply (the API refuses any other content
+// type, which keeps forms of other sites out).
+function post(path, body) {
+  return api(path, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
+    body: JSON.stringify(body),
+  });
+}
+
 function query(pairs) {
   const q = new URLSearchParams(pairs).toString();
   return q ? '?' + q : '';
@@ -399,11 +409,7 @@ function queueView(r) {
     button.addEventListener('click', async () => {
       button.disabled = true;
       try {
-        await api(apiQueue(name) + '/schedules/' + encodeURIComponent(s.name) + '/' + action, {
-          method: 'POST',
-          headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
-          body: '{}',
-        });
+        await post(apiQueue(name) + '/schedules/' + encodeURIComponent(s.name) + '/' + action, {});
         setError(null);
       } catch (err) {
         setError(err);
@@ -422,11 +428,7 @@ function queueView(r) {
       togglesInFlight++;
       input.disabled = true;
       try {
-        const info = await api(apiQueue(name) + '/blocked', {
-          method: 'POST',
-          headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
-          body: JSON.stringify({ [field]: want }),
-        });
+        const info = await post(apiQueue(name) + '/blocked', { [field]: want });
         setSwitches(info.config);
         setError(null);
       } catch (err) {
@@ -588,11 +590,7 @@ function messageView(r) {
     button.addEventListener('click', async () => {
       button.disabled = true;
       try {
-        await api(apiQueue(r.queue) + path, {
-          method: 'POST',
-          headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
-          body: JSON.stringify(Object.assign({ id: r.id, version: m.version }, fields)),
-        });
+        await post(apiQueue(r.queue) + path, Object.assign({ id: r.id, version: m.version }, fields));
         setError(null);
       } catch (err) {
         setError(err);
