@@ -158,6 +158,24 @@ function post(path, body) {
   });
 }
 
+// postOnClick makes a click on button POST body to path, the button disabled meanwhile, then show
+// the error if there is one and call then (the view's refresh). It returns the button.
+function postOnClick(button, path, body, then) {
+  button.addEventListener('click', async () => {
+    button.disabled = true;
+    try {
+      await post(path, body);
+      setError(null);
+    } catch (err) {
+      setError(err);
+    } finally {
+      button.disabled = false;
+    }
+    then();
+  });
+  return button;
+}
+
 function query(pairs) {
   const q = new URLSearchParams(pairs).toString();
   return q ? '?' + q : '';
@@ -405,20 +423,8 @@ function queueView(r) {
   // next at its first time after now), or fired now, out of its times: its message enqueued at
   // once, with the id <name>@<now, to the millisecond>.
   function scheduleButton(s, action, label) {
-    const button = h('button', { type: 'button', class: 'schedule-' + action }, label);
-    button.addEventListener('click', async () => {
-      button.disabled = true;
-      try {
-        await post(apiQueue(name) + '/schedules/' + encodeURIComponent(s.name) + '/' + action, {});
-        setError(null);
-      } catch (err) {
-        setError(err);
-      } finally {
-        button.disabled = false;
-      }
-      refresh(view);
-    });
-    return button;
+    return postOnClick(h('button', { type: 'button', class: 'schedule-' + action }, label),
+      apiQueue(name) + '/schedules/' + encodeURIComponent(s.name) + '/' + action, {}, () => refresh(view));
   }
 
   function blockSwitch(field, label) {
@@ -587,19 +593,7 @@ function messageView(r) {
   // actionButton POSTs {id, version, ...fields} to the queue's path when clicked, then refreshes.
   function actionButton(id, label, m, path, fields) {
     const button = h('button', { type: 'button', id, 'data-version': m.version }, label);
-    button.addEventListener('click', async () => {
-      button.disabled = true;
-      try {
-        await post(apiQueue(r.queue) + path, Object.assign({ id: r.id, version: m.version }, fields));
-        setError(null);
-      } catch (err) {
-        setError(err);
-      } finally {
-        button.disabled = false;
-      }
-      refresh(view);
-    });
-    return button;
+    return postOnClick(button, apiQueue(r.queue) + path, Object.assign({ id: r.id, version: m.version }, fields), () => refresh(view));
   }
 
   let last = null; // the message last rendered
