@@ -138,3 +138,58 @@ func TestMaxRunningPerValueBadConfig(t *testing.T) {
 	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 1})
 	fails(e, subjects.CodeQueueExists, subjects.OpCreate, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2})
 }
+
+// TestMaxRunningPerValueConflictNamingARunningMessage: a take whose CAS conflicts with a slot naming
+// a message that runs here in another slot (under another lease, written by a broker that served
+// before) keeps that slot taken for that message; when the message ends, both its slots are free,
+// not one: the value is not left a slot short until a restart.
+func TestMaxRunningPerValueConflictNamingARunningMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2, LeaseMS: time.Minute.Milliseconds()})
+	e.enqueueValues("x", "a1", "a2", "a3")
+	a1 := e.dequeueOne("x") // slot 0
+	if a1.ID != "a1" {
+		t.Fatalf("dequeued %s", a1.ID)
+	}
+	locks, err := e.jetStream().KeyValue(context.Background(), "natstone-locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A late take of slot 1 by a broker that served before (split brain), naming a1 under a lease
+	// a1 does not run under here.
+	if _, err := locks.Put(context.Background(), kv.SlotKey("x", "a", 1), []byte(`{"message_id":"a1","lease_id":"elsewhere"}`)); err != nil {
+		t.Fatal(err)
+	}
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{}) // a2's take of slot 1 conflicts
+	e.complete("x", "a1")                                                                  // a1 ends: neither slot can hold anything now
+	a2 := e.dequeueOne("x")
+	if a2.ID != "a2" {
+		t.Fatalf("dequeued %s, want a2", a2.ID)
+	}
+	if got := e.dequeue("x", subjects.DequeueRequest{}); len(got) != 1 {
+		t.Fatalf("a1 ended, only a2 runs, max_running_per_value 2: dequeued %v, want a3", ids(got))
+	}
+}
+
+// TestMaxRunningPerValueRestartKeepsRunningRecords: with N > 1 a slot commonly keeps naming an
+// earlier lease of a message leased again into another slot; a restart does not fence that
+// message's record (a late write of that earlier lease would conflict with the writes since): its
+// version stays.
+func TestMaxRunningPerValueRestartKeepsRunningRecords(t *testing.T) {
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2, LeaseMS: time.Hour.Milliseconds()})
+	e.enqueueValues("x", "a1", "a2", "a3")
+	e.dequeueOne("x")       // a1, slot 0
+	a2 := e.dequeueOne("x") // a2, slot 1
+	e.complete("x", "a1")   // slot 0 free
+	must[subjects.Message](e, subjects.OpRelease, "x", subjects.ReleaseRequest{ID: "a2", LeaseID: a2.LeaseID})
+	if got := e.dequeueOne("x"); got.ID != "a2" { // a2 again, into slot 0; slot 1 still names its first lease
+		t.Fatalf("got %s", got.ID)
+	}
+	before := e.get("x", "a2").Version
+	e.restartAll()
+	if after := e.get("x", "a2").Version; after != before {
+		t.Fatalf("running a2's version moved across a restart: %d -> %d (fenced)", before, after)
+	}
+}

@@ -587,11 +587,13 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 			held[e] = true
 			continue
 		}
-		if e != nil && e.extra().LeaseID != l.LeaseID {
+		if e != nil && e.extra().LeaseID != l.LeaseID && (e.State() == subjects.StatePending || e.State() == subjects.StateInvisible) {
 			// The slot was taken for a lease its message's record never got: that lease's write
 			// failed, or it is still on its way from a broker that served the store before this
 			// one (it paused, say, between the two writes) and would land behind this broker's
-			// back, one more running message of the value once this broker leases another.
+			// back, one more running message of the value once this broker leases another. (A
+			// lease is written over a record waiting to run, pending or invisible by its time; one
+			// now running or ended has been written since, which such a late write conflicts with.)
 			if err := q.fenceRecord(ctx, e); err != nil {
 				return err
 			}

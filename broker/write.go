@@ -416,14 +416,15 @@ func (q *queue) dropLock(w *lockWrite) {
 // index, once for each slot freed. It writes nothing: a slot's key names the message and lease that
 // took it, and it holds the slot only while that message is running under that lease, so the
 // message's own write out of running is what freed it. The next take overwrites the key, expecting
-// the revision known here. Called with q.mu held.
+// the revision known here. Every slot naming the entry is freed: besides its own, one that a take
+// found taken for it by another writer (dropLock), which holds nothing once it has ended. Called
+// with q.mu held.
 func (q *queue) freeLocks(es []*entry) {
 	for _, e := range es {
 		for _, l := range q.locks[e.Value()] {
 			if l.holder == e.ID && !l.taking {
 				l.holder = ""
 				q.pending.Release(e.Value())
-				break
 			}
 		}
 	}
