@@ -421,11 +421,18 @@ func (q *queue) dropLock(w *lockWrite) {
 // with q.mu held.
 func (q *queue) freeLocks(es []*entry) {
 	for _, e := range es {
+		freed := false
 		for _, l := range q.locks[e.Value()] {
 			if l.holder == e.ID && !l.taking {
 				l.holder = ""
 				q.pending.Release(e.Value())
+				freed = true
 			}
+		}
+		if !freed {
+			// A lease takes a slot first: a message leaving running that no slot names means the
+			// index's count of the value's holds and the slots disagree (a value held for nothing).
+			q.log().Error("no exclusivity lock slot names a message leaving running", "message_id", e.ID, "value", e.Value(), "holds", q.pending.Holds(e.Value()))
 		}
 	}
 }

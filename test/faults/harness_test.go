@@ -567,6 +567,9 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
 	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
 	stats.snapshotStarts = strings.Count(string(b), ` from=snapshot `)
+	if n := strings.Count(string(b), "no exclusivity lock slot names a message leaving running"); n > 0 {
+		t.Errorf("natstone logged %d messages leaving running that no lock slot named: a value's holds and its slots disagree", n)
+	}
 	if t.Failed() && len(b) > 0 {
 		t.Logf("natstone log tail:\n%s", tail(string(b), 40))
 	}
