@@ -48,9 +48,7 @@ func resolveConfig(r subjects.CreateQueueRequest) (subjects.QueueConfig, error) 
 	if c.MaxMetadataPairs == 0 {
 		c.MaxMetadataPairs = subjects.DefaultMaxMetadataPairs
 	}
-	if c.Type == subjects.Exclusive && c.MaxRunningPerValue == 0 {
-		c.MaxRunningPerValue = 1
-	}
+	withPerValue(&c)
 	return c, validateConfig(&c)
 }
 

@@ -131,8 +131,8 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 
 func (q *queue) exclusive() bool { return q.cfg.Type == subjects.Exclusive }
 
-// withPerValue gives an exclusive queue's config stored before max_running_per_value was its
-// default, 1.
+// withPerValue gives an exclusive queue's config without max_running_per_value (a create that does
+// not set it, or one stored before the field was) its default, 1.
 func withPerValue(c *subjects.QueueConfig) {
 	if c.Type == subjects.Exclusive && c.MaxRunningPerValue == 0 {
 		c.MaxRunningPerValue = 1
@@ -457,8 +457,12 @@ func (q *queue) collectionEnded() {
 	}
 }
 
+// lockOf returns slot of value's lock mirror, made (with the slots below it) on first use.
 func (q *queue) lockOf(value string, slot int) *lock {
 	ls := q.locks[value]
+	if slot < len(ls) {
+		return ls[slot]
+	}
 	for len(ls) <= slot {
 		ls = append(ls, &lock{})
 	}
