@@ -495,19 +495,15 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, h
 	case q.holds(id):
 		lastFire(&rec, sc.name, t)
 		return s.saveFire(sc, rec, t)
-	case rec.Spec.Overlap == subjects.OverlapSkip && rec.LastID != "" && q.unfinished(rec.LastID):
+	case overlapping(&rec, q):
 		rec.OverlapSkipped++
 		rec.LastError, rec.LastErrorCode = "", "" // left out by the policy: no fire was refused
 		b.log.Debug("a schedule's fire enqueued nothing: its last fire's message is not finished", "queue", sc.queue, "schedule", sc.name, "last_id", rec.LastID)
 		return s.saveFire(sc, rec, t)
 	}
-	req := sc.rec.Spec.Template()
-	req.ID = id
-	prio := t.UnixMilli() + sc.rec.Spec.DeadlineMS
-	req.Priority = &prio
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout)
 	defer cancel()
-	_, err := q.enqueue(ctx, []subjects.EnqueueRequest{req})
+	err := enqueueFire(ctx, q, &sc.rec.Spec, id, t)
 	if subjects.CodeOf(err) == subjects.CodeUnavailable {
 		b.log.Warn("a schedule's fire was not stored; it is tried again", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 		return false
@@ -526,6 +522,23 @@ func (s *scheduler) fireAt(sc *schedule, q *queue, t time.Time, skipped int64, h
 		b.log.Warn("a schedule's fire enqueued nothing", "queue", sc.queue, "schedule", sc.name, "id", id, "err", err)
 	}
 	return s.saveFire(sc, rec, t)
+}
+
+// overlapping reports whether rec's overlap policy holds a fire back: skip, with the message of
+// the last fire not finished.
+func overlapping(rec *kv.ScheduleRecord, q *queue) bool {
+	return rec.Spec.Overlap == subjects.OverlapSkip && rec.LastID != "" && q.unfinished(rec.LastID)
+}
+
+// enqueueFire enqueues spec's message of a fire at t into q, with the id id and the priority t +
+// its deadline.
+func enqueueFire(ctx context.Context, q *queue, spec *subjects.ScheduleRequest, id string, t time.Time) error {
+	req := spec.Template()
+	req.ID = id
+	prio := t.UnixMilli() + spec.DeadlineMS
+	req.Priority = &prio
+	_, err := q.enqueue(ctx, []subjects.EnqueueRequest{req})
+	return err
 }
 
 // lastFire makes the fire of schedule name at t, unless t is zero, rec's last: it enqueued its
@@ -683,15 +696,9 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	if err != nil {
 		return subjects.ScheduleInfo{}, err
 	}
-	old := s.get(queue, r.Name)
-	if old != nil && old.removing {
-		// Its unschedule's outcome is unknown: if it landed, this schedule is a new one.
-		if cur, err := s.storedRevision(queue, r.Name); err != nil {
-			return subjects.ScheduleInfo{}, unavailable("schedule", err)
-		} else if cur == 0 {
-			s.drop(old)
-			old = nil
-		}
+	old, err := s.present(queue, r.Name) // nil: a new schedule, also if an unschedule in doubt landed
+	if err != nil {
+		return subjects.ScheduleInfo{}, err
 	}
 	if old != nil && sameSpec(&old.rec.Spec, &spec) {
 		// As asked already: nothing is written, unless the record went meanwhile (an unschedule
@@ -727,29 +734,9 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	}
 	sc.rec = rec
 	sc.next = c.Next(time.UnixMilli(rec.From))
-	rev, err := s.write(ctx, sc, true)
-	if errors.Is(err, errNotWritten) {
-		return subjects.ScheduleInfo{}, unavailable("schedule", err)
+	if err := s.put(ctx, sc, true); err != nil {
+		return subjects.ScheduleInfo{}, err
 	}
-	if err != nil {
-		// Its outcome is unknown: it may land yet. The broker goes on as if it had (a later write
-		// finds the revision stored), lest a schedule stored late live only in storage, unseen
-		// until a restart; the client, told unavailable, sends it again, which writes it again
-		// (unsure: the revision read back cannot tell this write from an earlier one that landed).
-		if s.testWriteFailed != nil {
-			s.testWriteFailed()
-		}
-		sc.unsure = true
-		if cur, rerr := s.storedRevision(queue, r.Name); rerr == nil && cur != 0 {
-			sc.rev = cur
-		}
-		s.set(sc)
-		s.arm()
-		return subjects.ScheduleInfo{}, unavailable("schedule", err)
-	}
-	sc.rev = rev
-	s.set(sc)
-	s.arm()
 	return sc.info(now), nil
 }
 

@@ -95,15 +95,11 @@ func (b *Broker) fireNow(ctx context.Context, q *queue, r subjects.ScheduleFireR
 		// Newer than the last fire: this fire sent before, by a broker that did not store it.
 		at = time.UnixMilli(enqueuedAt)
 	default:
-		if rec.Spec.Overlap == subjects.OverlapSkip && rec.LastID != "" && q.unfinished(rec.LastID) {
+		if overlapping(&rec, q) {
 			return subjects.ScheduleInfo{}, subjects.Errorf(subjects.CodeInvalidState,
 				"schedule %s skips overlaps, and the message of its last fire, %s, is not finished", r.Name, rec.LastID)
 		}
-		req := rec.Spec.Template()
-		req.ID = id
-		prio := now.UnixMilli() + rec.Spec.DeadlineMS
-		req.Priority = &prio
-		if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{req}); err != nil {
+		if err := enqueueFire(ctx, q, &rec.Spec, id, now); err != nil {
 			return subjects.ScheduleInfo{}, err
 		}
 	}
@@ -129,15 +125,9 @@ func (s *scheduler) lockPresent(ctx context.Context, q *queue, name string) (*sc
 	q.mu.Lock()
 	err := q.usable()
 	q.mu.Unlock()
-	sc := s.get(q.name, name)
-	if err == nil && sc != nil && sc.removing {
-		var rev uint64
-		if rev, err = s.storedRevision(q.name, name); err != nil {
-			err = unavailable("schedule", err)
-		} else if rev == 0 {
-			s.drop(sc) // the unschedule landed
-			sc = nil
-		}
+	var sc *schedule
+	if err == nil {
+		sc, err = s.present(q.name, name)
 	}
 	if err == nil && sc == nil {
 		err = subjects.Errorf(subjects.CodeScheduleNotFound, "queue %s has no schedule %s", q.name, name)
@@ -149,36 +139,68 @@ func (s *scheduler) lockPresent(ctx context.Context, q *queue, name string) (*sc
 	return sc, nil
 }
 
-// store writes rec as sc's record and keeps it, its next fire time counted from rec.From, and
-// arms the timer. A write not sent (the claim does not hold) fails with unavailable and changes
-// nothing. One of unknown outcome fails with unavailable too, and is kept all the same, as
-// putSchedule keeps its own: it may land yet, and a later write of the schedule writes over what
-// storage holds then; it is unsure, so that the request sent again writes it again. Called with
-// s.ops held.
+// present returns schedule name of queue, or nil if there is none. One whose unschedule is of
+// unknown outcome is read first: forgotten, and nil, if the unschedule landed. Called with s.ops
+// held.
+func (s *scheduler) present(queue, name string) (*schedule, error) {
+	sc := s.get(queue, name)
+	if sc == nil || !sc.removing {
+		return sc, nil
+	}
+	rev, err := s.storedRevision(queue, name)
+	if err != nil {
+		return nil, unavailable("schedule", err)
+	}
+	if rev == 0 {
+		s.drop(sc) // the unschedule landed
+		return nil, nil
+	}
+	return sc, nil
+}
+
+// store writes rec as sc's record and keeps it (put), its next fire time counted from rec.From.
 func (s *scheduler) store(ctx context.Context, sc *schedule, rec kv.ScheduleRecord) (*schedule, error) {
 	next := &schedule{queue: sc.queue, name: sc.name, rec: rec, rev: sc.rev, cron: sc.cron,
 		next: sc.cron.Next(time.UnixMilli(rec.From))}
-	rev, err := s.write(ctx, next, false)
+	if err := s.put(ctx, next, false); err != nil {
+		if errors.Is(err, errScheduleGone) {
+			s.drop(sc)
+			return nil, subjects.Errorf(subjects.CodeScheduleNotFound, "queue %s has no schedule %s", sc.queue, sc.name)
+		}
+		return nil, err
+	}
+	return next, nil
+}
+
+// put writes sc (write: create as there), keeps it as the schedule of its name and arms the timer.
+// A write not sent (the claim does not hold) fails with unavailable and changes nothing; errScheduleGone
+// is returned as it is. One of unknown outcome fails with unavailable too, and is kept all the
+// same: it may land yet, and a later write of the schedule writes over what storage holds then
+// (lest a schedule stored late live only in storage, unseen until a restart). It is unsure, so that
+// the request sent again writes it again: the revision read back cannot tell this write from an
+// earlier one of unknown outcome that landed. Called with s.ops held.
+func (s *scheduler) put(ctx context.Context, sc *schedule, create bool) error {
+	rev, err := s.write(ctx, sc, create)
 	switch {
 	case errors.Is(err, errScheduleGone):
-		s.drop(sc)
-		return nil, subjects.Errorf(subjects.CodeScheduleNotFound, "queue %s has no schedule %s", sc.queue, sc.name)
+		return err
 	case errors.Is(err, errNotWritten):
-		return nil, unavailable("schedule", err)
+		return unavailable("schedule", err)
 	case err != nil:
 		if s.testWriteFailed != nil {
 			s.testWriteFailed()
 		}
-		next.unsure = true
+		sc.unsure = true
 		if cur, rerr := s.storedRevision(sc.queue, sc.name); rerr == nil && cur != 0 {
-			next.rev = cur
+			sc.rev = cur
 		}
-		s.set(next)
-		s.arm()
-		return nil, unavailable("schedule", err)
+	default:
+		sc.rev = rev
 	}
-	next.rev = rev
-	s.set(next)
+	s.set(sc)
 	s.arm()
-	return next, nil
+	if err != nil {
+		return unavailable("schedule", err)
+	}
+	return nil
 }
