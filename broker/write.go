@@ -224,6 +224,9 @@ func (q *queue) resolve(c *change) {
 			if try >= rewrites {
 				return // unknown it stays
 			}
+			// Until it is answered the message is held as it was, its lease (and exclusivity
+			// value) too, past the lease's end: say so, since nothing else would.
+			q.log().Warn("message write outcome not known yet; issuing it again", "message_id", c.next.ID, "error", c.err)
 			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(ctx)
 			continue
 		}
@@ -299,6 +302,7 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 			if try >= rewrites {
 				return // unknown it stays
 			}
+			q.log().Warn("exclusivity lock write outcome not known yet; issuing it again", "value", w.value, "slot", w.slot, "message_id", w.want.MessageID, "error", w.err)
 			w.rev, w.err = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect).Wait(ctx)
 			continue
 		}

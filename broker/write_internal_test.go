@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,9 +20,15 @@ import (
 
 func internalBroker(t testing.TB) (*Broker, *clock.Fake) {
 	t.Helper()
+	return internalBrokerLogging(t, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// internalBrokerLogging is internalBroker logging to log.
+func internalBrokerLogging(t testing.TB, log *slog.Logger) (*Broker, *clock.Fake) {
+	t.Helper()
 	srv := natstest.Start(t, nil)
 	clk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
-	b, err := New(&Config{Conn: srv.Connect(t), Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	b, err := New(&Config{Conn: srv.Connect(t), Clock: clk, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,6 +41,66 @@ func internalBroker(t testing.TB) (*Broker, *clock.Fake) {
 		}
 	})
 	return b, clk
+}
+
+// recordedLogs is a slog.Handler that keeps every record, its attributes (the logger's too) as
+// strings, for a test to look through.
+type recordedLogs struct {
+	mu      sync.Mutex
+	records []recordedLog
+	attrs   []slog.Attr // the logger's own (With), on a handler sharing records with its parent
+	parent  *recordedLogs
+}
+
+type recordedLog struct {
+	level slog.Level
+	msg   string
+	attrs map[string]string
+}
+
+func (h *recordedLogs) root() *recordedLogs {
+	if h.parent != nil {
+		return h.parent
+	}
+	return h
+}
+
+func (h *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *recordedLogs) Handle(_ context.Context, r slog.Record) error {
+	attrs := map[string]string{}
+	for _, a := range h.attrs {
+		attrs[a.Key] = a.Value.String()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		attrs[a.Key] = a.Value.String()
+		return true
+	})
+	root := h.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	root.records = append(root.records, recordedLog{level: r.Level, msg: r.Message, attrs: attrs})
+	return nil
+}
+
+func (h *recordedLogs) WithAttrs(as []slog.Attr) slog.Handler {
+	return &recordedLogs{attrs: slices.Concat(h.attrs, as), parent: h.root()}
+}
+
+func (h *recordedLogs) WithGroup(string) slog.Handler { return h }
+
+// find returns the attributes of the records at level with message msg.
+func (h *recordedLogs) find(level slog.Level, msg string) []map[string]string {
+	root := h.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	var out []map[string]string
+	for _, r := range root.records {
+		if r.level == level && r.msg == msg {
+			out = append(out, r.attrs)
+		}
+	}
+	return out
 }
 
 // internalQueue is internalBroker with queue "q" created by req.
@@ -119,8 +186,13 @@ func TestWaiterReservation(t *testing.T) {
 // timeout though it was stored) is settled by issuing it again — the conflict that follows shows
 // storage holds exactly what it wrote.
 func TestResolveLearnsAWriteThatLanded(t *testing.T) {
-	b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
+	logs := &recordedLogs{}
+	b, _ := internalBrokerLogging(t, slog.New(logs))
 	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rec := kv.Record{ID: "m", State: subjects.StatePending, Version: 1, UpdatedAt: 1}
 	rev, err := b.store.WriteMessage("q", &rec, 0).Wait(ctx)
 	if err != nil {
@@ -136,6 +208,11 @@ func TestResolveLearnsAWriteThatLanded(t *testing.T) {
 	q.resolve(c)
 	if c.err != nil || c.rev != landed {
 		t.Fatalf("resolve: err %v rev %d, want nil and %d", c.err, c.rev, landed)
+	}
+	// Settled without a doubt left, but the message was held meanwhile (up to a write timeout for
+	// each issue): that is logged, or a value held past its lease would have no trace.
+	if got := logs.find(slog.LevelWarn, "message write outcome not known yet; issuing it again"); len(got) != 1 || got[0]["message_id"] != "m" {
+		t.Fatalf("warnings of the write issued again: %v, want one naming m", got)
 	}
 
 	// Somebody else's write: a conflict with the truth attached.
@@ -391,8 +468,13 @@ func TestLockWritesResolvedOneByOne(t *testing.T) {
 // request id leases. Both once waited for a restart. With max_running 1, the lease not written
 // leaves no count behind (it would starve the queue).
 func TestUnknownLockWriteAskedAgain(t *testing.T) {
-	b, _, q := internalQueue(t, subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g", MaxRunning: 1})
+	logs := &recordedLogs{}
+	b, _ := internalBrokerLogging(t, slog.New(logs))
 	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g", MaxRunning: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Metadata: map[string]string{"g": "v1"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -407,6 +489,9 @@ func TestUnknownLockWriteAskedAgain(t *testing.T) {
 	q.mu.Unlock()
 	if len(doubtful) != 1 || !armed {
 		t.Fatalf("doubtful lock writes %d, timer armed %v; want 1 and armed", len(doubtful), armed)
+	}
+	if got := logs.find(slog.LevelWarn, "exclusivity lock write outcome not known yet; issuing it again"); len(got) == 0 || got[0]["value"] != "v1" || got[0]["message_id"] != "A" {
+		t.Fatalf("warnings of the lock write issued again: %v, want some naming v1 and A", got)
 	}
 	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{}); err != nil || len(ms) != 0 {
 		t.Fatalf("dequeue while the lock is in doubt: %+v, %v; want nothing", ms, err)
