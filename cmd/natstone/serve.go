@@ -40,6 +40,9 @@ const (
 	// ShutdownTimeout bounds the whole graceful shutdown: stopping the broker, then draining the
 	// connection. The embedded server's shutdown is not bounded: it only closes local resources.
 	ShutdownTimeout = 30 * time.Second
+	// minWriteTimeout is the least --write-timeout: below it, writes acknowledged a little late
+	// under load would be issued again, adding to the load.
+	minWriteTimeout = 100 * time.Millisecond
 )
 
 // connName is the NATS connection name of the broker, as monitoring endpoints show it.
@@ -66,6 +69,7 @@ type serveConfig struct {
 	httpAddr          string // empty: no HTTP listener
 	httpHosts         hostsFlag
 	claimTTL          time.Duration
+	writeTimeout      time.Duration
 	startTimeout      time.Duration // 0: no bound
 	logLevel          slog.Level
 	logFormat         string
@@ -136,6 +140,7 @@ Flags:
 	fs.DurationVar(&cfg.eventsMaxAge, "events-max-age", broker.DefaultEventsMaxAge, "how long the events stream keeps an event")
 	fs.Int64Var(&cfg.eventsMaxBytes, "events-max-bytes", broker.DefaultEventsMaxBytes, "`bytes` the events stream may take before its oldest events go, younger than --events-max-age or not (-1: no bound)")
 	fs.DurationVar(&cfg.claimTTL, "claim-ttl", broker.DefaultClaimTTL, "how long a standby broker waits, seeing the store's claim unchanged, before it takes the store over (at least 1s)")
+	fs.DurationVar(&cfg.writeTimeout, "write-timeout", broker.DefaultWriteTimeout, "how long the broker waits for storage to acknowledge a write before it issues the write again (at least 100ms): a message whose write's acknowledgement is lost, in a server restart say, is held as it was until then")
 	fs.DurationVar(&cfg.startTimeout, "start-timeout", DefaultStartTimeout, "how long a start may take until requests are answered, the recovery of every pending message included (0: no bound)")
 	fs.StringVar(&cfg.httpAddr, "http", "", "`host:port` of an HTTP listener for the dashboard, /metrics and /healthz (off unless given)")
 	fs.Var(&cfg.httpHosts, "http-host", "a host `name` the HTTP listener answers to, besides localhost and its IP addresses (a DNS name or a proxy's; repeatable): others are refused, against DNS rebinding")
@@ -198,6 +203,9 @@ Flags:
 	if cfg.claimTTL < time.Second {
 		return usageErr("--claim-ttl must be at least 1s, not %v", cfg.claimTTL)
 	}
+	if cfg.writeTimeout < minWriteTimeout {
+		return usageErr("--write-timeout must be at least %v, not %v", minWriteTimeout, cfg.writeTimeout)
+	}
 	if cfg.startTimeout < 0 {
 		return usageErr("--start-timeout cannot be negative, not %v", cfg.startTimeout)
 	}
@@ -254,6 +262,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		EventsMaxAge:      cfg.eventsMaxAge,
 		EventsMaxBytes:    cfg.eventsMaxBytes,
 		ClaimTTL:          cfg.claimTTL,
+		WriteTimeout:      cfg.writeTimeout,
 		Logger:            log,
 	}
 	var m *metrics.Metrics

@@ -231,6 +231,28 @@ func TestServePortInUse(t *testing.T) {
 	}
 }
 
+// TestWriteTimeoutFlag: --write-timeout defaults to the broker's default and takes a duration.
+func TestWriteTimeoutFlag(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{nil, broker.DefaultWriteTimeout},
+		{[]string{"--write-timeout", "2s"}, 2 * time.Second},
+		{[]string{"--write-timeout", "100ms"}, 100 * time.Millisecond},
+	} {
+		var stderr bytes.Buffer
+		cfg, err := parseServeFlags(tt.args, &stderr)
+		if err != nil {
+			t.Fatalf("parseServeFlags(%q): %v\n%s", tt.args, err, &stderr)
+		}
+		if cfg.writeTimeout != tt.want {
+			t.Fatalf("parseServeFlags(%q): write timeout %v, want %v", tt.args, cfg.writeTimeout, tt.want)
+		}
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -257,6 +279,7 @@ func TestUsageErrors(t *testing.T) {
 		{"zero events max bytes", []string{"serve", "--events-max-bytes", "0"}, "--events-max-bytes must be positive or -1"},
 		{"negative events max bytes", []string{"serve", "--events-max-bytes", "-2"}, "--events-max-bytes must be positive or -1"},
 		{"short claim ttl", []string{"serve", "--claim-ttl", "500ms"}, "--claim-ttl must be at least 1s"},
+		{"short write timeout", []string{"serve", "--write-timeout", "50ms"}, "--write-timeout must be at least 100ms, not 50ms"},
 		{"negative start timeout", []string{"serve", "--start-timeout", "-1s"}, "--start-timeout cannot be negative"},
 		{"http host without http", []string{"serve", "--http-host", "dash.corp"}, "--http-host needs --http"},
 		{"http host with a port", []string{"serve", "--http", "127.0.0.1:0", "--http-host", "dash.corp:8080"}, "is not a host name"},
