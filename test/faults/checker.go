@@ -33,6 +33,12 @@ func (v Violation) String() string { return v.Rule + ": " + v.Detail }
 type Restart struct {
 	Killed time.Time
 	Ready  time.Time
+	// Settle is how long after Ready the broker may still be learning the outcome of a write that
+	// was in flight across the restart, holding its message (and the message's exclusivity value)
+	// as it was until then: 0 when the broker itself restarted (the new one reads storage), up to
+	// a write issued three times, each waiting out the broker's write timeout, when a NATS server
+	// did and the write's acknowledgement was lost with it.
+	Settle time.Duration
 }
 
 // Run is everything the checker judges.
@@ -167,12 +173,13 @@ func (c *checker) collectLeases() {
 			}
 		}
 	}
-	// A kill while a lease may still hold its message or value delays the release to the next start.
+	// A kill while a lease may still hold its message or value delays the release to the next start;
+	// a server's restart, until the broker has learned what became of the writes it cut short.
 	for _, l := range c.leases {
 		l.possibleEnd = l.possibleEnd.Add(freeSlack)
 		for _, r := range c.run.Restarts {
-			if !r.Killed.Before(l.GrantedAt) && !r.Killed.After(l.possibleEnd) && r.Ready.Add(freeSlack).After(l.possibleEnd) {
-				l.possibleEnd = r.Ready.Add(freeSlack)
+			if !r.Killed.Before(l.GrantedAt) && !r.Killed.After(l.possibleEnd) && r.Ready.Add(r.Settle+freeSlack).After(l.possibleEnd) {
+				l.possibleEnd = r.Ready.Add(r.Settle + freeSlack)
 			}
 		}
 	}
@@ -566,8 +573,8 @@ func (c *checker) checkEDF() {
 		if op.Kind == Dequeue && op.Outcome == Unknown {
 			to := op.End.Add(c.run.Queues[op.Queue].Lease + freeSlack)
 			for _, r := range c.run.Restarts {
-				if !r.Killed.Before(op.Start) && !r.Killed.After(to) && r.Ready.Add(c.run.Queues[op.Queue].Lease+freeSlack).After(to) {
-					to = r.Ready.Add(c.run.Queues[op.Queue].Lease + freeSlack)
+				if !r.Killed.Before(op.Start) && !r.Killed.After(to) && r.Ready.Add(r.Settle+c.run.Queues[op.Queue].Lease+freeSlack).After(to) {
+					to = r.Ready.Add(r.Settle + c.run.Queues[op.Queue].Lease + freeSlack)
 				}
 			}
 			unknown[op.Queue] = append(unknown[op.Queue], window{op.Start.Add(-clockSlack), to, op.RequestID})

@@ -54,6 +54,21 @@ func freedThenDequeued(ms int) Run {
 	}, Final: finals("x/first", "completed", 1, "x/urgent", "pending", 0, "x/late", "running", 1)}
 }
 
+// heldAcrossServerRestart: foo's lease (to 1006) is alive when a NATS server restarts (killed at
+// 600, ready at 700), and bar's less urgent message is leased at ms while foo's urgent one waits. A
+// write of foo's lease whose acknowledgement the restart lost holds foo for up to settle after the
+// restart.
+func heldAcrossServerRestart(ms int, settle time.Duration) Run {
+	return Run{Ops: []Op{
+		enq("x", "first", 0, 0, 2, map[string]string{"p": "foo"}),
+		enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
+		enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
+		deq("x", "r0", 5, 7, ls("first", "L0", 0, "foo", 6, 1006)),
+		deq("x", "r1", ms, ms+2, ls("late", "L1", 9, "bar", ms+1, ms+1001)),
+	}, Restarts: []Restart{{Killed: at(600), Ready: at(700), Settle: settle}},
+		Final: finals("x/first", "pending", 1, "x/urgent", "pending", 0, "x/late", "running", 1)}
+}
+
 func finals(kv ...any) map[string]Final {
 	out := map[string]Final{}
 	for i := 0; i < len(kv); i += 3 {
@@ -462,6 +477,20 @@ func TestChecker(t *testing.T) {
 		{
 			name: "edf: 0.5s (within freeSlack) after the complete, the broker may not have freed the value yet",
 			run:  freedThenDequeued(552),
+		},
+		{
+			name:  "edf: a value whose lease ran out 3s before the dequeue, a server restart before it, is free",
+			run:   heldAcrossServerRestart(4000, 0),
+			rules: []string{"edf"},
+		},
+		{
+			name: "edf: settling the writes a server's restart cut short, the broker may hold the value 6s more",
+			run:  heldAcrossServerRestart(4000, 6*time.Second),
+		},
+		{
+			name:  "edf: past that, the value is free",
+			run:   heldAcrossServerRestart(7800, 6*time.Second),
+			rules: []string{"edf"},
 		},
 		{
 			name: "edf: filters",

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -253,6 +255,8 @@ type faultConfig struct {
 	// restartServer, if set, is what each kill does instead of killing natstone: it restarts one
 	// of the servers of the cluster natstone uses.
 	restartServer func(rng *rand.Rand)
+	// writeTimeout is natstone's --write-timeout, when the args give one (else its default).
+	writeTimeout time.Duration
 	// standby runs a second natstone, standing by. Each "kill" kills the one serving, or pauses it
 	// (SIGSTOP) until the standby has taken over and then resumes it (SIGCONT), when it must find
 	// its claim taken and exit; a new standby is then started.
@@ -446,7 +450,11 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		if cfg.restartServer != nil {
 			killed := time.Now()
 			cfg.restartServer(rng)
-			restarts = append(restarts, Restart{Killed: killed, Ready: time.Now()})
+			// A write whose acknowledgement the restart lost is issued at most three times (the
+			// broker's rewrites), each waited for up to the write timeout, before it is left in
+			// doubt (and logged so).
+			settle := 3 * cmp.Or(cfg.writeTimeout, broker.DefaultWriteTimeout)
+			restarts = append(restarts, Restart{Killed: killed, Ready: time.Now(), Settle: settle})
 			stats.faults.Add(1)
 			continue
 		}
