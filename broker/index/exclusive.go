@@ -5,7 +5,10 @@ type group[T Elem] struct {
 	// set holds the value's pending messages. Its minimum, when the value
 	// is not full, is the value's entry in Index.free.
 	set  orderedSet[T]
-	mark uint32 // Index.epoch of the last Pop or Peek that picked this value
+	mark uint32 // Index.epoch of the last filtered Pop or Peek that picked this value
+	// picked counts the messages that call picked of this value: with held,
+	// at most PerValue.
+	picked uint32
 	// held counts the value's holds: its messages leased (or taken by Pop).
 	// The value is full, its messages ineligible, at Index.PerValue holds.
 	held int

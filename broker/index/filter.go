@@ -32,9 +32,7 @@ func (x *Index[T]) smallest(f Filter) *orderedSet[T] {
 func (x *Index[T]) collect(f Filter, n int) []T {
 	if len(f) == 0 {
 		if x.exclusive {
-			// free holds one message per value not full, its best, so
-			// its first n are what a batch takes: one per value.
-			return x.free.first(n)
+			return x.collectFree(n)
 		}
 		return x.all.first(n)
 	}
@@ -57,10 +55,13 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 		if x.exclusive {
 			g := x.groups[it.Value()]
 			if g != nil {
-				if x.full(g) || g.mark == x.epoch {
-					return true
+				if g.mark != x.epoch {
+					g.mark, g.picked = x.epoch, 0
 				}
-				g.mark = x.epoch
+				if g.held+int(g.picked) >= x.PerValue() {
+					return true // full, or as many picked as it has room for
+				}
+				g.picked++
 			}
 		}
 		if out == nil {
@@ -69,6 +70,41 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 		out = append(out, e)
 		return len(out) < n
 	})
+	return out
+}
+
+// collectFree returns the first n eligible messages of an exclusive index,
+// without a filter. free holds the best message of every value that is not
+// full, so with one message per value its first n are the answer. A value with
+// room for more may give several, but only the values of free's first n can:
+// any other value's messages come after those n better ones. So the messages
+// are those values' first ones, each value's as many as it has room for (and
+// the r-th's at most n-r: r better ones come first), merged in EDF order.
+func (x *Index[T]) collectFree(n int) []T {
+	heads := x.free.first(n)
+	if x.PerValue() == 1 || n == 1 || len(heads) == 0 {
+		return heads
+	}
+	runs := make([][]T, len(heads))
+	for r, h := range heads {
+		g := x.groups[h.IndexItem().Value()]
+		runs[r] = g.set.first(min(x.PerValue()-g.held, n-r))
+	}
+	out := make([]T, 0, n)
+	at := make([]int, len(runs))
+	for len(out) < n {
+		best := -1
+		for r, run := range runs {
+			if at[r] < len(run) && (best < 0 || less(run[at[r]], runs[best][at[best]])) {
+				best = r
+			}
+		}
+		if best < 0 {
+			break
+		}
+		out = append(out, runs[best][at[best]])
+		at[best]++
+	}
 	return out
 }
 

@@ -68,7 +68,7 @@ func modelMatches(r *rec, f Filter) bool {
 
 func (m *model) peek(f Filter, n int) []*rec {
 	var out []*rec
-	picked := map[string]bool{}
+	picked := map[string]int{}
 	for _, r := range m.sorted() {
 		if len(out) >= n {
 			break
@@ -77,10 +77,10 @@ func (m *model) peek(f Filter, n int) []*rec {
 			continue
 		}
 		if m.exclusive {
-			if m.held[r.Value()] >= m.perValue || picked[r.Value()] {
+			if m.held[r.Value()]+picked[r.Value()] >= m.perValue {
 				continue
 			}
-			picked[r.Value()] = true
+			picked[r.Value()]++
 		}
 		out = append(out, r)
 	}

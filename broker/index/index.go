@@ -26,8 +26,8 @@ type Index[T Elem] struct {
 	// held counts the values held at least once; perValue is SetPerValue's
 	// (0: 1).
 	held, perValue int
-	// epoch identifies one Pop or Peek; a group whose mark equals it already
-	// contributed a message to that call. It is 32 bits to keep groups
+	// epoch identifies one filtered Pop or Peek; a group whose mark equals it
+	// already contributed its picked messages to that call. It is 32 bits to keep groups
 	// small; see nextEpoch for the wrap-around.
 	epoch uint32
 
@@ -135,10 +135,10 @@ func (x *Index[T]) Len() int { return x.all.len() }
 
 // Pop removes and returns up to n eligible messages in EDF order: ascending
 // (Priority, Seq), matching f, and in an exclusive index only messages whose
-// Value is not full. Each returned message's Value is held once more, and a
-// batch takes at most one message per value (whatever PerValue: the next
-// Pop may take another). It returns nil if n <= 0, if nothing is eligible,
-// or if called from an Ascend callback.
+// Value is not full. Each returned message's Value is held once more: a
+// batch takes as many messages of a value as it has room for, up to PerValue
+// holds. It returns nil if n <= 0, if nothing is eligible, or if called from
+// an Ascend callback.
 func (x *Index[T]) Pop(f Filter, n int) []T {
 	if n <= 0 || x.ascending > 0 {
 		return nil

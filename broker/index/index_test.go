@@ -243,15 +243,16 @@ func TestExclusive(t *testing.T) {
 			},
 		},
 		{
-			name: "two per value: a batch takes one, the next another, then the value is full",
+			name: "two per value: a batch takes two of a value, in EDF order among the others, then the value is full",
 			recs: []*rec{
 				mk("f1", 1, 1, "foo"), mk("f2", 2, 2, "foo"), mk("f3", 3, 3, "foo", "k=v"),
 				mk("b4", 4, 4, "bar"),
 			},
 			steps: []step{
 				{op: "per", n: 2},
-				{op: "pop", n: 3, want: []string{"f1", "b4"}},
-				{op: "pop", n: 3, want: []string{"f2"}},
+				{op: "peek", n: 2, want: []string{"f1", "f2"}},
+				{op: "peek", n: 3, filter: Filter{{Key: "k", Value: "v"}}, want: []string{"f3"}},
+				{op: "pop", n: 4, want: []string{"f1", "f2", "b4"}},
 				{op: "peek", n: 3, want: nil}, // foo full
 				{op: "release", arg: "foo"},
 				{op: "peek", n: 3, want: []string{"f3"}},
@@ -266,6 +267,24 @@ func TestExclusive(t *testing.T) {
 				{op: "per", n: 1},
 				{op: "release", arg: "foo"},
 				{op: "peek", n: 3, want: []string{"f3"}},
+			},
+		},
+		{
+			name: "three per value, one held: a batch takes two of it; filtered alike",
+			recs: []*rec{
+				mk("f1", 1, 1, "foo", "t=x"), mk("f2", 2, 2, "foo", "t=x"), mk("f3", 3, 3, "foo", "t=x"),
+				mk("b4", 4, 4, "bar", "t=x"), mk("f5", 5, 5, "foo", "t=x"),
+			},
+			steps: []step{
+				{op: "per", n: 3},
+				{op: "hold", arg: "foo"},
+				{op: "peek", n: 5, filter: filter("t=x"), want: []string{"f1", "f2", "b4"}},
+				{op: "pop", n: 5, want: []string{"f1", "f2", "b4"}},
+				{op: "release", arg: "foo"},
+				{op: "pop", n: 5, filter: filter("t=x"), want: []string{"f3"}},
+				{op: "release", arg: "foo"},
+				{op: "release", arg: "foo"},
+				{op: "pop", n: 1, want: []string{"f5"}},
 			},
 		},
 		{
