@@ -123,7 +123,7 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	if most := MostSharing(run, "pairs"); most < 2 {
 		t.Errorf("the queue of two running messages per value never ran two of a value at once (at most %d): its check checked nothing", most)
 	} else {
-		t.Logf("pairs: at most %d messages of one value running at once (max_running_per_value 2)", most)
+		t.Logf("pairs: at most %d messages of one value running at once (max_running_per_value 2); %d dequeues leased two of a value in one batch", most, batchedTwice(run, "pairs"))
 	}
 	if stats.haltedFor < 3*time.Second {
 		t.Errorf("the paused schedule was paused for %v at the end: its check checked too little", stats.haltedFor)
@@ -170,4 +170,24 @@ func saveRun(t *testing.T, run Run) {
 		return
 	}
 	t.Logf("the run's history (%d operations) is in %s", len(run.Ops), path)
+}
+
+// batchedTwice counts the acknowledged dequeues of queue that leased two messages or more of one
+// exclusivity value in one batch.
+func batchedTwice(run Run, queue string) int {
+	n := 0
+	for _, op := range run.Ops {
+		if op.Kind != Dequeue || op.Outcome != OK || op.Queue != queue {
+			continue
+		}
+		seen := map[string]bool{}
+		for _, l := range op.Leases {
+			if seen[l.Value] {
+				n++
+				break
+			}
+			seen[l.Value] = true
+		}
+	}
+	return n
 }
