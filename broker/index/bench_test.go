@@ -53,6 +53,23 @@ func BenchmarkExclusivePopAdd(b *testing.B) {
 	}
 }
 
+// BenchmarkExclusivePeekBatch peeks at a batch of 256 from a 100k-message
+// exclusive index spread over 1000 values, with one message of a value per
+// batch (1) and with room for several (2, 1000): the batch then merges the
+// values' messages.
+func BenchmarkExclusivePeekBatch(b *testing.B) {
+	for _, per := range []int{1, 2, 1000} {
+		b.Run(fmt.Sprint("per_value_", per), func(b *testing.B) {
+			x, _, _ := benchIndex(true, 100_000, func(i int, r *rec) { r.SetAttrs(nil, fmt.Sprint("v", i%1000)) })
+			x.SetPerValue(per)
+			b.ReportAllocs()
+			for b.Loop() {
+				x.Peek(nil, 256)
+			}
+		})
+	}
+}
+
 // BenchmarkFilteredPopAdd pops with a filter matching 0.1% of a 1M-message
 // index; every message carries two pairs.
 func BenchmarkFilteredPopAdd(b *testing.B) {

@@ -37,11 +37,14 @@
 //   - Pop or Peek without a filter: O(log n) per message. A simple index
 //     takes the minimum of all; an exclusive one takes the minima of free,
 //     which holds exactly one candidate per free value, and Pop holds the
-//     value of each message it returns.
+//     value of each message it returns. When a value may be held more than
+//     once (SetPerValue), a batch of k merges the values of free's first k
+//     in a heap, each value's next message found in O(log n) as one is
+//     taken: O(k log n).
 //   - Pop, Peek, Count or Ascend with a filter: walks the smallest set among
 //     the filter's pairs in order, checking the other pairs on each element
-//     and, in an exclusive index, skipping held values and values already
-//     picked by the same call. The cost is therefore proportional to the
+//     and, in an exclusive index, skipping full values and values of which
+//     the same call picked as many as they have room for. The cost is therefore proportional to the
 //     elements of that set visited before n are found. Count with a single
 //     pair is O(1).
 //   - Hold, Release: O(log n).

@@ -78,34 +78,63 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 // full, so with one message per value its first n are the answer. A value with
 // room for more may give several, but only the values of free's first n can:
 // any other value's messages come after those n better ones. So the messages
-// are those values' first ones, each value's as many as it has room for (and
-// the r-th's at most n-r: r better ones come first), merged in EDF order.
+// come from a merge of those values' messages in EDF order, each value's as
+// many as it has room for: a heap of each value's next message, free's first
+// n to begin with (sorted, so a heap already), and, when a value's message is
+// taken, its next one if it has room left.
 func (x *Index[T]) collectFree(n int) []T {
-	heads := x.free.first(n)
-	if x.PerValue() == 1 || n == 1 || len(heads) == 0 {
-		return heads
+	h := x.free.first(n)
+	if x.PerValue() == 1 || n == 1 || len(h) == 0 {
+		return h
 	}
-	runs := make([][]T, len(heads))
-	for r, h := range heads {
-		g := x.groups[h.IndexItem().Value()]
-		runs[r] = g.set.first(min(x.PerValue()-g.held, n-r))
-	}
+	x.nextEpoch()
 	out := make([]T, 0, n)
-	at := make([]int, len(runs))
-	for len(out) < n {
-		best := -1
-		for r, run := range runs {
-			if at[r] < len(run) && (best < 0 || less(run[at[r]], runs[best][at[best]])) {
-				best = r
-			}
+	for len(out) < n && len(h) > 0 {
+		e := h[0]
+		out = append(out, e)
+		g := x.groups[e.IndexItem().Value()]
+		if g.mark != x.epoch {
+			g.mark, g.picked = x.epoch, 0
 		}
-		if best < 0 {
-			break
+		g.picked++
+		if next, ok := x.nextOf(g, e); ok {
+			h[0] = next
+		} else {
+			h[0] = h[len(h)-1]
+			h = h[:len(h)-1]
 		}
-		out = append(out, runs[best][at[best]])
-		at[best]++
+		siftDown(h, 0)
 	}
 	return out
+}
+
+// nextOf returns the message of g after e, if g has room for one more beside
+// those picked.
+func (x *Index[T]) nextOf(g *group[T], e T) (T, bool) {
+	if g.held+int(g.picked) >= x.PerValue() {
+		var zero T
+		return zero, false
+	}
+	return g.set.after(e)
+}
+
+// siftDown restores the min-heap order of h below i, whose element may be
+// greater than its children's.
+func siftDown[T Elem](h []T, i int) {
+	for {
+		m := 2*i + 1
+		if m >= len(h) {
+			return
+		}
+		if r := m + 1; r < len(h) && less(h[r], h[m]) {
+			m = r
+		}
+		if !less(h[m], h[i]) {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
 }
 
 // nextEpoch starts a new Pop or Peek. When the counter wraps, marks left by

@@ -147,6 +147,22 @@ func (r *fuzzReader) meta() []Pair {
 
 func sameRecs(a, b []*rec) bool { return len(a) == len(b) && slices.Equal(a, b) }
 
+// TestIndexRandomSequences runs FuzzIndex's body over random operation
+// sequences on exclusive indexes: more of them, and longer, than its seeds,
+// so that batches of values with room for several messages are taken often.
+func TestIndexRandomSequences(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(7, 9))
+	for range 5000 {
+		data := make([]byte, 20+rng.IntN(400))
+		for j := range data {
+			data[j] = byte(rng.IntN(256))
+		}
+		data[0] |= 1 // exclusive
+		runOps(t, data)
+	}
+}
+
 // FuzzIndex applies a decoded sequence of operations to an Index and to the
 // model and requires identical results and intact invariants after each.
 func FuzzIndex(f *testing.F) {
@@ -241,7 +257,7 @@ func runOps(t *testing.T, data []byte) {
 				m.held[v]--
 			}
 		case 12:
-			n := int(r.next()%4) - 1 // -1 and 0 are 1
+			n := int(r.next()%6) - 1 // -1 and 0 are 1
 			x.SetPerValue(n)
 			m.perValue = max(n, 1)
 		case 10:

@@ -135,6 +135,20 @@ func (s *orderedSet[T]) ascend(fn func(T) bool) {
 	s.rest.ascend(fn)
 }
 
+// after returns the least element greater than e, which need not be in s.
+func (s *orderedSet[T]) after(e T) (T, bool) {
+	var zero T
+	switch {
+	case s.head == zero:
+		return zero, false
+	case less(e, s.head):
+		return s.head, true
+	case s.rest == nil:
+		return zero, false
+	}
+	return s.rest.after(e)
+}
+
 // first returns up to n elements in EDF order; nil if there are none.
 func (s *orderedSet[T]) first(n int) []T {
 	n = min(n, s.len())
@@ -246,6 +260,27 @@ func (t *tail[T]) get(e T) (T, bool) {
 	}
 	var zero T
 	return zero, false
+}
+
+// after is orderedSet.after for the tail.
+func (t *tail[T]) after(e T) (T, bool) {
+	var out T
+	found := false
+	if t.big != nil {
+		t.big.AscendGreaterOrEqual(e, func(x T) bool {
+			out, found = x, less(e, x)
+			return !found // e itself (or an element of its key): go on
+		})
+		return out, found
+	}
+	i := t.search(e)
+	if i < len(t.small) && !less(e, t.small[i]) {
+		i++ // an element of e's key
+	}
+	if i < len(t.small) {
+		return t.small[i], true
+	}
+	return out, false
 }
 
 func (t *tail[T]) ascend(fn func(T) bool) {
