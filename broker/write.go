@@ -11,20 +11,21 @@ import (
 
 // change is one record write: e's record becomes next.
 type change struct {
-	e       *entry
-	next    kv.Record
-	prev    subjects.State     // e's state before the change
-	expect  uint64             // e's revision before the change: the write's compare-and-swap
-	create  bool               // the message is new (expect was 0 when the write was first issued)
-	rev     uint64             // the stored revision, when err is nil
-	err     error              // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
-	truth   *kv.Record         // on a conflict: what storage holds instead (nil: the key is gone)
-	worker  string             // a lease's: the dequeue's worker, for its event
-	failure string             // a release's: why the attempt failed, for its event
-	refund  bool               // a release's: the attempt was given back, as its event says
-	kind    subjects.EventKind // the event's kind, when the states alone do not tell it (a reschedule)
-	skipped bool               // never issued: its exclusivity lock was not taken (err says why)
-	leasing bool               // counted in queue.leasing until its outcome is known and applied
+	e        *entry
+	next     kv.Record
+	prev     subjects.State     // e's state before the change
+	expect   uint64             // e's revision before the change: the write's compare-and-swap
+	create   bool               // the message is new (expect was 0 when the write was first issued)
+	rev      uint64             // the stored revision, when err is nil
+	err      error              // nil: stored; kv.ErrConflict: storage holds truth; else: unknown
+	truth    *kv.Record         // on a conflict: what storage holds instead (nil: the key is gone)
+	worker   string             // a lease's: the dequeue's worker, for its event
+	failure  string             // a release's: why the attempt failed, for its event
+	refund   bool               // a release's: the attempt was given back, as its event says
+	kind     subjects.EventKind // the event's kind, when the states alone do not tell it (a reschedule)
+	skipped  bool               // never issued: its exclusivity lock was not taken (err says why)
+	reissued bool               // issued again for an unknown outcome at least once (and logged so)
+	leasing  bool               // counted in queue.leasing until its outcome is known and applied
 }
 
 // lease reports whether c leases its message: from another state into running.
@@ -225,8 +226,11 @@ func (q *queue) resolve(c *change) {
 				return // unknown it stays
 			}
 			// Until it is answered the message is held as it was, its lease (and exclusivity
-			// value) too, past the lease's end: say so, since nothing else would.
-			q.log().Warn("message write outcome not known yet; issuing it again", "message_id", c.next.ID, "error", c.err)
+			// value) too, past the lease's end: say so, once, since nothing else would.
+			if !c.reissued {
+				c.reissued = true
+				q.log().Warn("message write outcome not known yet; issuing it again", "message_id", c.next.ID, "error", c.err)
+			}
 			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(ctx)
 			continue
 		}
@@ -280,6 +284,8 @@ type lockWrite struct {
 	rev    uint64
 	err    error
 	truth  *kv.Lock // on a conflict: what storage holds (nil: no key)
+	// reissued: issued again for an unknown outcome at least once (and logged so)
+	reissued bool
 }
 
 // writeLocks writes the locks, resolving unknown outcomes and conflicts. Called without q.mu.
@@ -302,7 +308,10 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 			if try >= rewrites {
 				return // unknown it stays
 			}
-			q.log().Warn("exclusivity lock write outcome not known yet; issuing it again", "value", w.value, "slot", w.slot, "message_id", w.want.MessageID, "error", w.err)
+			if !w.reissued {
+				w.reissued = true
+				q.log().Warn("exclusivity lock write outcome not known yet; issuing it again", "value", w.value, "slot", w.slot, "message_id", w.want.MessageID, "error", w.err)
+			}
 			w.rev, w.err = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect).Wait(ctx)
 			continue
 		}
