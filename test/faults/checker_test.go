@@ -493,6 +493,36 @@ func TestChecker(t *testing.T) {
 			rules: []string{"edf"},
 		},
 		{
+			name: "edf: two per value, a batch of two takes a1 and the less urgent b1 while a2 waits",
+			run: Run{Ops: []Op{
+				enq("x2", "a1", 0, 0, 2, map[string]string{"p": "a"}),
+				enq("x2", "a2", 1, 0, 2, map[string]string{"p": "a"}),
+				enq("x2", "b1", 9, 0, 2, map[string]string{"p": "b"}),
+				deq("x2", "r1", 50, 52, ls("a1", "L1", 0, "a", 51, 1051), ls("b1", "L2", 9, "b", 51, 1051)),
+			}, Final: finals("x2/a1", "running", 1, "x2/a2", "pending", 0, "x2/b1", "running", 1)},
+			rules: []string{"edf"},
+		},
+		{
+			name: "edf: two per value, a batch of two takes a1 and a2 while b1 waits: fine",
+			run: Run{Ops: []Op{
+				enq("x2", "a1", 0, 0, 2, map[string]string{"p": "a"}),
+				enq("x2", "a2", 1, 0, 2, map[string]string{"p": "a"}),
+				enq("x2", "b1", 9, 0, 2, map[string]string{"p": "b"}),
+				deq("x2", "r1", 50, 52, ls("a1", "L1", 0, "a", 51, 1051), ls("a2", "L2", 1, "a", 51, 1051)),
+			}, Final: finals("x2/a1", "running", 1, "x2/a2", "running", 1, "x2/b1", "pending", 0)},
+		},
+		{
+			name: "edf: two per value, a0 running: a batch may take one more of a, so a1 and b1 while a2 waits is fine",
+			run: Run{Ops: []Op{
+				enq("x2", "a0", 0, 0, 2, map[string]string{"p": "a"}),
+				enq("x2", "a1", 1, 0, 2, map[string]string{"p": "a"}),
+				enq("x2", "a2", 2, 0, 2, map[string]string{"p": "a"}),
+				enq("x2", "b1", 9, 0, 2, map[string]string{"p": "b"}),
+				deq("x2", "r0", 10, 12, ls("a0", "L0", 0, "a", 11, 5011)),
+				deq("x2", "r1", 50, 52, ls("a1", "L1", 1, "a", 51, 1051), ls("b1", "L2", 9, "b", 51, 1051)),
+			}, Final: finals("x2/a0", "running", 1, "x2/a1", "running", 1, "x2/a2", "pending", 0, "x2/b1", "running", 1)},
+		},
+		{
 			name: "edf: filters",
 			run: Run{Ops: []Op{
 				enq("s", "urgent-other", 1, 0, 2, map[string]string{"k": "b"}),

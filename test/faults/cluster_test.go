@@ -36,9 +36,10 @@ func TestFaultsClusterServers(t *testing.T) {
 		i := rng.IntN(len(srvs))
 		srvs[i] = srvs[i].Restart(t)
 	}
-	// A write whose acknowledgement a restart lost holds its message until the write timeout has
-	// passed (three times at most): shorter than the default 10s, so that the checker's EDF rule,
-	// which must allow for it, still judges most of the run.
-	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4, restartServer: restart, writeTimeout: 2 * time.Second}, srvs[0].URL(),
-		[]string{"serve", "--nats-url", srvs[0].URL(), "--replicas", "3", "--write-timeout", "2s"})
+	// A write whose acknowledgement a restart lost holds its message until it is issued again, a
+	// write timeout later (or more: see Restart.Settle): shorter than the default 10s, so that the
+	// checker's EDF rule, which must allow for it, still judges most of the run.
+	const writeTimeout = 2 * time.Second
+	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4, restartServer: restart, writeTimeout: writeTimeout}, srvs[0].URL(),
+		[]string{"serve", "--nats-url", srvs[0].URL(), "--replicas", "3", "--write-timeout", writeTimeout.String()})
 }
