@@ -41,6 +41,16 @@ type Restart struct {
 	Settle time.Duration
 }
 
+// across reports whether something that lasted from start to end was cut short by r: it was
+// under way when the broker was killed; or, for a server's restart (Settle), at any moment of the
+// restart, since what the broker writes while a server is down may lose its acknowledgement too.
+func (r Restart) across(start, end time.Time) bool {
+	if r.Settle > 0 {
+		return !start.After(r.Ready) && !end.Before(r.Killed)
+	}
+	return !r.Killed.Before(start) && !r.Killed.After(end)
+}
+
 // Run is everything the checker judges.
 type Run struct {
 	Ops      []Op
@@ -178,7 +188,7 @@ func (c *checker) collectLeases() {
 	for _, l := range c.leases {
 		l.possibleEnd = l.possibleEnd.Add(freeSlack)
 		for _, r := range c.run.Restarts {
-			if !r.Killed.Before(l.GrantedAt) && !r.Killed.After(l.possibleEnd) && r.Ready.Add(r.Settle+freeSlack).After(l.possibleEnd) {
+			if r.across(l.GrantedAt, l.possibleEnd) && r.Ready.Add(r.Settle+freeSlack).After(l.possibleEnd) {
 				l.possibleEnd = r.Ready.Add(r.Settle + freeSlack)
 			}
 		}
@@ -573,7 +583,7 @@ func (c *checker) checkEDF() {
 		if op.Kind == Dequeue && op.Outcome == Unknown {
 			to := op.End.Add(c.run.Queues[op.Queue].Lease + freeSlack)
 			for _, r := range c.run.Restarts {
-				if !r.Killed.Before(op.Start) && !r.Killed.After(to) && r.Ready.Add(r.Settle+c.run.Queues[op.Queue].Lease+freeSlack).After(to) {
+				if r.across(op.Start, to) && r.Ready.Add(r.Settle+c.run.Queues[op.Queue].Lease+freeSlack).After(to) {
 					to = r.Ready.Add(r.Settle + c.run.Queues[op.Queue].Lease + freeSlack)
 				}
 			}

@@ -59,11 +59,16 @@ func freedThenDequeued(ms int) Run {
 // write of foo's lease whose acknowledgement the restart lost holds foo for up to settle after the
 // restart.
 func heldAcrossServerRestart(ms int, settle time.Duration) Run {
+	return heldAcrossServerRestartFrom(5, ms, settle)
+}
+
+// heldAcrossServerRestartFrom is heldAcrossServerRestart with foo's lease granted at grant.
+func heldAcrossServerRestartFrom(grant, ms int, settle time.Duration) Run {
 	return Run{Ops: []Op{
 		enq("x", "first", 0, 0, 2, map[string]string{"p": "foo"}),
 		enq("x", "urgent", 1, 0, 2, map[string]string{"p": "foo"}),
 		enq("x", "late", 9, 0, 2, map[string]string{"p": "bar"}),
-		deq("x", "r0", 5, 7, ls("first", "L0", 0, "foo", 6, 1006)),
+		deq("x", "r0", grant, grant+2, ls("first", "L0", 0, "foo", grant+1, grant+1001)),
 		deq("x", "r1", ms, ms+2, ls("late", "L1", 9, "bar", ms+1, ms+1001)),
 	}, Restarts: []Restart{{Killed: at(600), Ready: at(700), Settle: settle}},
 		Final: finals("x/first", "pending", 1, "x/urgent", "pending", 0, "x/late", "running", 1)}
@@ -486,6 +491,15 @@ func TestChecker(t *testing.T) {
 		{
 			name: "edf: settling the writes a server's restart cut short, the broker may hold the value 6s more",
 			run:  heldAcrossServerRestart(4000, 6*time.Second),
+		},
+		{
+			name: "edf: a lease granted while the server restarted may lose a write too",
+			run:  heldAcrossServerRestartFrom(650, 4000, 6*time.Second),
+		},
+		{
+			name:  "edf: a lease granted after the restart is not held by it",
+			run:   heldAcrossServerRestartFrom(750, 4000, 6*time.Second),
+			rules: []string{"edf"},
 		},
 		{
 			name:  "edf: past that, the value is free",
