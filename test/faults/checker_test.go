@@ -74,6 +74,19 @@ func heldAcrossServerRestartFrom(grant, ms int, settle time.Duration) Run {
 		Final: finals("x/first", "pending", 1, "x/urgent", "pending", 0, "x/late", "running", 1)}
 }
 
+// batchOfTwo: in a queue of two running per value, a1 and a2 (value a, priorities 0 and 1) and b1
+// (value b, priority 9) wait, and a batch of two leases a1 and second.
+func batchOfTwo(second string) Run {
+	leased := map[string]Lease{"a2": ls("a2", "L2", 1, "a", 51, 1051), "b1": ls("b1", "L2", 9, "b", 51, 1051)}
+	waiting := map[string]string{"a2": "b1", "b1": "a2"}[second]
+	return Run{Ops: []Op{
+		enq("x2", "a1", 0, 0, 2, map[string]string{"p": "a"}),
+		enq("x2", "a2", 1, 0, 2, map[string]string{"p": "a"}),
+		enq("x2", "b1", 9, 0, 2, map[string]string{"p": "b"}),
+		deq("x2", "r1", 50, 52, ls("a1", "L1", 0, "a", 51, 1051), leased[second]),
+	}, Final: finals("x2/a1", "running", 1, "x2/"+second, "running", 1, "x2/"+waiting, "pending", 0)}
+}
+
 func finals(kv ...any) map[string]Final {
 	out := map[string]Final{}
 	for i := 0; i < len(kv); i += 3 {
@@ -507,23 +520,13 @@ func TestChecker(t *testing.T) {
 			rules: []string{"edf"},
 		},
 		{
-			name: "edf: two per value, a batch of two takes a1 and the less urgent b1 while a2 waits",
-			run: Run{Ops: []Op{
-				enq("x2", "a1", 0, 0, 2, map[string]string{"p": "a"}),
-				enq("x2", "a2", 1, 0, 2, map[string]string{"p": "a"}),
-				enq("x2", "b1", 9, 0, 2, map[string]string{"p": "b"}),
-				deq("x2", "r1", 50, 52, ls("a1", "L1", 0, "a", 51, 1051), ls("b1", "L2", 9, "b", 51, 1051)),
-			}, Final: finals("x2/a1", "running", 1, "x2/a2", "pending", 0, "x2/b1", "running", 1)},
+			name:  "edf: two per value, a batch of two takes a1 and the less urgent b1 while a2 waits",
+			run:   batchOfTwo("b1"),
 			rules: []string{"edf"},
 		},
 		{
 			name: "edf: two per value, a batch of two takes a1 and a2 while b1 waits: fine",
-			run: Run{Ops: []Op{
-				enq("x2", "a1", 0, 0, 2, map[string]string{"p": "a"}),
-				enq("x2", "a2", 1, 0, 2, map[string]string{"p": "a"}),
-				enq("x2", "b1", 9, 0, 2, map[string]string{"p": "b"}),
-				deq("x2", "r1", 50, 52, ls("a1", "L1", 0, "a", 51, 1051), ls("a2", "L2", 1, "a", 51, 1051)),
-			}, Final: finals("x2/a1", "running", 1, "x2/a2", "running", 1, "x2/b1", "pending", 0)},
+			run:  batchOfTwo("a2"),
 		},
 		{
 			name: "edf: two per value, a0 running: a batch may take one more of a, so a1 and b1 while a2 waits is fine",
