@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -70,6 +71,7 @@ type serveConfig struct {
 	httpHosts         hostsFlag
 	claimTTL          time.Duration
 	writeTimeout      time.Duration
+	natsCreds         string        // a user credentials file for --nats-url's server; empty: none
 	startTimeout      time.Duration // 0: no bound
 	logLevel          slog.Level
 	logFormat         string
@@ -130,6 +132,7 @@ Flags:
 	fs.StringVar(&dataDir, "data", DefaultDataDir, "JetStream store `dir`ectory of the embedded server")
 	fs.StringVar(&listen, "listen", DefaultListen, "`host:port` where the embedded server accepts NATS clients (port 0: any free port)")
 	fs.StringVar(&cfg.natsURL, "nats-url", "", "`url` of an existing NATS server with JetStream to use instead of the embedded one")
+	fs.StringVar(&cfg.natsCreds, "nats-creds", "", "user credentials `file` (a user JWT and its NKey seed, as `nsc` writes them) to log in to --nats-url's server with")
 	fs.StringVar(&syncMode, "sync", "default", "embedded server's JetStream sync `mode`: always (fsync before every ack) or default")
 	fs.StringVar(&cfg.prefix, "prefix", subjects.DefaultPrefix, "`prefix` of the request subjects")
 	fs.StringVar(&cfg.storePrefix, "store-prefix", kv.DefaultPrefix, "`prefix` of the KV buckets, the bodies and events streams, and the events' subjects (another store needs another --prefix too)")
@@ -158,6 +161,18 @@ Flags:
 	}
 	if fs.NArg() > 0 {
 		return usageErr("unexpected argument %q", fs.Arg(0))
+	}
+	if cfg.natsCreds != "" {
+		if cfg.natsURL == "" {
+			return usageErr("--nats-creds needs --nats-url: the embedded server takes no login")
+		}
+		// nats.go reads the file only when it connects, and would report a missing one as a
+		// failure to connect.
+		f, err := os.Open(cfg.natsCreds)
+		if err != nil {
+			return usageErr("--nats-creds: %v", err)
+		}
+		f.Close()
 	}
 	if cfg.natsURL != "" {
 		var given []string
@@ -296,7 +311,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 	// The HTTP listener first: a standby answers /healthz, and /metrics says it does not serve
 	// (natstone_broker_serving); the dashboard talks to whichever broker serves.
 	httpAttrs, stopHTTP, err := startHTTP(cfg, b, m, func() (*nats.Conn, error) {
-		return nats.Connect(cfg.natsURL, nats.Name(connName+"-http"), nats.MaxReconnects(-1))
+		return nats.Connect(cfg.natsURL, append(cfg.natsLogin(), nats.Name(connName+"-http"), nats.MaxReconnects(-1))...)
 	}, storeNC, log)
 	if err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
@@ -418,6 +433,15 @@ var errStartTimeout = errors.New("--start-timeout ran out")
 
 // connect opens a connection of the broker named name to cfg.natsURL, reconnecting forever.
 // closed is closed when the connection is.
+// natsLogin returns the options that log a connection in to --nats-url's server: its credentials
+// file, if given (a user and password may be in the URL itself).
+func (cfg *serveConfig) natsLogin() []nats.Option {
+	if cfg.natsCreds == "" {
+		return nil
+	}
+	return []nats.Option{nats.UserCredentials(cfg.natsCreds)}
+}
+
 func connect(cfg *serveConfig, log *slog.Logger, name string, closed chan struct{}) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
@@ -438,7 +462,7 @@ func connect(cfg *serveConfig, log *slog.Logger, name string, closed chan struct
 			log.Error("nats async error", "err", err)
 		}),
 	}
-	nc, err := nats.Connect(cfg.natsURL, append(opts, nats.MaxReconnects(-1))...)
+	nc, err := nats.Connect(cfg.natsURL, append(append(opts, cfg.natsLogin()...), nats.MaxReconnects(-1))...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", redactURL(cfg.natsURL), err)
 	}

@@ -279,6 +279,8 @@ func TestUsageErrors(t *testing.T) {
 		{"zero events max bytes", []string{"serve", "--events-max-bytes", "0"}, "--events-max-bytes must be positive or -1"},
 		{"negative events max bytes", []string{"serve", "--events-max-bytes", "-2"}, "--events-max-bytes must be positive or -1"},
 		{"short claim ttl", []string{"serve", "--claim-ttl", "500ms"}, "--claim-ttl must be at least 1s"},
+		{"creds without nats-url", []string{"serve", "--nats-creds", "user.creds"}, "--nats-creds needs --nats-url"},
+		{"missing creds", []string{"serve", "--nats-url", "nats://127.0.0.1:1", "--nats-creds", "/nonexistent/user.creds"}, "--nats-creds: open /nonexistent/user.creds"},
 		{"short write timeout", []string{"serve", "--write-timeout", "50ms"}, "--write-timeout must be at least 100ms, not 50ms"},
 		{"negative start timeout", []string{"serve", "--start-timeout", "-1s"}, "--start-timeout cannot be negative"},
 		{"http host without http", []string{"serve", "--http-host", "dash.corp"}, "--http-host needs --http"},
