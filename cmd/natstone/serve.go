@@ -72,6 +72,8 @@ type serveConfig struct {
 	claimTTL          time.Duration
 	writeTimeout      time.Duration
 	natsCreds         string        // a user credentials file for --nats-url's server; empty: none
+	natsCA            string        // the CA certificates that --nats-url's server's is checked against (PEM)
+	natsCert, natsKey string        // a client certificate and its key, for a server that asks for one
 	startTimeout      time.Duration // 0: no bound
 	logLevel          slog.Level
 	logFormat         string
@@ -133,6 +135,9 @@ Flags:
 	fs.StringVar(&listen, "listen", DefaultListen, "`host:port` where the embedded server accepts NATS clients (port 0: any free port)")
 	fs.StringVar(&cfg.natsURL, "nats-url", "", "`url` of an existing NATS server with JetStream to use instead of the embedded one")
 	fs.StringVar(&cfg.natsCreds, "nats-creds", "", "user credentials `file` (a user JWT and its NKey seed, as `nsc` writes them) to log in to --nats-url's server with")
+	fs.StringVar(&cfg.natsCA, "nats-ca", "", "`file` of the CA certificates (PEM) that --nats-url's server's TLS certificate must chain to, instead of the system's")
+	fs.StringVar(&cfg.natsCert, "nats-cert", "", "client certificate `file` (PEM) for a --nats-url server that asks for one (with --nats-key)")
+	fs.StringVar(&cfg.natsKey, "nats-key", "", "the client certificate's private key `file` (PEM)")
 	fs.StringVar(&syncMode, "sync", "default", "embedded server's JetStream sync `mode`: always (fsync before every ack) or default")
 	fs.StringVar(&cfg.prefix, "prefix", subjects.DefaultPrefix, "`prefix` of the request subjects")
 	fs.StringVar(&cfg.storePrefix, "store-prefix", kv.DefaultPrefix, "`prefix` of the KV buckets, the bodies and events streams, and the events' subjects (another store needs another --prefix too)")
@@ -162,15 +167,23 @@ Flags:
 	if fs.NArg() > 0 {
 		return usageErr("unexpected argument %q", fs.Arg(0))
 	}
-	if cfg.natsCreds != "" {
+	if (cfg.natsCert == "") != (cfg.natsKey == "") {
+		return usageErr("--nats-cert and --nats-key go together")
+	}
+	for _, file := range []struct{ flag, path string }{
+		{"nats-creds", cfg.natsCreds}, {"nats-ca", cfg.natsCA}, {"nats-cert", cfg.natsCert}, {"nats-key", cfg.natsKey},
+	} {
+		if file.path == "" {
+			continue
+		}
 		if cfg.natsURL == "" {
-			return usageErr("--nats-creds needs --nats-url: the embedded server takes no login")
+			return usageErr("--%s needs --nats-url: it is for an existing server (the embedded one takes no login and no TLS)", file.flag)
 		}
 		// nats.go reads the file only when it connects, and would report a missing one as a
 		// failure to connect.
-		f, err := os.Open(cfg.natsCreds)
+		f, err := os.Open(file.path)
 		if err != nil {
-			return usageErr("--nats-creds: %v", err)
+			return usageErr("--%s: %v", file.flag, err)
 		}
 		f.Close()
 	}
@@ -431,17 +444,24 @@ func timedOut(bound context.Context, timeout time.Duration, err error) error {
 // errStartTimeout is the cause of a start's ctx that --start-timeout ended.
 var errStartTimeout = errors.New("--start-timeout ran out")
 
-// connect opens a connection of the broker named name to cfg.natsURL, reconnecting forever.
-// closed is closed when the connection is.
 // natsLogin returns the options that log a connection in to --nats-url's server: its credentials
-// file, if given (a user and password may be in the URL itself).
+// file (a user and password may be in the URL itself), and the TLS files, if given.
 func (cfg *serveConfig) natsLogin() []nats.Option {
-	if cfg.natsCreds == "" {
-		return nil
+	var opts []nats.Option
+	if cfg.natsCreds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.natsCreds))
 	}
-	return []nats.Option{nats.UserCredentials(cfg.natsCreds)}
+	if cfg.natsCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.natsCA))
+	}
+	if cfg.natsCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.natsCert, cfg.natsKey))
+	}
+	return opts
 }
 
+// connect opens a connection of the broker named name to cfg.natsURL, reconnecting forever.
+// closed is closed when the connection is.
 func connect(cfg *serveConfig, log *slog.Logger, name string, closed chan struct{}) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
