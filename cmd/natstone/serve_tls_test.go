@@ -103,7 +103,7 @@ func TestServeWithTLS(t *testing.T) {
 
 	for what, args := range map[string][]string{
 		"without a client certificate": {"--nats-ca", ca.cert},
-		"without the CA":                {"--nats-cert", client.cert, "--nats-key", client.key},
+		"without the CA":               {"--nats-cert", client.cert, "--nats-key", client.key},
 	} {
 		p := startProc(t, append([]string{"serve", "--nats-url", url}, args...)...)
 		if c := p.wait(t); c != exitError {
