@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -72,7 +73,7 @@ type serveConfig struct {
 	claimTTL          time.Duration
 	writeTimeout      time.Duration
 	natsCreds         string        // a user credentials file for --nats-url's server; empty: none
-	natsCA            string        // the CA certificates that --nats-url's server's is checked against (PEM)
+	natsCA            string        // the CA certificates (PEM) that --nats-url's server's certificate must chain to
 	natsCert, natsKey string        // a client certificate and its key, for a server that asks for one
 	startTimeout      time.Duration // 0: no bound
 	logLevel          slog.Level
@@ -167,9 +168,6 @@ Flags:
 	if fs.NArg() > 0 {
 		return usageErr("unexpected argument %q", fs.Arg(0))
 	}
-	if (cfg.natsCert == "") != (cfg.natsKey == "") {
-		return usageErr("--nats-cert and --nats-key go together")
-	}
 	for _, file := range []struct{ flag, path string }{
 		{"nats-creds", cfg.natsCreds}, {"nats-ca", cfg.natsCA}, {"nats-cert", cfg.natsCert}, {"nats-key", cfg.natsKey},
 	} {
@@ -181,11 +179,15 @@ Flags:
 		}
 		// nats.go reads the file only when it connects, and would report a missing one as a
 		// failure to connect.
-		f, err := os.Open(file.path)
-		if err != nil {
+		if err := readable(file.path); err != nil {
 			return usageErr("--%s: %v", file.flag, err)
 		}
-		f.Close()
+	}
+	if (cfg.natsCert == "") != (cfg.natsKey == "") {
+		return usageErr("--nats-cert and --nats-key go together")
+	}
+	if u, err := url.Parse(cfg.natsURL); err == nil && u.User != nil && cfg.natsCreds != "" {
+		return usageErr("--nats-creds and a user in --nats-url are two logins: give one")
 	}
 	if cfg.natsURL != "" {
 		var given []string
@@ -443,6 +445,19 @@ func timedOut(bound context.Context, timeout time.Duration, err error) error {
 
 // errStartTimeout is the cause of a start's ctx that --start-timeout ended.
 var errStartTimeout = errors.New("--start-timeout ran out")
+
+// readable reports why path cannot be read as a file, or nil.
+func readable(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.IsDir() {
+		return cmp.Or(err, fmt.Errorf("%s is a directory", path))
+	}
+	return nil
+}
 
 // natsLogin returns the options that log a connection in to --nats-url's server: its credentials
 // file (a user and password may be in the URL itself), and the TLS files, if given.

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -101,13 +102,18 @@ func TestServeWithTLS(t *testing.T) {
 	}
 	url := strings.Replace(ns.ClientURL(), "nats://", "tls://", 1)
 
-	for what, args := range map[string][]string{
-		"without a client certificate": {"--nats-ca", ca.cert},
-		"without the CA":               {"--nats-cert", client.cert, "--nats-key", client.key},
+	for _, tt := range []struct {
+		what string
+		args []string
+		why  *regexp.Regexp // in the log
+	}{
+		// The server's alert, or its closing the connection, whichever the client reads first.
+		{"without a client certificate", []string{"--nats-ca", ca.cert}, regexp.MustCompile(`tls: certificate required|closed by remote after TLS handshake`)},
+		{"without the CA", []string{"--nats-cert", client.cert, "--nats-key", client.key}, regexp.MustCompile(`certificate signed by unknown authority`)},
 	} {
-		p := startProc(t, append([]string{"serve", "--nats-url", url}, args...)...)
-		if c := p.wait(t); c != exitError {
-			t.Fatalf("serve %s: exit code %d, want %d:\n%s", what, c, exitError, p.log)
+		p := startProc(t, append([]string{"serve", "--nats-url", url}, tt.args...)...)
+		if c := p.wait(t); c != exitError || !tt.why.MatchString(p.log.String()) {
+			t.Fatalf("serve %s: exit code %d, want %d with %q:\n%s", tt.what, c, exitError, tt.why, p.log)
 		}
 	}
 	inProcess(t, "--nats-url", url, "--nats-ca", ca.cert, "--nats-cert", client.cert, "--nats-key", client.key)

@@ -41,15 +41,21 @@ type login struct {
 	errs chan error
 }
 
+// logIn connects as user; a client (not the broker) gets its own inbox, _INBOX_<user>, as
+// docs/security.md says.
 func logIn(t *testing.T, url, user, password string) *login {
 	t.Helper()
 	l := &login{errs: make(chan error, 16)}
-	nc, err := nats.Connect(url, nats.UserInfo(user, password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	opts := []nats.Option{nats.UserInfo(user, password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
 		case l.errs <- err:
 		default:
 		}
-	}))
+	})}
+	if user != "natstone" {
+		opts = append(opts, nats.CustomInboxPrefix("_INBOX_"+user))
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatalf("log in as %s: %v", user, err)
 	}
@@ -64,16 +70,33 @@ func (l *login) refused(t *testing.T, subject string) {
 	if err := l.nc.Publish(subject, []byte(`{}`)); err != nil {
 		t.Fatalf("publish to %s: %v", subject, err)
 	}
+	l.violation(t, "Publish to \""+subject+"\"")
+}
+
+// refusedSub subscribes to subject and waits for the server to refuse it.
+func (l *login) refusedSub(t *testing.T, subject string) {
+	t.Helper()
+	sub, err := l.nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatalf("subscribe to %s: %v", subject, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	l.violation(t, "Subscription to \""+subject+"\"")
+}
+
+// violation waits for the server's permissions violation about what.
+func (l *login) violation(t *testing.T, what string) {
+	t.Helper()
 	if err := l.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-l.errs:
-		if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), subject) {
-			t.Fatalf("publish to %s: %v, want a permissions violation for it", subject, err)
+		if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), what) {
+			t.Fatalf("%s: %v, want a permissions violation for it", what, err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatalf("publish to %s: the server did not refuse it", subject)
+		t.Fatalf("%s: the server did not refuse it", what)
 	}
 }
 
@@ -141,24 +164,73 @@ func TestDocumentedPermissions(t *testing.T) {
 	}
 
 	producer := logIn(t, url, "producer", passwords["producer"])
-	if _, err := client(producer).Enqueue(ctx, "jobs", []byte("hello"), &workers.EnqueueOpts{ID: "job-1"}); err != nil {
+	if _, err := client(producer).Enqueue(ctx, "jobs", []byte("hello"), &workers.EnqueueOpts{ID: "job-1", Priority: ptr(int64(1))}); err != nil {
 		t.Fatalf("the producer's enqueue: %v", err)
+	}
+	var batch []workers.BatchMessage
+	for i, id := range []string{"job-2", "job-3", "job-4"} {
+		batch = append(batch, workers.BatchMessage{Payload: []byte(id), EnqueueOpts: workers.EnqueueOpts{ID: id, Priority: ptr(int64(2 + i))}})
+	}
+	if _, err := client(producer).EnqueueBatch(ctx, "jobs", batch); err != nil {
+		t.Fatalf("the producer's batch: %v", err)
 	}
 	producer.refused(t, "natstone.v1.dequeue.jobs")
 
 	worker := logIn(t, url, "worker", passwords["worker"])
-	ms, err := client(worker).Dequeue(ctx, "jobs", nil)
-	if err != nil || len(ms) != 1 || ms[0].ID != "job-1" {
-		t.Fatalf("the worker's dequeue: %+v, %v; want job-1", ms, err)
+	w := client(worker)
+	leased := func() workers.Message {
+		t.Helper()
+		ms, err := w.Dequeue(ctx, "jobs", nil)
+		if err != nil || len(ms) != 1 {
+			t.Fatalf("the worker's dequeue: %+v, %v; want a message", ms, err)
+		}
+		return ms[0]
 	}
-	if _, err := client(worker).Complete(ctx, "jobs", "job-1", ms[0].LeaseID); err != nil {
-		t.Fatalf("the worker's complete: %v", err)
+	m := leased()
+	if _, err := w.Extend(ctx, "jobs", m.ID, m.LeaseID, time.Minute); err != nil {
+		t.Fatalf("the worker's extend: %v", err)
+	}
+	if _, err := w.Release(ctx, "jobs", m.ID, m.LeaseID, nil); err != nil {
+		t.Fatalf("the worker's release: %v", err)
+	}
+	if m = leased(); m.ID != "job-1" {
+		t.Fatalf("leased %s after job-1's release, want job-1", m.ID)
+	}
+	settled, err := w.CompleteNext(ctx, "jobs", m.ID, m.LeaseID, &workers.DequeueOpts{})
+	if err != nil || settled.NextErr != nil || len(settled.Next) != 1 || settled.Next[0].ID != "job-2" {
+		t.Fatalf("the worker's complete with next: %+v, %v; want job-2 next", settled, err)
+	}
+	if _, err := w.Cancel(ctx, "jobs", "job-2", settled.Next[0].LeaseID); err != nil {
+		t.Fatalf("the worker's cancel: %v", err)
+	}
+	done := make(chan string, 2)
+	loop, err := workers.NewWorker(w, &workers.WorkerConfig{Queue: "jobs"}, workers.HandlerFunc(func(_ context.Context, j *workers.Job) error {
+		done <- j.ID
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := loop.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"job-3", "job-4"} {
+		select {
+		case got := <-done:
+			if got != want {
+				t.Fatalf("the worker loop ran %s, want %s", got, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("the worker loop did not run %s", want)
+		}
+	}
+	if err := loop.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 	forged := "natstone.events.jobs.completed.Zm9yZ2Vk"
-	for _, subject := range []string{forged, "$KV.natstone-messages.jobs.am9iLTE", "$JS.API.STREAM.DELETE.natstone-events"} {
+	for _, subject := range []string{forged, "$KV.natstone-messages.jobs.am9iLTE", "natstone.body.forged", "$JS.API.STREAM.DELETE.natstone-events", "natstone.v1.enqueue.jobs"} {
 		worker.refused(t, subject)
 	}
-	worker.refused(t, "natstone.v1.enqueue.jobs")
 
 	for {
 		m, err := events.NextMsg(10 * time.Second)
@@ -169,10 +241,27 @@ func TestDocumentedPermissions(t *testing.T) {
 			break
 		}
 	}
-	h, err := client(watcher).History(ctx, "jobs", "job-1", 0)
+	r := client(watcher)
+	h, err := r.History(ctx, "jobs", "job-1", 0)
 	if err != nil || len(h.Events) == 0 || h.Events[len(h.Events)-1].Kind != "completed" {
 		t.Fatalf("the watcher's history: %+v, %v; want job-1's events, completed last", h, err)
 	}
+	if got, err := r.Get(ctx, "jobs", "job-1"); err != nil || string(got.Payload) != "hello" {
+		t.Fatalf("the watcher's get: %+v, %v", got, err)
+	}
+	if counts, err := r.Depth(ctx, "jobs", nil); err != nil || counts.Completed != 3 || counts.Canceled != 1 {
+		t.Fatalf("the watcher's depth: %+v, %v; want 3 completed and 1 canceled", counts, err)
+	}
+	if _, err := r.Stats(ctx, "jobs", nil); err != nil {
+		t.Fatalf("the watcher's stats: %v", err)
+	}
+	if ms, _, err := r.Browse(ctx, "jobs", "completed", nil); err != nil || len(ms) != 3 {
+		t.Fatalf("the watcher's listing: %d completed, %v; want 3", len(ms), err)
+	}
+	// Replies are read in one's own inbox only: not every client's, not the broker's storage
+	// traffic, not the worker's.
+	watcher.refusedSub(t, "_INBOX.>")
+	watcher.refusedSub(t, "_INBOX_worker.>")
 
 	js, err := jetstream.New(owner.nc)
 	if err != nil {
@@ -186,3 +275,5 @@ func TestDocumentedPermissions(t *testing.T) {
 		t.Fatalf("the forged event: %v, %v; want none stored", m, err)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
