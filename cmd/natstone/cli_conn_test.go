@@ -135,24 +135,10 @@ func TestCLINatsContext(t *testing.T) {
 // and returns the server's URL (without credentials).
 func startAuthNatstone(t *testing.T) string {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(),
-		Users: []*server.User{{Username: "alice", Password: "secret"}}, NoLog: true, NoSigs: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(deadline) {
-		t.Fatal("nats-server not ready")
-	}
+	srv := natstest.StartOptions(t, &server.Options{Users: []*server.User{{Username: "alice", Password: "secret"}}})
 	var conns []*nats.Conn
 	for range 2 {
-		nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("alice", "secret"))
+		nc, err := nats.Connect(srv.URL(), nats.UserInfo("alice", "secret"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,7 +161,7 @@ func startAuthNatstone(t *testing.T) string {
 			t.Errorf("stopping the broker: %v", err)
 		}
 	})
-	return ns.ClientURL()
+	return srv.URL()
 }
 
 func TestCLINatsContextAuth(t *testing.T) {

@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // operatorServer starts a nats-server in operator mode, as NGS, Synadia Cloud and nsc-managed
@@ -64,23 +66,10 @@ func operatorServer(t *testing.T) (url, creds string) {
 			t.Fatal(err)
 		}
 	}
-	ns, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		TrustedOperators: []*jwt.OperatorClaims{opc}, AccountResolver: resolver,
-		SystemAccount: sysPub, NoLog: true, NoSigs: true,
+	srv := natstest.StartOptions(t, &server.Options{
+		TrustedOperators: []*jwt.OperatorClaims{opc}, AccountResolver: resolver, SystemAccount: sysPub,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(deadline) {
-		t.Fatal("nats-server not ready")
-	}
-	return ns.ClientURL(), creds
+	return srv.URL(), creds
 }
 
 func newKeys(t *testing.T, create func() (nkeys.KeyPair, error)) nkeys.KeyPair {

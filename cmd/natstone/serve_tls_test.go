@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // certFiles is a certificate and its key, as PEM files, and the certificate parsed.
@@ -84,23 +86,11 @@ func TestServeWithTLS(t *testing.T) {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.parsed)
-	ns, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+	srv := natstest.StartOptions(t, &server.Options{
 		TLS: true, TLSVerify: true, TLSTimeout: 5,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(deadline) {
-		t.Fatal("nats-server not ready")
-	}
-	url := strings.Replace(ns.ClientURL(), "nats://", "tls://", 1)
+	url := strings.Replace(srv.URL(), "nats://", "tls://", 1)
 
 	for _, tt := range []struct {
 		what string

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/test/natstest"
 	"github.com/natstone/natstone/workers"
 )
 
@@ -115,20 +116,7 @@ func TestDocumentedPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatalf("docs/security.md's configuration: %v", err)
 	}
-	opts.Host, opts.Port, opts.StoreDir, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, t.TempDir(), true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	url := ns.ClientURL()
+	url := natstest.StartOptions(t, opts).URL()
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

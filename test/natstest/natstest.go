@@ -58,6 +58,18 @@ func Start(t testing.TB, opts *Options) *Server {
 	return start(t, &server.Options{StoreDir: o.StoreDir, SyncAlways: o.SyncAlways, MaxPayload: o.MaxPayload}, server.RANDOM_PORT)
 }
 
+// StartOptions is Start for what Options does not cover (logins, permissions, TLS, an operator): a
+// server of opts, on 127.0.0.1 on a random free port, with JetStream in opts.StoreDir (or
+// t.TempDir() if that is empty).
+func StartOptions(t testing.TB, opts *server.Options) *Server {
+	t.Helper()
+	o := opts.Clone()
+	if o.StoreDir == "" {
+		o.StoreDir = t.TempDir()
+	}
+	return start(t, o, server.RANDOM_PORT)
+}
+
 // start runs a server on 127.0.0.1 with JetStream and opts on client port (RANDOM_PORT for any
 // free port), registers its shutdown with t.Cleanup and waits until it accepts connections. The
 // server logs nothing unless NATSTEST_LOG=1 is set.
