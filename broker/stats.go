@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/natstone/natstone/broker/index"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
@@ -256,14 +257,17 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	var key func(*entry) int64 // the order's first key; ties by Seq
 	if r.State == subjects.StatePending {
 		// The index holds the pending messages in EDF order; the filter is the dequeue's. A page
-		// after the first skips the messages up to its cursor.
+		// after the first starts after its cursor, found in O(log n).
 		key = func(e *entry) int64 { return e.Priority }
-		q.pending.Ascend(toFilter(r.Filter), func(e *entry) bool {
-			if after.before(key(e), e.Seq) {
-				found = append(found, e)
-			}
+		visit := func(e *entry) bool {
+			found = append(found, e)
 			return len(found) <= limit
-		})
+		}
+		if after.set {
+			q.pending.AscendAfter(toFilter(r.Filter), &entry{Item: index.Item{Priority: after.key, Seq: after.seq}}, visit)
+		} else {
+			q.pending.Ascend(toFilter(r.Filter), visit)
+		}
 	} else {
 		d := q.heapOf(r.State)
 		key = d.key

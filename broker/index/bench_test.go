@@ -70,6 +70,32 @@ func BenchmarkExclusivePeekBatch(b *testing.B) {
 	}
 }
 
+// BenchmarkDeepPage lists a page of 50 messages 90% deep into a 1M-message
+// index, as browse's next page does: from its cursor (AscendAfter), and by
+// walking past the messages before it (what browse did until 2026-11-26).
+func BenchmarkDeepPage(b *testing.B) {
+	x, _, _ := benchIndex(false, benchN, nil)
+	var pivot *rec
+	n := 0
+	x.Ascend(nil, func(r *rec) bool {
+		pivot, n = r, n+1
+		return n < benchN*9/10
+	})
+	page := func(r *rec) bool { n++; return n < 50 }
+	b.Run("after", func(b *testing.B) {
+		for b.Loop() {
+			n = 0
+			x.AscendAfter(nil, pivot, page)
+		}
+	})
+	b.Run("walk", func(b *testing.B) {
+		for b.Loop() {
+			n = 0
+			x.Ascend(nil, func(r *rec) bool { return less(r, pivot) || !less(pivot, r) || page(r) })
+		}
+	})
+}
+
 // BenchmarkFilteredPopAdd pops with a filter matching 0.1% of a 1M-message
 // index; every message carries two pairs.
 func BenchmarkFilteredPopAdd(b *testing.B) {

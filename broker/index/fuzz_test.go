@@ -201,7 +201,7 @@ func runOps(t *testing.T, data []byte) {
 		return created[int(r.next())%len(created)]
 	}
 	for op := 0; !r.done() && op < maxFuzzOps; op++ {
-		switch code := r.next() % 13; code {
+		switch code := r.next() % 14; code {
 		case 0, 1, 2, 5:
 			// A new message, or (5) a twin of an existing one: a different
 			// element with the same (Priority, Seq).
@@ -255,6 +255,25 @@ func runOps(t *testing.T, data []byte) {
 			x.Release(v)
 			if m.held[v] > 0 {
 				m.held[v]--
+			}
+		case 13:
+			fl, pivot := r.filter(), pick()
+			if pivot == nil {
+				continue
+			}
+			var got []*rec
+			x.AscendAfter(fl, pivot, func(e *rec) bool {
+				got = append(got, e)
+				return true
+			})
+			var want []*rec
+			for _, e := range m.peekAll(fl) {
+				if less(pivot, e) {
+					want = append(want, e)
+				}
+			}
+			if !sameRecs(got, want) {
+				t.Fatalf("op %d: AscendAfter(%v, %s) = %v, want %v", op, fl, pivot.name, got, want)
 			}
 		case 12:
 			n := int(r.next()%6) - 1 // -1 and 0 are 1

@@ -191,6 +191,28 @@ func (x *Index[T]) Count(f Filter) int {
 	return n
 }
 
+// AscendAfter is Ascend from the first message after pivot in EDF order
+// (pivot need not be in the index; only its Priority and Seq count): a
+// listing's next page costs O(log n), not a walk past the pages before it.
+func (x *Index[T]) AscendAfter(f Filter, pivot T, fn func(T) bool) {
+	if fn == nil {
+		return
+	}
+	x.ascending++
+	defer func() { x.ascending-- }()
+	if len(f) == 0 {
+		x.all.ascendAfter(pivot, fn)
+		return
+	}
+	s := x.smallest(f)
+	if s == nil {
+		return
+	}
+	s.ascendAfter(pivot, func(e T) bool {
+		return !e.IndexItem().matches(f) || fn(e)
+	})
+}
+
 // Ascend calls fn for the pending messages matching f, those of held values
 // included, in EDF order until fn returns false. fn may call the read-only
 // methods and Hold and Release; Add, Remove and Pop called from fn do nothing

@@ -149,6 +149,20 @@ func (s *orderedSet[T]) after(e T) (T, bool) {
 	return s.rest.after(e)
 }
 
+// ascendAfter is ascend from the first element greater than pivot.
+func (s *orderedSet[T]) ascendAfter(pivot T, fn func(T) bool) {
+	var zero T
+	if s.head == zero {
+		return
+	}
+	if less(pivot, s.head) && !fn(s.head) {
+		return
+	}
+	if s.rest != nil {
+		s.rest.ascendAfter(pivot, fn)
+	}
+}
+
 // first returns up to n elements in EDF order; nil if there are none.
 func (s *orderedSet[T]) first(n int) []T {
 	n = min(n, s.len())
@@ -260,6 +274,21 @@ func (t *tail[T]) get(e T) (T, bool) {
 	}
 	var zero T
 	return zero, false
+}
+
+// ascendAfter is orderedSet.ascendAfter for the tail.
+func (t *tail[T]) ascendAfter(pivot T, fn func(T) bool) {
+	if t.big != nil {
+		t.big.AscendGreaterOrEqual(pivot, func(x T) bool {
+			return !less(pivot, x) || fn(x) // an element of pivot's key is not after it
+		})
+		return
+	}
+	for i := t.search(pivot); i < len(t.small); i++ {
+		if less(pivot, t.small[i]) && !fn(t.small[i]) {
+			return
+		}
+	}
 }
 
 // after is orderedSet.after for the tail.
