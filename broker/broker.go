@@ -52,6 +52,10 @@ type Config struct {
 	Logger *slog.Logger
 	// WriteTimeout bounds a storage write's acknowledgement. Default DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// StoreMaxBytes bounds each of the store's buckets, its payloads stream and its snapshots (the
+	// events stream has EventsMaxBytes), as an account that requires every stream to declare a size
+	// demands. Writes past it fail. 0 or -1: no bound (the default).
+	StoreMaxBytes int64
 	// DisableEvents turns the events stream off: no transition is published and history answers
 	// unavailable.
 	DisableEvents bool
@@ -154,6 +158,9 @@ func New(cfg *Config) (*Broker, error) {
 	c.EventsMaxBytes = cmp.Or(c.EventsMaxBytes, DefaultEventsMaxBytes)
 	if c.EventsMaxBytes < -1 {
 		return nil, fmt.Errorf("natstone: broker Config.EventsMaxBytes %d is negative (-1 means no bound)", c.EventsMaxBytes)
+	}
+	if c.StoreMaxBytes < -1 {
+		return nil, fmt.Errorf("natstone: broker Config.StoreMaxBytes %d is negative (-1 means no bound)", c.StoreMaxBytes)
 	}
 	c.ClaimTTL = cmp.Or(c.ClaimTTL, DefaultClaimTTL)
 	if c.ClaimTTL < time.Second {
@@ -319,7 +326,7 @@ func (b *Broker) Start(ctx context.Context) error {
 
 // kvConfig is the storage's configuration, through js.
 func (b *Broker) kvConfig(js jetstream.JetStream) *kv.Config {
-	return &kv.Config{JS: js, Prefix: b.cfg.StorePrefix, Replicas: b.cfg.Replicas, MemoryStorage: b.cfg.MemoryStorage}
+	return &kv.Config{JS: js, Prefix: b.cfg.StorePrefix, Replicas: b.cfg.Replicas, MemoryStorage: b.cfg.MemoryStorage, MaxBytes: b.cfg.StoreMaxBytes}
 }
 
 // open opens the storage: the buckets, the bodies stream and the events stream.

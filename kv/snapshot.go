@@ -641,6 +641,7 @@ func (s *Store) snapshotStore(ctx context.Context, cfg *Config) (jetstream.Objec
 			Description: "natstone message records at a clean stop",
 			Storage:     storage,
 			Replicas:    replicas,
+			MaxBytes:    cfg.maxBytes(),
 		})
 		if errors.Is(err, jetstream.ErrBucketExists) { // another broker may have made it meanwhile
 			obs, err = cfg.JS.ObjectStore(ctx, name)
@@ -654,9 +655,9 @@ func (s *Store) snapshotStore(ctx context.Context, cfg *Config) (jetstream.Objec
 		return nil, fmt.Errorf("kv: open object store %s: %w", name, err)
 	}
 	s.snapshotStream = st
-	if have := st.CachedInfo().Config; have.Duplicates != dedupeWindow || have.Replicas != replicas {
+	if have := st.CachedInfo().Config; have.Duplicates != dedupeWindow || have.Replicas != replicas || have.MaxBytes != cfg.maxBytes() {
 		want := have
-		want.Duplicates, want.Replicas = dedupeWindow, replicas
+		want.Duplicates, want.Replicas, want.MaxBytes = dedupeWindow, replicas, cfg.maxBytes()
 		if _, err := cfg.JS.UpdateStream(ctx, want); err != nil {
 			return nil, fmt.Errorf("kv: open object store %s: %w", name, err)
 		}

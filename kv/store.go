@@ -49,6 +49,18 @@ type Config struct {
 	Replicas int
 	// MemoryStorage keeps everything in memory instead of files (tests and benchmarks only).
 	MemoryStorage bool
+	// MaxBytes bounds each bucket, the bodies stream and the snapshots store (the events stream
+	// has its own bound, EventsConfig.MaxBytes): an account that requires every stream to declare
+	// a size (Synadia Cloud's) takes no stream without one. 0 or -1: no bound.
+	MaxBytes int64
+}
+
+// maxBytes is the bound of cfg.MaxBytes as a stream configuration says it: -1 for none.
+func (cfg *Config) maxBytes() int64 {
+	if cfg.MaxBytes <= 0 {
+		return -1
+	}
+	return cfg.MaxBytes
 }
 
 // Store is natstone's storage in JetStream. It is safe for concurrent use.
@@ -117,6 +129,10 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 		Replicas:    replicas,
 		AllowDirect: true,
 		Duplicates:  dedupeWindow,
+		MaxBytes:    cfg.maxBytes(),
+		// Full, it refuses a new payload: the default, discarding the oldest, would delete the
+		// payloads of messages still waiting to run.
+		Discard: jetstream.DiscardNew,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv: open stream %s-bodies: %w", s.prefix, err)
@@ -183,6 +199,7 @@ func (s *Store) bucket(ctx context.Context, cfg *Config, name, desc string, ttls
 			History:     1,
 			Storage:     storage,
 			Replicas:    replicas,
+			MaxBytes:    cfg.maxBytes(),
 		})
 		if err == nil || errors.Is(err, jetstream.ErrBucketExists) { // another broker may have made it meanwhile
 			st, err = cfg.JS.Stream(ctx, "KV_"+full)
@@ -195,9 +212,9 @@ func (s *Store) bucket(ctx context.Context, cfg *Config, name, desc string, ttls
 	have := st.CachedInfo().Config
 	want := have
 	want.Description, want.MaxMsgsPerSubject, want.Storage, want.Replicas = desc, 1, storage, replicas
-	want.Duplicates, want.AllowMsgTTL = dedupeWindow, have.AllowMsgTTL || ttls
+	want.Duplicates, want.AllowMsgTTL, want.MaxBytes = dedupeWindow, have.AllowMsgTTL || ttls, cfg.maxBytes()
 	if update && (want.Description != have.Description || want.MaxMsgsPerSubject != have.MaxMsgsPerSubject || want.Storage != have.Storage ||
-		want.Replicas != have.Replicas || want.Duplicates != have.Duplicates || want.AllowMsgTTL != have.AllowMsgTTL) {
+		want.Replicas != have.Replicas || want.Duplicates != have.Duplicates || want.AllowMsgTTL != have.AllowMsgTTL || want.MaxBytes != have.MaxBytes) {
 		if st, err = cfg.JS.UpdateStream(ctx, want); err != nil {
 			return nil, fmt.Errorf("kv: open bucket %s: %w", full, err)
 		}

@@ -1,6 +1,7 @@
 package kv_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -510,6 +511,36 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 		}
 		if c := st.CachedInfo().Config; c.Description == "changed" || c.AllowMsgTTL != (name == "KV_natstone-messages") {
 			t.Errorf("%s after Open: description %q, message TTLs %v", name, c.Description, c.AllowMsgTTL)
+		}
+	}
+}
+
+// TestOpenSetsMaxBytes: Config.MaxBytes bounds every bucket, the bodies stream and the snapshots
+// store, on a store opened before without it too; opened again without it, they are unbounded.
+func TestOpenSetsMaxBytes(t *testing.T) {
+	t.Parallel()
+	_, srv := open(t)
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	streams := []string{"KV_natstone-queues", "KV_natstone-messages", "KV_natstone-locks", "KV_natstone-schedules",
+		"KV_natstone-claims", "natstone-bodies", "OBJ_natstone-snapshots"}
+	for _, bound := range []int64{1 << 20, 0} {
+		if _, err := kv.Open(ctx, &kv.Config{JS: js, MaxBytes: bound}); err != nil {
+			t.Fatal(err)
+		}
+		want := cmp.Or(bound, -1)
+		for _, name := range streams {
+			st, err := js.Stream(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := st.CachedInfo().Config.MaxBytes; got != want {
+				t.Errorf("Open with MaxBytes %d: %s has max_bytes %d, want %d", bound, name, got, want)
+			}
 		}
 	}
 }

@@ -68,6 +68,7 @@ type serveConfig struct {
 	noSnapshot        bool
 	eventsMaxAge      time.Duration
 	eventsMaxBytes    int64
+	storeMaxBytes     int64  // -1: no bound
 	httpAddr          string // empty: no HTTP listener
 	httpHosts         hostsFlag
 	claimTTL          time.Duration
@@ -145,6 +146,7 @@ Flags:
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas of every bucket and stream (above 1 needs a clustered --nats-url)")
 	fs.BoolVar(&cfg.disableAutoCreate, "no-auto-create", false, "fail an enqueue to an unknown queue instead of creating it")
 	fs.BoolVar(&cfg.noEvents, "no-events", false, "publish no transition events (history then answers unavailable)")
+	fs.Int64Var(&cfg.storeMaxBytes, "store-max-bytes", -1, "`bytes` each bucket, the payloads stream and the snapshots store may hold (-1: no bound); an account that requires every stream to declare a size (Synadia Cloud's) needs it, and --events-max-bytes within its storage")
 	fs.BoolVar(&cfg.noSnapshot, "no-snapshot", false, "write no snapshot of the message records at a clean stop, and read none at start: every start reads every record")
 	fs.DurationVar(&cfg.eventsMaxAge, "events-max-age", broker.DefaultEventsMaxAge, "how long the events stream keeps an event")
 	fs.Int64Var(&cfg.eventsMaxBytes, "events-max-bytes", broker.DefaultEventsMaxBytes, "`bytes` the events stream may take before its oldest events go, younger than --events-max-age or not (-1: no bound)")
@@ -230,6 +232,9 @@ Flags:
 	if cfg.eventsMaxBytes <= 0 && cfg.eventsMaxBytes != -1 {
 		return usageErr("--events-max-bytes must be positive or -1 (no bound), not %d", cfg.eventsMaxBytes)
 	}
+	if cfg.storeMaxBytes <= 0 && cfg.storeMaxBytes != -1 {
+		return usageErr("--store-max-bytes must be positive or -1 (no bound), not %d", cfg.storeMaxBytes)
+	}
 	if cfg.claimTTL < time.Second {
 		return usageErr("--claim-ttl must be at least 1s, not %v", cfg.claimTTL)
 	}
@@ -291,6 +296,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger) error {
 		DisableSnapshot:   cfg.noSnapshot,
 		EventsMaxAge:      cfg.eventsMaxAge,
 		EventsMaxBytes:    cfg.eventsMaxBytes,
+		StoreMaxBytes:     cfg.storeMaxBytes,
 		ClaimTTL:          cfg.claimTTL,
 		WriteTimeout:      cfg.writeTimeout,
 		Logger:            log,

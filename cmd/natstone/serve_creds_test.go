@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -10,15 +11,18 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"github.com/natstone/natstone/test/natstest"
 )
 
 // operatorServer starts a nats-server in operator mode, as NGS, Synadia Cloud and nsc-managed
-// systems run: one account, with JetStream, whose users log in with credentials files. It returns
-// the server's URL and a credentials file of a user of that account.
-func operatorServer(t *testing.T) (url, creds string) {
+// systems run: one account, with JetStream, whose users log in with credentials files; with
+// maxBytesRequired, the account takes only streams that declare a size, as Synadia Cloud's do. It
+// returns the server's URL and a credentials file of a user of that account.
+func operatorServer(t *testing.T, maxBytesRequired bool) (url, creds string) {
 	t.Helper()
 	operator, sys, account, user := newKeys(t, nkeys.CreateOperator), newKeys(t, nkeys.CreateAccount), newKeys(t, nkeys.CreateAccount), newKeys(t, nkeys.CreateUser)
 	opPub, sysPub, accPub, userPub := publicKey(t, operator), publicKey(t, sys), publicKey(t, account), publicKey(t, user)
@@ -34,7 +38,7 @@ func operatorServer(t *testing.T) (url, creds string) {
 		t.Fatal(err)
 	}
 	accClaims := jwt.NewAccountClaims(accPub)
-	accClaims.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+	accClaims.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxBytesRequired: maxBytesRequired}
 	accJWT, err := accClaims.Encode(operator)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +98,7 @@ func publicKey(t *testing.T, kp nkeys.KeyPair) string {
 // serves there, its dashboard's connection too. Without them the server refuses it.
 func TestServeWithCreds(t *testing.T) {
 	t.Parallel()
-	url, creds := operatorServer(t)
+	url, creds := operatorServer(t, false)
 
 	p := startProc(t, "serve", "--nats-url", url)
 	if c := p.wait(t); c != exitError || !strings.Contains(p.log.String(), "Authorization Violation") {
@@ -112,5 +116,48 @@ func TestServeWithCreds(t *testing.T) {
 	cli(t, url, "enqueue", "q", "--id", "m1", "--creds", creds, "hello").ok(t)
 	if status, body := httpGet(t, "http://"+line.HTTP+"/api/queues"); status != http.StatusOK || !strings.Contains(body, `"q"`) {
 		t.Fatalf("GET /api/queues through the dashboard's own connection: %d %s; want queue q", status, body)
+	}
+}
+
+// TestServeWhereStreamsMustDeclareASize: an account that takes only streams of a declared size (as
+// Synadia Cloud's) refuses natstone's buckets unless --store-max-bytes gives them one; with it,
+// natstone serves, and every stream of its store declares a size.
+func TestServeWhereStreamsMustDeclareASize(t *testing.T) {
+	t.Parallel()
+	url, creds := operatorServer(t, true)
+
+	p := startProc(t, "serve", "--nats-url", url, "--nats-creds", creds)
+	if c := p.wait(t); c != exitError || !strings.Contains(p.log.String(), "max bytes") {
+		t.Fatalf("serve without --store-max-bytes: exit code %d, want %d, refused for max bytes:\n%s", c, exitError, p.log)
+	}
+
+	inProcess(t, "--nats-url", url, "--nats-creds", creds, "--store-max-bytes", "67108864")
+	cli(t, url, "queue", "create", "q", "--creds", creds).ok(t)
+	cli(t, url, "enqueue", "q", "--id", "m1", "--creds", creds, "hello").ok(t)
+	nc, err := nats.Connect(url, nats.UserCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	names := js.StreamNames(ctx)
+	n := 0
+	for name := range names.Name() {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.CachedInfo().Config.MaxBytes; got <= 0 {
+			t.Errorf("stream %s: max_bytes %d, want a size", name, got)
+		}
+		n++
+	}
+	if err := names.Err(); err != nil || n < 8 {
+		t.Fatalf("listed %d streams (%v), want natstone's eight", n, err)
 	}
 }

@@ -278,6 +278,7 @@ func TestUsageErrors(t *testing.T) {
 		{"zero events max age", []string{"serve", "--events-max-age", "0s"}, "--events-max-age must be positive"},
 		{"zero events max bytes", []string{"serve", "--events-max-bytes", "0"}, "--events-max-bytes must be positive or -1"},
 		{"negative events max bytes", []string{"serve", "--events-max-bytes", "-2"}, "--events-max-bytes must be positive or -1"},
+		{"zero store max bytes", []string{"serve", "--store-max-bytes", "0"}, "--store-max-bytes must be positive or -1"},
 		{"short claim ttl", []string{"serve", "--claim-ttl", "500ms"}, "--claim-ttl must be at least 1s"},
 		{"creds without nats-url", []string{"serve", "--nats-creds", "user.creds"}, "--nats-creds needs --nats-url"},
 		{"ca without nats-url", []string{"serve", "--nats-ca", "ca.pem"}, "--nats-ca needs --nats-url"},
