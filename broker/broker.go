@@ -54,7 +54,9 @@ type Config struct {
 	WriteTimeout time.Duration
 	// StoreMaxBytes bounds each of the store's buckets, its payloads stream and its snapshots (the
 	// events stream has EventsMaxBytes), as an account that requires every stream to declare a size
-	// demands. Writes past it fail. 0 or -1: no bound (the default).
+	// demands. At the bound storage refuses the broker's writes, completes and collections included,
+	// so the queues stop (writes held in doubt, asked again every two seconds) until a start with a
+	// larger bound. 0 or -1: no bound (the default).
 	StoreMaxBytes int64
 	// DisableEvents turns the events stream off: no transition is published and history answers
 	// unavailable.

@@ -42,6 +42,9 @@ const (
 	// ShutdownTimeout bounds the whole graceful shutdown: stopping the broker, then draining the
 	// connection. The embedded server's shutdown is not bounded: it only closes local resources.
 	ShutdownTimeout = 30 * time.Second
+	// minStoreMaxBytes is the least --store-max-bytes: the claims bucket, renewed every few
+	// seconds, needs room for its writes whatever the queues hold.
+	minStoreMaxBytes = 1 << 20
 	// minWriteTimeout is the least --write-timeout: below it, writes acknowledged a little late
 	// under load would be issued again, adding to the load.
 	minWriteTimeout = 100 * time.Millisecond
@@ -146,7 +149,7 @@ Flags:
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas of every bucket and stream (above 1 needs a clustered --nats-url)")
 	fs.BoolVar(&cfg.disableAutoCreate, "no-auto-create", false, "fail an enqueue to an unknown queue instead of creating it")
 	fs.BoolVar(&cfg.noEvents, "no-events", false, "publish no transition events (history then answers unavailable)")
-	fs.Int64Var(&cfg.storeMaxBytes, "store-max-bytes", -1, "`bytes` each bucket, the payloads stream and the snapshots store may hold (-1: no bound); an account that requires every stream to declare a size (Synadia Cloud's) needs it, and --events-max-bytes within its storage")
+	fs.Int64Var(&cfg.storeMaxBytes, "store-max-bytes", -1, "`bytes` each bucket, the payloads stream and the snapshots store may hold (-1: no bound; else at least 1 MiB), for an account that requires every stream to declare a size (Synadia Cloud's); the account reserves 7 × this × --replicas, plus --events-max-bytes. At the bound storage refuses natstone's writes and the queues stop until it is raised: size it for the peak")
 	fs.BoolVar(&cfg.noSnapshot, "no-snapshot", false, "write no snapshot of the message records at a clean stop, and read none at start: every start reads every record")
 	fs.DurationVar(&cfg.eventsMaxAge, "events-max-age", broker.DefaultEventsMaxAge, "how long the events stream keeps an event")
 	fs.Int64Var(&cfg.eventsMaxBytes, "events-max-bytes", broker.DefaultEventsMaxBytes, "`bytes` the events stream may take before its oldest events go, younger than --events-max-age or not (-1: no bound)")
@@ -232,8 +235,8 @@ Flags:
 	if cfg.eventsMaxBytes <= 0 && cfg.eventsMaxBytes != -1 {
 		return usageErr("--events-max-bytes must be positive or -1 (no bound), not %d", cfg.eventsMaxBytes)
 	}
-	if cfg.storeMaxBytes <= 0 && cfg.storeMaxBytes != -1 {
-		return usageErr("--store-max-bytes must be positive or -1 (no bound), not %d", cfg.storeMaxBytes)
+	if cfg.storeMaxBytes < minStoreMaxBytes && cfg.storeMaxBytes != -1 {
+		return usageErr("--store-max-bytes must be at least %d (1 MiB) or -1 (no bound), not %d", minStoreMaxBytes, cfg.storeMaxBytes)
 	}
 	if cfg.claimTTL < time.Second {
 		return usageErr("--claim-ttl must be at least 1s, not %v", cfg.claimTTL)
