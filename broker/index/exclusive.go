@@ -4,11 +4,11 @@ package index
 type group[T Elem] struct {
 	// set holds the value's pending messages. Its minimum, when the value
 	// is not full, is the value's entry in Index.free.
-	set  orderedSet[T]
-	mark uint32 // Index.epoch of the last filtered Pop or Peek that picked this value
-	// picked counts the messages that call picked of this value: with held,
-	// at most PerValue.
-	picked uint32
+	set orderedSet[T]
+	// mark is the Index.epoch of the last call that picked this value (pick),
+	// and picked how many of its messages that call picked: with held, at most
+	// PerValue.
+	mark, picked uint32
 	// held counts the value's holds: its messages leased (or taken by Pop).
 	// The value is full, its messages ineligible, at Index.PerValue holds.
 	held int

@@ -53,15 +53,11 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 			return true
 		}
 		if x.exclusive {
-			g := x.groups[it.Value()]
-			if g != nil {
-				if g.mark != x.epoch {
-					g.mark, g.picked = x.epoch, 0
-				}
-				if g.held+int(g.picked) >= x.PerValue() {
+			if g := x.groups[it.Value()]; g != nil {
+				if !x.roomFor(g) {
 					return true // full, or as many picked as it has room for
 				}
-				g.picked++
+				x.pick(g)
 			}
 		}
 		if out == nil {
@@ -93,11 +89,13 @@ func (x *Index[T]) collectFree(n int) []T {
 		e := h[0]
 		out = append(out, e)
 		g := x.groups[e.IndexItem().Value()]
-		if g.mark != x.epoch {
-			g.mark, g.picked = x.epoch, 0
+		x.pick(g)
+		var next T
+		ok := x.roomFor(g)
+		if ok {
+			next, ok = g.set.after(e)
 		}
-		g.picked++
-		if next, ok := x.nextOf(g, e); ok {
+		if ok {
 			h[0] = next
 		} else {
 			h[0] = h[len(h)-1]
@@ -108,14 +106,22 @@ func (x *Index[T]) collectFree(n int) []T {
 	return out
 }
 
-// nextOf returns the message of g after e, if g has room for one more beside
-// those picked.
-func (x *Index[T]) nextOf(g *group[T], e T) (T, bool) {
-	if g.held+int(g.picked) >= x.PerValue() {
-		var zero T
-		return zero, false
+// pick counts one more message of g picked by the current call (epoch).
+func (x *Index[T]) pick(g *group[T]) {
+	if g.mark != x.epoch {
+		g.mark, g.picked = x.epoch, 0
 	}
-	return g.set.after(e)
+	g.picked++
+}
+
+// roomFor reports whether g may give the current call one more message: its
+// holds and what the call picked of it are fewer than PerValue.
+func (x *Index[T]) roomFor(g *group[T]) bool {
+	picked := 0
+	if g.mark == x.epoch {
+		picked = int(g.picked)
+	}
+	return g.held+picked < x.PerValue()
 }
 
 // siftDown restores the min-heap order of h below i, whose element may be
@@ -139,7 +145,7 @@ func siftDown[T Elem](h []T, i int) {
 
 // nextEpoch starts a new Pop or Peek. When the counter wraps, marks left by
 // calls 2^32 ago could equal the new epoch and wrongly skip a value, so every
-// mark is cleared first: O(values) once per 2^32 filtered calls.
+// mark is cleared first: O(values) once per 2^32 calls that count picks.
 func (x *Index[T]) nextEpoch() {
 	x.epoch++
 	if x.epoch == 0 {

@@ -26,8 +26,9 @@ type Index[T Elem] struct {
 	// held counts the values held at least once; perValue is SetPerValue's
 	// (0: 1).
 	held, perValue int
-	// epoch identifies one filtered Pop or Peek; a group whose mark equals it
-	// already contributed its picked messages to that call. It is 32 bits to keep groups
+	// epoch identifies one Pop or Peek that counts what it picks of each value
+	// (a filtered one, or one whose values may give several): a group whose
+	// mark equals it counts its picks in that call. It is 32 bits to keep groups
 	// small; see nextEpoch for the wrap-around.
 	epoch uint32
 

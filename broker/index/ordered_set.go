@@ -135,20 +135,6 @@ func (s *orderedSet[T]) ascend(fn func(T) bool) {
 	s.rest.ascend(fn)
 }
 
-// after returns the least element greater than e, which need not be in s.
-func (s *orderedSet[T]) after(e T) (T, bool) {
-	var zero T
-	switch {
-	case s.head == zero:
-		return zero, false
-	case less(e, s.head):
-		return s.head, true
-	case s.rest == nil:
-		return zero, false
-	}
-	return s.rest.after(e)
-}
-
 // ascendAfter is ascend from the first element greater than pivot.
 func (s *orderedSet[T]) ascendAfter(pivot T, fn func(T) bool) {
 	var zero T
@@ -161,6 +147,15 @@ func (s *orderedSet[T]) ascendAfter(pivot T, fn func(T) bool) {
 	if s.rest != nil {
 		s.rest.ascendAfter(pivot, fn)
 	}
+}
+
+// after returns the least element greater than e, which need not be in s.
+func (s *orderedSet[T]) after(e T) (next T, ok bool) {
+	s.ascendAfter(e, func(x T) bool {
+		next, ok = x, true
+		return false
+	})
+	return next, ok
 }
 
 // first returns up to n elements in EDF order; nil if there are none.
@@ -289,27 +284,6 @@ func (t *tail[T]) ascendAfter(pivot T, fn func(T) bool) {
 			return
 		}
 	}
-}
-
-// after is orderedSet.after for the tail.
-func (t *tail[T]) after(e T) (T, bool) {
-	var out T
-	found := false
-	if t.big != nil {
-		t.big.AscendGreaterOrEqual(e, func(x T) bool {
-			out, found = x, less(e, x)
-			return !found // e itself (or an element of its key): go on
-		})
-		return out, found
-	}
-	i := t.search(e)
-	if i < len(t.small) && !less(e, t.small[i]) {
-		i++ // an element of e's key
-	}
-	if i < len(t.small) {
-		return t.small[i], true
-	}
-	return out, false
 }
 
 func (t *tail[T]) ascend(fn func(T) bool) {
