@@ -557,7 +557,7 @@ func TestLateLeaseWriteFencedAtTakeOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.store.WriteLock("x", "v", kv.Lock{MessageID: "m1", LeaseID: "lz"}, 0).Wait(ctx); err != nil {
+	if _, err := a.store.WriteSlot("x", "v", 0, kv.Lock{MessageID: "m1", LeaseID: "lz"}, 0).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 	b := takeOver(t, srv)

@@ -55,7 +55,7 @@ func TestServedLongPollLeasesNothingWithoutTheClaim(t *testing.T) {
 	if r, _, err := a.store.GetMessage(ctx, "x", "m2"); err != nil || r.State != subjects.StatePending {
 		t.Fatalf("m2 stored %s, %v; want pending: no lease written without the claim", r.State, err)
 	}
-	if l, _, err := a.store.GetLock(ctx, "x", "v"); err == nil && l.MessageID == "m2" {
+	if l, _, err := a.store.GetSlot(ctx, "x", "v", 0); err == nil && l.MessageID == "m2" {
 		t.Fatalf("v's lock names m2: taken without the claim")
 	}
 	q.testLeasing = nil

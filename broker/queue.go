@@ -509,7 +509,7 @@ func (q *queue) enqueuedAt(id string) (int64, bool) {
 	if e == nil {
 		return 0, false
 	}
-	return e.record().EnqueuedAt, true
+	return e.EnqueuedAt, true
 }
 
 // unfinished reports whether the queue has a message id that is not finished: pending, invisible,

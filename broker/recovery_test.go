@@ -350,7 +350,7 @@ func TestRestartTakesAnUnreadableLockAsFree(t *testing.T) {
 		t.Fatal(err)
 	}
 	for value, holder := range map[string]string{"v1": "a1", "v2": "b1"} {
-		l, _, err := store.GetLock(ctx, "q", value)
+		l, _, err := store.GetSlot(ctx, "q", value, 0)
 		if err != nil || l.MessageID != holder {
 			t.Errorf("lock of %s: %+v, %v; want it to name %s", value, l, err, holder)
 		}

@@ -225,11 +225,11 @@ func TestSnapshotNotReadOnceStorageChanged(t *testing.T) {
 			fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "s", subjects.GetRequest{ID: "s1"})
 		}},
 		{"a lock", func(e *env, s *kv.Store) {
-			_, rev, err := s.GetLock(context.Background(), "x", "b")
+			_, rev, err := s.GetSlot(context.Background(), "x", "b", 0)
 			if err != nil && !errors.Is(err, kv.ErrNotFound) {
 				e.t.Fatal(err)
 			}
-			if _, err := s.WriteLock("x", "b", kv.Lock{}, rev).Wait(context.Background()); err != nil {
+			if _, err := s.WriteSlot("x", "b", 0, kv.Lock{}, rev).Wait(context.Background()); err != nil {
 				e.t.Fatal(err)
 			}
 		}, func(e *env) {}},

@@ -450,7 +450,7 @@ func TestLockWritesResolvedOneByOne(t *testing.T) {
 	if len(ms) != 1 || ms[0].ID != "B" {
 		t.Fatalf("dequeued %+v, want B alone: A's lock was not taken", ms)
 	}
-	_, rev, err := b.store.GetLock(ctx, "q", "v2")
+	_, rev, err := b.store.GetSlot(ctx, "q", "v2", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

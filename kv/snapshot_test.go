@@ -354,7 +354,7 @@ func TestFenceMovesWithEveryWrite(t *testing.T) {
 			rev, err = s.WriteMessage("q", &r, rev).Wait(ctx)
 			return err
 		}},
-		{"lock", func() error { _, err := s.WriteLock("q", "v", kv.Lock{MessageID: "a"}, 0).Wait(ctx); return err }},
+		{"lock", func() error { _, err := s.WriteSlot("q", "v", 0, kv.Lock{MessageID: "a"}, 0).Wait(ctx); return err }},
 		{"config", func() error { _, err := s.PutQueue(ctx, "q2", kv.QueueRecord{}, 0); return err }},
 		{"payload", func() error { _, err := s.WriteBody("q", "b", []byte("p")).Wait(ctx); return err }},
 		{"payload delete", func() error { return s.DeleteBody(ctx, seq) }},

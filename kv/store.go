@@ -338,7 +338,7 @@ func (s *Store) createOverMarker(ctx context.Context, st jetstream.Stream, subje
 }
 
 // getKey reads key's value in bucket, with its revision, from the bucket's leader: the reads that
-// learn what a conflicting write found (GetMessage, GetLock, GetQueue) must not be answered by a
+// learn what a conflicting write found (GetMessage, GetSlot, GetQueue) must not be answered by a
 // replica behind it, as a KV get (a direct get) may be, with an older value or none. A deleted or
 // purged key is ErrNotFound.
 func (s *Store) getKey(ctx context.Context, bucket jetstream.KeyValue, key string) ([]byte, uint64, error) {
@@ -421,26 +421,16 @@ func LockKey(queue, value string) string { return SlotKey(queue, value, 0) }
 // messages of it may run at once (max_running_per_value), each a lock of its own. Slot 0's key is
 // <queue>.<value token>, the key of the value's one lock before values had more; slot k's adds .k.
 func SlotKey(queue, value string, slot int) string {
-	if slot == 0 {
-		return queue + "." + encodeToken(value)
+	key := queue + "." + encodeToken(value)
+	if slot > 0 {
+		key += "." + strconv.Itoa(slot)
 	}
-	return queue + "." + encodeToken(value) + "." + strconv.Itoa(slot)
-}
-
-// WriteLock stores l as the lock of value in queue (its slot 0) if its revision is still expect
-// (0: new).
-func (s *Store) WriteLock(queue, value string, l Lock, expect uint64) Write {
-	return s.WriteSlot(queue, value, 0, l, expect)
+	return key
 }
 
 // WriteSlot stores l as slot of value's lock in queue if its revision is still expect (0: new).
 func (s *Store) WriteSlot(queue, value string, slot int, l Lock, expect uint64) Write {
 	return s.publish(s.lockSubj+SlotKey(queue, value, slot), EncodeLock(l), expect)
-}
-
-// GetLock reads the lock of value in queue (its slot 0) with its revision.
-func (s *Store) GetLock(ctx context.Context, queue, value string) (Lock, uint64, error) {
-	return s.GetSlot(ctx, queue, value, 0)
 }
 
 // GetSlot reads slot of value's lock in queue with its revision.

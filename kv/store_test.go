@@ -212,10 +212,10 @@ func TestBodiesAndQueueDelete(t *testing.T) {
 	if _, err := s.PutQueue(ctx, "q", kv.QueueRecord{Config: subjects.QueueConfig{Type: subjects.Simple}}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.WriteLock("q", "v", kv.Lock{MessageID: "a", LeaseID: "L"}, 0).Wait(ctx); err != nil {
+	if _, err := s.WriteSlot("q", "v", 0, kv.Lock{MessageID: "a", LeaseID: "L"}, 0).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if l, _, err := s.GetLock(ctx, "q", "v"); err != nil || l.MessageID != "a" {
+	if l, _, err := s.GetSlot(ctx, "q", "v", 0); err != nil || l.MessageID != "a" {
 		t.Fatalf("lock %+v %v", l, err)
 	}
 	if err := s.DeleteQueue(ctx, "q"); err != nil {
@@ -227,7 +227,7 @@ func TestBodiesAndQueueDelete(t *testing.T) {
 	if _, _, err := s.GetQueue(ctx, "q"); !errors.Is(err, kv.ErrNotFound) {
 		t.Fatalf("queue after delete: %v", err)
 	}
-	if _, _, err := s.GetLock(ctx, "q", "v"); !errors.Is(err, kv.ErrNotFound) {
+	if _, _, err := s.GetSlot(ctx, "q", "v", 0); !errors.Is(err, kv.ErrNotFound) {
 		t.Fatalf("lock after delete: %v", err)
 	}
 }
