@@ -30,6 +30,18 @@ func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// eventually polls cond until it holds, failing the test after 10 s: for what storage does on its
+// own (a write sent lands), which no clock of the test drives.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10s for %s", what)
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}
+
 // scheduleBroker starts a broker on a fake clock (and its claim on a fake clock of its own, so
 // that it is renewed only when a test says), counting its log records that contain sub.
 func scheduleBroker(t *testing.T, now time.Time, sub string) (*Broker, *clock.Fake, *atomic.Int64) {
@@ -339,16 +351,10 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	for deadline := time.Now().Add(10 * time.Second); ; { // the delete was sent: it lands
+	eventually(t, "the delete sent landing (else the test tests nothing)", func() bool {
 		rev, err := b.store.ScheduleRevision(ctx, "q", "s")
-		if err == nil && rev == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the delete did not land (revision %d, %v): the test tests nothing", rev, err)
-		}
-		<-time.After(10 * time.Millisecond)
-	}
+		return err == nil && rev == 0
+	})
 	clk.Advance(time.Minute)
 	if b.sched.get("q", "s") != nil {
 		t.Fatal("the broker still fires a schedule whose removal landed")
@@ -446,15 +452,10 @@ func TestScheduleReplaceOfUnknownOutcome(t *testing.T) {
 	untilUnknown(t, b, "replace whose write's wait ended", func() error { return put(cron) }, func() {
 		cron += "0" // a new replace for the next try: @every 20m, 200m…
 	})
-	for deadline := time.Now().Add(10 * time.Second); ; { // the write was sent: it lands
-		if rec, _ := storedSchedule(t, b); rec.Spec.Cron == cron {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the replace sent did not land")
-		}
-		<-time.After(10 * time.Millisecond)
-	}
+	eventually(t, "the replace sent landing", func() bool {
+		rec, _ := storedSchedule(t, b)
+		return rec.Spec.Cron == cron
+	})
 	_, landed := storedSchedule(t, b)
 	if err := put(cron); err != nil {
 		t.Fatal(err)
@@ -516,15 +517,10 @@ func TestSchedulePausedUnscheduleOfUnknownOutcome(t *testing.T) {
 				}
 				pausedLong()
 			}
-			for deadline := time.Now().Add(10 * time.Second); ; { // the delete was sent: it lands
-				if _, rev := storedSchedule(t, b); rev == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the unschedule sent did not land")
-				}
-				<-time.After(10 * time.Millisecond)
-			}
+			eventually(t, "the unschedule sent landing", func() bool {
+				_, rev := storedSchedule(t, b)
+				return rev == 0
+			})
 			if recreate {
 				if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
 					t.Fatal(err)

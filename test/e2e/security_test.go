@@ -250,6 +250,12 @@ func TestDocumentedPermissions(t *testing.T) {
 	// traffic, not the worker's.
 	watcher.refusedSub(t, "_INBOX.>")
 	watcher.refusedSub(t, "_INBOX_worker.>")
+	producer.refusedSub(t, "_INBOX.>")
+	worker.refusedSub(t, "_INBOX.>")
+	// A watcher reads: it neither leases nor ends messages, nor changes queues.
+	for _, subject := range []string{"natstone.v1.dequeue.jobs", "natstone.v1.cancel.jobs", "natstone.v1.delete.jobs", "natstone.v1.enqueue.jobs"} {
+		watcher.refused(t, subject)
+	}
 
 	js, err := jetstream.New(owner.nc)
 	if err != nil {

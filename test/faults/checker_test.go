@@ -74,6 +74,20 @@ func heldAcrossServerRestartFrom(grant, ms int, settle time.Duration) Run {
 		Final: finals("x/first", "pending", 1, "x/urgent", "pending", 0, "x/late", "running", 1)}
 }
 
+// unknownAcrossServerRestart: a dequeue of unknown outcome (5–50) may have leased urgent while a
+// NATS server restarted (killed at 600, ready at 700); late, less urgent, is leased at ms. A lease
+// write of that dequeue whose acknowledgement the restart lost may hold urgent up to settle after
+// the restart, and its lease of 1 s then.
+func unknownAcrossServerRestart(ms int, settle time.Duration) Run {
+	return Run{Ops: []Op{
+		enq("s", "urgent", 1, 0, 2, nil),
+		enq("s", "late", 9, 0, 2, nil),
+		{Kind: Dequeue, Queue: "s", Batch: 1, Start: at(5), End: at(50), Outcome: Unknown},
+		deq("s", "r1", ms, ms+2, ls("late", "L1", 9, "", ms+1, ms+1001)),
+	}, Restarts: []Restart{{Killed: at(600), Ready: at(700), Settle: settle}},
+		Final: finals("s/urgent", "pending", 1, "s/late", "running", 1)}
+}
+
 // batchOfTwo: in a queue of two running per value, a1 and a2 (value a, priorities 0 and 1) and b1
 // (value b, priority 9) wait, and a batch of two leases a1 and second.
 func batchOfTwo(second string) Run {
@@ -443,6 +457,20 @@ func TestChecker(t *testing.T) {
 				{Kind: Dequeue, Queue: "s", Batch: 1, Start: at(5), End: at(3000), Outcome: Unknown},
 				deq("s", "r1", 10, 12, ls("late", "L1", 9, "", 11, 1011)),
 			}, Final: finals("s/urgent", "pending", 1, "s/late", "running", 1)},
+		},
+		{
+			name:  "edf: a dequeue of unknown outcome, a server restart during its lease: 3 s after, urgent is free",
+			run:   unknownAcrossServerRestart(4000, 0),
+			rules: []string{"edf"},
+		},
+		{
+			name: "edf: … unless the broker may still be settling the writes the restart cut short",
+			run:  unknownAcrossServerRestart(4000, 6*time.Second),
+		},
+		{
+			name:  "edf: … and past that, urgent is free",
+			run:   unknownAcrossServerRestart(9000, 6*time.Second),
+			rules: []string{"edf"},
 		},
 		{
 			name: "edf: a retry long after its first try returns the leases decided then",
