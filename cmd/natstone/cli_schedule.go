@@ -78,7 +78,7 @@ workers down for a while, never piles up fires.
 		if err != nil {
 			return err
 		}
-		return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now(), false) })
+		return c.outputSchedule(info)
 	})
 }
 
@@ -187,7 +187,7 @@ func (c *clientCommand) setPaused(ctx context.Context, args []string, pause bool
 		if err != nil {
 			return err
 		}
-		return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now(), false) })
+		return c.outputSchedule(info)
 	})
 }
 
@@ -208,7 +208,7 @@ with --overlap skip refuses to fire while the message of its last fire is not fi
 		if err != nil {
 			return err
 		}
-		return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now(), false) })
+		return c.outputSchedule(info)
 	})
 }
 
@@ -249,4 +249,9 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 			last, what, s.Skipped, overlap, fmtMS(s.DeadlineMS), printable(fmtPairs(s.Metadata, ","), 80))
 	}
 	tw.Flush()
+}
+
+// outputSchedule prints one schedule as schedule ls does, or as JSON with --json.
+func (c *clientCommand) outputSchedule(info subjects.ScheduleInfo) error {
+	return c.output(info, func(w io.Writer) { printSchedules(w, []subjects.ScheduleInfo{info}, time.Now(), false) })
 }
