@@ -109,6 +109,8 @@ type Broker struct {
 	waits    WaitObserver // the observer, if it is one; else nil
 	claim    *claimer
 	sched    *scheduler
+	msgAcks  *ackWatch // ends the waits of message writes whose acknowledgements may be lost
+	lockAcks *ackWatch // the same for lock writes
 
 	ctx    context.Context // cancelled by Stop, or when the claim is lost: ends long polls and a recovery
 	cancel context.CancelFunc
@@ -186,6 +188,8 @@ func New(cfg *Config) (*Broker, error) {
 		observer: c.Observer,
 		done:     make(chan struct{}),
 		queues:   make(map[string]*queue),
+		msgAcks:  newAckWatch(),
+		lockAcks: newAckWatch(),
 	}
 	b.waits, _ = c.Observer.(WaitObserver)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
@@ -372,6 +376,7 @@ func (b *Broker) open(ctx context.Context) error {
 	}
 	b.store = store
 	b.events = newPublisher(b, events, eventLinger)
+	b.watchAcks(store.RecordStreams())
 	return nil
 }
 

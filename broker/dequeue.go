@@ -563,16 +563,20 @@ type bodyResult struct {
 }
 
 // readBodies starts reading the payloads at seqs concurrently, on the runner's goroutines; each
-// channel yields one result. A read that the broker's stop cut short (the stop cancels ctx) is made
-// again, bounded by the write timeout alone: a dequeue that leased messages just before the stop
-// still hands them over, rather than leaving its leases to run out unseen, each spending an attempt.
+// channel yields one result. Each read is bounded by the write timeout (storage that does not
+// answer, or has no leader for the stream, is asked again until then). A read that the broker's
+// stop cut short (the stop cancels ctx) is made again, bounded by the write timeout alone: a
+// dequeue that leased messages just before the stop still hands them over, rather than leaving
+// its leases to run out unseen, each spending an attempt.
 func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult {
 	out := make([]chan bodyResult, len(seqs))
 	for i, seq := range seqs {
 		ch := make(chan bodyResult, 1)
 		out[i] = ch
 		q.b.runner.run(func() {
-			data, err := q.b.store.GetBody(ctx, seq)
+			rctx, cancel := context.WithTimeout(ctx, q.b.cfg.WriteTimeout)
+			data, err := q.b.store.GetBody(rctx, seq)
+			cancel()
 			if err != nil && q.b.ctx.Err() != nil {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.b.cfg.WriteTimeout)
 				data, err = q.b.store.GetBody(rctx, seq)

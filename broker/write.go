@@ -100,12 +100,12 @@ func (q *queue) commit(cs []*change) {
 	}
 	q.mu.Unlock()
 	writes := make([]kv.Write, len(cs))
-	issued := time.Now()
+	issued, acked := time.Now(), q.b.msgAcks.current()
 	for i, c := range cs {
 		writes[i] = q.b.store.WriteMessage(q.name, &c.next, c.expect)
 	}
 	for i, c := range cs {
-		c.rev, c.err = writes[i].Wait(context.Background())
+		c.rev, c.err = writes[i].Wait(acked)
 		q.b.observer.Write(time.Since(issued), c.err)
 		if c.err != nil {
 			q.resolve(c)
@@ -221,6 +221,9 @@ func (q *queue) resolveDoubts() {
 func (q *queue) resolve(c *change) {
 	ctx := context.Background()
 	for try := 0; c.err != nil; try++ {
+		if errors.Is(c.err, errAcksLost) {
+			try-- // ended to be issued again at once (ackWatch): storage was not slow
+		}
 		if !errors.Is(c.err, kv.ErrConflict) {
 			if try >= rewrites {
 				return // unknown it stays
@@ -231,7 +234,8 @@ func (q *queue) resolve(c *change) {
 				c.reissued = true
 				q.log().Warn("message write outcome not known yet; issuing it again", "message_id", c.next.ID, "error", c.err)
 			}
-			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(ctx)
+			acked := q.b.msgAcks.current()
+			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(acked)
 			continue
 		}
 		r, rev, err := q.b.store.GetMessage(ctx, q.name, c.next.ID)
@@ -252,7 +256,8 @@ func (q *queue) resolve(c *change) {
 			// it too). This create takes its place.
 			q.log().Warn("message record without payload replaced by an enqueue", "message_id", c.next.ID, "body_seq", r.BodySeq)
 			c.expect = rev
-			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(ctx)
+			acked := q.b.msgAcks.current()
+			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(acked)
 			continue
 		default:
 			c.truth, c.rev = &r, rev
@@ -290,13 +295,13 @@ type lockWrite struct {
 
 // writeLocks writes the locks, resolving unknown outcomes and conflicts. Called without q.mu.
 func (q *queue) writeLocks(ws []*lockWrite) {
-	ctx := context.Background()
+	ctx, acked := context.Background(), q.b.lockAcks.current()
 	pending := make([]kv.Write, len(ws))
 	for i, w := range ws {
 		pending[i] = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect)
 	}
 	for i, w := range ws {
-		w.rev, w.err = pending[i].Wait(ctx)
+		w.rev, w.err = pending[i].Wait(acked)
 		q.resolveLock(ctx, w)
 	}
 }
@@ -304,6 +309,9 @@ func (q *queue) writeLocks(ws []*lockWrite) {
 // resolveLock learns the outcome of a lock write that failed, as resolve does a message write's.
 func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 	for try := 0; w.err != nil; try++ {
+		if errors.Is(w.err, errAcksLost) {
+			try-- // as in resolve
+		}
 		if !errors.Is(w.err, kv.ErrConflict) {
 			if try >= rewrites {
 				return // unknown it stays
@@ -312,7 +320,8 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 				w.reissued = true
 				q.log().Warn("exclusivity lock write outcome not known yet; issuing it again", "value", w.value, "slot", w.slot, "message_id", w.want.MessageID, "error", w.err)
 			}
-			w.rev, w.err = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect).Wait(ctx)
+			acked := q.b.lockAcks.current()
+			w.rev, w.err = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect).Wait(acked)
 			continue
 		}
 		l, rev, err := q.b.store.GetSlot(ctx, q.name, w.value, w.slot)

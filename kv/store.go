@@ -272,7 +272,7 @@ func (w Write) Wait(ctx context.Context) (uint64, error) {
 		}
 		return 0, err
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, context.Cause(ctx)
 	}
 }
 
@@ -290,6 +290,12 @@ func (s *Store) publish(subject string, data []byte, expect uint64, opts ...jets
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	f, err := s.js.PublishMsgAsync(msg, opts...)
 	return Write{f: f, err: err}
+}
+
+// RecordStreams names the streams of the messages and the locks buckets: those whose writes the
+// broker waits on and issues again when their outcome is unknown.
+func (s *Store) RecordStreams() (messages, locks string) {
+	return s.streams[s.messages].CachedInfo().Config.Name, s.streams[s.locks].CachedInfo().Config.Name
 }
 
 // MessageKey returns the KV key of message id in queue.
@@ -682,8 +688,24 @@ func (s *Store) WriteBody(queue, id string, payload []byte) Write {
 
 // GetBody reads the payload at seq. It reads with a direct get, which any replica may answer; one
 // that has not caught up yet says "not found" for a payload just written, so that answer is checked
-// with the stream's leader before it is believed.
+// with the stream's leader before it is believed. While no server answers for the stream at all
+// (no responders: its replicas are electing a leader, after a server's restart) it asks again,
+// backing off up to half a second, until ctx ends.
 func (s *Store) GetBody(ctx context.Context, seq uint64) ([]byte, error) {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		data, err := s.getBody(ctx, seq)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return data, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (s *Store) getBody(ctx context.Context, seq uint64) ([]byte, error) {
 	m, err := s.bodies.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		m, err := s.bodyFromLeader(ctx, seq)

@@ -232,6 +232,26 @@ func TestBodiesAndQueueDelete(t *testing.T) {
 	}
 }
 
+// TestGetBodyWaitsForResponders: while nothing serves the bodies stream (no responders: in a
+// cluster, its replicas electing a leader; here, the stream gone), a payload read asks again
+// until its context ends. (That it then reads the payload is up to timing here; in a cluster,
+// TestLeaderElectionInAClusterIssuesLostWritesAgain's dequeue reads its payload that way.)
+func TestGetBodyWaitsForResponders(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	js := jsOn(t, srv)
+	ctx := context.Background()
+	if err := js.DeleteStream(ctx, "natstone-bodies"); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := s.GetBody(short, 1); !errors.Is(err, nats.ErrNoResponders) || short.Err() == nil {
+		t.Fatalf("GetBody with no responders returned %v with its context alive (%v): want no responders, once it ends", err, short.Err())
+	}
+
+}
+
 func TestKeysAreValidTokens(t *testing.T) {
 	t.Parallel()
 	for _, id := range []string{"a", "with space", "dots.and.more", "*", ">", "日本語", "emoji 🎉", "tab\tnot-printable-but-encodable"} {
