@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/natstone/natstone/kv"
 )
 
 // ackWatch tells the writes waiting for a stream's acknowledgements when they may never come:
@@ -49,6 +53,12 @@ func (w *ackWatch) ended(why error) {
 	w.ctx, w.cancel = context.WithCancelCause(context.Background())
 }
 
+// electionIssues bounds how often one write is issued again because its stream elected a leader
+// without that counting a try: elections come seconds apart, and more of them while one write
+// waits means a stream that cannot keep a leader (or forged advisories, which only the broker's
+// JetStream may publish: docs/security.md).
+const electionIssues = 10
+
 // errAcksLost is the cause of the waits ackWatch ends: an unknown outcome, as a timeout is, but
 // no sign that storage is slow to answer, so the write is issued again without counting a try.
 var errAcksLost = errors.New("storage may have dropped the acknowledgement")
@@ -59,12 +69,13 @@ func leaderElected(stream string) string {
 }
 
 // watchAcks ends the waits of the message writes in flight whenever the messages stream elects a
-// leader, and those of the lock writes whenever the locks stream does, until the broker stops
-// (b.ctx), which waits for it. A subscription the server refuses is logged, and the writes then
-// wait out the write timeout, as they did before.
-func (b *Broker) watchAcks(messages, locks string) {
+// leader, those of the lock writes whenever the locks stream does, and those of the payload writes
+// whenever the payloads stream does, until the broker stops (b.ctx), which waits for it. A
+// subscription the server refuses is logged, and the writes then wait out the write timeout, as
+// they did before.
+func (b *Broker) watchAcks(ctx context.Context, messages, locks, bodies string) {
 	var subs []*nats.Subscription
-	for stream, w := range map[string]*ackWatch{messages: b.msgAcks, locks: b.lockAcks} {
+	for stream, w := range map[string]*ackWatch{messages: b.msgAcks, locks: b.lockAcks, bodies: b.bodyAcks} {
 		sub, err := b.cfg.Conn.Subscribe(leaderElected(stream), func(*nats.Msg) {
 			b.log.Info("a stream of the store elected a leader: writes waiting for its acknowledgements are issued again", "stream", stream)
 			w.ended(fmt.Errorf("%w: stream %s elected a leader", errAcksLost, stream))
@@ -75,6 +86,14 @@ func (b *Broker) watchAcks(messages, locks string) {
 		}
 		subs = append(subs, sub)
 	}
+	// The server refuses a subscription after the fact, as an asynchronous error: one it refused
+	// is known once a round trip has come back.
+	if err := flush(ctx, b.cfg.Conn); err == nil {
+		if last := b.cfg.Conn.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), leaderElected("")) {
+			b.log.Warn("not told of storage's leader elections: writes in flight then wait out the write timeout", "error", last)
+		}
+	}
+	// Start is under way (counted in b.calls), and Stop waits for it before it waits for b.wg.
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
@@ -83,4 +102,32 @@ func (b *Broker) watchAcks(messages, locks string) {
 			_ = sub.Unsubscribe()
 		}
 	}()
+}
+
+// leaderWait paces the issues of a write that no server took (kv.ErrNoLeader: its stream has no
+// leader, as while its replicas elect one). Nothing was stored, so issuing it again is safe; it is
+// issued again once the stream's election is announced, or after a pause that doubles from 10 ms
+// to half a second, for at most the write timeout in all, after which the write's tries count as
+// any unknown outcome's do.
+type leaderWait struct {
+	pause, waited time.Duration
+}
+
+// wait returns once w (the stream's ackWatch) sees an election, the pause has passed or ctx has
+// ended, and reports whether the write should be issued again without counting a try: it failed
+// for want of a leader, the write timeout has not been spent waiting for one, and ctx lives.
+func (lw *leaderWait) wait(ctx context.Context, b *Broker, w *ackWatch, err error) bool {
+	if !errors.Is(err, kv.ErrNoLeader) || lw.waited >= b.cfg.WriteTimeout {
+		return false
+	}
+	lw.pause = min(max(2*lw.pause, 10*time.Millisecond), 500*time.Millisecond)
+	start := time.Now()
+	select {
+	case <-w.current().Done():
+	case <-time.After(lw.pause):
+	case <-ctx.Done():
+		return false // the request gave up: nothing more is issued for it
+	}
+	lw.waited += time.Since(start)
+	return true
 }

@@ -19,22 +19,62 @@ import (
 	"github.com/natstone/natstone/test/natstest"
 )
 
-// TestLeaderElectionInAClusterIssuesLostWritesAgain: a lease written to the messages stream's
-// leader while that leader cannot commit it (both other replicas are down), and lost with it (it
-// is killed), is issued again as soon as the other two replicas elect a leader: the dequeue is
-// answered within seconds, not after the write timeout (5 minutes here). The broker runs on a
-// fourth server, outside the stream's replicas, that stays up throughout: nothing but the
-// election tells it that the write's acknowledgement will never come.
+// TestLeaderElectionInAClusterIssuesLostWritesAgain: a write sent to a stream's leader while that
+// leader cannot commit it (both other replicas are down), and lost with it (it is killed), is
+// issued again as soon as the other two replicas elect a leader: the request is answered within
+// seconds, not after the write timeout (5 minutes here). The broker runs on a fourth server,
+// outside the stream's replicas, that stays up throughout: nothing but the election tells it that
+// the write's acknowledgement will never come. The lease of a dequeue is lost with the messages
+// stream's leader, the payload of an enqueue with the payloads stream's.
 func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
-	t.Parallel()
+	t.Run("lease", func(t *testing.T) {
+		t.Parallel()
+		lostWithItsLeader(t, "KV_natstone-messages", "$KV.natstone-messages.>",
+			func(e *env) { e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "p"}) },
+			subjects.OpDequeue, `{"batch":1}`,
+			func(e *env, data []byte) {
+				var rep subjects.DequeueReply
+				if err := json.Unmarshal(data, &rep); err != nil || len(rep.Messages) != 1 || rep.Messages[0].ID != "m" || rep.Messages[0].Payload == nil || *rep.Messages[0].Payload != "p" {
+					t.Fatalf("dequeue replied %s (%v), want message m with its payload", data, err)
+				}
+				if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != rep.Messages[0].LeaseID {
+					t.Fatalf("m is %s under lease %q, want running under %q", got.State, got.LeaseID, rep.Messages[0].LeaseID)
+				}
+			},
+			`msg="message write outcome not known yet; issuing it again" queue=q message_id=m `+
+				`error="storage may have dropped the acknowledgement: stream KV_natstone-messages elected a leader"`)
+	})
+	t.Run("payload", func(t *testing.T) {
+		t.Parallel()
+		lostWithItsLeader(t, "natstone-bodies", "natstone.body.>", func(*env) {},
+			subjects.OpEnqueue, `{"id":"m","payload":"p"}`,
+			func(e *env, data []byte) {
+				var rep subjects.EnqueueReply
+				if err := json.Unmarshal(data, &rep); err != nil || rep.ID != "m" || rep.State != subjects.StatePending {
+					t.Fatalf("enqueue replied %s (%v), want m pending", data, err)
+				}
+				if got := e.dequeueOne("q"); got.ID != "m" || got.Payload == nil || *got.Payload != "p" {
+					t.Fatalf("dequeued %s with payload %v, want m with p", got.ID, got.Payload)
+				}
+			},
+			`msg="payload write outcome not known yet; storing it again" queue=q message_id=m `+
+				`error="storage may have dropped the acknowledgement: stream natstone-bodies elected a leader"`)
+	})
+}
+
+// lostWithItsLeader runs TestLeaderElectionInAClusterIssuesLostWritesAgain for stream, whose
+// writes the subject write names: after prepare, op with body is sent while the stream's leader
+// cannot commit its write, and its reply is checked by check once the leader is gone and the
+// others have elected one; the broker's log must say logged.
+func lostWithItsLeader(t *testing.T, stream, write string, prepare func(e *env), op subjects.Op, body string, check func(e *env, reply []byte), logged string) {
 	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{Servers: 4})
 	e, logs := clusterEnv(t, srvs[0])
 	e.create("q", subjects.CreateQueueRequest{LeaseMS: 600_000})
 
-	// Move the broker to the server that holds no replica of the messages stream.
+	// Move the broker to the server that holds no replica of the stream.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	leader, followers, outside := placement(ctx, t, e.jetStream(), "KV_natstone-messages", srvs)
+	leader, followers, outside := placement(ctx, t, e.jetStream(), stream, srvs)
 	e.stopBroker(e.b)
 	e.nc = outside.Connect(t)
 	e.cfg.Conn = outside.Connect(t, nats.MaxReconnects(-1))
@@ -43,10 +83,10 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 	e.cfg.DisableEvents = true
 	e.cfg.DisableSnapshot = true // a stop reads every stream's state, which waits for their elections
 	e.startBroker()
-	e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "p"})
+	prepare(e)
 
-	// The lease's write, seen on its way to the leader.
-	sent, err := e.nc.SubscribeSync("$KV.natstone-messages.>")
+	// The write, seen on its way to the leader.
+	sent, err := e.nc.SubscribeSync(write)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,18 +96,18 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 	for _, f := range followers {
 		f.Shutdown()
 	}
-	dequeued := make(chan []byte, 1)
+	replied := make(chan []byte, 1)
 	go func() {
-		msg, err := e.nc.Request(e.space.Subject(subjects.OpDequeue, "q"), []byte(`{"batch":1}`), time.Minute)
+		msg, err := e.nc.Request(e.space.Subject(op, "q"), []byte(body), time.Minute)
 		if err != nil {
-			t.Errorf("dequeue: %v", err)
-			close(dequeued)
+			t.Errorf("%s: %v", op, err)
+			close(replied)
 			return
 		}
-		dequeued <- msg.Data
+		replied <- msg.Data
 	}()
 	if _, err := sent.NextMsg(30 * time.Second); err != nil {
-		t.Fatalf("the lease's write was not seen: %v", err)
+		t.Fatalf("the write was not seen: %v", err)
 	}
 	leader.Shutdown() // with the write it could not commit
 	logs.reset()
@@ -75,20 +115,13 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 		f.Restart(t)
 	}
 
-	data, ok := <-dequeued
+	data, ok := <-replied
 	if !ok {
 		t.FailNow()
 	}
-	var rep subjects.DequeueReply
-	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Messages) != 1 || rep.Messages[0].ID != "m" {
-		t.Fatalf("dequeue replied %s (%v), want message m", data, err)
-	}
-	if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != rep.Messages[0].LeaseID {
-		t.Fatalf("m is %s under lease %q, want running under %q", got.State, got.LeaseID, rep.Messages[0].LeaseID)
-	}
-	if log := logs.String(); !strings.Contains(log, `msg="message write outcome not known yet; issuing it again" queue=q message_id=m `+
-		`error="storage may have dropped the acknowledgement: stream KV_natstone-messages elected a leader"`) {
-		t.Errorf("the broker's log does not say it issued the lease again at the election:\n%s", log)
+	check(e, data)
+	if log := logs.String(); !strings.Contains(log, logged) {
+		t.Errorf("the broker's log does not say it issued the write again at the election:\n%s", log)
 	}
 	// The broker's stop releases its claim, a write to a bucket that may be electing still, or
 	// whose new leader's acknowledgement may not find its way back yet (seen: 1 in 2 runs waited

@@ -3,44 +3,246 @@ package broker
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natstone/natstone/broker/clock"
+	"github.com/natstone/natstone/kv"
+	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // TestAckWaitsEndAtTheirStreamsElection: the waits of message writes for their acknowledgements
-// end (for the writes to be issued again) when the messages stream elects a leader, and those of
-// lock writes when the locks stream does; each election ends the waits begun before it, and only
-// its own stream's. TestLeaderElectionInAClusterIssuesLostWritesAgain has a real election; here
+// end (for the writes to be issued again) when the messages stream elects a leader, those of lock
+// writes when the locks stream does, and those of payload writes when the payloads stream does;
+// each election ends the waits begun before it, and only its own stream's. TestLeaderElectionInAClusterIssuesLostWritesAgain has real elections; here
 // the advisory is the test's.
 func TestAckWaitsEndAtTheirStreamsElection(t *testing.T) {
 	t.Parallel()
 	b, _ := internalBroker(t)
-	messages, locks := b.store.RecordStreams()
-	for _, tc := range []struct {
-		stream      string
-		ends, stays *ackWatch
-	}{
-		{messages, b.msgAcks, b.lockAcks},
-		{locks, b.lockAcks, b.msgAcks},
-	} {
-		waiting, other := tc.ends.current(), tc.stays.current()
-		if err := b.cfg.Conn.Publish(leaderElected(tc.stream), []byte(`{}`)); err != nil {
+	messages, locks, bodies := b.store.WriteStreams()
+	watches := map[string]*ackWatch{messages: b.msgAcks, locks: b.lockAcks, bodies: b.bodyAcks}
+	for stream, ends := range watches {
+		waiting := ends.current()
+		others := map[string]context.Context{}
+		for s, w := range watches {
+			if s != stream {
+				others[s] = w.current()
+			}
+		}
+		if err := b.cfg.Conn.Publish(leaderElected(stream), []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case <-waiting.Done():
 		case <-time.After(30 * time.Second):
-			t.Fatalf("%s's election: the waits did not end", tc.stream)
+			t.Fatalf("%s's election: the waits did not end", stream)
 		}
-		if err := context.Cause(waiting); !errors.Is(err, errAcksLost) || !strings.Contains(err.Error(), tc.stream+" elected a leader") {
-			t.Fatalf("%s's election: the waits ended with %v, want %v naming the stream", tc.stream, err, errAcksLost)
+		if err := context.Cause(waiting); !errors.Is(err, errAcksLost) || !strings.Contains(err.Error(), stream+" elected a leader") {
+			t.Fatalf("%s's election: the waits ended with %v, want %v naming the stream", stream, err, errAcksLost)
 		}
-		if tc.ends.current().Err() != nil {
-			t.Fatalf("%s's election: the waits begun after it ended too", tc.stream)
+		if ends.current().Err() != nil {
+			t.Fatalf("%s's election: the waits begun after it ended too", stream)
 		}
-		if other.Err() != nil {
-			t.Fatalf("%s's election ended the other stream's waits", tc.stream)
+		for s, other := range others {
+			if other.Err() != nil {
+				t.Fatalf("%s's election ended the waits of %s's writes", stream, s)
+			}
 		}
+	}
+}
+
+// TestWriteNoServerTookIsIssuedAgainOnceOneMay: a record write that no server takes (no
+// responders: its stream has no leader, as during an election; here, the stream is gone for a
+// moment) stored nothing, so it is issued again, paced, until the stream is served again within
+// the write timeout, rather than twice at once and then left in doubt: the enqueue succeeds.
+func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
+	t.Parallel()
+	logs := &recordedLogs{}
+	b, _ := internalBrokerLogging(t, slog.New(logs))
+	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	messages, _, _ := b.store.WriteStreams()
+	if err := js.DeleteStream(ctx, messages); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", Payload: "p"}})
+		done <- err
+	}()
+	eventually(t, "the record's write refused for want of a leader", func() bool {
+		for _, l := range logs.find(slog.LevelWarn, "message write outcome not known yet; issuing it again") {
+			if strings.Contains(l["error"], kv.ErrNoLeader.Error()) {
+				return true
+			}
+		}
+		return false
+	})
+	// nats.go tries a publish that finds no responders three times, 250 ms apart, before it says
+	// so: without pacing, the broker's three issues would be spent within 1.5 s and the write left
+	// in doubt, the enqueue failed. It must stay out of doubt for longer.
+	for until := time.Now().Add(3 * time.Second); time.Now().Before(until); <-time.After(50 * time.Millisecond) {
+		q.mu.Lock()
+		doubts := q.doubts()
+		q.mu.Unlock()
+		if doubts > 0 {
+			t.Fatal("the write that no server took was left in doubt")
+		}
+	}
+	if _, err := kv.Open(ctx, b.kvConfig(js)); err != nil { // the stream again, empty
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("enqueue: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the enqueue did not end")
+	}
+	if r, _, err := b.store.GetMessage(ctx, "q", "m"); err != nil || r.State != subjects.StatePending {
+		t.Fatalf("m in storage: %+v, %v; want it pending", r, err)
+	}
+}
+
+// TestElectionsDoNotSpendAWritesTries: a write whose acknowledgement never comes is issued again
+// at each of its stream's elections without that counting among its tries, so however many come
+// (up to electionIssues) it is not left in doubt; once the stream takes it, it lands. Here nothing
+// stores the messages bucket's writes for a while, but a subscriber takes them in: they are
+// neither stored nor refused, as a write a deposed leader dropped.
+func TestElectionsDoNotSpendAWritesTries(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	b, err := New(&Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	messages, _, _ := b.store.WriteStreams()
+	if err := js.DeleteStream(ctx, messages); err != nil {
+		t.Fatal(err)
+	}
+	taken, err := nc.SubscribeSync("$KV.natstone-messages.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", Payload: "p"}})
+		done <- err
+	}()
+	const elections = rewrites + 3 // more than a write's tries
+	for i := range elections + 1 {
+		if _, err := taken.NextMsg(30 * time.Second); err != nil {
+			t.Fatalf("issue %d of the record's write: %v", i+1, err)
+		}
+		q.mu.Lock()
+		doubts := q.doubts()
+		q.mu.Unlock()
+		if doubts > 0 {
+			t.Fatalf("after %d elections the write is in doubt", i)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("after %d elections the enqueue ended: %v", i, err)
+		default:
+		}
+		if i == elections {
+			break
+		}
+		if err := nc.Publish(leaderElected(messages), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kv.Open(ctx, b.kvConfig(js)); err != nil { // the stream again, empty
+		t.Fatal(err)
+	}
+	if err := taken.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(leaderElected(messages), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("enqueue: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the enqueue did not end")
+	}
+	if r, _, err := b.store.GetMessage(ctx, "q", "m"); err != nil || r.State != subjects.StatePending {
+		t.Fatalf("m in storage: %+v, %v; want it pending", r, err)
+	}
+}
+
+// TestRefusedElectionAdvisoriesAreLogged: a broker whose NATS user may not subscribe to JetStream's
+// advisories serves all the same, and says in its log that its writes then wait out the write
+// timeout after a leader election (the server refuses a subscription after the fact).
+func TestRefusedElectionAdvisoriesAreLogged(t *testing.T) {
+	t.Parallel()
+	srv := natstest.StartOptions(t, &server.Options{Users: []*server.User{{Username: "broker", Password: "pw",
+		Permissions: &server.Permissions{Subscribe: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.EVENT.>"}}}}}})
+	logs := &recordedLogs{}
+	b, err := New(&Config{Conn: srv.Connect(t, nats.UserInfo("broker", "pw")), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	if got := logs.find(slog.LevelWarn, "not told of storage's leader elections: writes in flight then wait out the write timeout"); len(got) != 1 ||
+		!strings.Contains(got[0]["error"], "LEADER_ELECTED") {
+		t.Fatalf("the refusal's log: %v", got)
+	}
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
+		t.Fatalf("enqueue: %v", err)
 	}
 }

@@ -111,6 +111,7 @@ type Broker struct {
 	sched    *scheduler
 	msgAcks  *ackWatch // ends the waits of message writes whose acknowledgements may be lost
 	lockAcks *ackWatch // the same for lock writes
+	bodyAcks *ackWatch // and for payload writes
 
 	ctx    context.Context // cancelled by Stop, or when the claim is lost: ends long polls and a recovery
 	cancel context.CancelFunc
@@ -190,6 +191,7 @@ func New(cfg *Config) (*Broker, error) {
 		queues:   make(map[string]*queue),
 		msgAcks:  newAckWatch(),
 		lockAcks: newAckWatch(),
+		bodyAcks: newAckWatch(),
 	}
 	b.waits, _ = c.Observer.(WaitObserver)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
@@ -376,7 +378,8 @@ func (b *Broker) open(ctx context.Context) error {
 	}
 	b.store = store
 	b.events = newPublisher(b, events, eventLinger)
-	b.watchAcks(store.RecordStreams())
+	messages, locks, bodies := store.WriteStreams()
+	b.watchAcks(ctx, messages, locks, bodies)
 	return nil
 }
 

@@ -176,6 +176,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	}
 	q.mu.Unlock()
 
+	acked := q.b.bodyAcks.current()
 	for _, m := range ms {
 		if !m.dup && m.dupOf < 0 {
 			m.body = q.b.store.WriteBody(q.name, m.rec.ID, m.payload)
@@ -186,7 +187,21 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		if m.dup || m.dupOf >= 0 {
 			continue
 		}
-		seq, err := m.body.Wait(ctx)
+		seq, err := m.body.WaitOr(ctx, acked)
+		var lw leaderWait
+		for again := 0; ; {
+			if errors.Is(err, errAcksLost) && again < bodyReissues {
+				// The payloads stream elected a leader: the old one may have dropped the payload.
+				// It is stored again; should the first have landed after all, no record
+				// references it, and the next start removes it (Broker.dropOrphans).
+				again++
+				q.log().Warn("payload write outcome not known yet; storing it again", "message_id", m.rec.ID, "error", err)
+			} else if !lw.wait(ctx, q.b, q.b.bodyAcks, err) { // no server took it: stored again once one may
+				break
+			}
+			acked = q.b.bodyAcks.current()
+			seq, err = q.b.store.WriteBody(q.name, m.rec.ID, m.payload).WaitOr(ctx, acked)
+		}
 		if err != nil {
 			bodyErr = cmp.Or(bodyErr, err)
 			continue
@@ -283,6 +298,10 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	}
 	return replies, nil
 }
+
+// bodyReissues bounds how often an enqueue stores a payload again because the payloads stream
+// elected a leader while it waited for the payload's acknowledgement.
+const bodyReissues = 3
 
 // storedBodies lists the payloads an enqueue stored: those of its messages that were neither
 // duplicates of a stored message nor of an earlier one in the batch.

@@ -105,7 +105,7 @@ func (q *queue) commit(cs []*change) {
 		writes[i] = q.b.store.WriteMessage(q.name, &c.next, c.expect)
 	}
 	for i, c := range cs {
-		c.rev, c.err = writes[i].Wait(acked)
+		c.rev, c.err = writes[i].WaitOr(context.Background(), acked)
 		q.b.observer.Write(time.Since(issued), c.err)
 		if c.err != nil {
 			q.resolve(c)
@@ -220,9 +220,14 @@ func (q *queue) resolveDoubts() {
 // Called without q.mu.
 func (q *queue) resolve(c *change) {
 	ctx := context.Background()
+	var lw leaderWait
+	elections := 0
 	for try := 0; c.err != nil; try++ {
-		if errors.Is(c.err, errAcksLost) {
+		if errors.Is(c.err, errAcksLost) && elections < electionIssues {
+			elections++
 			try-- // ended to be issued again at once (ackWatch): storage was not slow
+		} else if lw.wait(ctx, q.b, q.b.msgAcks, c.err) {
+			try-- // no server took it: issued again once one may
 		}
 		if !errors.Is(c.err, kv.ErrConflict) {
 			if try >= rewrites {
@@ -235,7 +240,7 @@ func (q *queue) resolve(c *change) {
 				q.log().Warn("message write outcome not known yet; issuing it again", "message_id", c.next.ID, "error", c.err)
 			}
 			acked := q.b.msgAcks.current()
-			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(acked)
+			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).WaitOr(ctx, acked)
 			continue
 		}
 		r, rev, err := q.b.store.GetMessage(ctx, q.name, c.next.ID)
@@ -257,7 +262,7 @@ func (q *queue) resolve(c *change) {
 			q.log().Warn("message record without payload replaced by an enqueue", "message_id", c.next.ID, "body_seq", r.BodySeq)
 			c.expect = rev
 			acked := q.b.msgAcks.current()
-			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).Wait(acked)
+			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).WaitOr(ctx, acked)
 			continue
 		default:
 			c.truth, c.rev = &r, rev
@@ -301,16 +306,21 @@ func (q *queue) writeLocks(ws []*lockWrite) {
 		pending[i] = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect)
 	}
 	for i, w := range ws {
-		w.rev, w.err = pending[i].Wait(acked)
+		w.rev, w.err = pending[i].WaitOr(ctx, acked)
 		q.resolveLock(ctx, w)
 	}
 }
 
 // resolveLock learns the outcome of a lock write that failed, as resolve does a message write's.
 func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
+	var lw leaderWait
+	elections := 0
 	for try := 0; w.err != nil; try++ {
-		if errors.Is(w.err, errAcksLost) {
+		if errors.Is(w.err, errAcksLost) && elections < electionIssues {
+			elections++
 			try-- // as in resolve
+		} else if lw.wait(ctx, q.b, q.b.lockAcks, w.err) {
+			try--
 		}
 		if !errors.Is(w.err, kv.ErrConflict) {
 			if try >= rewrites {
@@ -321,7 +331,7 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 				q.log().Warn("exclusivity lock write outcome not known yet; issuing it again", "value", w.value, "slot", w.slot, "message_id", w.want.MessageID, "error", w.err)
 			}
 			acked := q.b.lockAcks.current()
-			w.rev, w.err = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect).Wait(acked)
+			w.rev, w.err = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect).WaitOr(ctx, acked)
 			continue
 		}
 		l, rev, err := q.b.store.GetSlot(ctx, q.name, w.value, w.slot)

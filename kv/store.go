@@ -259,24 +259,56 @@ type Write struct {
 
 // Wait waits for the write's acknowledgement. It returns ErrConflict if the expected revision did not
 // match; any other error leaves the outcome unknown (the write may or may not have been stored).
-func (w Write) Wait(ctx context.Context) (uint64, error) {
+func (w Write) Wait(ctx context.Context) (uint64, error) { return w.WaitOr(ctx, nil) }
+
+// WaitOr is Wait that also stops waiting, with its cause, when lost ends (nil: never): the caller
+// learnt that the acknowledgement may never come.
+func (w Write) WaitOr(ctx, lost context.Context) (uint64, error) {
 	if w.err != nil {
-		return 0, w.err
+		return 0, mapErr(w.err)
+	}
+	var lostDone <-chan struct{}
+	if lost != nil {
+		lostDone = lost.Done()
+	}
+	// An answer already there is taken before an ended wait: select picks at random among ready
+	// cases, and a write that landed would be issued again for nothing.
+	select {
+	case ack := <-w.f.Ok():
+		return ack.Sequence, nil
+	case err := <-w.f.Err():
+		return w.failed(ctx, err)
+	default:
 	}
 	select {
 	case ack := <-w.f.Ok():
 		return ack.Sequence, nil
 	case err := <-w.f.Err():
-		if err = mapErr(err); errors.Is(err, ErrConflict) && w.overMarker != nil {
-			return w.overMarker(ctx, err)
-		}
-		return 0, err
+		return w.failed(ctx, err)
 	case <-ctx.Done():
 		return 0, context.Cause(ctx)
+	case <-lostDone:
+		return 0, context.Cause(lost)
 	}
 }
 
+// failed returns what the write's error means: a conflict (which a create over a marker resolves
+// by writing again), no leader, or an unknown outcome.
+func (w Write) failed(ctx context.Context, err error) (uint64, error) {
+	if err = mapErr(err); errors.Is(err, ErrConflict) && w.overMarker != nil {
+		return w.overMarker(ctx, err)
+	}
+	return 0, err
+}
+
+// ErrNoLeader is a write's error when no server took it: nothing serves its stream (no
+// responders), as while its replicas elect a leader. Nothing was stored: it is safe to issue again.
+var ErrNoLeader = errors.New("kv: no server took the write: the stream has no leader")
+
 func mapErr(err error) error {
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("%w (%w)", ErrNoLeader, err)
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
@@ -292,10 +324,10 @@ func (s *Store) publish(subject string, data []byte, expect uint64, opts ...jets
 	return Write{f: f, err: err}
 }
 
-// RecordStreams names the streams of the messages and the locks buckets: those whose writes the
-// broker waits on and issues again when their outcome is unknown.
-func (s *Store) RecordStreams() (messages, locks string) {
-	return s.streams[s.messages].CachedInfo().Config.Name, s.streams[s.locks].CachedInfo().Config.Name
+// WriteStreams names the streams of the messages and the locks buckets and the payloads stream:
+// those whose writes the broker waits on and issues again when their outcome is unknown.
+func (s *Store) WriteStreams() (messages, locks, bodies string) {
+	return s.streams[s.messages].CachedInfo().Config.Name, s.streams[s.locks].CachedInfo().Config.Name, s.bodies.CachedInfo().Config.Name
 }
 
 // MessageKey returns the KV key of message id in queue.

@@ -234,8 +234,9 @@ func TestBodiesAndQueueDelete(t *testing.T) {
 
 // TestGetBodyWaitsForResponders: while nothing serves the bodies stream (no responders: in a
 // cluster, its replicas electing a leader; here, the stream gone), a payload read asks again
-// until its context ends. (That it then reads the payload is up to timing here; in a cluster,
-// TestLeaderElectionInAClusterIssuesLostWritesAgain's dequeue reads its payload that way.)
+// until its context ends. (That it then reads the payload is up to timing here, and in
+// TestLeaderElectionInAClusterIssuesLostWritesAgain, whose dequeue failed so in one of its first
+// runs, before this: the payloads stream's replicas were still electing.)
 func TestGetBodyWaitsForResponders(t *testing.T) {
 	t.Parallel()
 	s, srv := open(t)

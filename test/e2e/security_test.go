@@ -216,7 +216,8 @@ func TestDocumentedPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	forged := "natstone.events.jobs.completed.Zm9yZ2Vk"
-	for _, subject := range []string{forged, "$KV.natstone-messages.jobs.am9iLTE", "natstone.body.forged", "$JS.API.STREAM.DELETE.natstone-events", "natstone.v1.enqueue.jobs"} {
+	for _, subject := range []string{forged, "$KV.natstone-messages.jobs.am9iLTE", "natstone.body.forged", "$JS.API.STREAM.DELETE.natstone-events",
+		"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.KV_natstone-messages", "natstone.v1.enqueue.jobs"} {
 		worker.refused(t, subject)
 	}
 
