@@ -448,9 +448,11 @@ func TestScheduleReplaceOfUnknownOutcome(t *testing.T) {
 		t.Fatalf("after a replace not sent the broker has %q (unsure %v), want @every 1m as stored", sc.rec.Spec.Cron, sc.unsure)
 	}
 
+	minutes := 2
 	cron := "@every 2m"
 	untilUnknown(t, b, "replace whose write's wait ended", func() error { return put(cron) }, func() {
-		cron += "0" // a new replace for the next try: @every 20m, 200m…
+		minutes++ // a new replace for the next try: @every 3m, 4m…
+		cron = fmt.Sprintf("@every %dm", minutes)
 	})
 	eventually(t, "the replace sent landing", func() bool {
 		rec, _ := storedSchedule(t, b)
