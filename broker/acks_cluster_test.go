@@ -25,11 +25,12 @@ import (
 // seconds, not after the write timeout (5 minutes here). The broker runs on a fourth server,
 // outside the stream's replicas, that stays up throughout: nothing but the election tells it that
 // the write's acknowledgement will never come. The lease of a dequeue is lost with the messages
-// stream's leader, the payload of an enqueue with the payloads stream's.
+// stream's leader, the payload of an enqueue with the payloads stream's, and the exclusivity lock
+// a dequeue takes before its lease with the locks stream's.
 func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 	t.Run("lease", func(t *testing.T) {
 		t.Parallel()
-		lostWithItsLeader(t, "KV_natstone-messages", "$KV.natstone-messages.>",
+		lostWithItsLeader(t, "KV_natstone-messages", "$KV.natstone-messages.>", subjects.CreateQueueRequest{},
 			func(e *env) { e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "p"}) },
 			subjects.OpDequeue, `{"batch":1}`,
 			func(e *env, data []byte) {
@@ -46,7 +47,7 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 	})
 	t.Run("payload", func(t *testing.T) {
 		t.Parallel()
-		lostWithItsLeader(t, "natstone-bodies", "natstone.body.>", func(*env) {},
+		lostWithItsLeader(t, "natstone-bodies", "natstone.body.>", subjects.CreateQueueRequest{}, func(*env) {},
 			subjects.OpEnqueue, `{"id":"m","payload":"p"}`,
 			func(e *env, data []byte) {
 				var rep subjects.EnqueueReply
@@ -60,16 +61,38 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 			`msg="payload write outcome not known yet; storing it again" queue=q message_id=m `+
 				`error="storage may have dropped the acknowledgement: stream natstone-bodies elected a leader"`)
 	})
+	t.Run("lock", func(t *testing.T) {
+		t.Parallel()
+		lostWithItsLeader(t, "KV_natstone-locks", "$KV.natstone-locks.>", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "project"},
+			func(e *env) {
+				e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "p", Metadata: subjects.Pairs{"project": "foo"}})
+			},
+			subjects.OpDequeue, `{"batch":1}`,
+			func(e *env, data []byte) {
+				var rep subjects.DequeueReply
+				if err := json.Unmarshal(data, &rep); err != nil || len(rep.Messages) != 1 || rep.Messages[0].ID != "m" {
+					t.Fatalf("dequeue replied %s (%v), want message m", data, err)
+				}
+				if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != rep.Messages[0].LeaseID {
+					t.Fatalf("m is %s under lease %q, want running under %q", got.State, got.LeaseID, rep.Messages[0].LeaseID)
+				}
+			},
+			`msg="exclusivity lock write outcome not known yet; issuing it again" queue=q value=foo slot=0 message_id=m `+
+				`error="storage may have dropped the acknowledgement: stream KV_natstone-locks elected a leader"`)
+	})
 }
 
 // lostWithItsLeader runs TestLeaderElectionInAClusterIssuesLostWritesAgain for stream, whose
-// writes the subject write names: after prepare, op with body is sent while the stream's leader
+// writes the subject write names, on queue q made with cfg: after prepare, op with body is sent
+// while the stream's leader
 // cannot commit its write, and its reply is checked by check once the leader is gone and the
 // others have elected one; the broker's log must say logged.
-func lostWithItsLeader(t *testing.T, stream, write string, prepare func(e *env), op subjects.Op, body string, check func(e *env, reply []byte), logged string) {
+func lostWithItsLeader(t *testing.T, stream, write string, cfg subjects.CreateQueueRequest, prepare func(e *env), op subjects.Op, body string,
+	check func(e *env, reply []byte), logged string) {
 	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{Servers: 4})
 	e, logs := clusterEnv(t, srvs[0])
-	e.create("q", subjects.CreateQueueRequest{LeaseMS: 600_000})
+	cfg.LeaseMS = 600_000
+	e.create("q", cfg)
 
 	// Move the broker to the server that holds no replica of the stream.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
