@@ -80,11 +80,7 @@ func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
 	if err := js.DeleteStream(ctx, messages); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", Payload: "p"}})
-		done <- err
-	}()
+	done := enqueueM(q)
 	eventually(t, "the record's write refused for want of a leader", func() bool {
 		for _, l := range logs.find(slog.LevelWarn, "message write outcome not known yet; issuing it again") {
 			if strings.Contains(l["error"], kv.ErrNoLeader.Error()) {
@@ -107,17 +103,7 @@ func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
 	if _, err := kv.Open(ctx, b.kvConfig(js)); err != nil { // the stream again, empty
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("enqueue: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the enqueue did not end")
-	}
-	if r, _, err := b.store.GetMessage(ctx, "q", "m"); err != nil || r.State != subjects.StatePending {
-		t.Fatalf("m in storage: %+v, %v; want it pending", r, err)
-	}
+	storedM(t, b, done)
 }
 
 // TestElectionsDoNotSpendAWritesTries: a write whose acknowledgement never comes is issued again
@@ -128,20 +114,9 @@ func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
 func TestElectionsDoNotSpendAWritesTries(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	b, err := New(&Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+	b := startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Stop(ctx); err != nil {
-			t.Error(err)
-		}
-	})
 	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -162,11 +137,7 @@ func TestElectionsDoNotSpendAWritesTries(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", Payload: "p"}})
-		done <- err
-	}()
+	done := enqueueM(q)
 	const elections = rewrites + 3 // more than a write's tries
 	for i := range elections + 1 {
 		if _, err := taken.NextMsg(30 * time.Second); err != nil {
@@ -199,17 +170,7 @@ func TestElectionsDoNotSpendAWritesTries(t *testing.T) {
 	if err := nc.Publish(leaderElected(messages), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("enqueue: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the enqueue did not end")
-	}
-	if r, _, err := b.store.GetMessage(ctx, "q", "m"); err != nil || r.State != subjects.StatePending {
-		t.Fatalf("m in storage: %+v, %v; want it pending", r, err)
-	}
+	storedM(t, b, done)
 }
 
 // TestRefusedElectionAdvisoriesAreLogged: a broker whose NATS user may not subscribe to JetStream's
@@ -220,20 +181,9 @@ func TestRefusedElectionAdvisoriesAreLogged(t *testing.T) {
 	srv := natstest.StartOptions(t, &server.Options{Users: []*server.User{{Username: "broker", Password: "pw",
 		Permissions: &server.Permissions{Subscribe: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.EVENT.>"}}}}}})
 	logs := &recordedLogs{}
-	b, err := New(&Config{Conn: srv.Connect(t, nats.UserInfo("broker", "pw")), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+	b := startedBroker(t, &Config{Conn: srv.Connect(t, nats.UserInfo("broker", "pw")), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
 		Logger: slog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Stop(ctx); err != nil {
-			t.Error(err)
-		}
-	})
 	if got := logs.find(slog.LevelWarn, "not told of storage's leader elections: writes in flight then wait out the write timeout"); len(got) != 1 ||
 		!strings.Contains(got[0]["error"], "LEADER_ELECTED") {
 		t.Fatalf("the refusal's log: %v", got)
@@ -244,5 +194,26 @@ func TestRefusedElectionAdvisoriesAreLogged(t *testing.T) {
 	}
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
 		t.Fatalf("enqueue: %v", err)
+	}
+}
+
+// enqueueM enqueues message m into q on a goroutine of its own; the channel yields its error.
+func enqueueM(q *queue) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := q.enqueue(context.Background(), []subjects.EnqueueRequest{{ID: "m", Payload: "p"}})
+		done <- err
+	}()
+	return done
+}
+
+// storedM waits for enqueueM's end, and checks that it stored m, pending.
+func storedM(t *testing.T, b *Broker, done <-chan error) {
+	t.Helper()
+	if err := waitOn(t, done); err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	if r, _, err := b.store.GetMessage(context.Background(), "q", "m"); err != nil || r.State != subjects.StatePending {
+		t.Fatalf("m in storage: %+v, %v; want it pending", r, err)
 	}
 }

@@ -28,7 +28,13 @@ func internalBrokerLogging(t testing.TB, log *slog.Logger) (*Broker, *clock.Fake
 	t.Helper()
 	srv := natstest.Start(t, nil)
 	clk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
-	b, err := New(&Config{Conn: srv.Connect(t), Clock: clk, Logger: log})
+	return startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clk, Logger: log}), clk
+}
+
+// startedBroker starts a broker of cfg, stopped when the test ends.
+func startedBroker(t testing.TB, cfg *Config) *Broker {
+	t.Helper()
+	b, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +46,7 @@ func internalBrokerLogging(t testing.TB, log *slog.Logger) (*Broker, *clock.Fake
 			t.Error(err)
 		}
 	})
-	return b, clk
+	return b
 }
 
 // recordedLogs is a slog.Handler that keeps every record, its attributes (the logger's too) as
