@@ -105,7 +105,7 @@ func lostWithItsLeader(t *testing.T, stream, write string, cfg subjects.CreateQu
 	e.cfg.WriteTimeout = 5 * time.Minute
 	e.cfg.ClaimTTL = 20 * time.Minute // no renewal falls in the test, while quorums are down
 	e.cfg.DisableEvents = true
-	e.cfg.DisableSnapshot = true // a stop reads every stream's state, which waits for their elections
+	e.cfg.DisableSnapshot = true                            // a stop reads every stream's state, which waits for their elections
 	e.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil)) // its elections too (INFO)
 	e.startBroker()
 	prepare(e)
