@@ -107,27 +107,32 @@ func (b *Broker) watchAcks(ctx context.Context, messages, locks, bodies string) 
 // leaderWait paces the issues of a write that no server took (kv.ErrNoLeader: its stream has no
 // leader, as while its replicas elect one). Nothing was stored, so issuing it again is safe; it is
 // issued again once the stream's election is announced, or after a pause that doubles from 10 ms
-// to half a second, for at most the write timeout in all, after which the write's tries count as
-// any unknown outcome's do.
+// to half a second, for at most the write timeout from its first refusal, after which the write's
+// tries count as any unknown outcome's do.
 type leaderWait struct {
-	pause, waited time.Duration
+	pause time.Duration
+	until time.Time // the first refusal's time plus the write timeout
 }
 
 // wait returns once w (the stream's ackWatch) sees an election, the pause has passed or ctx has
 // ended, and reports whether the write should be issued again without counting a try: it failed
-// for want of a leader, the write timeout has not been spent waiting for one, and ctx lives.
+// for want of a leader, less than the write timeout ago was it first refused so, and ctx lives.
 func (lw *leaderWait) wait(ctx context.Context, b *Broker, w *ackWatch, err error) bool {
-	if !errors.Is(err, kv.ErrNoLeader) || lw.waited >= b.cfg.WriteTimeout {
+	if !errors.Is(err, kv.ErrNoLeader) || ctx.Err() != nil {
+		return false
+	}
+	if lw.until.IsZero() {
+		lw.until = time.Now().Add(b.cfg.WriteTimeout)
+	}
+	if !time.Now().Before(lw.until) {
 		return false
 	}
 	lw.pause = min(max(2*lw.pause, 10*time.Millisecond), 500*time.Millisecond)
-	start := time.Now()
 	select {
 	case <-w.current().Done():
 	case <-time.After(lw.pause):
 	case <-ctx.Done():
-		return false // the request gave up: nothing more is issued for it
+		return false // the request gave up, or the broker stops: nothing more is issued for it
 	}
-	lw.waited += time.Since(start)
 	return true
 }

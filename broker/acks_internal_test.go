@@ -89,9 +89,8 @@ func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
 		}
 		return false
 	})
-	// nats.go tries a publish that finds no responders three times, 250 ms apart, before it says
-	// so: without pacing, the broker's three issues would be spent within 1.5 s and the write left
-	// in doubt, the enqueue failed. It must stay out of doubt for longer.
+	// Without pacing, the write's three issues would be spent at once and the write left in doubt,
+	// the enqueue failed. It must stay out of doubt for longer.
 	for until := time.Now().Add(3 * time.Second); time.Now().Before(until); <-time.After(50 * time.Millisecond) {
 		q.mu.Lock()
 		doubts := q.doubts()
@@ -215,5 +214,69 @@ func storedM(t *testing.T, b *Broker, done <-chan error) {
 	}
 	if r, _, err := b.store.GetMessage(context.Background(), "q", "m"); err != nil || r.State != subjects.StatePending {
 		t.Fatalf("m in storage: %+v, %v; want it pending", r, err)
+	}
+}
+
+// TestElectionIssuesEveryPayloadOfABatchAgain: an election of the payloads stream issues again
+// every payload of an enqueue that waits for its acknowledgements, not only the one it was
+// waiting for at that moment (the others once waited under the new leader's context, so past
+// the election, for the write timeout). Here the payloads are taken in by a subscriber while the
+// stream is gone, as a deposed leader would drop them.
+func TestElectionIssuesEveryPayloadOfABatchAgain(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	b := startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: time.Minute})
+	ctx := context.Background()
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, bodies := b.store.WriteStreams()
+	if err := js.DeleteStream(ctx, bodies); err != nil {
+		t.Fatal(err)
+	}
+	taken, err := nc.SubscribeSync("natstone.body.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", Payload: "p"}, {ID: "n", Payload: "p"}})
+		done <- err
+	}()
+	for i := range 2 {
+		if _, err := taken.NextMsg(30 * time.Second); err != nil {
+			t.Fatalf("payload %d: %v", i+1, err)
+		}
+	}
+	if _, err := kv.Open(ctx, b.kvConfig(js)); err != nil { // the stream again, empty
+		t.Fatal(err)
+	}
+	if err := taken.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(leaderElected(bodies), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitOn(t, done); err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	for _, id := range []string{"m", "n"} {
+		r, _, err := b.store.GetMessage(ctx, "q", id)
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		if p, err := b.store.GetBody(ctx, r.BodySeq); err != nil || string(p) != "p" {
+			t.Fatalf("%s's payload: %q, %v", id, p, err)
+		}
 	}
 }

@@ -176,7 +176,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	}
 	q.mu.Unlock()
 
-	acked := q.b.bodyAcks.current()
+	issued := q.b.bodyAcks.current() // the payloads' first writes wait under it
 	for _, m := range ms {
 		if !m.dup && m.dupOf < 0 {
 			m.body = q.b.store.WriteBody(q.name, m.rec.ID, m.payload)
@@ -187,9 +187,9 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		if m.dup || m.dupOf >= 0 {
 			continue
 		}
-		seq, err := m.body.WaitOr(ctx, acked)
+		seq, err := m.body.WaitOr(ctx, issued)
 		var lw leaderWait
-		for again := 0; ; {
+		for again := 0; ctx.Err() == nil; { // a request that gave up issues nothing more
 			if errors.Is(err, errAcksLost) && again < bodyReissues {
 				// The payloads stream elected a leader: the old one may have dropped the payload.
 				// It is stored again; should the first have landed after all, no record
@@ -199,7 +199,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			} else if !lw.wait(ctx, q.b, q.b.bodyAcks, err) { // no server took it: stored again once one may
 				break
 			}
-			acked = q.b.bodyAcks.current()
+			acked := q.b.bodyAcks.current()
 			seq, err = q.b.store.WriteBody(q.name, m.rec.ID, m.payload).WaitOr(ctx, acked)
 		}
 		if err != nil {

@@ -226,7 +226,7 @@ func (q *queue) resolve(c *change) {
 		if errors.Is(c.err, errAcksLost) && elections < electionIssues {
 			elections++
 			try-- // ended to be issued again at once (ackWatch): storage was not slow
-		} else if lw.wait(ctx, q.b, q.b.msgAcks, c.err) {
+		} else if lw.wait(q.b.ctx, q.b, q.b.msgAcks, c.err) {
 			try-- // no server took it: issued again once one may
 		}
 		if !errors.Is(c.err, kv.ErrConflict) {
@@ -319,7 +319,7 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 		if errors.Is(w.err, errAcksLost) && elections < electionIssues {
 			elections++
 			try-- // as in resolve
-		} else if lw.wait(ctx, q.b, q.b.lockAcks, w.err) {
+		} else if lw.wait(q.b.ctx, q.b, q.b.lockAcks, w.err) {
 			try--
 		}
 		if !errors.Is(w.err, kv.ErrConflict) {

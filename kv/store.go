@@ -317,6 +317,12 @@ func mapErr(err error) error {
 	return err
 }
 
+// brokerRetries makes a publish that finds no responders fail at once (ErrNoLeader), rather than
+// after nats.go's own two tries 250 ms apart, for the writes the broker issues again itself
+// (messages, locks, payloads): a try of nats.go's still pending when the broker has issued the
+// write again would store a payload twice.
+var brokerRetries = jetstream.WithRetryAttempts(0)
+
 func (s *Store) publish(subject string, data []byte, expect uint64, opts ...jetstream.PublishOpt) Write {
 	msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
@@ -341,7 +347,7 @@ func (s *Store) WriteMessage(queue string, r *Record, expect uint64) Write {
 		return Write{err: err}
 	}
 	subject := s.msgSubj + MessageKey(queue, r.ID)
-	w := s.publish(subject, data, expect)
+	w := s.publish(subject, data, expect, brokerRetries)
 	if expect == 0 {
 		w.overMarker = func(ctx context.Context, conflict error) (uint64, error) {
 			return s.createOverMarker(ctx, s.streams[s.messages], subject, data, conflict)
@@ -468,7 +474,7 @@ func SlotKey(queue, value string, slot int) string {
 
 // WriteSlot stores l as slot of value's lock in queue if its revision is still expect (0: new).
 func (s *Store) WriteSlot(queue, value string, slot int, l Lock, expect uint64) Write {
-	return s.publish(s.lockSubj+SlotKey(queue, value, slot), EncodeLock(l), expect)
+	return s.publish(s.lockSubj+SlotKey(queue, value, slot), EncodeLock(l), expect, brokerRetries)
 }
 
 // GetSlot reads slot of value's lock in queue with its revision.
@@ -714,7 +720,7 @@ const BodyIDHeader = "Natstone-Message-Id"
 // of a deleted payload. The record's create is what makes an enqueue idempotent.
 func (s *Store) WriteBody(queue, id string, payload []byte) Write {
 	msg := &nats.Msg{Subject: s.bodySubj + queue, Data: payload, Header: nats.Header{BodyIDHeader: {encodeToken(id)}}}
-	f, err := s.js.PublishMsgAsync(msg)
+	f, err := s.js.PublishMsgAsync(msg, brokerRetries)
 	return Write{f: f, err: err}
 }
 
