@@ -112,30 +112,9 @@ func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
 // neither stored nor refused, as a write a deposed leader dropped.
 func TestElectionsDoNotSpendAWritesTries(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	b := startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: time.Minute})
+	d := dropWrites(t, func(messages, _, _ string) string { return messages }, "$KV.natstone-messages.>")
+	b, q, nc, js, messages, taken := d.b, d.q, d.nc, d.js, d.stream, d.taken
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc := srv.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	messages, _, _ := b.store.WriteStreams()
-	if err := js.DeleteStream(ctx, messages); err != nil {
-		t.Fatal(err)
-	}
-	taken, err := nc.SubscribeSync("$KV.natstone-messages.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
 	done := enqueueM(q)
 	const elections = rewrites + 3 // more than a write's tries
 	for i := range elections + 1 {
@@ -224,30 +203,9 @@ func storedM(t *testing.T, b *Broker, done <-chan error) {
 // stream is gone, as a deposed leader would drop them.
 func TestElectionIssuesEveryPayloadOfABatchAgain(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	b := startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: time.Minute})
+	d := dropWrites(t, func(_, _, bodies string) string { return bodies }, "natstone.body.>")
+	b, q, nc, js, bodies, taken := d.b, d.q, d.nc, d.js, d.stream, d.taken
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc := srv.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _, bodies := b.store.WriteStreams()
-	if err := js.DeleteStream(ctx, bodies); err != nil {
-		t.Fatal(err)
-	}
-	taken, err := nc.SubscribeSync("natstone.body.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", Payload: "p"}, {ID: "n", Payload: "p"}})
@@ -279,4 +237,45 @@ func TestElectionIssuesEveryPayloadOfABatchAgain(t *testing.T) {
 			t.Fatalf("%s's payload: %q, %v", id, p, err)
 		}
 	}
+}
+
+// droppedWrites is a broker (its write timeout a minute) with queue q, whose stream of one kind of
+// writes is gone while a subscriber of the test's takes those writes in, unanswered, as a deposed
+// leader drops them.
+type droppedWrites struct {
+	b      *Broker
+	q      *queue
+	nc     *nats.Conn // the test's
+	js     jetstream.JetStream
+	stream string             // the stream gone
+	taken  *nats.Subscription // on subject: the writes meant for stream
+}
+
+// dropWrites returns a droppedWrites whose stream is the one of WriteStreams that pick names, its
+// writes sent on subject.
+func dropWrites(t *testing.T, pick func(messages, locks, bodies string) string, subject string) *droppedWrites {
+	t.Helper()
+	srv := natstest.Start(t, nil)
+	d := &droppedWrites{nc: srv.Connect(t)}
+	d.b = startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: time.Minute})
+	ctx := context.Background()
+	var err error
+	if d.q, _, err = d.b.createQueue(ctx, "q", subjects.CreateQueueRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if d.js, err = jetstream.New(d.nc); err != nil {
+		t.Fatal(err)
+	}
+	d.stream = pick(d.b.store.WriteStreams())
+	if err := d.js.DeleteStream(ctx, d.stream); err != nil {
+		t.Fatal(err)
+	}
+	if d.taken, err = d.nc.SubscribeSync(subject); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
