@@ -53,12 +53,6 @@ func (w *ackWatch) ended(why error) {
 	w.ctx, w.cancel = context.WithCancelCause(context.Background())
 }
 
-// electionIssues bounds how often one write is issued again because its stream elected a leader
-// without that counting a try: elections come seconds apart, and more of them while one write
-// waits means a stream that cannot keep a leader (or forged advisories, which only the broker's
-// JetStream may publish: docs/security.md).
-const electionIssues = 10
-
 // errAcksLost is the cause of the waits ackWatch ends: an unknown outcome, as a timeout is, but
 // no sign that storage is slow to answer, so the write is issued again without counting a try.
 var errAcksLost = errors.New("storage may have dropped the acknowledgement")
@@ -104,35 +98,58 @@ func (b *Broker) watchAcks(ctx context.Context, messages, locks, bodies string) 
 	}()
 }
 
-// leaderWait paces the issues of a write that no server took (kv.ErrNoLeader: its stream has no
-// leader, as while its replicas elect one). Nothing was stored, so issuing it again is safe; it is
-// issued again once the stream's election is announced, or after a pause that doubles from 10 ms
-// to half a second, for at most the write timeout from its first refusal, after which the write's
-// tries count as any unknown outcome's do.
-type leaderWait struct {
-	pause time.Duration
-	until time.Time // the first refusal's time plus the write timeout
+// issue issues a write with write and waits for its answer, for ctx to end, or for w's stream to
+// elect a leader. The watch's context is taken before the write is published, so an election
+// between the two still ends the wait.
+func (w *ackWatch) issue(ctx context.Context, write func() kv.Write) (uint64, error) {
+	lost := w.current()
+	return write().WaitOr(ctx, lost)
 }
 
-// wait returns once w (the stream's ackWatch) sees an election, the pause has passed or ctx has
-// ended, and reports whether the write should be issued again without counting a try: it failed
-// for want of a leader, less than the write timeout ago was it first refused so, and ctx lives.
-func (lw *leaderWait) wait(ctx context.Context, b *Broker, w *ackWatch, err error) bool {
-	if !errors.Is(err, kv.ErrNoLeader) || ctx.Err() != nil {
+// electionIssues bounds how often one write is issued again because its stream elected a leader
+// without that counting a try: elections come seconds apart, and more of them while one write
+// waits means a stream that cannot keep a leader (or forged advisories, which only the broker's
+// JetStream may publish: docs/security.md).
+const electionIssues = 10
+
+// reissue tells whether a write whose outcome a failure left unknown is issued again without
+// counting a try, as neither failure says storage is slow:
+//   - its wait was ended by its stream's election (errAcksLost), up to elections times;
+//   - no server took it (kv.ErrNoLeader: its stream has no leader, as while its replicas elect
+//     one), so nothing was stored; it is issued again once the stream's election is announced, or
+//     after a pause that doubles from 10 ms to half a second, for at most the write timeout from
+//     its first refusal.
+type reissue struct {
+	elections int           // how many more elections may be free
+	pause     time.Duration // the last pause for a leader
+	until     time.Time     // the first refusal for want of a leader, plus the write timeout
+}
+
+// free reports whether the write that failed with err is issued again without counting a try,
+// having waited for a leader when it found none (w is its stream's watch); ctx ending (the
+// request gave up, or the broker stops) ends the wait, and nothing more is free.
+func (r *reissue) free(ctx context.Context, b *Broker, w *ackWatch, err error) bool {
+	switch {
+	case ctx.Err() != nil:
+		return false
+	case errors.Is(err, errAcksLost):
+		r.elections--
+		return r.elections >= 0
+	case !errors.Is(err, kv.ErrNoLeader):
 		return false
 	}
-	if lw.until.IsZero() {
-		lw.until = time.Now().Add(b.cfg.WriteTimeout)
+	if r.until.IsZero() {
+		r.until = time.Now().Add(b.cfg.WriteTimeout)
 	}
-	if !time.Now().Before(lw.until) {
+	if !time.Now().Before(r.until) {
 		return false
 	}
-	lw.pause = min(max(2*lw.pause, 10*time.Millisecond), 500*time.Millisecond)
+	r.pause = min(max(2*r.pause, 10*time.Millisecond), 500*time.Millisecond)
 	select {
 	case <-w.current().Done():
-	case <-time.After(lw.pause):
+	case <-time.After(r.pause):
 	case <-ctx.Done():
-		return false // the request gave up, or the broker stops: nothing more is issued for it
+		return false
 	}
 	return true
 }

@@ -188,19 +188,14 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			continue
 		}
 		seq, err := m.body.WaitOr(ctx, issued)
-		var lw leaderWait
-		for again := 0; ctx.Err() == nil; { // a request that gave up issues nothing more
-			if errors.Is(err, errAcksLost) && again < bodyReissues {
-				// The payloads stream elected a leader: the old one may have dropped the payload.
-				// It is stored again; should the first have landed after all, no record
-				// references it, and the next start removes it (Broker.dropOrphans).
-				again++
+		for again := (reissue{elections: bodyReissues}); again.free(ctx, q.b, q.b.bodyAcks, err); {
+			if errors.Is(err, errAcksLost) {
+				// The old leader may have dropped the payload. It is stored again; should the
+				// first have landed after all, no record references it, and the next start
+				// removes it (Broker.dropOrphans).
 				q.log().Warn("payload write outcome not known yet; storing it again", "message_id", m.rec.ID, "error", err)
-			} else if !lw.wait(ctx, q.b, q.b.bodyAcks, err) { // no server took it: stored again once one may
-				break
 			}
-			acked := q.b.bodyAcks.current()
-			seq, err = q.b.store.WriteBody(q.name, m.rec.ID, m.payload).WaitOr(ctx, acked)
+			seq, err = q.b.bodyAcks.issue(ctx, func() kv.Write { return q.b.store.WriteBody(q.name, m.rec.ID, m.payload) })
 		}
 		if err != nil {
 			bodyErr = cmp.Or(bodyErr, err)

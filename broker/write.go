@@ -220,14 +220,10 @@ func (q *queue) resolveDoubts() {
 // Called without q.mu.
 func (q *queue) resolve(c *change) {
 	ctx := context.Background()
-	var lw leaderWait
-	elections := 0
+	again := reissue{elections: electionIssues}
 	for try := 0; c.err != nil; try++ {
-		if errors.Is(c.err, errAcksLost) && elections < electionIssues {
-			elections++
-			try-- // ended to be issued again at once (ackWatch): storage was not slow
-		} else if lw.wait(q.b.ctx, q.b, q.b.msgAcks, c.err) {
-			try-- // no server took it: issued again once one may
+		if again.free(q.b.ctx, q.b, q.b.msgAcks, c.err) {
+			try--
 		}
 		if !errors.Is(c.err, kv.ErrConflict) {
 			if try >= rewrites {
@@ -239,8 +235,7 @@ func (q *queue) resolve(c *change) {
 				c.reissued = true
 				q.log().Warn("message write outcome not known yet; issuing it again", "message_id", c.next.ID, "error", c.err)
 			}
-			acked := q.b.msgAcks.current()
-			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).WaitOr(ctx, acked)
+			c.rev, c.err = q.b.msgAcks.issue(ctx, func() kv.Write { return q.b.store.WriteMessage(q.name, &c.next, c.expect) })
 			continue
 		}
 		r, rev, err := q.b.store.GetMessage(ctx, q.name, c.next.ID)
@@ -261,8 +256,7 @@ func (q *queue) resolve(c *change) {
 			// it too). This create takes its place.
 			q.log().Warn("message record without payload replaced by an enqueue", "message_id", c.next.ID, "body_seq", r.BodySeq)
 			c.expect = rev
-			acked := q.b.msgAcks.current()
-			c.rev, c.err = q.b.store.WriteMessage(q.name, &c.next, c.expect).WaitOr(ctx, acked)
+			c.rev, c.err = q.b.msgAcks.issue(ctx, func() kv.Write { return q.b.store.WriteMessage(q.name, &c.next, c.expect) })
 			continue
 		default:
 			c.truth, c.rev = &r, rev
@@ -313,13 +307,9 @@ func (q *queue) writeLocks(ws []*lockWrite) {
 
 // resolveLock learns the outcome of a lock write that failed, as resolve does a message write's.
 func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
-	var lw leaderWait
-	elections := 0
+	again := reissue{elections: electionIssues}
 	for try := 0; w.err != nil; try++ {
-		if errors.Is(w.err, errAcksLost) && elections < electionIssues {
-			elections++
-			try-- // as in resolve
-		} else if lw.wait(q.b.ctx, q.b, q.b.lockAcks, w.err) {
+		if again.free(q.b.ctx, q.b, q.b.lockAcks, w.err) {
 			try--
 		}
 		if !errors.Is(w.err, kv.ErrConflict) {
@@ -330,8 +320,7 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 				w.reissued = true
 				q.log().Warn("exclusivity lock write outcome not known yet; issuing it again", "value", w.value, "slot", w.slot, "message_id", w.want.MessageID, "error", w.err)
 			}
-			acked := q.b.lockAcks.current()
-			w.rev, w.err = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect).WaitOr(ctx, acked)
+			w.rev, w.err = q.b.lockAcks.issue(ctx, func() kv.Write { return q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect) })
 			continue
 		}
 		l, rev, err := q.b.store.GetSlot(ctx, q.name, w.value, w.slot)
