@@ -90,15 +90,18 @@ func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
 		return false
 	})
 	// Without pacing, the write's three issues would be spent at once and the write left in doubt,
-	// the enqueue failed. It must stay out of doubt for longer.
-	for until := time.Now().Add(3 * time.Second); time.Now().Before(until); <-time.After(50 * time.Millisecond) {
+	// the enqueue failed. It must be issued more often than that and stay out of doubt meanwhile
+	// (nothing else publishes on the broker's connection now: its clock is a fake one).
+	from := b.cfg.Conn.Stats().OutMsgs
+	eventually(t, "more issues of the write than its tries", func() bool {
 		q.mu.Lock()
 		doubts := q.doubts()
 		q.mu.Unlock()
 		if doubts > 0 {
 			t.Fatal("the write that no server took was left in doubt")
 		}
-	}
+		return b.cfg.Conn.Stats().OutMsgs >= from+rewrites+2
+	})
 	if _, err := kv.Open(ctx, b.kvConfig(js)); err != nil { // the stream again, empty
 		t.Fatal(err)
 	}
