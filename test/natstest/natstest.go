@@ -164,6 +164,10 @@ type ClusterOptions struct {
 	// SyncAlways lists the servers (by index) that fsync before every ack, which makes them slower
 	// to apply what their stream leaders replicate.
 	SyncAlways []int
+	// Users and NoAuthUser are every server's logins (server options users and no_auth_user):
+	// none by default.
+	Users      []*server.User
+	NoAuthUser string
 }
 
 // StartCluster starts a cluster of in-process servers with JetStream, each on 127.0.0.1 with random
@@ -182,7 +186,7 @@ func StartCluster(t testing.TB, opts *ClusterOptions) []*Server {
 	var err error
 	for range clusterTries {
 		var servers []*Server
-		if servers, err = tryCluster(t, cmp.Or(o.Servers, 3), o.SyncAlways); err == nil {
+		if servers, err = tryCluster(t, cmp.Or(o.Servers, 3), &o); err == nil {
 			return servers
 		}
 		for _, s := range servers {
@@ -208,7 +212,7 @@ var routePort = func() (int, error) {
 
 // tryCluster starts a cluster of n servers, as StartCluster describes; on an error it returns the
 // servers it started, for the caller to shut down.
-func tryCluster(t testing.TB, n int, syncAlways []int) ([]*Server, error) {
+func tryCluster(t testing.TB, n int, o *ClusterOptions) ([]*Server, error) {
 	ports := make([]int, n)
 	routes := make([]*url.URL, n)
 	for i := range n {
@@ -223,9 +227,11 @@ func tryCluster(t testing.TB, n int, syncAlways []int) ([]*Server, error) {
 		s, err := tryStart(t, &server.Options{
 			ServerName: fmt.Sprintf("s%d", i),
 			StoreDir:   t.TempDir(),
-			SyncAlways: slices.Contains(syncAlways, i),
+			SyncAlways: slices.Contains(o.SyncAlways, i),
 			Cluster:    server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]},
 			Routes:     routes,
+			Users:      o.Users,
+			NoAuthUser: o.NoAuthUser,
 		}, server.RANDOM_PORT)
 		if s != nil {
 			servers = append(servers, s)
