@@ -336,6 +336,41 @@ func (s *Store) WriteStreams() (messages, locks, bodies string) {
 	return s.streams[s.messages].CachedInfo().Config.Name, s.streams[s.locks].CachedInfo().Config.Name, s.bodies.CachedInfo().Config.Name
 }
 
+// Leader is the server that leads a stream, and since when. Since is zero where the server does
+// not say: outside a cluster, a stream has no election.
+type Leader struct {
+	Name  string
+	Since time.Time
+}
+
+// Other reports whether l is another leader than was: another server, or the same elected again.
+// A zero Since on either side is not compared.
+func (l Leader) Other(was Leader) bool {
+	return l.Name != was.Name || !l.Since.IsZero() && !was.Since.IsZero() && !l.Since.Equal(was.Since)
+}
+
+func leaderOf(info *jetstream.StreamInfo) Leader {
+	if info == nil || info.Cluster == nil {
+		return Leader{}
+	}
+	l := Leader{Name: info.Cluster.Leader}
+	if info.Cluster.LeaderSince != nil {
+		l.Since = *info.Cluster.LeaderSince
+	}
+	return l
+}
+
+// StreamLeader asks stream who leads it now. Its leader answers (a stream's info comes from its
+// leader); while it has none the request fails, waits until ctx ends, or is answered by a replica
+// with no leader's name.
+func (s *Store) StreamLeader(ctx context.Context, stream string) (Leader, error) {
+	st, err := s.js.Stream(ctx, stream)
+	if err != nil {
+		return Leader{}, mapErr(err)
+	}
+	return leaderOf(st.CachedInfo()), nil
+}
+
 // MessageKey returns the KV key of message id in queue.
 func MessageKey(queue, id string) string { return queue + "." + encodeToken(id) }
 

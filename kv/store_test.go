@@ -250,7 +250,29 @@ func TestGetBodyWaitsForResponders(t *testing.T) {
 	if _, err := s.GetBody(short, 1); !errors.Is(err, nats.ErrNoResponders) || short.Err() == nil {
 		t.Fatalf("GetBody with no responders returned %v with its context alive (%v): want no responders, once it ends", err, short.Err())
 	}
+}
 
+// TestStreamLeader: the leaders of the streams whose writes the broker waits on. Outside a cluster a
+// stream's leader is its server, with no time of election
+// (TestLeaderElectionInAClusterIssuesLostWritesAgain, in broker, has a cluster's). A stream gone has
+// none.
+func TestStreamLeader(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx := context.Background()
+	messages, locks, bodies := s.WriteStreams()
+	want := kv.Leader{Name: srv.NATS().Name()}
+	for _, stream := range []string{messages, locks, bodies} {
+		if now, err := s.StreamLeader(ctx, stream); err != nil || now != want {
+			t.Errorf("%s's leader asked: %+v (%v), want %+v", stream, now, err, want)
+		}
+	}
+	if err := jsOn(t, srv).DeleteStream(ctx, bodies); err != nil {
+		t.Fatal(err)
+	}
+	if now, err := s.StreamLeader(ctx, bodies); err == nil {
+		t.Fatalf("the leader of stream %s, gone, asked: %+v, want an error", bodies, now)
+	}
 }
 
 func TestKeysAreValidTokens(t *testing.T) {
