@@ -2,10 +2,12 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,15 +26,30 @@ import (
 //
 // A write takes its context from current before it is issued, so an election that comes between
 // its publish and its wait still ends the wait.
+//
+// Should the election's advisory not come (the broker's user may not receive it, or the route
+// from a server just restarted does not carry the broker's interest yet), checkLeaders finds the
+// new leader by asking, once a write has waited a tick or more.
 type ackWatch struct {
 	mu     sync.Mutex
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	stream string    // the stream's name
+	leader kv.Leader // its leader as last known: Name "" if none known
+
+	// The writes waiting, counted by the checker's tick they began in: those of the current tick,
+	// and (checkLeaders' own) those of earlier ticks that had writes waiting at the last tick.
+	waiting atomic.Pointer[waiters]
+	older   []*waiters
 }
+
+// waiters counts the writes waiting that began in one tick of checkLeaders.
+type waiters struct{ n atomic.Int64 }
 
 func newAckWatch() *ackWatch {
 	w := &ackWatch{}
 	w.ctx, w.cancel = context.WithCancelCause(context.Background())
+	w.waiting.Store(&waiters{})
 	return w
 }
 
@@ -62,20 +79,29 @@ func leaderElected(stream string) string {
 	return "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED." + stream
 }
 
-// watchAcks ends the waits of the message writes in flight whenever the messages stream elects a
-// leader, those of the lock writes whenever the locks stream does, and those of the payload writes
-// whenever the payloads stream does, until the broker stops (b.ctx), which waits for it. A
-// subscription the server refuses is logged, and the writes then wait out the write timeout, as
-// they did before.
-func (b *Broker) watchAcks(ctx context.Context, messages, locks, bodies string) {
+// watchAcks ends the waits of the message writes in flight whenever store's messages stream elects
+// a leader, those of the lock writes whenever the locks stream does, and those of the payload
+// writes whenever the payloads stream does, until the broker stops (b.ctx), which waits for it. A
+// subscription the server refuses is logged; checkLeaders then finds the elections, later.
+func (b *Broker) watchAcks(ctx context.Context, store *kv.Store) {
+	messages, locks, bodies := store.WriteStreams()
+	b.msgAcks.stream, b.lockAcks.stream, b.bodyAcks.stream = messages, locks, bodies
 	var subs []*nats.Subscription
-	for stream, w := range map[string]*ackWatch{messages: b.msgAcks, locks: b.lockAcks, bodies: b.bodyAcks} {
-		sub, err := b.cfg.Conn.Subscribe(leaderElected(stream), func(*nats.Msg) {
-			b.log.Info("a stream of the store elected a leader: writes waiting for its acknowledgements are issued again", "stream", stream)
-			w.ended(fmt.Errorf("%w: stream %s elected a leader", errAcksLost, stream))
+	for _, w := range []*ackWatch{b.msgAcks, b.lockAcks, b.bodyAcks} {
+		stream := w.stream
+		if leader, err := store.StreamLeader(ctx, stream); err == nil {
+			w.leader = leader // else learnt at the first check
+		}
+		sub, err := b.cfg.Conn.Subscribe(leaderElected(stream), func(m *nats.Msg) {
+			var adv struct {
+				Leader string `json:"leader"`
+			}
+			_ = json.Unmarshal(m.Data, &adv) // a leader not named is found by asking (checkLeaders)
+			b.log.Info("a stream of the store elected a leader: writes waiting for its acknowledgements are issued again", "stream", stream, "leader", adv.Leader)
+			w.elected(kv.Leader{Name: adv.Leader}, fmt.Errorf("%w: stream %s elected a leader", errAcksLost, stream))
 		})
 		if err != nil {
-			b.log.Warn("not told of storage's leader elections: writes in flight then wait out the write timeout", "stream", stream, "error", err)
+			b.log.Warn("not told of storage's leader elections: a write lost at one is issued again once the broker finds the new leader by asking, a second or more later", "stream", stream, "error", err)
 			continue
 		}
 		subs = append(subs, sub)
@@ -84,17 +110,21 @@ func (b *Broker) watchAcks(ctx context.Context, messages, locks, bodies string) 
 	// is known once a round trip has come back.
 	if err := flush(ctx, b.cfg.Conn); err == nil {
 		if last := b.cfg.Conn.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), leaderElected("")) {
-			b.log.Warn("not told of storage's leader elections: writes in flight then wait out the write timeout", "error", last)
+			b.log.Warn("not told of storage's leader elections: a write lost at one is issued again once the broker finds the new leader by asking, a second or more later", "error", last)
 		}
 	}
 	// Start is under way (counted in b.calls), and Stop waits for it before it waits for b.wg.
-	b.wg.Add(1)
+	b.wg.Add(2)
 	go func() {
 		defer b.wg.Done()
 		<-b.ctx.Done()
 		for _, sub := range subs {
 			_ = sub.Unsubscribe()
 		}
+	}()
+	go func() {
+		defer b.wg.Done()
+		b.checkLeaders(b.msgAcks, b.lockAcks, b.bodyAcks)
 	}()
 }
 
@@ -103,7 +133,84 @@ func (b *Broker) watchAcks(ctx context.Context, messages, locks, bodies string) 
 // between the two still ends the wait.
 func (w *ackWatch) issue(ctx context.Context, write func() kv.Write) (uint64, error) {
 	lost := w.current()
-	return write().WaitOr(ctx, lost)
+	return w.wait(ctx, lost, write())
+}
+
+// wait waits for wr's answer, for ctx to end, or for lost (taken from current before wr was
+// issued) to end; checkLeaders counts it meanwhile.
+func (w *ackWatch) wait(ctx, lost context.Context, wr kv.Write) (uint64, error) {
+	c := w.waiting.Load()
+	c.n.Add(1)
+	defer c.n.Add(-1)
+	return wr.WaitOr(ctx, lost)
+}
+
+// elected ends the waits in flight, with why, for leader's election: leader's Since may be zero
+// (an advisory does not say), to be learnt by the next check.
+func (w *ackWatch) elected(leader kv.Leader, why error) {
+	w.mu.Lock()
+	w.leader = leader
+	w.mu.Unlock()
+	w.ended(why)
+}
+
+// longWaits reports whether a write has waited since before the previous tick, and starts a new
+// tick. Only checkLeaders calls it. A tick's count is dropped once it is zero at a tick, so a
+// wait that took its count a tick or more before adding itself to it, paused that long between two
+// instructions, is not seen.
+func (w *ackWatch) longWaits() bool {
+	long, kept := false, w.older[:0]
+	for _, c := range w.older {
+		if c.n.Load() > 0 {
+			long, kept = true, append(kept, c)
+		}
+	}
+	w.older = append(kept, w.waiting.Swap(&waiters{}))
+	return long
+}
+
+// learnt records now as the stream's leader, and reports whether it is another than the last known:
+// an election the watch was not told of. A leader not named (the stream has none yet) is not
+// learnt.
+func (w *ackWatch) learnt(now kv.Leader) bool {
+	if now.Name == "" {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	was := w.leader
+	w.leader = now
+	return was.Name != "" && now.Other(was)
+}
+
+// checkLeaders asks each watch's stream who leads it, every tick (a second, or a quarter of the
+// write timeout if less), whenever a write of the watch has waited a tick or more, and ends that
+// watch's waits when the leader is another than last known: an election whose advisory did not
+// come. While writes are answered it asks nothing. It returns when the broker stops (b.ctx); the
+// ticks are real time, as the write timeout is.
+func (b *Broker) checkLeaders(watches ...*ackWatch) {
+	every := min(time.Second, b.cfg.WriteTimeout/4)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, w := range watches {
+			if !w.longWaits() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(b.ctx, every)
+			now, err := b.store.StreamLeader(ctx, w.stream)
+			cancel()
+			if err == nil && w.learnt(now) {
+				b.log.Info("a stream of the store has another leader, whose election was not announced to the broker: writes waiting for its acknowledgements are issued again", "stream", w.stream, "leader", now.Name)
+				w.ended(fmt.Errorf("%w: stream %s has another leader", errAcksLost, w.stream))
+			}
+		}
+	}
 }
 
 // electionIssues bounds how often one write is issued again because its stream elected a leader

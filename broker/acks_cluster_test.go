@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -45,6 +46,25 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 			},
 			`msg="message write outcome not known yet; issuing it again" queue=q message_id=m `+
 				`error="storage may have dropped the acknowledgement: stream KV_natstone-messages elected a leader"`)
+	})
+	// The broker's user may not receive the advisories: it finds the new leader by asking.
+	t.Run("lease, advisories refused", func(t *testing.T) {
+		t.Parallel()
+		lostWithItsLeader(t, "KV_natstone-messages", "$KV.natstone-messages.>", subjects.CreateQueueRequest{},
+			func(e *env) { e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "p"}) },
+			subjects.OpDequeue, `{"batch":1}`,
+			func(e *env, data []byte) {
+				var rep subjects.DequeueReply
+				if err := json.Unmarshal(data, &rep); err != nil || len(rep.Messages) != 1 || rep.Messages[0].ID != "m" {
+					t.Fatalf("dequeue replied %s (%v), want message m", data, err)
+				}
+				if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != rep.Messages[0].LeaseID {
+					t.Fatalf("m is %s under lease %q, want running under %q", got.State, got.LeaseID, rep.Messages[0].LeaseID)
+				}
+			},
+			`msg="message write outcome not known yet; issuing it again" queue=q message_id=m `+
+				`error="storage may have dropped the acknowledgement: stream KV_natstone-messages has another leader"`,
+			nats.UserInfo("broker", "broker"))
 	})
 	t.Run("payload", func(t *testing.T) {
 		t.Parallel()
@@ -85,12 +105,16 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 
 // lostWithItsLeader runs TestLeaderElectionInAClusterIssuesLostWritesAgain for stream, whose
 // writes the subject write names, on queue q made with cfg: after prepare, op with body is sent
-// while the stream's leader
-// cannot commit its write, and its reply is checked by check once the leader is gone and the
-// others have elected one; the broker's log must say logged.
+// while the stream's leader cannot commit its write, and its reply is checked by check once the
+// leader is gone and the others have elected one; the broker's log must say logged. The broker
+// connects with login, if any: the user "broker" may not receive JetStream's advisories, and
+// other connections log in as a user who may do anything.
 func lostWithItsLeader(t *testing.T, stream, write string, cfg subjects.CreateQueueRequest, prepare func(e *env), op subjects.Op, body string,
-	check func(e *env, reply []byte), logged string) {
-	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{Servers: 4})
+	check func(e *env, reply []byte), logged string, login ...nats.Option) {
+	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{Servers: 4, NoAuthUser: "any", Users: []*server.User{
+		{Username: "any", Password: "any"},
+		{Username: "broker", Password: "broker", Permissions: &server.Permissions{Subscribe: &server.SubjectPermission{Deny: []string{"$JS.EVENT.>"}}}},
+	}})
 	e, logs := clusterEnv(t, srvs[0])
 	cfg.LeaseMS = 600_000
 	e.create("q", cfg)
@@ -101,7 +125,7 @@ func lostWithItsLeader(t *testing.T, stream, write string, cfg subjects.CreateQu
 	leader, followers, outside := placement(ctx, t, e.jetStream(), stream, srvs)
 	e.stopBroker(e.b)
 	e.nc = outside.Connect(t)
-	e.cfg.Conn = outside.Connect(t, nats.MaxReconnects(-1))
+	e.cfg.Conn = outside.Connect(t, append(login, nats.MaxReconnects(-1))...)
 	e.cfg.WriteTimeout = 5 * time.Minute
 	e.cfg.ClaimTTL = 20 * time.Minute // no renewal falls in the test, while quorums are down
 	e.cfg.DisableEvents = true

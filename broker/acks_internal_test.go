@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -165,7 +166,7 @@ func TestRefusedElectionAdvisoriesAreLogged(t *testing.T) {
 	b := startedBroker(t, &Config{Conn: srv.Connect(t, nats.UserInfo("broker", "pw")), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
 		Logger: slog.New(logs)})
 	ctx := context.Background()
-	if got := logs.find(slog.LevelWarn, "not told of storage's leader elections: writes in flight then wait out the write timeout"); len(got) != 1 ||
+	if got := logs.find(slog.LevelWarn, "not told of storage's leader elections: a write lost at one is issued again once the broker finds the new leader by asking, a second or more later"); len(got) != 1 ||
 		!strings.Contains(got[0]["error"], "LEADER_ELECTED") {
 		t.Fatalf("the refusal's log: %v", got)
 	}
@@ -281,4 +282,67 @@ func dropWrites(t *testing.T, pick func(messages, locks, bodies string) string, 
 		t.Fatal(err)
 	}
 	return d
+}
+
+// TestLongWaitsAreThoseBegunBeforeTheTickBefore: checkLeaders asks a stream who leads it only while
+// one of its writes has waited since before the previous tick: not for a write begun in the
+// current tick, nor once the write is answered (here, given up).
+func TestLongWaitsAreThoseBegunBeforeTheTickBefore(t *testing.T) {
+	t.Parallel()
+	d := dropWrites(t, func(_, _, bodies string) string { return bodies }, "natstone.body.>")
+	w := newAckWatch()
+	if w.longWaits() {
+		t.Fatal("a long wait with no write")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() {
+		_, err := w.wait(ctx, w.current(), d.b.store.WriteBody("q", "m", []byte("p")))
+		waited <- err
+	}()
+	eventually(t, "the write's wait to begin", func() bool { return w.waiting.Load().n.Load() == 1 })
+	if w.longWaits() {
+		t.Fatal("a wait begun in the current tick is long")
+	}
+	for range 2 {
+		if !w.longWaits() {
+			t.Fatal("a wait begun before the previous tick is not long")
+		}
+	}
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the wait ended with %v, want it given up", err)
+	}
+	if w.longWaits() {
+		t.Fatal("a long wait once the write's wait ended")
+	}
+}
+
+// TestCheckedLeaderIsLearnt: a leader found by asking ends the waits only when it is another than
+// the last known, which an advisory may have named, its time unknown.
+func TestCheckedLeaderIsLearnt(t *testing.T) {
+	t.Parallel()
+	t1 := time.UnixMilli(1_700_000_000_000)
+	t2 := t1.Add(time.Second)
+	for _, c := range []struct {
+		was, now kv.Leader
+		other    bool
+	}{
+		{kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s1", Since: t1}, false},
+		{kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s2", Since: t2}, true},
+		{kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s1", Since: t2}, true}, // elected again
+		{kv.Leader{Name: "s1"}, kv.Leader{Name: "s1", Since: t2}, false},           // an advisory's
+		{kv.Leader{Name: "s1"}, kv.Leader{Name: "s2", Since: t2}, true},
+		{kv.Leader{Name: "s1", Since: t1}, kv.Leader{}, false}, // no leader yet
+		{kv.Leader{}, kv.Leader{Name: "s2", Since: t2}, false}, // none known before
+	} {
+		w := newAckWatch()
+		w.leader = c.was
+		if got := w.learnt(c.now); got != c.other {
+			t.Errorf("leader %+v after %+v: another %v, want %v", c.now, c.was, got, c.other)
+		}
+		if want := cmp.Or(c.now, c.was); w.leader != want {
+			t.Errorf("leader %+v after %+v: known as %+v, want %+v", c.now, c.was, w.leader, want)
+		}
+	}
 }

@@ -378,8 +378,7 @@ func (b *Broker) open(ctx context.Context) error {
 	}
 	b.store = store
 	b.events = newPublisher(b, events, eventLinger)
-	messages, locks, bodies := store.WriteStreams()
-	b.watchAcks(ctx, messages, locks, bodies)
+	b.watchAcks(ctx, store)
 	return nil
 }
 

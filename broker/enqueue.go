@@ -187,7 +187,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		if m.dup || m.dupOf >= 0 {
 			continue
 		}
-		seq, err := m.body.WaitOr(ctx, issued)
+		seq, err := q.b.bodyAcks.wait(ctx, issued, m.body)
 		for again := (reissue{elections: bodyReissues}); again.free(ctx, q.b, q.b.bodyAcks, err); {
 			if errors.Is(err, errAcksLost) {
 				// The old leader may have dropped the payload. It is stored again; should the

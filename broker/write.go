@@ -105,7 +105,7 @@ func (q *queue) commit(cs []*change) {
 		writes[i] = q.b.store.WriteMessage(q.name, &c.next, c.expect)
 	}
 	for i, c := range cs {
-		c.rev, c.err = writes[i].WaitOr(context.Background(), acked)
+		c.rev, c.err = q.b.msgAcks.wait(context.Background(), acked, writes[i])
 		q.b.observer.Write(time.Since(issued), c.err)
 		if c.err != nil {
 			q.resolve(c)
@@ -300,7 +300,7 @@ func (q *queue) writeLocks(ws []*lockWrite) {
 		pending[i] = q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect)
 	}
 	for i, w := range ws {
-		w.rev, w.err = pending[i].WaitOr(ctx, acked)
+		w.rev, w.err = q.b.lockAcks.wait(ctx, acked, pending[i])
 		q.resolveLock(ctx, w)
 	}
 }
