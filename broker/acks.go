@@ -184,12 +184,12 @@ func (w *ackWatch) learnt(now kv.Leader) bool {
 }
 
 // checkLeaders asks each watch's stream who leads it, every tick (a second, or a quarter of the
-// write timeout if less), whenever a write of the watch has waited a tick or more, and ends that
+// write timeout if less, but at least 10 ms), whenever a write of the watch has waited a tick or more, and ends that
 // watch's waits when the leader is another than last known: an election whose advisory did not
 // come. While writes are answered it asks nothing. It returns when the broker stops (b.ctx); the
 // ticks are real time, as the write timeout is.
 func (b *Broker) checkLeaders(watches ...*ackWatch) {
-	every := min(time.Second, b.cfg.WriteTimeout/4)
+	every := max(min(time.Second, b.cfg.WriteTimeout/4), 10*time.Millisecond) // a Go caller's timeout may be tiny
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
