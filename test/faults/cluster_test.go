@@ -8,8 +8,11 @@ package faults
 
 import (
 	"math/rand/v2"
+	"net/url"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/natstone/natstone/test/natstest"
 )
@@ -31,15 +34,37 @@ func TestFaultsCluster(t *testing.T) {
 // leaders while natstone and its clients work on.
 func TestFaultsClusterServers(t *testing.T) {
 	t.Parallel()
-	srvs := natstest.StartCluster(t, &natstest.ClusterOptions{SyncAlways: []int{2}})
+	restartingServers(t, &natstest.ClusterOptions{SyncAlways: []int{2}}, nil, false)
+}
+
+// TestFaultsClusterServersUnannounced is TestFaultsClusterServers with natstone's NATS user denied
+// JetStream's advisories: it learns of its streams' leader elections only by asking them, once a
+// write has waited (design.md, "Writes"). The clients log in as a user who may do anything.
+func TestFaultsClusterServersUnannounced(t *testing.T) {
+	t.Parallel()
+	restartingServers(t, &natstest.ClusterOptions{SyncAlways: []int{2}, NoAuthUser: "any", Users: []*server.User{
+		{Username: "any", Password: "any"},
+		{Username: "natstone", Password: "natstone", Permissions: &server.Permissions{Subscribe: &server.SubjectPermission{Deny: []string{"$JS.EVENT.>"}}}},
+	}}, url.UserPassword("natstone", "natstone"), true)
+}
+
+// restartingServers runs TestFaultsClusterServers on a cluster of opts, natstone logging in as
+// login (nil: as nobody); unannounced: login may not receive JetStream's advisories.
+func restartingServers(t *testing.T, opts *natstest.ClusterOptions, login *url.Userinfo, unannounced bool) {
+	srvs := natstest.StartCluster(t, opts)
 	restart := func(rng *rand.Rand) {
 		i := rng.IntN(len(srvs))
 		srvs[i] = srvs[i].Restart(t)
 	}
+	natsURL, err := url.Parse(srvs[0].URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsURL.User = login
 	// A write whose acknowledgement a restart lost holds its message until it is issued again, a
 	// write timeout later (or more: see Restart.Settle): shorter than the default 10s, so that the
 	// checker's EDF rule, which must allow for it, still judges most of the run.
 	const writeTimeout = 2 * time.Second
-	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4, restartServer: restart, writeTimeout: writeTimeout}, srvs[0].URL(),
-		[]string{"serve", "--nats-url", srvs[0].URL(), "--replicas", "3", "--write-timeout", writeTimeout.String()})
+	check(t, faultConfig{kills: kills(t, 4), external: true, producers: 2, workers: 4, restartServer: restart, writeTimeout: writeTimeout, unannounced: unannounced}, srvs[0].URL(),
+		[]string{"serve", "--nats-url", natsURL.String(), "--replicas", "3", "--write-timeout", writeTimeout.String()})
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,8 +116,11 @@ func check(t *testing.T, cfg faultConfig, url string, args []string) {
 	if reschedules == 0 {
 		t.Errorf("no reschedule sent: the operator reschedules the first message it does not cancel")
 	}
-	t.Logf("kills=%d clean_stops=%d starts_from_snapshot=%d paused=%d paused_starting=%d starts_lost=%d ops=%d messages=%d enqueued=%d batches=%d leases=%d completed=%d canceled=%d retried=%d rescheduled=%d leased_by_next=%d extended=%d orphan_payloads_deleted=%d records_replaced=%d stale_loads_read_again=%d queues_deleted=%d (storage unchecked %d, markers left %d) deleted_queue_records_removed=%d %s violations=%d",
-		stats.kills, stats.cleanStops, stats.snapshotStarts, stats.paused, stats.pausedStarting, stats.startsLost, len(run.Ops), len(run.Final), stats.enqueued, stats.batches, leases, stats.completed, canceled, retried, rescheduled, stats.nextLeased, stats.ex, stats.orphans, stats.replaced, stats.stale, stats.churned, stats.churnUnchecked, stats.churnMarkers, stats.ghosts, tickSummary(stats), len(violations))
+	t.Logf("kills=%d clean_stops=%d starts_from_snapshot=%d paused=%d paused_starting=%d starts_lost=%d ops=%d messages=%d enqueued=%d batches=%d leases=%d completed=%d canceled=%d retried=%d rescheduled=%d leased_by_next=%d extended=%d orphan_payloads_deleted=%d records_replaced=%d stale_loads_read_again=%d elections_told=%d elections_asked=%d queues_deleted=%d (storage unchecked %d, markers left %d) deleted_queue_records_removed=%d %s violations=%d",
+		stats.kills, stats.cleanStops, stats.snapshotStarts, stats.paused, stats.pausedStarting, stats.startsLost, len(run.Ops), len(run.Final), stats.enqueued, stats.batches, leases, stats.completed, canceled, retried, rescheduled, stats.nextLeased, stats.ex, stats.orphans, stats.replaced, stats.stale, stats.told, stats.asked, stats.churned, stats.churnUnchecked, stats.churnMarkers, stats.ghosts, tickSummary(stats), len(violations))
+	if cfg.unannounced && (stats.told > 0 || !strings.Contains(stats.log, "not told of storage's leader elections")) {
+		t.Errorf("natstone, refused JetStream's advisories, was told of %d elections (want none), or did not log that it is refused", stats.told)
+	}
 	if stats.cappedMost < 2 {
 		t.Errorf("the max_running queue had at most %d leases held at once (%d leases): its check checked nothing", stats.cappedMost, stats.cappedLeases)
 	}

@@ -257,6 +257,9 @@ type faultConfig struct {
 	restartServer func(rng *rand.Rand)
 	// writeTimeout is natstone's --write-timeout, when the args give one (else its default).
 	writeTimeout time.Duration
+	// unannounced: natstone's NATS user may not receive JetStream's advisories. Its log must say
+	// so, and that it was told of no election.
+	unannounced bool
 	// standby runs a second natstone, standing by. Each "kill" kills the one serving, or pauses it
 	// (SIGSTOP) until the standby has taken over and then resumes it (SIGCONT), when it must find
 	// its claim taken and exit; a new standby is then started.
@@ -573,6 +576,8 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats.orphans = logged(string(b), orphanLine)
 	stats.ghosts = logged(string(b), ghostLine)
 	stats.stale = strings.Count(string(b), "served the load; reading again")
+	stats.told = strings.Count(string(b), "a stream of the store elected a leader")
+	stats.asked = strings.Count(string(b), "whose election was not announced to the broker")
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
 	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
 	stats.snapshotStarts = strings.Count(string(b), ` from=snapshot `)
@@ -688,6 +693,7 @@ type runStats struct {
 	kills, enqueued, leased, completed, ex int
 	orphans                                int    // payloads without a record that starts deleted
 	stale                                  int    // loads that starts read again (a replica behind)
+	told, asked                            int    // leader elections JetStream's advisories told, and natstone found by asking
 	paused                                 int    // brokers paused past their claim (standby runs)
 	pausedStarting                         int    // brokers paused in their start, once they took the claim
 	startsLost                             int    // starts that failed, their claim lost meanwhile
