@@ -19,7 +19,7 @@ run: ## run `natstone serve` (extra flags: make run ARGS='--sync always')
 
 test: vet fmt-check ## vet, check formatting, run every test with the race detector, then the tests on a cluster without it
 	$(GO) test -race -count=1 ./...
-	$(GO) test -count=1 -run Cluster -v ./broker ./test/natstest ./test/faults
+	$(GO) test -count=1 -run Cluster -v ./broker ./kv ./test/natstest ./test/faults
 
 vet: ## go vet every package
 	$(GO) vet ./...

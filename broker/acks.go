@@ -34,8 +34,10 @@ type ackWatch struct {
 	mu     sync.Mutex
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	ends   uint64    // how often the waits were ended
 	stream string    // the stream's name
 	leader kv.Leader // its leader as last known: Name "" if none known
+	toldAt time.Time // when the advisory that named leader was sent, its Since unknown; else zero
 
 	// The writes waiting, counted by the checker's tick they began in: those of the current tick,
 	// and (checkLeaders' own) those of earlier ticks that had writes waiting at the last tick.
@@ -66,8 +68,14 @@ func (w *ackWatch) current() context.Context {
 func (w *ackWatch) ended(why error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.end(why)
+}
+
+// end is ended, called with w.mu held.
+func (w *ackWatch) end(why error) {
 	w.cancel(why)
 	w.ctx, w.cancel = context.WithCancelCause(context.Background())
+	w.ends++
 }
 
 // errAcksLost is the cause of the waits ackWatch ends: an unknown outcome, as a timeout is, but
@@ -89,16 +97,15 @@ func (b *Broker) watchAcks(ctx context.Context, store *kv.Store) {
 	var subs []*nats.Subscription
 	for _, w := range []*ackWatch{b.msgAcks, b.lockAcks, b.bodyAcks} {
 		stream := w.stream
-		if leader, err := store.StreamLeader(ctx, stream); err == nil {
-			w.leader = leader // else learnt at the first check
-		}
 		sub, err := b.cfg.Conn.Subscribe(leaderElected(stream), func(m *nats.Msg) {
 			var adv struct {
-				Leader string `json:"leader"`
+				Leader string    `json:"leader"`
+				Time   time.Time `json:"timestamp"`
 			}
-			_ = json.Unmarshal(m.Data, &adv) // a leader not named is found by asking (checkLeaders)
-			b.log.Info("a stream of the store elected a leader: writes waiting for its acknowledgements are issued again", "stream", stream, "leader", adv.Leader)
-			w.elected(kv.Leader{Name: adv.Leader}, fmt.Errorf("%w: stream %s elected a leader", errAcksLost, stream))
+			_ = json.Unmarshal(m.Data, &adv) // an advisory without them ends the waits all the same
+			if w.told(adv.Leader, adv.Time, fmt.Errorf("%w: stream %s elected a leader", errAcksLost, stream)) {
+				b.log.Info("a stream of the store elected a leader: writes waiting for its acknowledgements are issued again", "stream", stream, "leader", adv.Leader)
+			}
 		})
 		if err != nil {
 			b.log.Warn("not told of storage's leader elections: a write lost at one is issued again once the broker finds the new leader by asking, a second or more later", "stream", stream, "error", err)
@@ -145,13 +152,23 @@ func (w *ackWatch) wait(ctx, lost context.Context, wr kv.Write) (uint64, error) 
 	return wr.WaitOr(ctx, lost)
 }
 
-// elected ends the waits in flight, with why, for leader's election: leader's Since may be zero
-// (an advisory does not say), to be learnt by the next check.
-func (w *ackWatch) elected(leader kv.Leader, why error) {
+// sameElection bounds the time between a leader's election (its leader_since) and its advisory,
+// both by its server's clock; it is also the most the servers' clocks may differ for a stream's
+// info to be compared with an advisory of another server.
+const sameElection = 2 * time.Second
+
+// told ends the waits, with why, for the election of leader that an advisory sent at at
+// announced, unless a check found that election first and ended them then (a new leader answers
+// for its stream a moment before it sends its advisory). It reports whether it ended them.
+func (w *ackWatch) told(leader string, at time.Time, why error) bool {
 	w.mu.Lock()
-	w.leader = leader
-	w.mu.Unlock()
-	w.ended(why)
+	defer w.mu.Unlock()
+	if was := w.leader; leader != "" && leader == was.Name && !was.Since.IsZero() && !at.Before(was.Since) && at.Sub(was.Since) < sameElection {
+		return false
+	}
+	w.leader, w.toldAt = kv.Leader{Name: leader}, at
+	w.end(why)
+	return true
 }
 
 // longWaits reports whether a write has waited since before the previous tick, and starts a new
@@ -169,27 +186,71 @@ func (w *ackWatch) longWaits() bool {
 	return long
 }
 
-// learnt records now as the stream's leader, and reports whether it is another than the last known:
-// an election the watch was not told of. A leader not named (the stream has none yet) is not
-// learnt.
-func (w *ackWatch) learnt(now kv.Leader) bool {
-	if now.Name == "" {
-		return false
-	}
+// asked takes now, the stream's leader as a check found it, asked after the waits had been ended
+// ends times, and ends the waits, with why, if it is another than the last known: an election
+// the watch was not told of. It reports whether it ended them. It takes nothing from an answer
+// that may be older than what the watch knows: one without a leader's name (the stream has none
+// yet), one asked before an advisory came or the waits were ended otherwise, or one of a leader
+// elected before the last known (an old leader still answers for its stream until it finds it
+// has lost its peers). The first leader known is learnt without ending anything.
+func (w *ackWatch) asked(now kv.Leader, ends uint64, why error) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	was := w.leader
-	w.leader = now
-	return was.Name != "" && now.Other(was)
+	was, toldAt := w.leader, w.toldAt
+	since := was.Since // when the last known leader was elected, or a bound before it
+	if since.IsZero() && !toldAt.IsZero() {
+		since = toldAt.Add(-sameElection)
+	}
+	switch {
+	case now.Name == "" || ends != w.ends:
+		return false
+	case !since.IsZero() && !now.Since.IsZero() && now.Since.Before(since):
+		return false
+	}
+	w.leader, w.toldAt = now, time.Time{}
+	var other bool
+	switch {
+	case was.Name == "":
+		return false
+	case !was.Since.IsZero():
+		other = now.Name != was.Name || !now.Since.Equal(was.Since)
+	case !toldAt.IsZero():
+		other = now.Name != was.Name || now.Since.After(toldAt)
+	default: // outside a cluster, where no Since is known: no elections
+		other = now.Name != was.Name
+	}
+	if other {
+		w.end(why)
+	}
+	return other
 }
 
-// checkLeaders asks each watch's stream who leads it, every tick (a second, or a quarter of the
-// write timeout if less, but at least 10 ms), whenever a write of the watch has waited a tick or more, and ends that
-// watch's waits when the leader is another than last known: an election whose advisory did not
-// come. While writes are answered it asks nothing. It returns when the broker stops (b.ctx); the
-// ticks are real time, as the write timeout is.
+// generation returns how often the waits were ended.
+func (w *ackWatch) generation() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ends
+}
+
+// checkLeaders learns each watch's stream's leader, then asks it again every tick (a second, or a
+// quarter of the write timeout if less, but at least 100 ms) whenever a write of the watch has
+// waited a tick or more, and ends that watch's waits when the leader is another than last known:
+// an election whose advisory did not come. While writes are answered it asks nothing. It returns
+// when the broker stops (b.ctx); the ticks are real time, as the write timeout is.
 func (b *Broker) checkLeaders(watches ...*ackWatch) {
-	every := max(min(time.Second, b.cfg.WriteTimeout/4), 10*time.Millisecond) // a Go caller's timeout may be tiny
+	every := min(time.Second, max(b.cfg.WriteTimeout/4, 100*time.Millisecond))
+	ask := func(w *ackWatch, within time.Duration) {
+		ends := w.generation()
+		ctx, cancel := context.WithTimeout(b.ctx, within)
+		now, err := b.store.StreamLeader(ctx, w.stream)
+		cancel()
+		if err == nil && w.asked(now, ends, fmt.Errorf("%w: stream %s has another leader", errAcksLost, w.stream)) {
+			b.log.Info("a stream of the store has another leader, whose election was not announced to the broker: writes waiting for its acknowledgements are issued again", "stream", w.stream, "leader", now.Name)
+		}
+	}
+	for _, w := range watches {
+		ask(w, b.cfg.WriteTimeout)
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -199,15 +260,8 @@ func (b *Broker) checkLeaders(watches ...*ackWatch) {
 		case <-t.C:
 		}
 		for _, w := range watches {
-			if !w.longWaits() {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(b.ctx, every)
-			now, err := b.store.StreamLeader(ctx, w.stream)
-			cancel()
-			if err == nil && w.learnt(now) {
-				b.log.Info("a stream of the store has another leader, whose election was not announced to the broker: writes waiting for its acknowledgements are issued again", "stream", w.stream, "leader", now.Name)
-				w.ended(fmt.Errorf("%w: stream %s has another leader", errAcksLost, w.stream))
+			if w.longWaits() {
+				ask(w, every)
 			}
 		}
 	}

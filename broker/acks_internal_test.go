@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -318,31 +317,79 @@ func TestLongWaitsAreThoseBegunBeforeTheTickBefore(t *testing.T) {
 	}
 }
 
-// TestCheckedLeaderIsLearnt: a leader found by asking ends the waits only when it is another than
-// the last known, which an advisory may have named, its time unknown.
-func TestCheckedLeaderIsLearnt(t *testing.T) {
+// TestAskedLeaderEndsWaitsOnlyForAnotherElection: a leader found by asking ends the waits only
+// when it is another than the last known, found by asking or named by an advisory (its time of
+// election unknown then, but not after the advisory was sent); an answer that may be older than
+// what the watch knows is not taken.
+func TestAskedLeaderEndsWaitsOnlyForAnotherElection(t *testing.T) {
 	t.Parallel()
 	t1 := time.UnixMilli(1_700_000_000_000)
-	t2 := t1.Add(time.Second)
+	t2 := t1.Add(5 * time.Second)
+	s1, s2 := kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s2", Since: t2}
 	for _, c := range []struct {
-		was, now kv.Leader
-		other    bool
+		name       string
+		was        kv.Leader
+		toldAt     time.Time
+		now        kv.Leader
+		endedSince bool // the waits were ended after the question was asked
+		ends       bool
+		known      kv.Leader // afterwards
 	}{
-		{kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s1", Since: t1}, false},
-		{kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s2", Since: t2}, true},
-		{kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s1", Since: t2}, true}, // elected again
-		{kv.Leader{Name: "s1"}, kv.Leader{Name: "s1", Since: t2}, false},           // an advisory's
-		{kv.Leader{Name: "s1"}, kv.Leader{Name: "s2", Since: t2}, true},
-		{kv.Leader{Name: "s1", Since: t1}, kv.Leader{}, false}, // no leader yet
-		{kv.Leader{}, kv.Leader{Name: "s2", Since: t2}, false}, // none known before
+		{name: "the same", was: s1, now: s1, known: s1},
+		{name: "another server", was: s1, now: s2, ends: true, known: s2},
+		{name: "the same elected again", was: s1, now: kv.Leader{Name: "s1", Since: t2}, ends: true, known: kv.Leader{Name: "s1", Since: t2}},
+		{name: "an old leader still answering", was: s2, now: s1, known: s2},
+		{name: "no leader yet", was: s1, now: kv.Leader{}, known: s1},
+		{name: "none known before", now: s2, known: s2},
+		{name: "outside a cluster", was: kv.Leader{Name: "n"}, now: kv.Leader{Name: "n"}, known: kv.Leader{Name: "n"}},
+		{name: "ended while asked", was: s1, now: s2, endedSince: true, known: s1},
+		{name: "the election told", was: kv.Leader{Name: "s2"}, toldAt: t2.Add(10 * time.Millisecond), now: s2, known: s2},
+		{name: "another than told", was: kv.Leader{Name: "s2"}, toldAt: t2.Add(10 * time.Millisecond), now: kv.Leader{Name: "s3", Since: t2.Add(time.Second)}, ends: true, known: kv.Leader{Name: "s3", Since: t2.Add(time.Second)}},
+		{name: "the one told elected again", was: kv.Leader{Name: "s2"}, toldAt: t2.Add(10 * time.Millisecond), now: kv.Leader{Name: "s2", Since: t2.Add(4 * time.Second)}, ends: true, known: kv.Leader{Name: "s2", Since: t2.Add(4 * time.Second)}},
+		{name: "an old leader answering after one told", was: kv.Leader{Name: "s2"}, toldAt: t2.Add(10 * time.Millisecond), now: s1, known: kv.Leader{Name: "s2"}},
+	} {
+		w := newAckWatch()
+		w.leader, w.toldAt = c.was, c.toldAt
+		waits, ends := w.current(), w.generation()
+		if c.endedSince {
+			w.ended(errAcksLost)
+			waits = w.current()
+		}
+		if got := w.asked(c.now, ends, errAcksLost); got != c.ends || (waits.Err() != nil) != c.ends {
+			t.Errorf("%s: asked %+v after %+v: ended %v (the waits' context: %v), want %v", c.name, c.now, c.was, got, waits.Err(), c.ends)
+		}
+		if w.leader != c.known {
+			t.Errorf("%s: asked %+v after %+v: known as %+v, want %+v", c.name, c.now, c.was, w.leader, c.known)
+		}
+	}
+}
+
+// TestToldElectionEndsWaitsUnlessAskingFoundIt: an advisory ends the waits, unless asking found
+// its election first (a new leader answers for its stream a moment before it sends the advisory).
+func TestToldElectionEndsWaitsUnlessAskingFoundIt(t *testing.T) {
+	t.Parallel()
+	t1 := time.UnixMilli(1_700_000_000_000)
+	for _, c := range []struct {
+		name   string
+		was    kv.Leader
+		leader string
+		at     time.Time
+		ends   bool
+	}{
+		{name: "found by asking", was: kv.Leader{Name: "s2", Since: t1}, leader: "s2", at: t1.Add(10 * time.Millisecond)},
+		{name: "another server", was: kv.Leader{Name: "s1", Since: t1}, leader: "s2", at: t1.Add(10 * time.Millisecond), ends: true},
+		{name: "the same elected again", was: kv.Leader{Name: "s2", Since: t1}, leader: "s2", at: t1.Add(5 * time.Second), ends: true},
+		{name: "nothing known", leader: "s2", at: t1, ends: true},
+		{name: "an advisory without leader or time", was: kv.Leader{Name: "s2", Since: t1}, ends: true},
 	} {
 		w := newAckWatch()
 		w.leader = c.was
-		if got := w.learnt(c.now); got != c.other {
-			t.Errorf("leader %+v after %+v: another %v, want %v", c.now, c.was, got, c.other)
+		waits := w.current()
+		if got := w.told(c.leader, c.at, errAcksLost); got != c.ends || (waits.Err() != nil) != c.ends {
+			t.Errorf("%s: ended %v (the waits' context: %v), want %v", c.name, got, waits.Err(), c.ends)
 		}
-		if want := cmp.Or(c.now, c.was); w.leader != want {
-			t.Errorf("leader %+v after %+v: known as %+v, want %+v", c.now, c.was, w.leader, want)
+		if want := (kv.Leader{Name: c.leader}); c.ends && (w.leader != want || !w.toldAt.Equal(c.at)) {
+			t.Errorf("%s: known as %+v told at %v, want %+v told at %v", c.name, w.leader, w.toldAt, want, c.at)
 		}
 	}
 }

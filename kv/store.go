@@ -343,12 +343,6 @@ type Leader struct {
 	Since time.Time
 }
 
-// Other reports whether l is another leader than was: another server, or the same elected again.
-// A zero Since on either side is not compared.
-func (l Leader) Other(was Leader) bool {
-	return l.Name != was.Name || !l.Since.IsZero() && !was.Since.IsZero() && !l.Since.Equal(was.Since)
-}
-
 func leaderOf(info *jetstream.StreamInfo) Leader {
 	if info == nil || info.Cluster == nil {
 		return Leader{}
