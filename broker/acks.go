@@ -37,7 +37,9 @@ type ackWatch struct {
 	ends   uint64    // how often the waits were ended
 	stream string    // the stream's name
 	leader kv.Leader // its leader as last known: Name "" if none known
+	before string    // the leader known before it (without leader_since, an answer of it is an old one's)
 	toldAt time.Time // when the advisory that named leader was sent, its Since unknown; else zero
+	found  kv.Leader // the leader whose election a check found and ended the waits for: its advisory ends nothing
 
 	// The writes waiting, counted by the checker's tick they began in: those of the current tick,
 	// and (checkLeaders' own) those of earlier ticks that had writes waiting at the last tick.
@@ -153,22 +155,77 @@ func (w *ackWatch) wait(ctx, lost context.Context, wr kv.Write) (uint64, error) 
 }
 
 // sameElection bounds the time between a leader's election (its leader_since) and its advisory,
-// both by its server's clock; it is also the most the servers' clocks may differ for a stream's
-// info to be compared with an advisory of another server.
+// both by its server's clock.
 const sameElection = 2 * time.Second
 
 // told ends the waits, with why, for the election of leader that an advisory sent at at
 // announced, unless a check found that election first and ended them then (a new leader answers
-// for its stream a moment before it sends its advisory). It reports whether it ended them.
+// for its stream a moment before it sends its advisory), or the same advisory came before. It
+// reports whether it ended them. An advisory without a leader's name (forged, or garbled) ends
+// them all the same, and leaves the leader known as it was.
 func (w *ackWatch) told(leader string, at time.Time, why error) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if was := w.leader; leader != "" && leader == was.Name && !was.Since.IsZero() && !at.Before(was.Since) && at.Sub(was.Since) < sameElection {
+	switch {
+	case leader == "":
+	case leader == w.found.Name && !w.found.Since.IsZero() && !at.Before(w.found.Since) && at.Sub(w.found.Since) < sameElection:
 		return false
+	case leader == w.leader.Name && !w.toldAt.IsZero() && at.Equal(w.toldAt):
+		return false
+	default:
+		if leader != w.leader.Name {
+			w.before = w.leader.Name
+		}
+		w.leader, w.toldAt = kv.Leader{Name: leader}, at
 	}
-	w.leader, w.toldAt = kv.Leader{Name: leader}, at
+	w.found = kv.Leader{}
 	w.end(why)
 	return true
+}
+
+// asked takes now, the stream's leader as a check found it, asked after the waits had been ended
+// ends times, and ends the waits, with why, if it is another than the last known: an election
+// the watch was not told of. It reports whether it ended them. The first leader known is learnt
+// without ending anything. It takes nothing from an answer that may be older than what the watch
+// knows: one without a leader's name (the stream has none yet); one asked before an advisory came
+// or the waits were ended otherwise; one of a leader elected before the last known (an old leader
+// still answers for its stream until it finds it has lost its peers), by their leader_since, or
+// by the advisory's time less sameElection; and, where no leader_since tells (nats-server 2.11),
+// one naming the leader known before the last.
+func (w *ackWatch) asked(now kv.Leader, ends uint64, why error) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	was, toldAt := w.leader, w.toldAt
+	timed := !now.Since.IsZero() && !was.Since.IsZero()
+	switch {
+	case now.Name == "" || ends != w.ends:
+		return false
+	case timed && now.Since.Before(was.Since):
+		return false
+	case was.Since.IsZero() && !toldAt.IsZero() && !now.Since.IsZero() && now.Since.Before(toldAt.Add(-sameElection)):
+		return false
+	case !timed && now.Name != was.Name && now.Name == w.before:
+		return false
+	}
+	var other bool
+	switch {
+	case was.Name == "":
+	case timed:
+		other = now.Name != was.Name || !now.Since.Equal(was.Since)
+	case !toldAt.IsZero() && !now.Since.IsZero():
+		other = now.Name != was.Name || now.Since.After(toldAt)
+	default: // no times to compare (outside a cluster, nats-server 2.11): the names
+		other = now.Name != was.Name
+	}
+	if now.Name != was.Name {
+		w.before = was.Name
+	}
+	w.leader, w.toldAt = now, time.Time{}
+	if other {
+		w.found = now
+		w.end(why)
+	}
+	return other
 }
 
 // longWaits reports whether a write has waited since before the previous tick, and starts a new
@@ -186,43 +243,11 @@ func (w *ackWatch) longWaits() bool {
 	return long
 }
 
-// asked takes now, the stream's leader as a check found it, asked after the waits had been ended
-// ends times, and ends the waits, with why, if it is another than the last known: an election
-// the watch was not told of. It reports whether it ended them. It takes nothing from an answer
-// that may be older than what the watch knows: one without a leader's name (the stream has none
-// yet), one asked before an advisory came or the waits were ended otherwise, or one of a leader
-// elected before the last known (an old leader still answers for its stream until it finds it
-// has lost its peers). The first leader known is learnt without ending anything.
-func (w *ackWatch) asked(now kv.Leader, ends uint64, why error) bool {
+// unknown reports whether no leader of the stream is known yet.
+func (w *ackWatch) unknown() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	was, toldAt := w.leader, w.toldAt
-	since := was.Since // when the last known leader was elected, or a bound before it
-	if since.IsZero() && !toldAt.IsZero() {
-		since = toldAt.Add(-sameElection)
-	}
-	switch {
-	case now.Name == "" || ends != w.ends:
-		return false
-	case !since.IsZero() && !now.Since.IsZero() && now.Since.Before(since):
-		return false
-	}
-	w.leader, w.toldAt = now, time.Time{}
-	var other bool
-	switch {
-	case was.Name == "":
-		return false
-	case !was.Since.IsZero():
-		other = now.Name != was.Name || !now.Since.Equal(was.Since)
-	case !toldAt.IsZero():
-		other = now.Name != was.Name || now.Since.After(toldAt)
-	default: // outside a cluster, where no Since is known: no elections
-		other = now.Name != was.Name
-	}
-	if other {
-		w.end(why)
-	}
-	return other
+	return w.leader.Name == ""
 }
 
 // generation returns how often the waits were ended.
@@ -232,11 +257,11 @@ func (w *ackWatch) generation() uint64 {
 	return w.ends
 }
 
-// checkLeaders learns each watch's stream's leader, then asks it again every tick (a second, or a
-// quarter of the write timeout if less, but at least 100 ms) whenever a write of the watch has
-// waited a tick or more, and ends that watch's waits when the leader is another than last known:
-// an election whose advisory did not come. While writes are answered it asks nothing. It returns
-// when the broker stops (b.ctx); the ticks are real time, as the write timeout is.
+// checkLeaders asks each watch's stream who leads it every tick (a second, or a quarter of the
+// write timeout if less, but at least 100 ms) until it knows, and then whenever a write of the
+// watch has waited a tick or more, and ends that watch's waits when the leader is another than
+// last known: an election whose advisory did not come. While writes are answered it asks nothing.
+// It returns when the broker stops (b.ctx); the ticks are real time, as the write timeout is.
 func (b *Broker) checkLeaders(watches ...*ackWatch) {
 	every := min(time.Second, max(b.cfg.WriteTimeout/4, 100*time.Millisecond))
 	ask := func(w *ackWatch, within time.Duration) {
@@ -249,7 +274,7 @@ func (b *Broker) checkLeaders(watches ...*ackWatch) {
 		}
 	}
 	for _, w := range watches {
-		ask(w, b.cfg.WriteTimeout)
+		ask(w, every)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -260,7 +285,7 @@ func (b *Broker) checkLeaders(watches ...*ackWatch) {
 		case <-t.C:
 		}
 		for _, w := range watches {
-			if w.longWaits() {
+			if long := w.longWaits(); long || w.unknown() {
 				ask(w, every)
 			}
 		}

@@ -320,15 +320,17 @@ func TestLongWaitsAreThoseBegunBeforeTheTickBefore(t *testing.T) {
 // TestAskedLeaderEndsWaitsOnlyForAnotherElection: a leader found by asking ends the waits only
 // when it is another than the last known, found by asking or named by an advisory (its time of
 // election unknown then, but not after the advisory was sent); an answer that may be older than
-// what the watch knows is not taken.
+// what the watch knows is not taken. Without leader_since (nats-server 2.11) the names tell.
 func TestAskedLeaderEndsWaitsOnlyForAnotherElection(t *testing.T) {
 	t.Parallel()
 	t1 := time.UnixMilli(1_700_000_000_000)
 	t2 := t1.Add(5 * time.Second)
 	s1, s2 := kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s2", Since: t2}
+	told := t2.Add(10 * time.Millisecond) // s2's advisory
 	for _, c := range []struct {
 		name       string
 		was        kv.Leader
+		before     string
 		toldAt     time.Time
 		now        kv.Leader
 		endedSince bool // the waits were ended after the question was asked
@@ -338,18 +340,23 @@ func TestAskedLeaderEndsWaitsOnlyForAnotherElection(t *testing.T) {
 		{name: "the same", was: s1, now: s1, known: s1},
 		{name: "another server", was: s1, now: s2, ends: true, known: s2},
 		{name: "the same elected again", was: s1, now: kv.Leader{Name: "s1", Since: t2}, ends: true, known: kv.Leader{Name: "s1", Since: t2}},
-		{name: "an old leader still answering", was: s2, now: s1, known: s2},
+		{name: "an old leader still answering", was: s2, before: "s1", now: s1, known: s2},
 		{name: "no leader yet", was: s1, now: kv.Leader{}, known: s1},
 		{name: "none known before", now: s2, known: s2},
 		{name: "outside a cluster", was: kv.Leader{Name: "n"}, now: kv.Leader{Name: "n"}, known: kv.Leader{Name: "n"}},
 		{name: "ended while asked", was: s1, now: s2, endedSince: true, known: s1},
-		{name: "the election told", was: kv.Leader{Name: "s2"}, toldAt: t2.Add(10 * time.Millisecond), now: s2, known: s2},
-		{name: "another than told", was: kv.Leader{Name: "s2"}, toldAt: t2.Add(10 * time.Millisecond), now: kv.Leader{Name: "s3", Since: t2.Add(time.Second)}, ends: true, known: kv.Leader{Name: "s3", Since: t2.Add(time.Second)}},
-		{name: "the one told elected again", was: kv.Leader{Name: "s2"}, toldAt: t2.Add(10 * time.Millisecond), now: kv.Leader{Name: "s2", Since: t2.Add(4 * time.Second)}, ends: true, known: kv.Leader{Name: "s2", Since: t2.Add(4 * time.Second)}},
-		{name: "an old leader answering after one told", was: kv.Leader{Name: "s2"}, toldAt: t2.Add(10 * time.Millisecond), now: s1, known: kv.Leader{Name: "s2"}},
+		{name: "the election told", was: kv.Leader{Name: "s2"}, toldAt: told, now: s2, known: s2},
+		{name: "another than told", was: kv.Leader{Name: "s2"}, toldAt: told, now: kv.Leader{Name: "s3", Since: t2.Add(time.Second)}, ends: true, known: kv.Leader{Name: "s3", Since: t2.Add(time.Second)}},
+		{name: "the one told elected again", was: kv.Leader{Name: "s2"}, toldAt: told, now: kv.Leader{Name: "s2", Since: t2.Add(4 * time.Second)}, ends: true, known: kv.Leader{Name: "s2", Since: t2.Add(4 * time.Second)}},
+		{name: "an old leader answering after one told", was: kv.Leader{Name: "s2"}, toldAt: told, now: s1, known: kv.Leader{Name: "s2"}},
+		{name: "2.11: another", was: kv.Leader{Name: "s1"}, now: kv.Leader{Name: "s2"}, ends: true, known: kv.Leader{Name: "s2"}},
+		{name: "2.11: the leader before, still answering", was: kv.Leader{Name: "s2"}, before: "s1", now: kv.Leader{Name: "s1"}, known: kv.Leader{Name: "s2"}},
+		{name: "2.11: another than told", was: kv.Leader{Name: "s2"}, before: "s1", toldAt: told, now: kv.Leader{Name: "s3"}, ends: true, known: kv.Leader{Name: "s3"}},
+		{name: "the same, one answer without its time", was: s1, now: kv.Leader{Name: "s1"}, known: kv.Leader{Name: "s1"}},
+		{name: "the same, the time back", was: kv.Leader{Name: "s1"}, now: s1, known: s1},
 	} {
 		w := newAckWatch()
-		w.leader, w.toldAt = c.was, c.toldAt
+		w.leader, w.before, w.toldAt = c.was, c.before, c.toldAt
 		waits, ends := w.current(), w.generation()
 		if c.endedSince {
 			w.ended(errAcksLost)
@@ -364,32 +371,83 @@ func TestAskedLeaderEndsWaitsOnlyForAnotherElection(t *testing.T) {
 	}
 }
 
+// TestOldAndNewLeadersAnsweringInTurnEndTheWaitsOnce: while a leader cut off from its peers still
+// answers for its stream, as the new one does, answers from both in turn end the waits once, for
+// the new leader's election, with leader_since or without it (nats-server 2.11), told of the
+// election or not.
+func TestOldAndNewLeadersAnsweringInTurnEndTheWaitsOnce(t *testing.T) {
+	t.Parallel()
+	t1 := time.UnixMilli(1_700_000_000_000)
+	t2 := t1.Add(5 * time.Second)
+	for _, c := range []struct {
+		name     string
+		old, new kv.Leader
+		told     bool
+	}{
+		{"leader_since", kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s2", Since: t2}, false},
+		{"leader_since, told", kv.Leader{Name: "s1", Since: t1}, kv.Leader{Name: "s2", Since: t2}, true},
+		{"2.11", kv.Leader{Name: "s1"}, kv.Leader{Name: "s2"}, false},
+		{"2.11, told", kv.Leader{Name: "s1"}, kv.Leader{Name: "s2"}, true},
+	} {
+		w := newAckWatch()
+		w.asked(c.old, w.generation(), errAcksLost) // the first known
+		ended := 0
+		if c.told && w.told(c.new.Name, t2.Add(10*time.Millisecond), errAcksLost) {
+			ended++
+		}
+		for range 5 {
+			for _, l := range []kv.Leader{c.new, c.old} {
+				if w.asked(l, w.generation(), errAcksLost) {
+					ended++
+				}
+			}
+		}
+		if ended != 1 || w.leader.Name != c.new.Name {
+			t.Errorf("%s: the waits were ended %d times, want once; the leader known is %+v, want %s", c.name, ended, w.leader, c.new.Name)
+		}
+	}
+}
+
 // TestToldElectionEndsWaitsUnlessAskingFoundIt: an advisory ends the waits, unless asking found
-// its election first (a new leader answers for its stream a moment before it sends the advisory).
+// its election first and ended them then (a new leader answers for its stream a moment before it
+// sends the advisory), or the same advisory came before.
 func TestToldElectionEndsWaitsUnlessAskingFoundIt(t *testing.T) {
 	t.Parallel()
 	t1 := time.UnixMilli(1_700_000_000_000)
+	s1, s2 := kv.Leader{Name: "s1", Since: t1.Add(-time.Minute)}, kv.Leader{Name: "s2", Since: t1}
 	for _, c := range []struct {
 		name   string
-		was    kv.Leader
+		asked  []kv.Leader // the answers before the advisory
 		leader string
 		at     time.Time
 		ends   bool
+		known  kv.Leader // afterwards
 	}{
-		{name: "found by asking", was: kv.Leader{Name: "s2", Since: t1}, leader: "s2", at: t1.Add(10 * time.Millisecond)},
-		{name: "another server", was: kv.Leader{Name: "s1", Since: t1}, leader: "s2", at: t1.Add(10 * time.Millisecond), ends: true},
-		{name: "the same elected again", was: kv.Leader{Name: "s2", Since: t1}, leader: "s2", at: t1.Add(5 * time.Second), ends: true},
-		{name: "nothing known", leader: "s2", at: t1, ends: true},
-		{name: "an advisory without leader or time", was: kv.Leader{Name: "s2", Since: t1}, ends: true},
+		{name: "found by asking", asked: []kv.Leader{s1, s2}, leader: "s2", at: t1.Add(10 * time.Millisecond), known: s2},
+		{name: "only learnt by asking", asked: []kv.Leader{s2}, leader: "s2", at: t1.Add(10 * time.Millisecond), ends: true, known: kv.Leader{Name: "s2"}},
+		{name: "another server", asked: []kv.Leader{s1}, leader: "s2", at: t1.Add(10 * time.Millisecond), ends: true, known: kv.Leader{Name: "s2"}},
+		{name: "found, then elected again", asked: []kv.Leader{s1, s2}, leader: "s2", at: t1.Add(5 * time.Second), ends: true, known: kv.Leader{Name: "s2"}},
+		{name: "nothing known", leader: "s2", at: t1, ends: true, known: kv.Leader{Name: "s2"}},
+		{name: "without leader or time", asked: []kv.Leader{s1, s2}, ends: true, known: s2},
 	} {
 		w := newAckWatch()
-		w.leader = c.was
+		for _, l := range c.asked {
+			w.asked(l, w.generation(), errAcksLost)
+		}
 		waits := w.current()
 		if got := w.told(c.leader, c.at, errAcksLost); got != c.ends || (waits.Err() != nil) != c.ends {
 			t.Errorf("%s: ended %v (the waits' context: %v), want %v", c.name, got, waits.Err(), c.ends)
 		}
-		if want := (kv.Leader{Name: c.leader}); c.ends && (w.leader != want || !w.toldAt.Equal(c.at)) {
-			t.Errorf("%s: known as %+v told at %v, want %+v told at %v", c.name, w.leader, w.toldAt, want, c.at)
+		if w.leader != c.known {
+			t.Errorf("%s: known as %+v, want %+v", c.name, w.leader, c.known)
 		}
+	}
+	// The same advisory again ends nothing more.
+	w := newAckWatch()
+	if !w.told("s2", t1, errAcksLost) {
+		t.Fatal("an advisory ended nothing")
+	}
+	if waits := w.current(); w.told("s2", t1, errAcksLost) || waits.Err() != nil {
+		t.Fatal("the same advisory again ended the waits again")
 	}
 }

@@ -337,7 +337,7 @@ func (s *Store) WriteStreams() (messages, locks, bodies string) {
 }
 
 // Leader is the server that leads a stream, and since when. Since is zero where the server does
-// not say: outside a cluster, a stream has no election.
+// not say: outside a cluster (a stream has no election there), and before nats-server 2.12.
 type Leader struct {
 	Name  string
 	Since time.Time
