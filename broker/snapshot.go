@@ -95,11 +95,17 @@ func (b *Broker) writeSnapshot(ctx context.Context) {
 // (snapshotCurrent). Under a steady load with retention 0 a stop always finds some; without this
 // wait the start after it would read every record. It waits for at most two of the markers' lives,
 // and fails if the bucket still holds other messages then (records that no queue of the broker's
-// has, say), when the snapshot could never be read.
+// has, say), when the snapshot could never be read, or if a reading of the streams' states takes
+// longer than the write timeout.
 func (b *Broker) settledFence(ctx context.Context, records uint64) (kv.Fence, error) {
 	deadline := time.Now().Add(2 * kv.MarkerTTL)
 	for {
-		fence, stored, err := b.store.Fence(ctx)
+		// Each reading of the streams' states gets the write timeout: while a stream elects a
+		// leader nothing answers, and a stop that waited longer would have no time left to release
+		// the claim (for a standby to take over at once) when it is given up.
+		rctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
+		fence, stored, err := b.store.Fence(rctx)
+		cancel()
 		switch {
 		case err != nil:
 			return kv.Fence{}, err

@@ -36,6 +36,7 @@ type Options struct {
 type Server struct {
 	ns       *server.Server
 	opts     *server.Options // as given to start, for Restart
+	running  *server.Options // as the server runs, for Reload
 	url      string
 	port     int
 	shutdown sync.Once
@@ -95,7 +96,7 @@ func tryStart(t testing.TB, opts *server.Options, port int) (*Server, error) {
 	if logging {
 		ns.ConfigureLogger()
 	}
-	s := &Server{ns: ns, opts: opts}
+	s := &Server{ns: ns, opts: opts, running: o}
 	// Registered before Start so that a failure below still stops the server.
 	t.Cleanup(s.Shutdown)
 
@@ -144,6 +145,19 @@ func (s *Server) Shutdown() {
 		s.ns.Shutdown()
 		s.ns.WaitForShutdown()
 	})
+}
+
+// Reload changes the running server's options as change says, as a configuration reload does
+// (what a reload cannot change fails the test): new permissions apply to the connections open.
+func (s *Server) Reload(t testing.TB, change func(*server.Options)) {
+	t.Helper()
+	o := s.running.Clone()
+	o.Port = s.port
+	change(o)
+	if err := s.ns.ReloadOptions(o); err != nil {
+		t.Fatalf("natstest: reloading nats-server %s: %v", o.ServerName, err)
+	}
+	s.running = o
 }
 
 // Restart shuts the server down (if it is running) and starts a new one with
