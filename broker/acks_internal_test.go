@@ -155,8 +155,8 @@ func TestElectionsDoNotSpendAWritesTries(t *testing.T) {
 }
 
 // TestRefusedElectionAdvisoriesAreLogged: a broker whose NATS user may not subscribe to JetStream's
-// advisories serves all the same, and says in its log that its writes then wait out the write
-// timeout after a leader election (the server refuses a subscription after the fact).
+// advisories serves all the same, and says in its log that it then finds its streams' leader
+// elections by asking (the server refuses a subscription after the fact).
 func TestRefusedElectionAdvisoriesAreLogged(t *testing.T) {
 	t.Parallel()
 	srv := natstest.StartOptions(t, &server.Options{Users: []*server.User{{Username: "broker", Password: "pw",
