@@ -253,8 +253,8 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		t := c.clock.AfterFunc(max(wait, time.Millisecond), poke)
 		var again *time.Timer // in real time: how soon storage stores a write is not the claim's clock's
 		if unseen > 0 {
+			again = time.AfterFunc(claimReread<<(claimRereads-unseen), poke)
 			unseen--
-			again = time.AfterFunc(claimReread, poke)
 		}
 		select {
 		case <-nudge:
@@ -270,11 +270,12 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 	}
 }
 
-// A standby that a write of the claim woke reads it again claimRereads times, claimReread apart,
-// before it waits ttl/5: a clean stop's release, stored a moment after its subscription heard of
-// it, is then taken over at once.
+// A standby that a write of the claim woke reads it again claimRereads times, after pauses that
+// double from claimReread (2.5 s in all), before it waits ttl/5: a clean stop's release, stored a
+// moment after its subscription heard of it, is then taken over at once. (Five reads 20 ms apart
+// missed it on a loaded machine, a cluster replicating the release more slowly: one CI run.)
 const (
-	claimRereads = 5
+	claimRereads = 7
 	claimReread  = 20 * time.Millisecond
 )
 
