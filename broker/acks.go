@@ -239,7 +239,8 @@ func (w *ackWatch) longWaits() bool {
 			long, kept = true, append(kept, c)
 		}
 	}
-	w.older = append(kept, w.waiting.Swap(&waiters{}))
+	kept = append(kept, w.waiting.Swap(&waiters{}))
+	w.older = kept
 	return long
 }
 

@@ -35,15 +35,7 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 		lostWithItsLeader(t, "KV_natstone-messages", "$KV.natstone-messages.>", subjects.CreateQueueRequest{},
 			func(e *env) { e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "p"}) },
 			subjects.OpDequeue, `{"batch":1}`,
-			func(e *env, data []byte) {
-				var rep subjects.DequeueReply
-				if err := json.Unmarshal(data, &rep); err != nil || len(rep.Messages) != 1 || rep.Messages[0].ID != "m" || rep.Messages[0].Payload == nil || *rep.Messages[0].Payload != "p" {
-					t.Fatalf("dequeue replied %s (%v), want message m with its payload", data, err)
-				}
-				if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != rep.Messages[0].LeaseID {
-					t.Fatalf("m is %s under lease %q, want running under %q", got.State, got.LeaseID, rep.Messages[0].LeaseID)
-				}
-			},
+			leasedM(t),
 			`msg="message write outcome not known yet; issuing it again" queue=q message_id=m `+
 				`error="storage may have dropped the acknowledgement: stream KV_natstone-messages (elected a leader|has another leader)"`)
 	})
@@ -53,15 +45,7 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 		lostWithItsLeader(t, "KV_natstone-messages", "$KV.natstone-messages.>", subjects.CreateQueueRequest{},
 			func(e *env) { e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "p"}) },
 			subjects.OpDequeue, `{"batch":1}`,
-			func(e *env, data []byte) {
-				var rep subjects.DequeueReply
-				if err := json.Unmarshal(data, &rep); err != nil || len(rep.Messages) != 1 || rep.Messages[0].ID != "m" {
-					t.Fatalf("dequeue replied %s (%v), want message m", data, err)
-				}
-				if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != rep.Messages[0].LeaseID {
-					t.Fatalf("m is %s under lease %q, want running under %q", got.State, got.LeaseID, rep.Messages[0].LeaseID)
-				}
-			},
+			leasedM(t),
 			`msg="message write outcome not known yet; issuing it again" queue=q message_id=m `+
 				`error="storage may have dropped the acknowledgement: stream KV_natstone-messages has another leader"`,
 			nats.UserInfo("broker", "broker"))
@@ -89,18 +73,24 @@ func TestLeaderElectionInAClusterIssuesLostWritesAgain(t *testing.T) {
 				e.enqueue("q", subjects.EnqueueRequest{ID: "m", Payload: "p", Metadata: subjects.Pairs{"project": "foo"}})
 			},
 			subjects.OpDequeue, `{"batch":1}`,
-			func(e *env, data []byte) {
-				var rep subjects.DequeueReply
-				if err := json.Unmarshal(data, &rep); err != nil || len(rep.Messages) != 1 || rep.Messages[0].ID != "m" {
-					t.Fatalf("dequeue replied %s (%v), want message m", data, err)
-				}
-				if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != rep.Messages[0].LeaseID {
-					t.Fatalf("m is %s under lease %q, want running under %q", got.State, got.LeaseID, rep.Messages[0].LeaseID)
-				}
-			},
+			leasedM(t),
 			`msg="exclusivity lock write outcome not known yet; issuing it again" queue=q value=foo slot=0 message_id=m `+
 				`error="storage may have dropped the acknowledgement: stream KV_natstone-locks (elected a leader|has another leader)"`)
 	})
+}
+
+// leasedM checks a dequeue's reply: message m, with its payload p, running under the lease the
+// reply gives.
+func leasedM(t *testing.T) func(e *env, data []byte) {
+	return func(e *env, data []byte) {
+		var rep subjects.DequeueReply
+		if err := json.Unmarshal(data, &rep); err != nil || len(rep.Messages) != 1 || rep.Messages[0].ID != "m" || rep.Messages[0].Payload == nil || *rep.Messages[0].Payload != "p" {
+			t.Fatalf("dequeue replied %s (%v), want message m with its payload", data, err)
+		}
+		if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != rep.Messages[0].LeaseID {
+			t.Fatalf("m is %s under lease %q, want running under %q", got.State, got.LeaseID, rep.Messages[0].LeaseID)
+		}
+	}
 }
 
 // lostWithItsLeader runs TestLeaderElectionInAClusterIssuesLostWritesAgain for stream, whose
