@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -225,8 +226,8 @@ func (b *Broker) Claim(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("natstone: jetstream: %w", err)
 		}
-		claims, err := kv.OpenClaims(ctx, b.kvConfig(js))
-		if err != nil {
+		var claims *kv.Claims
+		if err := b.placed(ctx, func() (err error) { claims, err = kv.OpenClaims(ctx, b.kvConfig(js)); return err }); err != nil {
 			return err
 		}
 		b.claim.claims = claims
@@ -337,6 +338,48 @@ func (b *Broker) kvConfig(js jetstream.JetStream) *kv.Config {
 	return &kv.Config{JS: js, Prefix: b.cfg.StorePrefix, Replicas: b.cfg.Replicas, MemoryStorage: b.cfg.MemoryStorage, MaxBytes: b.cfg.StoreMaxBytes}
 }
 
+// placementWait bounds how long opening the storage waits for a cluster to place its streams
+// while it has not heard from enough of its servers ("no suitable peers for placement, peer
+// offline"): a server down, or one the meta leader has not heard from yet, as after the cluster
+// started or elected a new meta leader.
+const placementWait = 30 * time.Second
+
+// placed runs open, which opens some of the storage, again while it fails for want of servers the
+// cluster has heard from, after pauses doubling from 100 ms to a second, for up to placementWait
+// from its first failure, or until ctx ends; it returns open's last error.
+func (b *Broker) placed(ctx context.Context, open func() error) error {
+	var until time.Time
+	for pause := 100 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		err := open()
+		if !peerOffline(err) {
+			return err
+		}
+		if until.IsZero() {
+			until = time.Now().Add(placementWait)
+			b.log.Warn("the cluster cannot place the store's streams yet: it has not heard from enough of its servers; trying again", "for", placementWait, "error", err)
+		}
+		if time.Now().After(until) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+	}
+}
+
+// peerOffline reports whether err is JetStream's refusal to place a stream because a server it
+// could place it on is offline (or not heard from yet).
+func peerOffline(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeClusterNoPeers && strings.Contains(apiErr.Description, "peer offline")
+}
+
+// jsErrCodeClusterNoPeers is JetStream's "no suitable peers for placement" (nats-server's
+// JSClusterNoPeersErrF), which nats.go does not name.
+const jsErrCodeClusterNoPeers jetstream.ErrorCode = 10005
+
 // open opens the storage: the buckets, the bodies stream and the events stream.
 func (b *Broker) open(ctx context.Context) error {
 	// Many writes are in flight at once (every request's, and batches of them): allow far more
@@ -346,8 +389,8 @@ func (b *Broker) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
-	store, err := kv.Open(ctx, b.kvConfig(js))
-	if err != nil {
+	var store *kv.Store
+	if err := b.placed(ctx, func() (err error) { store, err = kv.Open(ctx, b.kvConfig(js)); return err }); err != nil {
 		return err
 	}
 	if had, want := store.ScaledDownFrom(), cmp.Or(b.cfg.Replicas, 1); had > 0 {
@@ -364,15 +407,15 @@ func (b *Broker) open(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("natstone: jetstream: %w", err)
 		}
-		events, err = kv.OpenEvents(ctx, &kv.EventsConfig{
+		ecfg := &kv.EventsConfig{
 			JS:            ejs,
 			Prefix:        b.cfg.StorePrefix,
 			Replicas:      b.cfg.Replicas,
 			MemoryStorage: b.cfg.MemoryStorage,
 			MaxAge:        b.cfg.EventsMaxAge,
 			MaxBytes:      b.cfg.EventsMaxBytes,
-		})
-		if err != nil {
+		}
+		if err := b.placed(ctx, func() (err error) { events, err = kv.OpenEvents(ctx, ecfg); return err }); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -719,5 +720,51 @@ func TestMaxRunningCountsLeasesInDoubt(t *testing.T) {
 	}
 	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{}); err != nil || len(ms) != 0 {
 		t.Fatalf("dequeue with A running under max_running 1: %+v, %v; want nothing", ms, err)
+	}
+}
+
+// TestOpenWaitsForServersToPlaceOn: opening the storage, refused because the cluster has not heard
+// from enough of its servers to place a stream (nats-server's "no suitable peers for placement,
+// peer offline": a server down, or not heard from yet after the cluster started or elected its
+// meta leader; one CI run's start failed so), is tried again, saying so once, until it succeeds;
+// another error ends it at once, and so does the context.
+func TestOpenWaitsForServersToPlaceOn(t *testing.T) {
+	t.Parallel()
+	logs := &recordedLogs{}
+	b := &Broker{log: slog.New(logs)}
+	offline := fmt.Errorf("kv: open bucket natstone-messages: %w", &jetstream.APIError{Code: 400, ErrorCode: 10005,
+		Description: "no suitable peers for placement, peer offline"})
+	tries := 0
+	err := b.placed(context.Background(), func() error {
+		if tries++; tries < 3 {
+			return offline
+		}
+		return nil
+	})
+	if err != nil || tries != 3 {
+		t.Fatalf("placed: %v after %d tries, want success at the third", err, tries)
+	}
+	if got := logs.find(slog.LevelWarn, "the cluster cannot place the store's streams yet: it has not heard from enough of its servers; trying again"); len(got) != 1 {
+		t.Errorf("the waits' log: %v, want one line", got)
+	}
+	for name, refusal := range map[string]error{
+		"insufficient storage": &jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement, insufficient storage"},
+		"another error":        errors.New("kv: open bucket natstone-messages: nats: timeout"),
+	} {
+		tries = 0
+		if err := b.placed(context.Background(), func() error { tries++; return refusal }); !errors.Is(err, refusal) || tries != 1 {
+			t.Errorf("%s: placed returned %v after %d tries, want it at once", name, err, tries)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tries = 0
+	err = b.placed(ctx, func() error {
+		if tries++; tries == 2 {
+			cancel()
+		}
+		return offline
+	})
+	if !errors.Is(err, offline) || tries != 2 {
+		t.Fatalf("placed with its context ended: %v after %d tries, want the refusal after the second", err, tries)
 	}
 }
