@@ -84,6 +84,10 @@ func (w *ackWatch) end(why error) {
 // no sign that storage is slow to answer, so the write is issued again without counting a try.
 var errAcksLost = errors.New("storage may have dropped the acknowledgement")
 
+// notTold is what a broker whose NATS user may not receive the advisories of its streams' leader
+// elections logs at start.
+const notTold = "not told of storage's leader elections: a write lost at one is issued again once the broker finds the new leader by asking, a second or more later"
+
 // leaderElected is the subject of JetStream's advisory that stream elected a leader.
 func leaderElected(stream string) string {
 	return "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED." + stream
@@ -110,7 +114,7 @@ func (b *Broker) watchAcks(ctx context.Context, store *kv.Store) {
 			}
 		})
 		if err != nil {
-			b.log.Warn("not told of storage's leader elections: a write lost at one is issued again once the broker finds the new leader by asking, a second or more later", "stream", stream, "error", err)
+			b.log.Warn(notTold, "stream", stream, "error", err)
 			continue
 		}
 		subs = append(subs, sub)
@@ -119,7 +123,7 @@ func (b *Broker) watchAcks(ctx context.Context, store *kv.Store) {
 	// is known once a round trip has come back.
 	if err := flush(ctx, b.cfg.Conn); err == nil {
 		if last := b.cfg.Conn.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), leaderElected("")) {
-			b.log.Warn("not told of storage's leader elections: a write lost at one is issued again once the broker finds the new leader by asking, a second or more later", "error", last)
+			b.log.Warn(notTold, "error", last)
 		}
 	}
 	// Start is under way (counted in b.calls), and Stop waits for it before it waits for b.wg.

@@ -68,10 +68,7 @@ func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
 	logs := &recordedLogs{}
 	b, _ := internalBrokerLogging(t, slog.New(logs))
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := queueQ(t, b)
 	js, err := jetstream.New(b.cfg.Conn)
 	if err != nil {
 		t.Fatal(err)
@@ -165,14 +162,11 @@ func TestRefusedElectionAdvisoriesAreLogged(t *testing.T) {
 	b := startedBroker(t, &Config{Conn: srv.Connect(t, nats.UserInfo("broker", "pw")), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
 		Logger: slog.New(logs)})
 	ctx := context.Background()
-	if got := logs.find(slog.LevelWarn, "not told of storage's leader elections: a write lost at one is issued again once the broker finds the new leader by asking, a second or more later"); len(got) != 1 ||
+	if got := logs.find(slog.LevelWarn, notTold); len(got) != 1 ||
 		!strings.Contains(got[0]["error"], "LEADER_ELECTED") {
 		t.Fatalf("the refusal's log: %v", got)
 	}
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := queueQ(t, b)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
 		t.Fatalf("enqueue: %v", err)
 	}
@@ -264,9 +258,7 @@ func dropWrites(t *testing.T, pick func(messages, locks, bodies string) string, 
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: time.Minute})
 	ctx := context.Background()
 	var err error
-	if d.q, _, err = d.b.createQueue(ctx, "q", subjects.CreateQueueRequest{}); err != nil {
-		t.Fatal(err)
-	}
+	d.q = queueQ(t, d.b)
 	if d.js, err = jetstream.New(d.nc); err != nil {
 		t.Fatal(err)
 	}

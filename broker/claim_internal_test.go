@@ -159,10 +159,7 @@ func TestStandbyTakesOverAtAStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	q, _, err := a.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := queueQ(t, a)
 	first, second := int64(1), int64(2)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "leased", Priority: &first}, {ID: "pending", Priority: &second}}); err != nil {
 		t.Fatal(err)

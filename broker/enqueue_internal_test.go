@@ -35,10 +35,7 @@ func TestEnqueueFailingAfterItsPayloadsWritesNothing(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			b, _ := internalBroker(t)
-			q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			q := queueQ(t, b)
 			if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "D", Payload: "stored before"}}); err != nil {
 				t.Fatal(err)
 			}

@@ -70,10 +70,7 @@ func TestDropOrphansAsksTheLeaders(t *testing.T) {
 	b, _ := internalBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := queueQ(t, b)
 	body := func(id string) uint64 {
 		t.Helper()
 		seq, err := b.store.WriteBody("q", id, []byte(id)).Wait(ctx)

@@ -22,10 +22,7 @@ import (
 func TestNoSnapshotWhileMemoryMayDifferFromStorage(t *testing.T) {
 	b, _ := internalBroker(t)
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := queueQ(t, b)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}, {ID: "n"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -77,10 +74,7 @@ func TestStopWithStreamsSilentGivesUpTheSnapshot(t *testing.T) {
 	if err := b.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := queueQ(t, b)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
 		t.Fatal(err)
 	}

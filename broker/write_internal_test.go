@@ -32,6 +32,16 @@ func internalBrokerLogging(t testing.TB, log *slog.Logger) (*Broker, *clock.Fake
 	return startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clk, Logger: log}), clk
 }
 
+// queueQ makes queue q, of the default configuration, on b.
+func queueQ(t testing.TB, b *Broker) *queue {
+	t.Helper()
+	q, _, err := b.createQueue(context.Background(), "q", subjects.CreateQueueRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
 // startedBroker starts a broker of cfg, stopped when the test ends.
 func startedBroker(t testing.TB, cfg *Config) *Broker {
 	t.Helper()
@@ -196,10 +206,7 @@ func TestResolveLearnsAWriteThatLanded(t *testing.T) {
 	logs := &recordedLogs{}
 	b, _ := internalBrokerLogging(t, slog.New(logs))
 	ctx := context.Background()
-	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := queueQ(t, b)
 	rec := kv.Record{ID: "m", State: subjects.StatePending, Version: 1, UpdatedAt: 1}
 	rev, err := b.store.WriteMessage("q", &rec, 0).Wait(ctx)
 	if err != nil {
