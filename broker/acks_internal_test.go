@@ -443,3 +443,48 @@ func TestToldElectionEndsWaitsUnlessAskingFoundIt(t *testing.T) {
 		t.Fatal("the same advisory again ended the waits again")
 	}
 }
+
+// TestLeaderAskedEveryTickUntilKnown: a stream whose leader is not known (here, one that does not
+// exist yet) is asked for it at every tick, not only once a write has waited, until it answers.
+func TestLeaderAskedEveryTickUntilKnown(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	b := startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: 2 * time.Second})
+	const stream = "LATER"
+	nc := srv.Connect(t)
+	asks, err := nc.SubscribeSync("$JS.API.STREAM.INFO." + stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	w := newAckWatch()
+	w.stream = stream
+	b.wg.Add(1) // Stop, at the test's end, waits for it
+	go func() {
+		defer b.wg.Done()
+		b.checkLeaders(w)
+	}()
+	for i := range 3 {
+		if _, err := asks.NextMsg(30 * time.Second); err != nil {
+			t.Fatalf("ask %d of a stream without a leader: %v", i+1, err)
+		}
+	}
+	if !w.unknown() {
+		t.Fatal("a leader known of a stream that does not exist")
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: stream, Subjects: []string{"later"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the stream's leader to be known", func() bool { return !w.unknown() })
+	if w.mu.Lock(); w.leader.Name != srv.NATS().Name() {
+		t.Errorf("the leader known: %q, want the server, %q", w.leader.Name, srv.NATS().Name())
+	}
+	w.mu.Unlock()
+}

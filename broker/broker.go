@@ -227,7 +227,7 @@ func (b *Broker) Claim(ctx context.Context) error {
 			return fmt.Errorf("natstone: jetstream: %w", err)
 		}
 		var claims *kv.Claims
-		if err := b.placed(ctx, func() (err error) { claims, err = kv.OpenClaims(ctx, b.kvConfig(js)); return err }); err != nil {
+		if err := b.placed(ctx, placementWait, func() (err error) { claims, err = kv.OpenClaims(ctx, b.kvConfig(js)); return err }); err != nil {
 			return err
 		}
 		b.claim.claims = claims
@@ -345,9 +345,9 @@ func (b *Broker) kvConfig(js jetstream.JetStream) *kv.Config {
 const placementWait = 30 * time.Second
 
 // placed runs open, which opens some of the storage, again while it fails for want of servers the
-// cluster has heard from, after pauses doubling from 100 ms to a second, for up to placementWait
-// from its first failure, or until ctx ends; it returns open's last error.
-func (b *Broker) placed(ctx context.Context, open func() error) error {
+// cluster has heard from, after pauses doubling from 100 ms to a second, for up to within
+// (placementWait) from its first failure, or until ctx ends; it returns open's last error.
+func (b *Broker) placed(ctx context.Context, within time.Duration, open func() error) error {
 	var until time.Time
 	for pause := 100 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		err := open()
@@ -355,8 +355,8 @@ func (b *Broker) placed(ctx context.Context, open func() error) error {
 			return err
 		}
 		if until.IsZero() {
-			until = time.Now().Add(placementWait)
-			b.log.Warn("the cluster cannot place the store's streams yet: it has not heard from enough of its servers; trying again", "for", placementWait, "error", err)
+			until = time.Now().Add(within)
+			b.log.Warn("the cluster cannot place the store's streams yet: it has not heard from enough of its servers; trying again", "for", within, "error", err)
 		}
 		if time.Now().After(until) {
 			return err
@@ -390,7 +390,7 @@ func (b *Broker) open(ctx context.Context) error {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
 	var store *kv.Store
-	if err := b.placed(ctx, func() (err error) { store, err = kv.Open(ctx, b.kvConfig(js)); return err }); err != nil {
+	if err := b.placed(ctx, placementWait, func() (err error) { store, err = kv.Open(ctx, b.kvConfig(js)); return err }); err != nil {
 		return err
 	}
 	if had, want := store.ScaledDownFrom(), cmp.Or(b.cfg.Replicas, 1); had > 0 {
@@ -415,7 +415,7 @@ func (b *Broker) open(ctx context.Context) error {
 			MaxAge:        b.cfg.EventsMaxAge,
 			MaxBytes:      b.cfg.EventsMaxBytes,
 		}
-		if err := b.placed(ctx, func() (err error) { events, err = kv.OpenEvents(ctx, ecfg); return err }); err != nil {
+		if err := b.placed(ctx, placementWait, func() (err error) { events, err = kv.OpenEvents(ctx, ecfg); return err }); err != nil {
 			return err
 		}
 	}

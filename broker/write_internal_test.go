@@ -742,7 +742,7 @@ func TestOpenWaitsForServersToPlaceOn(t *testing.T) {
 	offline := fmt.Errorf("kv: open bucket natstone-messages: %w", &jetstream.APIError{Code: 400, ErrorCode: 10005,
 		Description: "no suitable peers for placement, peer offline"})
 	tries := 0
-	err := b.placed(context.Background(), func() error {
+	err := b.placed(context.Background(), placementWait, func() error {
 		if tries++; tries < 3 {
 			return offline
 		}
@@ -759,13 +759,13 @@ func TestOpenWaitsForServersToPlaceOn(t *testing.T) {
 		"another error":        errors.New("kv: open bucket natstone-messages: nats: timeout"),
 	} {
 		tries = 0
-		if err := b.placed(context.Background(), func() error { tries++; return refusal }); !errors.Is(err, refusal) || tries != 1 {
+		if err := b.placed(context.Background(), placementWait, func() error { tries++; return refusal }); !errors.Is(err, refusal) || tries != 1 {
 			t.Errorf("%s: placed returned %v after %d tries, want it at once", name, err, tries)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tries = 0
-	err = b.placed(ctx, func() error {
+	err = b.placed(ctx, placementWait, func() error {
 		if tries++; tries == 2 {
 			cancel()
 		}
@@ -773,5 +773,19 @@ func TestOpenWaitsForServersToPlaceOn(t *testing.T) {
 	})
 	if !errors.Is(err, offline) || tries != 2 {
 		t.Fatalf("placed with its context ended: %v after %d tries, want the refusal after the second", err, tries)
+	}
+	// Refused for longer than it waits: the last refusal, once the wait is up. Pauses of 100, 200
+	// and 400 ms make the fourth try the first past 500 ms, or an earlier one if the pauses ran
+	// late; a tenth means no bound.
+	tries = 0
+	gaveUp := errors.New("still trying after ten tries")
+	err = b.placed(context.Background(), 500*time.Millisecond, func() error {
+		if tries++; tries == 10 {
+			return gaveUp
+		}
+		return offline
+	})
+	if !errors.Is(err, offline) || tries < 2 || tries > 4 {
+		t.Fatalf("placed refused throughout: %v after %d tries, want the refusal after the second to fourth", err, tries)
 	}
 }
