@@ -18,6 +18,7 @@ type waiter struct {
 	n      int
 	got    chan []*entry // buffered: the entries popped for it
 	gone   chan struct{} // closed when the queue closes
+	ended  chan struct{} // closed when its request id is abandoned; nil without one
 }
 
 // dequeueRecord remembers what a dequeue with a request id leased, so a retry returns the same leases.
@@ -30,6 +31,8 @@ type dequeueRecord struct {
 	settled  *settledAs    // the settle whose next this dequeue was, if any
 	inFlight bool          // the first dequeue with the id has not finished
 	finished chan struct{} // closed when it finishes; made by a retry that waits for that
+	waiting  *waiter       // the first dequeue's long poll while it waits, for abandon to end it
+	gaveUp   *abandoned    // set once the id is abandoned: a dequeue with it leases nothing
 	id       string        // the request id: the record's key in q.requests
 	until    int64         // when it is forgotten at the latest, in Unix ms
 	slot     int           // its index in q.reqEnds; -1 once out of it
@@ -187,6 +190,10 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	}
 	q.expireRequests(q.now())
 	if prior := q.requests[r.RequestID]; r.RequestID != "" && prior != nil {
+		if prior.gaveUp != nil {
+			q.mu.Unlock()
+			return nil, nil // abandoned: its requester does not read the reply
+		}
 		// A retry leases nothing new, so it gets its leases back even while dequeue is blocked.
 		q.mu.Unlock()
 		return q.replayRequest(ctx, prior)
@@ -223,7 +230,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		es = q.pending.Pop(filter, min(q.fitting(filter, r.Batch, taken), room))
 	}
 	if len(es) == 0 && r.WaitMS > 0 {
-		es = q.wait(ctx, filter, r.Batch, time.Duration(r.WaitMS)*time.Millisecond)
+		es = q.wait(ctx, filter, r.Batch, time.Duration(r.WaitMS)*time.Millisecond, rec)
 		q.reserved -= len(es) // taken: counted as leasing from the commit below
 		// The entries were reserved for this waiter (busy) when they were popped; take the
 		// reservation over: the commit below marks them busy again in the same lock hold.
@@ -374,10 +381,16 @@ func (q *queue) leaseMS(requested int64, e *entry) int64 {
 	}
 }
 
-// wait parks a dequeue until messages matching f are popped for it, d elapses, the context ends or
-// the queue closes. Called and returns with q.mu held.
-func (q *queue) wait(ctx context.Context, f index.Filter, n int, d time.Duration) []*entry {
+// wait parks a dequeue until messages matching f are popped for it, d elapses, the context ends,
+// the queue closes, or its request id (rec's, if any) is abandoned. Called and returns with q.mu
+// held.
+func (q *queue) wait(ctx context.Context, f index.Filter, n int, d time.Duration, rec *dequeueRecord) []*entry {
 	w := &waiter{filter: f, n: n, got: make(chan []*entry, 1), gone: make(chan struct{})}
+	if rec != nil {
+		w.ended = make(chan struct{})
+		rec.waiting = w
+		defer func() { rec.waiting = nil }() // with q.mu held again
+	}
 	q.waiters = append(q.waiters, w)
 	if q.testParked != nil {
 		q.testParked()
@@ -391,6 +404,7 @@ func (q *queue) wait(ctx context.Context, f index.Filter, n int, d time.Duration
 	case <-timeout:
 	case <-ctx.Done():
 	case <-w.gone:
+	case <-w.ended:
 	}
 	t.Stop()
 	q.mu.Lock()
@@ -442,6 +456,16 @@ func (q *queue) serveWaiters() {
 // replayRequest is a retried dequeue's reply: the leases of prior, the first dequeue with its request
 // id, that are still held, with their payloads. Called without q.mu.
 func (q *queue) replayRequest(ctx context.Context, prior *dequeueRecord) ([]subjects.Message, error) {
+	held, err := q.heldBy(ctx, prior)
+	if err != nil {
+		return nil, err
+	}
+	return q.withPayloads(ctx, held)
+}
+
+// heldBy returns the leases of prior, a dequeue with a request id, that are still held, once it
+// has finished. Called without q.mu.
+func (q *queue) heldBy(ctx context.Context, prior *dequeueRecord) ([]leaseRef, error) {
 	q.mu.Lock()
 	if prior.inFlight {
 		if prior.finished == nil {
@@ -459,12 +483,8 @@ func (q *queue) replayRequest(ctx context.Context, prior *dequeueRecord) ([]subj
 		}
 		q.mu.Lock()
 	}
-	held, err := q.replay(ctx, prior)
-	q.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	return q.withPayloads(ctx, held)
+	defer q.mu.Unlock()
+	return q.replay(ctx, prior)
 }
 
 // replay returns the leases of an earlier dequeue with the same request id that are still held,
@@ -481,6 +501,70 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 	}
 	return held, nil
 }
+
+// abandoned is what abandon made of a request id: the messages it gave back.
+type abandoned struct{ released []string }
+
+// abandon ends the dequeue with request id r.RequestID for a requester that gave up on its reply
+// (a worker's long poll abandoned at its stop): a poll still waiting ends at once, empty; the leases
+// it took that are still held are released, pending again with their attempts given back (its
+// requester never had them); and a dequeue with the id that comes later (or that the broker has
+// not read yet: each operation has a subscription of its own) leases nothing, for the
+// RequestIDWindow. An id the queue does not know is remembered so all the same. Abandoning an id
+// again gives back what leases were still held, if any, and answers every message given back.
+func (q *queue) abandon(ctx context.Context, r subjects.AbandonRequest) (subjects.AbandonReply, error) {
+	if r.RequestID == "" {
+		return subjects.AbandonReply{}, subjects.Errorf(subjects.CodeBadRequest, "abandon needs the request_id of the dequeue to end")
+	}
+	if err := subjects.ValidateRequestID(r.RequestID); err != nil {
+		return subjects.AbandonReply{}, err
+	}
+	q.mu.Lock()
+	if err := q.usable(); err != nil {
+		q.mu.Unlock()
+		return subjects.AbandonReply{}, err
+	}
+	now := q.now()
+	q.expireRequests(now)
+	rec := q.requests[r.RequestID]
+	if rec == nil {
+		rec = &dequeueRecord{}
+		q.remember(r.RequestID, rec, now)
+	}
+	if rec.gaveUp == nil {
+		rec.gaveUp = &abandoned{}
+	}
+	if rec.waiting != nil {
+		close(rec.waiting.ended)
+		rec.waiting = nil
+	}
+	q.mu.Unlock()
+	// The dequeue's leases, once it has finished (one served just as it was abandoned is), and
+	// any whose outcome was unknown is known.
+	held, err := q.heldBy(ctx, rec)
+	if err != nil {
+		return subjects.AbandonReply{}, err
+	}
+	for _, h := range held {
+		_, err := q.release(ctx, subjects.ReleaseRequest{ID: h.e.ID, LeaseID: h.leaseID, Refund: true, Error: abandonedLease})
+		var se *subjects.Error
+		if errors.As(err, &se) && slices.Contains([]subjects.Code{subjects.CodeLeaseMismatch, subjects.CodeLeaseExpired, subjects.CodeInvalidState, subjects.CodeMessageNotFound}, se.Code) {
+			continue // no longer held: settled, canceled or run out meanwhile
+		}
+		if err != nil {
+			return subjects.AbandonReply{}, err
+		}
+		q.mu.Lock()
+		rec.gaveUp.released = append(rec.gaveUp.released, h.e.ID)
+		q.mu.Unlock()
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return subjects.AbandonReply{RequestID: r.RequestID, Released: append([]string{}, rec.gaveUp.released...)}, nil
+}
+
+// abandonedLease is the error the released events of the leases abandon gives back carry.
+const abandonedLease = "the dequeue was abandoned: its requester did not take its reply"
 
 // RequestIDWindow is how long a dequeue request id is remembered: a retry within it returns the same
 // leases (those still held) instead of leasing more. An id is forgotten sooner once one of its leases
@@ -508,6 +592,7 @@ const settleRetry = time.Minute
 func (q *queue) keepSettled(rec *dequeueRecord) {
 	switch {
 	case q.requests[rec.id] != rec: // forgotten meanwhile
+	case rec.gaveUp != nil: // abandoned: kept, so that a dequeue with the id leases nothing
 	case rec.settled == nil:
 		q.forget(rec)
 	case rec.settled.leaseEnd > 0:
@@ -526,7 +611,7 @@ func (q *queue) forgetRequest(e *entry) {
 		return
 	}
 	r := q.requests[x.RequestID]
-	if r == nil || r.inFlight {
+	if r == nil || r.inFlight || r.gaveUp != nil { // abandoned: kept for the window (abandon)
 		return
 	}
 	for _, l := range r.leases {

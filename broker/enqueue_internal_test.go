@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -226,5 +227,56 @@ func TestIdleSettlesForgottenAfterTheirLease(t *testing.T) {
 				t.Fatalf("%d request ids remembered after %v, want none", n, tc.kept+time.Millisecond)
 			}
 		})
+	}
+}
+
+// TestAbandonAsThePollIsServed: an abandon that comes while its long poll, just served, stores its
+// lease waits for that lease and gives it back: the poll's reply goes to no one.
+func TestAbandonAsThePollIsServed(t *testing.T) {
+	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	waited := make(chan struct{})
+	q.testRetryWaits = func() { close(waited) }
+	abandoned := make(chan subjects.AbandonReply, 1)
+	q.testLeasing = func() { // q.mu held: the abandon takes it once the lease's write is under way
+		q.testLeasing = nil
+		go func() {
+			r, err := q.abandon(ctx, subjects.AbandonRequest{RequestID: "r"})
+			if err != nil {
+				t.Error(err)
+			}
+			abandoned <- r
+		}()
+	}
+	polled := make(chan []subjects.Message, 1)
+	go func() {
+		ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r", WaitMS: 60_000})
+		if err != nil {
+			t.Error(err)
+		}
+		polled <- ms
+	}()
+	if err := clk.WaitForTimers(ctx, 1); err != nil { // it is parked
+		t.Fatal(err)
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := <-polled; len(ms) != 1 || ms[0].ID != "a" {
+		t.Fatalf("the poll got %v, want a's lease", ms)
+	}
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		t.Fatal("the abandon did not wait for the poll's lease")
+	}
+	if r := <-abandoned; !slices.Equal(r.Released, []string{"a"}) {
+		t.Fatalf("the abandon gave back %v, want [a]", r.Released)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e := q.entries.get("a"); e.State() != subjects.StatePending || e.record().Attempts != 0 {
+		t.Fatalf("a after the abandon: %s at %d attempts, want pending with its attempt given back", e.State(), e.record().Attempts)
 	}
 }

@@ -210,6 +210,12 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			msgs = []subjects.Message{}
 		}
 		return subjects.DequeueReply{Messages: msgs}, err
+	case subjects.OpAbandon:
+		var r subjects.AbandonRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		return q.abandon(ctx, r)
 	case subjects.OpComplete:
 		r, err := subjects.DecodeLease(data)
 		if err != nil {

@@ -145,6 +145,7 @@ var requestTypes = []func() any{
 	func() any { return new(subjects.SchedulesRequest) },
 	func() any { return new(subjects.SchedulePauseRequest) },
 	func() any { return new(subjects.ScheduleFireRequest) },
+	func() any { return new(subjects.AbandonRequest) },
 }
 
 func FuzzDecode(f *testing.F) {

@@ -25,6 +25,7 @@ const (
 	OpEnqueueBatch Op = "enqueue_batch" // many messages, JSON, all or nothing validated
 	OpEnqueueRaw   Op = "enqueue_raw"   // one message: body is the payload, attributes in headers
 	OpDequeue      Op = "dequeue"       // lease the earliest-deadline pending messages
+	OpAbandon      Op = "abandon"       // end a dequeue whose reply its requester gave up on
 	OpComplete     Op = "complete"      // running → completed (lease holder)
 	OpExtend       Op = "extend"        // push a lease's expiry (lease holder)
 	OpRelease      Op = "release"       // running → pending or invisible (lease holder)
@@ -48,7 +49,7 @@ const (
 // Ops lists every operation, in the order the docs present them.
 var Ops = []Op{
 	OpCreate, OpInfo, OpUpdate, OpDelete, OpList,
-	OpEnqueue, OpEnqueueBatch, OpEnqueueRaw, OpDequeue,
+	OpEnqueue, OpEnqueueBatch, OpEnqueueRaw, OpDequeue, OpAbandon,
 	OpComplete, OpExtend, OpRelease, OpCancel, OpRetry, OpReschedule, OpGet, OpDepth,
 	OpStats, OpBrowse, OpHistory, OpSchedule, OpUnschedule, OpSchedules,
 	OpSchedulePause, OpScheduleResume, OpScheduleFire,

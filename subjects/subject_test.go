@@ -10,7 +10,7 @@ import (
 func TestOpsList(t *testing.T) {
 	want := []subjects.Op{
 		"create", "info", "update", "delete", "list",
-		"enqueue", "enqueue_batch", "enqueue_raw", "dequeue",
+		"enqueue", "enqueue_batch", "enqueue_raw", "dequeue", "abandon",
 		"complete", "extend", "release", "cancel", "retry", "reschedule", "get", "depth",
 		"stats", "browse", "history", "schedule", "unschedule", "schedules",
 		"schedule_pause", "schedule_resume", "schedule_fire",
@@ -112,6 +112,7 @@ func TestSubjectEveryOp(t *testing.T) {
 		{subjects.OpEnqueueBatch, "natstone.v1.enqueue_batch.encode", "natstone.v1.enqueue_batch.*"},
 		{subjects.OpEnqueueRaw, "natstone.v1.enqueue_raw.encode", "natstone.v1.enqueue_raw.*"},
 		{subjects.OpDequeue, "natstone.v1.dequeue.encode", "natstone.v1.dequeue.*"},
+		{subjects.OpAbandon, "natstone.v1.abandon.encode", "natstone.v1.abandon.*"},
 		{subjects.OpComplete, "natstone.v1.complete.encode", "natstone.v1.complete.*"},
 		{subjects.OpExtend, "natstone.v1.extend.encode", "natstone.v1.extend.*"},
 		{subjects.OpRelease, "natstone.v1.release.encode", "natstone.v1.release.*"},

@@ -177,6 +177,19 @@ type DequeueReply struct {
 	Messages []Message `json:"messages"`
 }
 
+// AbandonRequest is the body of abandon: the request id of a dequeue whose reply its requester gave
+// up on (a long poll abandoned at a worker's stop, say).
+type AbandonRequest struct {
+	RequestID string `json:"request_id"`
+}
+
+// AbandonReply is the reply of abandon: the messages that the dequeue leased and abandon gave back
+// (pending again, their attempts refunded), by this abandon of the id or an earlier one.
+type AbandonReply struct {
+	RequestID string   `json:"request_id"`
+	Released  []string `json:"released"`
+}
+
 // LeaseRequest is the body of complete and cancel (where LeaseID may be empty to cancel
 // unconditionally, and Version fences the cancel by the message's version), and the base of
 // extend and release.

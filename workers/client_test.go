@@ -941,3 +941,23 @@ func TestCancelAt(t *testing.T) {
 		t.Fatalf("CancelAt the listed version: %+v, %v; want canceled", m, err)
 	}
 }
+
+// TestClientAbandon: Abandon gives back what the dequeue of its request id leased, as ids.
+func TestClientAbandon(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue("q", "p", &workers.EnqueueOpts{ID: "m"})
+	if _, err := e.c.Dequeue(ctx(t), "q", &workers.DequeueOpts{RequestID: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	released, err := e.c.Abandon(ctx(t), "q", "r")
+	if err != nil || !slices.Equal(released, []string{"m"}) {
+		t.Fatalf("Abandon: %v, %v; want [m]", released, err)
+	}
+	if m := e.get("q", "m"); m.State != subjects.StatePending || m.Attempts != 0 {
+		t.Fatalf("m after the abandon: %s at %d attempts", m.State, m.Attempts)
+	}
+	if _, err := e.c.Abandon(ctx(t), "q", ""); !errors.Is(err, workers.ErrBadRequest) {
+		t.Fatalf("Abandon without a request id: %v, want ErrBadRequest", err)
+	}
+}

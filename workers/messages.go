@@ -230,6 +230,21 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 	return newMessages(r.Messages), nil
 }
 
+// Abandon ends the dequeue of queue sent with requestID, for a caller that gave up on its reply (its
+// context ended during a long poll, say): a poll still waiting at the broker ends, leasing nothing;
+// the messages it leased that are still held are pending again at once, their attempts given back;
+// and a dequeue with that id that reaches the broker later leases nothing. It returns the ids of the
+// messages given back. Without it, a long poll the caller left can still lease a message, which
+// then stays running, unprocessed, until its lease ends. Errors: ErrQueueNotFound, ErrBadRequest
+// (no requestID, or a bad one).
+func (c *Client) Abandon(ctx context.Context, queue, requestID string) ([]string, error) {
+	var r subjects.AbandonReply
+	if err := c.request(ctx, subjects.OpAbandon, queue, subjects.AbandonRequest{RequestID: requestID}, &r); err != nil {
+		return nil, err
+	}
+	return r.Released, nil
+}
+
 // request returns the wire form of o (nil: the defaults).
 func (o *DequeueOpts) request() subjects.DequeueRequest {
 	if o == nil {

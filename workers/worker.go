@@ -200,7 +200,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop drains the worker: no new message is dequeued (long polls in flight are abandoned), and the
+// Stop drains the worker: no new message is dequeued (long polls in flight are abandoned, below), and the
 // running handlers may finish and settle their messages until ctx is done. Then their contexts are
 // cancelled (cause ErrWorkerStopped) and their messages released at once, with their attempts given
 // back (ReleaseOpts.Refund: the handler was stopped, it did not fail, so a deploy never errors a
@@ -213,11 +213,13 @@ func (w *Worker) Start(ctx context.Context) error {
 // goroutine to return on its own (its message was released); a second Stop waits for it.
 // Stopping a worker that was never started, or stopping it again, returns nil.
 //
-// The broker does not learn that a long poll was abandoned: a message that becomes pending before
-// that poll's wait is over can still be leased to it. Such a message is not lost, but it stays
-// running, unprocessed, until its lease ends (and that attempt is spent). A shorter PollWait narrows
-// the window. A message that a slot's complete leased for it (see CompleteNext) as Stop began is
-// released at once, unprocessed, with its attempt given back (ReleaseOpts.Refund).
+// The long polls in flight are abandoned at the broker (Client.Abandon, a try of at most a second
+// each): they end there, leasing nothing, and what one leased just before is pending again, its
+// attempt given back. Should an abandon fail (the broker unreachable, or a NATS user not allowed the
+// abandon subject), that is logged, and a message the poll leases before its wait is over stays
+// running, unprocessed, until its lease ends (spending that attempt). A message that a slot's
+// complete leased for it (see CompleteNext) as Stop began is released at once, unprocessed, with its
+// attempt given back (ReleaseOpts.Refund).
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	started, stopPoll, stopJobs, done := w.started, w.stopPoll, w.stopJobs, w.done
@@ -260,11 +262,17 @@ func (w *Worker) Stop(ctx context.Context) error {
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	failures := 0            // consecutive polls that failed or came back suspiciously early
 	var uncertain requestTry // the last dequeue whose outcome is unknown: the next poll's
+	defer func() {
+		if uncertain.id != "" { // its leases, if any, are for no one now
+			w.abandon(pollCtx, uncertain.id)
+		}
+	}()
 	for pollCtx.Err() == nil {
 		began := time.Now()
 		d, err := w.poll(pollCtx, uncertain)
 		got := len(d.msgs) > 0
 		if got && w.work(pollCtx, jobCtx, &d) {
+			uncertain = d.uncertain
 			return
 		}
 		uncertain = d.uncertain
@@ -380,6 +388,10 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	}
 	var err error
 	d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
+	if err != nil && ctx.Err() != nil {
+		w.abandon(ctx, id) // the worker stops: the poll is left, and must lease nothing for it
+		return d, err
+	}
 	if unknownOutcome(err) && ctx.Err() == nil {
 		w.log.Warn("dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
 		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
@@ -391,6 +403,21 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 		d.uncertain = requestTry{id: id, sent: d.sent}
 	}
 	return d, err
+}
+
+// abandon ends the dequeue with request id id that the worker left as it stopped (Client.Abandon),
+// with a try of at most stopSettleTimeout: a long poll still waiting at the broker would otherwise
+// lease a message that then stays running, unprocessed, until its lease ends.
+func (w *Worker) abandon(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopSettleTimeout)
+	defer cancel()
+	released, err := w.client.Abandon(ctx, w.cfg.Queue, id)
+	switch {
+	case err != nil:
+		w.log.Warn("the dequeue left at the stop was not abandoned: a message it leases stays running until its lease ends", "queue", w.cfg.Queue, "request_id", id, "error", err)
+	case len(released) > 0:
+		w.log.Info("the dequeue left at the stop had leased messages: given back", "queue", w.cfg.Queue, "request_id", id, "messages", released)
+	}
 }
 
 // unknownOutcome reports whether a dequeue that failed with err may have leased messages: no reply

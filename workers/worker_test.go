@@ -1197,6 +1197,34 @@ func TestWorkerStopIdle(t *testing.T) {
 	}
 }
 
+// TestWorkerStopAbandonsItsPolls: the long polls a worker leaves at its stop are abandoned at the
+// broker, so a message enqueued after Stop returns is not leased to them (to stay running,
+// unprocessed, until its lease ends) but pending for the next worker, its attempts untouched.
+func TestWorkerStopAbandonsItsPolls(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 1})
+	polls := e.count(subjects.OpDequeue, "q")
+	abandons := e.count(subjects.OpAbandon, "q")
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q", Concurrency: 3, PollWait: time.Minute}, workers.HandlerFunc(func(context.Context, *workers.Job) error {
+		t.Error("the worker handled a message after its stop")
+		return nil
+	}))
+	waitFor(t, "the slots' long polls", func() bool { return polls.n(t) == 3 })
+	stop(t, w)
+	if n := abandons.n(t); n != 3 {
+		t.Fatalf("the stop abandoned %d polls, want 3", n)
+	}
+	e.enqueue("q", "after the stop", &workers.EnqueueOpts{ID: "m"})
+	ms, err := e.c.Dequeue(ctx(t), "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0].ID != "m" || ms[0].Attempts != 1 {
+		t.Fatalf("the next dequeue got %+v, want m at its first attempt: a poll the stop left leased it", ms)
+	}
+}
+
 // TestWorkerRetriedLeaseOlderThanALease: a dequeue id the broker kept answering unavailable for
 // longer than a lease, and that then leased: reckoned from its first try, the lease has ended
 // already, yet the broker holds it (it just said so). The worker extends it at once, whatever that

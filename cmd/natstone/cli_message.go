@@ -122,18 +122,16 @@ func runDequeue(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	c := newClientCommand("natstone dequeue", "QUEUE [flags]", `
 Leases up to --batch pending messages of QUEUE, most urgent (lowest priority) first, and prints
 them with their lease ids: give one to complete, extend, release or cancel. With --wait it waits
-that long for a first message if none is pending. Exits 4 when it got no message, so that
-
-    while natstone dequeue q --json > msg.json; do …; done
-
-ends when the queue is empty. --json prints the protocol's reply, {"messages": [...]}.
+that long for a first message if none is pending. Exits 4 when it got no message, and 1, 3 or 5
+on an error: a shell loop should tell them apart (docs/cli.md has one that does). --json prints
+the protocol's reply, {"messages": [...]}.
 `, stdout, stderr)
 	batch := integer(c, "batch", 1, "lease up to `n` messages (1 to 256)")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "lease duration (default each message's, else the queue's)")
 	wait := c.duration("wait", 0, time.Millisecond, subjects.MaxWait, "wait up to this long for a first message (at most 5m)")
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "lease only messages with metadata `key=value`, repeatable (all must match)")
-	requestID := c.fs.String("request-id", "", "makes the dequeue retry-safe: a retry with the same `id` within 5 minutes returns the same leases (with --wait, one is made up if not given, and printed if interrupted)")
+	requestID := c.fs.String("request-id", "", "makes the dequeue retry-safe: a retry with the same `id` within 5 minutes returns the same leases (with --wait, one is made up if not given: an interrupted wait is abandoned at the broker with it)")
 	worker := c.fs.String("worker", "", "who dequeues: the `name` the leased events carry (natstone history shows it)")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {
@@ -153,7 +151,8 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 	}
 	if *requestID == "" && *wait > 0 {
 		// A long poll interrupted here goes on at the broker, which may lease a message to it that
-		// nobody then holds: with an id, the user can take that lease back.
+		// nobody then holds: with an id, the poll can be abandoned (or, failing that, the user can
+		// take that lease back).
 		*requestID = nuid.Next()
 	}
 	opts := &workers.DequeueOpts{Batch: *batch, Lease: *lease, Wait: *wait, Filter: filter, RequestID: *requestID, Worker: *worker}
@@ -161,7 +160,7 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 		msgs, err := conn.client.Dequeue(ctx, pos[0], opts)
 		if err != nil {
 			if ctx.Err() != nil && *wait > 0 {
-				fmt.Fprintf(stderr, "natstone dequeue: interrupted: the broker's wait goes on, and a message it leases before the wait ends is leased to nobody until its lease runs out; natstone dequeue %s --request-id %s --wait %v returns that lease while it holds (within 5 minutes; it answers once the wait is over)\n", pos[0], *requestID, *wait)
+				abandonPoll(ctx, stderr, conn.client, pos[0], *requestID, *wait)
 			}
 			return err
 		}
@@ -177,6 +176,23 @@ ends when the queue is empty. --json prints the protocol's reply, {"messages": [
 		}
 		return nil
 	})
+}
+
+// abandonPoll abandons the long poll of queue with request id id that the user interrupted, so that
+// the broker's wait, which goes on, leases nothing (and gives back what it leased already); if the
+// abandon fails, it tells how to take back a lease that wait may make.
+func abandonPoll(ctx context.Context, stderr io.Writer, client *workers.Client, queue, id string, wait time.Duration) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	released, err := client.Abandon(ctx, queue, id)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "natstone dequeue: interrupted, and the broker's wait was not abandoned (%v): it goes on, and a message it leases before the wait ends is leased to nobody until its lease runs out; natstone dequeue %s --request-id %s --wait %v returns that lease while it holds (within 5 minutes; it answers once the wait is over)\n", err, queue, id, wait)
+	case len(released) > 0:
+		fmt.Fprintf(stderr, "natstone dequeue: interrupted: the broker's wait was abandoned, and the messages it had leased are pending again: %s\n", strings.Join(released, ", "))
+	default:
+		fmt.Fprintf(stderr, "natstone dequeue: interrupted: the broker's wait was abandoned; it leased nothing\n")
+	}
 }
 
 // runLeaseOp is complete, extend, release and cancel: an operation on one message that replies

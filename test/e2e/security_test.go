@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
 	"github.com/natstone/natstone/workers"
 )
@@ -191,8 +193,30 @@ func TestDocumentedPermissions(t *testing.T) {
 	if _, err := w.Cancel(ctx, "jobs", "job-2", settled.Next[0].LeaseID); err != nil {
 		t.Fatalf("the worker's cancel: %v", err)
 	}
+	// What the loop asks, seen by a login of the broker's.
+	spy := logIn(t, url, "natstone", passwords["natstone"])
+	asks, err := spy.nc.SubscribeSync("natstone.v1.*.jobs") // in the order the loop sent them
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ask returns the loop's next request of op whose body contains part.
+	ask := func(op subjects.Op, part string) error {
+		for {
+			m, err := asks.NextMsg(time.Until(deadlineOf(ctx)))
+			if err != nil {
+				return err
+			}
+			if m.Subject == "natstone.v1."+string(op)+".jobs" && strings.Contains(string(m.Data), part) {
+				return nil
+			}
+		}
+	}
+	if err := spy.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan string, 2)
-	loop, err := workers.NewWorker(w, &workers.WorkerConfig{Queue: "jobs"}, workers.HandlerFunc(func(_ context.Context, j *workers.Job) error {
+	var loopLog syncBuffer
+	loop, err := workers.NewWorker(w, &workers.WorkerConfig{Queue: "jobs", Logger: slog.New(slog.NewTextHandler(&loopLog, nil))}, workers.HandlerFunc(func(_ context.Context, j *workers.Job) error {
 		done <- j.ID
 		return nil
 	}))
@@ -212,8 +236,19 @@ func TestDocumentedPermissions(t *testing.T) {
 			t.Fatalf("the worker loop did not run %s", want)
 		}
 	}
+	// The loop's long poll, once job-4's settle found nothing next.
+	if err := ask(subjects.OpComplete, `"job-4"`); err != nil {
+		t.Fatalf("the worker loop did not complete job-4: %v", err)
+	}
+	if err := ask(subjects.OpDequeue, `"wait_ms"`); err != nil {
+		t.Fatalf("the worker loop did not poll after job-4: %v", err)
+	}
 	if err := loop.Stop(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// Its stop abandoned the long poll it left (the abandon op is in the worker's permissions).
+	if err := ask(subjects.OpAbandon, `"request_id"`); err != nil || strings.Contains(loopLog.String(), "was not abandoned") {
+		t.Fatalf("the worker loop's stop did not abandon its poll (%v):\n%s", err, loopLog.String())
 	}
 	forged := "natstone.events.jobs.completed.Zm9yZ2Vk"
 	for _, subject := range []string{forged, "$KV.natstone-messages.jobs.am9iLTE", "natstone.body.forged", "$JS.API.STREAM.DELETE.natstone-events",
@@ -272,3 +307,27 @@ func TestDocumentedPermissions(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// syncBuffer is a log sink that goroutines may write at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// deadlineOf is ctx's deadline, which it must have.
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
+}
