@@ -131,7 +131,7 @@ func (b *Broker) lookupForEnqueue(ctx context.Context, name string, reqs []subje
 	if err != nil {
 		return nil, err
 	}
-	if _, err := validateEnqueue(&cfg, name, b.replyBudget(), reqs, b.clock.Now().UnixMilli()); err != nil {
+	if _, err := validateEnqueue(&cfg, name, b.replyBudget(), reqs, b.clock.Now().UnixMilli(), nil); err != nil {
 		return nil, err
 	}
 	return b.lookup(ctx, name, true)

@@ -25,12 +25,20 @@ type enqueued struct {
 // its record; a message without a client id gets its id later, under the queue's lock. budget is
 // what a reply may carry (Broker.replyBudget): a message that would not fit in a dequeue's reply
 // alone could never be delivered. Nothing is written unless every message is valid. A batch's
-// error names the message: messages[i].
-func validateEnqueue(cfg *subjects.QueueConfig, queue string, budget int, reqs []subjects.EnqueueRequest, now int64) ([]*enqueued, error) {
+// error names the message: messages[i]. stored, if not nil, tells whether the queue holds a
+// message of an id: one it holds is let through the limits of the queue's config (its payload's
+// size, its metadata's pairs), for its enqueue's retry to be answered duplicate, as before those
+// limits were lowered.
+func validateEnqueue(cfg *subjects.QueueConfig, queue string, budget int, reqs []subjects.EnqueueRequest, now int64, stored func(id string) bool) ([]*enqueued, error) {
 	out := make([]*enqueued, len(reqs))
 	seen := make(map[string]int, len(reqs))
 	for i := range reqs {
 		m, err := validateMessage(cfg, &reqs[i], now)
+		if err != nil && stored != nil && reqs[i].ID != "" && configLimit(err) && stored(reqs[i].ID) {
+			wide := *cfg
+			wide.MaxPayloadBytes, wide.MaxMetadataPairs = subjects.MaxPayloadBytes, subjects.MaxMetadataPairs
+			m, err = validateMessage(&wide, &reqs[i], now)
+		}
 		if err == nil {
 			err = fitsReply(queue, budget, &m.rec)
 		}
@@ -50,6 +58,13 @@ func validateEnqueue(cfg *subjects.QueueConfig, queue string, budget int, reqs [
 		out[i] = m
 	}
 	return out, nil
+}
+
+// configLimit reports whether err refuses a message for a limit that a queue's config sets below
+// natstone's own: a payload's size, a metadata's pairs.
+func configLimit(err error) bool {
+	var e *subjects.Error
+	return errors.As(err, &e) && (e.Code == subjects.CodePayloadTooLarge || e.Code == subjects.CodeInvalidMetadata)
 }
 
 // validateMessage checks one message of an enqueue request and builds its record.
@@ -153,19 +168,23 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		q.mu.Unlock()
 		return nil, err
 	}
-	if q.cfg.EnqueueBlocked {
-		q.mu.Unlock()
-		return nil, subjects.Errorf(subjects.CodeQueueBlocked, "queue %s: enqueue is blocked", q.name)
-	}
 	cfg := q.cfg
 	now := q.now()
 	q.mu.Unlock()
 	// Validation is pure and, for a batch of a thousand, not free: not under the queue's lock.
-	ms, err := validateEnqueue(&cfg, q.name, q.b.replyBudget(), reqs, now)
+	ms, err := validateEnqueue(&cfg, q.name, q.b.replyBudget(), reqs, now, func(id string) bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.entries.get(id) != nil
+	})
 	if err != nil {
-		return nil, err
+		return nil, err // a bad request is bad, blocked or not: its retry will not do
 	}
 	q.mu.Lock()
+	if q.cfg.EnqueueBlocked {
+		q.mu.Unlock()
+		return nil, subjects.Errorf(subjects.CodeQueueBlocked, "queue %s: enqueue is blocked", q.name)
+	}
 	for _, m := range ms {
 		switch {
 		case m.rec.ID == "":

@@ -395,7 +395,10 @@ func TestErrRawEnqueueMalformedHeaderBlock(t *testing.T) {
 	for i, hdr := range []string{
 		"NATS/1.0\r\nNatstone-Id: m1\r\nNatstone-Priority 5\r\n\r\n", // a line without a colon
 		"NATS/1.0\r\nNatstone-Lease-Ms: 5\r\nbroken\r\n\r\n",
-		"FOO/1.0\r\nNatstone-Lease-Ms: 5\r\n\r\n", // not a NATS header block
+		"FOO/1.0\r\nNatstone-Lease-Ms: 5\r\n\r\n",      // not a NATS header block
+		"NATS/1.0\r\n Natstone-Id: m1\r\n\r\n",         // a continuation line with nothing to continue: the name " Natstone-Id"
+		"NATS/1.0\r\nX: a\r\n Natstone-Id: m1\r\n\r\n", // a continuation line
+		"NATS/1.0\r\nNatstone Id: m1\r\n\r\n",          // a space in the name
 	} {
 		reply := strings.TrimSuffix(sub.Subject, ">") + strconv.Itoa(i)
 		body := "payload"
@@ -464,6 +467,13 @@ func TestErrPayloadTooLarge(t *testing.T) {
 		t.Fatalf("depth = %+v, want %+v", c, want)
 	}
 
+	// An id the queue holds is a duplicate whatever the queue's limits (which may have been lowered
+	// since it was stored: TestErrEnqueueRetryAfterLimitsLowered).
+	before := e.snap(msgRef{"small", "json"})
+	if r := e.enqueue("small", subjects.EnqueueRequest{ID: "json", Payload: over}); !r.Duplicate {
+		t.Fatalf("a stored id with a payload over the limit: %+v, want duplicate", r)
+	}
+	e.unchanged(before)
 	runErrCases(t, e, []msgRef{{"small", "json"}}, []errCase{
 		{"json", subjects.OpEnqueue, "small", subjects.EnqueueRequest{ID: "x", Payload: over}, subjects.CodePayloadTooLarge},
 		{"json no id", subjects.OpEnqueue, "small", subjects.EnqueueRequest{Payload: over}, subjects.CodePayloadTooLarge},
@@ -471,7 +481,6 @@ func TestErrPayloadTooLarge(t *testing.T) {
 		{"binary base64", subjects.OpEnqueue, "small", subjects.EnqueueRequest{ID: "x", PayloadBase64: make([]byte, 17)}, subjects.CodePayloadTooLarge},
 		{"utf8 bytes not runes", subjects.OpEnqueue, "small", subjects.EnqueueRequest{ID: "x", Payload: strings.Repeat("é", 8) + "a"}, subjects.CodePayloadTooLarge},
 		{"way over", subjects.OpEnqueue, "small", subjects.EnqueueRequest{ID: "x", Payload: strings.Repeat("a", 100_000)}, subjects.CodePayloadTooLarge},
-		{"duplicate id too large", subjects.OpEnqueue, "small", subjects.EnqueueRequest{ID: "json", Payload: over}, subjects.CodePayloadTooLarge},
 		{"batch", subjects.OpEnqueueBatch, "small", subjects.EnqueueBatchRequest{Messages: []subjects.EnqueueRequest{
 			{ID: "y1", Payload: at}, {ID: "y2", Payload: at}, {ID: "y3", Payload: over},
 		}}, subjects.CodePayloadTooLarge},
@@ -967,6 +976,9 @@ func TestErrQueueBlocked(t *testing.T) {
 		{"dequeue wait", subjects.OpDequeue, "db", subjects.DequeueRequest{WaitMS: 1000}, subjects.CodeQueueBlocked},
 		{"enqueue blocked by update", subjects.OpEnqueue, "later", subjects.EnqueueRequest{ID: "x"}, subjects.CodeQueueBlocked},
 		{"dequeue blocked by update", subjects.OpDequeue, "later", subjects.DequeueRequest{}, subjects.CodeQueueBlocked},
+		// A bad request is bad, blocked or not: queue_blocked would have it retried.
+		{"bad enqueue", subjects.OpEnqueue, "eb", subjects.EnqueueRequest{ID: "x", LeaseMS: ptr[int64](1)}, subjects.CodeOutOfRange},
+		{"bad enqueue batch", subjects.OpEnqueueBatch, "eb", subjects.EnqueueBatchRequest{Messages: []subjects.EnqueueRequest{{ID: "x"}, {ID: "y\x01"}}}, subjects.CodeInvalidID},
 	}
 	runErrCases(t, e, watch, cases)
 	t.Run("enqueue raw", func(t *testing.T) {
@@ -1503,4 +1515,64 @@ func notFoundCases(queue string) []errCase {
 		{"unschedule " + queue, subjects.OpUnschedule, queue, subjects.UnscheduleRequest{Name: "s"}, subjects.CodeQueueNotFound},
 		{"schedules " + queue, subjects.OpSchedules, queue, nil, subjects.CodeQueueNotFound},
 	}
+}
+
+// TestErrLongRequestsGetTheirErrors: an error message may quote the request (a lease id, an
+// unknown field's name, a cursor); quoted whole, a request of half the server's max_payload made a
+// reply the server refused, and the client got no answer at all. The message is cut instead.
+func TestErrLongRequestsGetTheirErrors(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueueInOrder("q", "m")
+	e.dequeueOne("q")
+	long := strings.Repeat(`"`, 300_000) // each doubles when quoted
+	for _, tc := range []struct {
+		op   subjects.Op
+		body any
+		code subjects.Code
+	}{
+		{subjects.OpComplete, subjects.LeaseRequest{ID: "m", LeaseID: long}, subjects.CodeLeaseMismatch},
+		{subjects.OpCreate, subjects.CreateQueueRequest{Type: subjects.QueueType(long)}, subjects.CodeInvalidConfig},
+		{subjects.OpEnqueue, map[string]int{long: 1}, subjects.CodeBadRequest},
+		{subjects.OpBrowse, subjects.BrowseRequest{State: subjects.StatePending, After: long}, subjects.CodeBadRequest},
+	} {
+		queue := "q"
+		if tc.op == subjects.OpCreate {
+			queue = "new"
+		}
+		msg := e.request(tc.op, queue, tc.body)
+		er := e.checkErrReply(msg, tc.code, string(tc.op))
+		if n := len(er.Message); n > 1100 || !strings.HasSuffix(er.Message, " …") {
+			t.Errorf("%s: a message of %d bytes, want it cut at 1 KiB: %.80s…", tc.op, n, er.Message)
+		}
+	}
+}
+
+// TestErrEnqueueRetryAfterLimitsLowered: a retried enqueue of a message the queue holds is a
+// duplicate, even once the queue's limits were lowered below what the message has (its payload's
+// size, its metadata's pairs); a new message is held to them.
+func TestErrEnqueueRetryAfterLimitsLowered(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	m := subjects.EnqueueRequest{ID: "r1", Payload: strings.Repeat("x", 100), Metadata: map[string]string{"a": "1", "b": "2"}}
+	e.enqueue("q", m)
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{MaxPayloadBytes: ptr(10), MaxMetadataPairs: ptr(1)})
+	before := e.snap(msgRef{"q", "r1"})
+	if r := e.enqueue("q", m); !r.Duplicate {
+		t.Fatalf("the retry: %+v, want duplicate", r)
+	}
+	if r := must[subjects.EnqueueBatchReply](e, subjects.OpEnqueueBatch, "q", subjects.EnqueueBatchRequest{Messages: []subjects.EnqueueRequest{m}}); !r.Messages[0].Duplicate {
+		t.Fatalf("the retry in a batch: %+v, want duplicate", r)
+	}
+	e.unchanged(before)
+	fresh := m
+	fresh.ID = "r2"
+	fails(e, subjects.CodePayloadTooLarge, subjects.OpEnqueue, "q", fresh)
+	fresh.Payload = "x"
+	fails(e, subjects.CodeInvalidMetadata, subjects.OpEnqueue, "q", fresh)
+	// Still checked whatever the queue: natstone's own limits, and the metadata's form.
+	bad := m
+	bad.Metadata = map[string]string{"a": "1", "": "2"}
+	fails(e, subjects.CodeInvalidMetadata, subjects.OpEnqueue, "q", bad)
 }

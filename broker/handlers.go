@@ -299,8 +299,8 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		}
 		return b.setPaused(ctx, q, r, op == subjects.OpSchedulePause)
 	case subjects.OpScheduleFire:
-		var r subjects.ScheduleFireRequest
-		if err := subjects.Decode(data, &r); err != nil {
+		r, err := subjects.DecodeScheduleFire(data)
+		if err != nil {
 			return nil, err
 		}
 		return b.fireNow(ctx, q, r)
@@ -346,6 +346,9 @@ func headerLost(m *nats.Msg) bool {
 	return m.Header == nil && m.Size() != len(m.Subject)+len(m.Reply)+len(m.Data)
 }
 
+// maxErrorMessage bounds the message of an error reply, in bytes.
+const maxErrorMessage = 1024
+
 // errorReply builds the answer to a failed request: an ErrorReply body and the NATS service error
 // headers (Nats-Service-Error, Nats-Service-Error-Code). It returns the typed error it carries.
 func (b *Broker) errorReply(req *nats.Msg, err error) (*subjects.Error, *nats.Msg) {
@@ -353,6 +356,11 @@ func (b *Broker) errorReply(req *nats.Msg, err error) (*subjects.Error, *nats.Ms
 	if !errors.As(err, &e) {
 		b.log.Error("request failed", "subject", req.Subject, "error", err)
 		e = subjects.Errorf(subjects.CodeInternal, "%v", err)
+	}
+	if len(e.Message) > maxErrorMessage {
+		// A message may quote the request (a field's value, an unknown field's name): cut, it
+		// stays well within the server's max_payload, body and header together.
+		e = &subjects.Error{Code: e.Code, Message: subjects.CutText(e.Message, maxErrorMessage) + " …"}
 	}
 	data, _ := subjects.Marshal(subjects.ErrorReply{Error: e})
 	msg := &nats.Msg{Data: data, Header: nats.Header{}}

@@ -668,7 +668,7 @@ func (b *Broker) putSchedule(ctx context.Context, queue string, r subjects.Sched
 	cfg, err := q.cfg, q.usable()
 	q.mu.Unlock()
 	if err == nil {
-		_, err = validateEnqueue(&cfg, queue, b.replyBudget(), reqs, now.UnixMilli())
+		_, err = validateEnqueue(&cfg, queue, b.replyBudget(), reqs, now.UnixMilli(), nil)
 	}
 	if err != nil {
 		return subjects.ScheduleInfo{}, err

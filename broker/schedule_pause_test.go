@@ -136,6 +136,7 @@ func TestScheduleFireNow(t *testing.T) {
 	fails(e, subjects.CodeInvalidState, subjects.OpScheduleFire, "q", subjects.ScheduleFireRequest{Name: "solo", ID: "solo-2"})
 	fails(e, subjects.CodeScheduleNotFound, subjects.OpScheduleFire, "q", subjects.ScheduleFireRequest{Name: "none"})
 	fails(e, subjects.CodeInvalidID, subjects.OpScheduleFire, "q", subjects.ScheduleFireRequest{Name: "nightly", ID: "a\x01"})
+	fails(e, subjects.CodeInvalidID, subjects.OpScheduleFire, "q", `{"name":"nightly","id":""}`) // not "no id": each retry would fire
 	fails(e, subjects.CodeInvalidSchedule, subjects.OpScheduleFire, "q", subjects.ScheduleFireRequest{Name: "a.b"})
 	fails(e, subjects.CodeQueueNotFound, subjects.OpScheduleFire, "nope", subjects.ScheduleFireRequest{Name: "nightly"})
 	fails(e, subjects.CodeBadRequest, subjects.OpScheduleFire, "q", map[string]any{"name": "nightly", "at": 5})

@@ -251,6 +251,11 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 	}
 	values := map[string]string{} // by the name of its constant
 	for k, vs := range header {
+		if !token(k) {
+			// nats.go keeps a malformed line's name as it is (" Natstone-Id", a continuation
+			// line; "Natstone Id"): taken for another header, it would enqueue without its id.
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header name %q is not a token (RFC 9110): a line of the header block is malformed", k)
+		}
 		const prefix = "Natstone-"
 		if len(k) < len(prefix) || !strings.EqualFold(k[:len(prefix)], prefix) {
 			continue
@@ -271,6 +276,11 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 	if v, ok := values[HeaderID]; ok {
 		if v == "" {
 			return EnqueueRequest{}, Errorf(CodeInvalidID, "header %s: %s", HeaderID, errEmptyID.Message)
+		}
+		if strings.TrimRight(v, " \t") != v {
+			// Not part of the value for HTTP, yet kept by nats.go (which drops the leading ones): a
+			// client that trims would name another message than one that does not.
+			return EnqueueRequest{}, Errorf(CodeInvalidID, "header %s: %q ends in white space", HeaderID, v)
 		}
 		req.ID = v
 	}
@@ -370,6 +380,32 @@ func ValidateRequestID(id string) error {
 		return Errorf(CodeBadRequest, "request_id must be at most %d bytes of printable UTF-8", MaxRequestIDLen)
 	}
 	return nil
+}
+
+// token reports whether s is an HTTP token (RFC 9110, 5.6.2), as a header's name must be.
+func token(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// CutText returns the longest prefix of s of at most n bytes that ends on a character's boundary.
+func CutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // Pairs are a message's metadata, or a filter on it: keys and values are strings. They decode as

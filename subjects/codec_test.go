@@ -335,10 +335,22 @@ func TestDecodeRawEnqueueRejectsUnclearHeaders(t *testing.T) {
 		"repeated":                 {subjects.HeaderPriority: {"1", "2"}},
 		"repeated in another case": {subjects.HeaderPriority: {"1"}, "natstone-priority": {"2"}},
 		"metadata not UTF-8":       {subjects.HeaderMetadata: {"{\"k\":\"v\xff\"}"}},
+		// nats.go keeps a malformed line's name: a continuation line, a space in the name.
+		"name after a space": {" Natstone-Id": {"m1"}},
+		"name with a space":  {"Natstone Id": {"m1"}},
+		"name with a colon":  {"Natstone-Id:": {"m1"}},
+		"other, not a token": {"X(1)": {"a"}, subjects.HeaderID: {"m1"}},
+		"empty name":         {"": {"a"}},
 	} {
 		_, err := subjects.DecodeRawEnqueue(h, []byte("p"))
 		if !errors.Is(err, &subjects.Error{Code: subjects.CodeBadRequest}) {
 			t.Errorf("%s: DecodeRawEnqueue(%v) = %v, want bad_request", name, h, err)
+		}
+	}
+	// An id ending in white space: nats.go drops the leading spaces of a value, not the trailing.
+	for _, id := range []string{"m1 ", "m1\t"} {
+		if _, err := subjects.DecodeRawEnqueue(map[string][]string{subjects.HeaderID: {id}}, []byte("p")); !errors.Is(err, &subjects.Error{Code: subjects.CodeInvalidID}) {
+			t.Errorf("id %q: %v, want invalid_id", id, err)
 		}
 	}
 	// Headers outside natstone's own are the sender's business.

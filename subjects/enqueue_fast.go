@@ -66,6 +66,24 @@ func DecodeEnqueueBatch(data []byte) (EnqueueBatchRequest, error) {
 	return r, nil
 }
 
+// DecodeScheduleFire decodes a schedule_fire body, as Decode would; an id given empty is
+// invalid_id, as an enqueue's: taken for none, it would fire again at every retry.
+func DecodeScheduleFire(data []byte) (ScheduleFireRequest, error) {
+	var r ScheduleFireRequest
+	if err := Decode(data, &r); err != nil {
+		return r, err
+	}
+	if r.ID == "" && bytes.Contains(data, []byte(`""`)) {
+		var given struct {
+			ID *string `json:"id"`
+		}
+		if json.Unmarshal(data, &given) == nil && given.ID != nil {
+			return ScheduleFireRequest{}, Errorf(CodeInvalidID, "id is empty: omit it for the broker to make one of the schedule's name and the time")
+		}
+	}
+	return r, nil
+}
+
 // errEmptyID is the error of an enqueue whose id is given empty.
 var errEmptyID = Errorf(CodeInvalidID, "id is empty: omit it for the broker to generate one")
 

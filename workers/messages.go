@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -360,15 +359,7 @@ func FailureText(err error) string {
 	if err == nil {
 		return ""
 	}
-	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
-	if len(s) <= subjects.MaxErrorLen {
-		return s
-	}
-	cut := subjects.MaxErrorLen
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
+	return subjects.CutText(strings.ToValidUTF8(err.Error(), "\uFFFD"), subjects.MaxErrorLen)
 }
 
 // Release gives a running message back: pending at once, or invisible for opts.Delay. The attempt
