@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"iter"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -176,9 +178,27 @@ func (b *Broker) createQueue(ctx context.Context, name string, r subjects.Create
 		return nil, subjects.QueueInfo{}, err
 	}
 	if q.cfg != cfg {
-		return nil, subjects.QueueInfo{}, subjects.Errorf(subjects.CodeQueueExists, "queue %s exists with another config", name)
+		return nil, subjects.QueueInfo{}, subjects.Errorf(subjects.CodeQueueExists, "queue %s exists with another config (%s): update it, or create it as it is", name, configDiff(q.cfg, cfg))
 	}
 	return q, q.info(), nil
+}
+
+// configDiff names the settings in which a queue's config, have, differs from want, as
+// "max_attempts 5, not 3", in the config's order.
+func configDiff(have, want subjects.QueueConfig) string {
+	var diffs []string
+	h, w := reflect.ValueOf(have), reflect.ValueOf(want)
+	for i := range h.NumField() {
+		if hv, wv := h.Field(i).Interface(), w.Field(i).Interface(); hv != wv {
+			name, _, _ := strings.Cut(h.Type().Field(i).Tag.Get("json"), ",")
+			format := "%s %v, not %v"
+			if h.Field(i).Kind() == reflect.String {
+				format = "%s %q, not %q"
+			}
+			diffs = append(diffs, fmt.Sprintf(format, name, hv, wv))
+		}
+	}
+	return strings.Join(diffs, "; ")
 }
 
 // adopt loads a queue another writer stored.

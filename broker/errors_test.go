@@ -896,6 +896,11 @@ func TestErrCreateQueueExists(t *testing.T) {
 	// After an update the stored config differs from the defaults.
 	must[subjects.QueueInfo](e, subjects.OpUpdate, "c", subjects.UpdateQueueRequest{LeaseMS: ptr(int64(1000))})
 	runErrCases(t, e, nil, []errCase{cr("c", subjects.CreateQueueRequest{})})
+	// The refusal names what differs, the queue's setting first.
+	err := fails(e, subjects.CodeQueueExists, subjects.OpCreate, "c", subjects.CreateQueueRequest{MaxAttempts: 3})
+	if want := "(lease_ms 1000, not 30000; max_attempts 5, not 3)"; !strings.Contains(err.Message, want) {
+		t.Fatalf("the refusal %q does not say %q", err.Message, want)
+	}
 }
 
 func TestErrUpdate(t *testing.T) {

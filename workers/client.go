@@ -156,6 +156,11 @@ func (c *Client) send(ctx context.Context, op subjects.Op, queue string, msg *na
 	defer cancel()
 	reply, err := c.nc.RequestMsgWithContext(rctx, msg)
 	if err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			// Not sent: the server takes no message this large, whatever the queue would.
+			return apiError(subjects.Errorf(subjects.CodePayloadTooLarge, "%s %s: the request of %d bytes is larger than the NATS server takes (max_payload, %d bytes)",
+				op, queue, len(msg.Data), c.nc.MaxPayload()))
+		}
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			err = nats.ErrTimeout // our own timeout, not the caller's context
 		}

@@ -961,3 +961,17 @@ func TestClientAbandon(t *testing.T) {
 		t.Fatalf("Abandon without a request id: %v, want ErrBadRequest", err)
 	}
 }
+
+// TestClientRequestOverMaxPayload: a request larger than the NATS server takes is not sent, and is
+// ErrPayloadTooLarge as a payload over the queue's limit would be.
+func TestClientRequestOverMaxPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	_, err := e.c.Enqueue(ctx(t), "q", make([]byte, 2<<20), &workers.EnqueueOpts{ID: "big"})
+	if !errors.Is(err, workers.ErrPayloadTooLarge) || !strings.Contains(err.Error(), "max_payload") {
+		t.Fatalf("a 2 MiB enqueue: %v, want ErrPayloadTooLarge naming the server's max_payload", err)
+	}
+	if _, err := e.c.Queue(ctx(t), "q"); !errors.Is(err, workers.ErrQueueNotFound) {
+		t.Fatalf("the queue after the refused enqueue: %v, want none made", err)
+	}
+}

@@ -82,7 +82,7 @@ type bench struct {
 
 // runBench is the bench command.
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseBenchFlags(args, stderr)
+	cfg, err := parseBenchFlags(args, stdout, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
@@ -119,7 +119,7 @@ Exit codes:
 
 // parseBenchFlags parses and validates the bench command line; a usage error has been reported on
 // stderr when it returns.
-func parseBenchFlags(args []string, stderr io.Writer) (*benchConfig, error) {
+func parseBenchFlags(args []string, stdout, stderr io.Writer) (*benchConfig, error) {
 	fs := flag.NewFlagSet("natstone bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -158,13 +158,12 @@ Flags:
 	fs.IntVar(&cfg.conns, "conns", DefaultBenchConns, "client connections the workers share")
 	fs.Float64Var(&cfg.reqRate, "req-rate", DefaultBenchReqRate, "requests per second of B-REQ (S4's baseline is measured again at S4's rate)")
 	fs.DurationVar(&cfg.retention, "retention", 0, "retention of the bench queues: 0 collects each completed message at once (within about 100 ms), in the measured phase")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return nil, err
 	}
 	usageErr := func(format string, a ...any) (*benchConfig, error) {
 		err := fmt.Errorf(format, a...)
-		fmt.Fprintf(stderr, "natstone bench: %v\n", err)
-		fs.Usage()
+		reportUsage(stderr, fs.Name(), err.Error())
 		return nil, err
 	}
 	if fs.NArg() > 0 {

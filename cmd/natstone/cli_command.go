@@ -93,7 +93,7 @@ func printFlags(w io.Writer, fs *flag.FlagSet, include func(name string) bool) {
 // ends the flags), and checks that there are minArgs to maxArgs positional arguments. An error has
 // been reported on stderr; parseExit gives its exit code.
 func (c *clientCommand) parse(args []string, minArgs, maxArgs int) ([]string, error) {
-	pos, err := parseInterleaved(c.fs, args)
+	pos, err := parseInterleaved(c.fs, args, c.stdout)
 	if err != nil {
 		return nil, err // the flag package has reported it
 	}
@@ -109,11 +109,10 @@ func (c *clientCommand) parse(args []string, minArgs, maxArgs int) ([]string, er
 	return pos, nil
 }
 
-// usageError reports a bad command line with the help and returns it as an error.
+// usageError reports a bad command line, and where the help is, and returns it as an error.
 func (c *clientCommand) usageError(format string, a ...any) error {
 	err := fmt.Errorf(format, a...)
-	fmt.Fprintf(c.stderr, "%s: %v\n", c.name, err)
-	c.fs.Usage()
+	reportUsage(c.stderr, c.name, err.Error())
 	return err
 }
 
@@ -128,10 +127,10 @@ func parseExit(err error) int {
 // parseInterleaved parses the flags of args wherever they are and returns the other arguments in
 // order. The flag package alone stops at the first non-flag argument, which would make
 // "enqueue q --id x" ignore --id.
-func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+func parseInterleaved(fs *flag.FlagSet, args []string, stdout io.Writer) ([]string, error) {
 	var pos []string
 	for {
-		if err := parseFlags(fs, args); err != nil {
+		if err := parseFlags(fs, args, stdout); err != nil {
 			return nil, err
 		}
 		rest := fs.Args()
@@ -146,21 +145,30 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// parseFlags is fs.Parse, with the error the flag package reports ("invalid value … for flag -lease",
-// "flag needs an argument: -error") naming flags as the help and the docs do: --lease.
-func parseFlags(fs *flag.FlagSet, args []string) error {
+// parseFlags is fs.Parse, with -h and --help printing the help on stdout (for a pager), and an
+// error printed on fs's output (stderr) as one line naming flags as the help and the docs do
+// ("invalid value … for flag --lease", "flag needs an argument: --error"), with a pointer to the
+// help rather than all of it.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	out := fs.Output()
 	var buf bytes.Buffer
 	fs.SetOutput(&buf)
 	err := fs.Parse(args)
 	fs.SetOutput(out)
-	report := buf.String()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		line, rest, _ := strings.Cut(report, "\n")
-		report = dashFlag.ReplaceAllString(line, "$1--$2") + "\n" + rest
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+		_, _ = io.Copy(stdout, &buf)
+	default:
+		line, _, _ := strings.Cut(buf.String(), "\n")
+		reportUsage(out, fs.Name(), dashFlag.ReplaceAllString(line, "$1--$2"))
 	}
-	_, _ = io.WriteString(out, report)
 	return err
+}
+
+// reportUsage reports a bad command line of command, and where its help is.
+func reportUsage(stderr io.Writer, command, problem string) {
+	fmt.Fprintf(stderr, "%s: %s\nRun '%s --help' for its arguments and flags.\n", command, problem, command)
 }
 
 // dashFlag matches a flag name the flag package writes with one dash.

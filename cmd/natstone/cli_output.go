@@ -80,6 +80,14 @@ func orDash(s string) string {
 	return s
 }
 
+// plural is one if n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 // printable replaces what would break a table cell or a terminal (control characters, invalid or
 // unprintable runes) with '.', and cuts s to limit runes with "…" (limit 0: no cut).
 func printable(s string, limit int) string {
@@ -201,7 +209,11 @@ func printMessage(w io.Writer, m *workers.Message, now time.Time) {
 	fmt.Fprintf(tw, "Priority:\t%d\n", m.Priority)
 	fmt.Fprintf(tw, "Metadata:\t%s\n", printable(fmtPairs(m.Metadata, " "), 0))
 	fmt.Fprintf(tw, "Attempts:\t%d of %d\n", m.Attempts, m.Attempts+m.AttemptsLeft)
-	if m.LeaseID != "" {
+	switch {
+	case m.LeaseID == "":
+	case m.LeaseExpiresAt.IsZero(): // not running: the lease it last ran under, ended
+		fmt.Fprintf(tw, "Last lease:\t%s\n", m.LeaseID)
+	default:
 		fmt.Fprintf(tw, "Lease:\t%s\n", m.LeaseID)
 		fmt.Fprintf(tw, "Lease expires:\t%s (%s left)\n", fmtTime(m.LeaseExpiresAt), fmtExpires(m.LeaseExpiresAt, now))
 	}

@@ -62,7 +62,7 @@ func TestParseInterleaved(t *testing.T) {
 		fs.SetOutput(io.Discard)
 		id := fs.String("id", "", "")
 		b := fs.Bool("b", false, "")
-		pos, err := parseInterleaved(fs, tc.args)
+		pos, err := parseInterleaved(fs, tc.args, io.Discard)
 		if err != nil || !slices.Equal(pos, tc.wantPos) || *id != tc.wantID || *b != tc.wantB {
 			t.Errorf("parseInterleaved(%q) = %q, %v, id %q, b %v; want %q, id %q, b %v",
 				tc.args, pos, err, *id, *b, tc.wantPos, tc.wantID, tc.wantB)

@@ -252,7 +252,7 @@ went with it. Dequeues long-polling on it return empty.
 			return err
 		}
 		return c.output(r, func(w io.Writer) {
-			fmt.Fprintf(w, "deleted queue %s with %d messages\n", r.Name, r.Messages)
+			fmt.Fprintf(w, "deleted queue %s with %d %s\n", r.Name, r.Messages, plural(r.Messages, "message", "messages"))
 		})
 	})
 }

@@ -108,7 +108,7 @@ func TestCLIQueueLifecycle(t *testing.T) {
 	cli(t, url, "queue", "update", "simple", "--block-enqueue", "--unblock-enqueue").fails(t, exitUsage, "not both")
 
 	// rm says what it deleted; then the queue is not found.
-	if out := cli(t, url, "queue", "rm", "simple").ok(t); out != "deleted queue simple with 1 messages\n" {
+	if out := cli(t, url, "queue", "rm", "simple").ok(t); out != "deleted queue simple with 1 message\n" {
 		t.Fatalf("rm: %q", out)
 	}
 	var del subjects.DeleteReply

@@ -41,7 +41,7 @@ var commands = []command{
 	{name: "cancel", summary: "cancel a message (fenced by its lease when one is given)", run: runCancel},
 	{name: "retry", summary: "retry an errored or canceled message, or all errored ones: pending again, attempts anew", run: runRetry},
 	{name: "reschedule", summary: "change a waiting message's priority, or when it becomes pending", run: runReschedule},
-	{name: "schedule", summary: "recurring enqueues at the times of a cron expression: schedule set|ls|rm", run: runSchedule},
+	{name: "schedule", summary: "recurring enqueues at the times of a cron expression: schedule set|ls|rm|pause|resume|fire", run: runSchedule},
 	{name: "get", summary: "show a message with its payload", run: runGet},
 	{name: "depth", summary: "count a queue's messages by state, optionally filtered by metadata", run: runDepth},
 	{name: "stats", summary: "show a queue now: counts, oldest pending, rates, totals, expiring leases", run: runStats},
@@ -117,8 +117,8 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprint(w, "Usage: natstone <command> [flags]\n\nCommands:\n")
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "  %-9s %s\n", "help", "show this help, or a command's flags: natstone help <command>")
-	fmt.Fprintf(w, "  %-9s %s\n", "version", "print the version")
+	fmt.Fprintf(w, "  %-10s %s\n", "help", "show this help, or a command's flags: natstone help <command>")
+	fmt.Fprintf(w, "  %-10s %s\n", "version", "print the version")
 }

@@ -95,8 +95,8 @@ Exit codes:
 
 // runServe is the serve command: it runs the broker until ctx is cancelled, then shuts down
 // gracefully. It returns exitUsage for a bad command line, exitError if starting or stopping fails.
-func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
-	cfg, err := parseServeFlags(args, stderr)
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseServeFlags(args, stdout, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
@@ -113,7 +113,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 
 // parseServeFlags parses and validates the serve command line. A usage error has already been
 // reported on stderr, with the flags, when it returns.
-func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
+func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveConfig, error) {
 	fs := flag.NewFlagSet("natstone serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -160,14 +160,13 @@ Flags:
 	fs.Var(&cfg.httpHosts, "http-host", "a host `name` the HTTP listener answers to, besides localhost and its IP addresses (a DNS name or a proxy's; repeatable): others are refused, against DNS rebinding")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
-	if err := parseFlags(fs, args); err != nil {
-		return nil, err // the flag package has reported it
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return nil, err // parseFlags has reported it
 	}
 
 	usageErr := func(format string, a ...any) (*serveConfig, error) {
 		err := fmt.Errorf(format, a...)
-		fmt.Fprintf(stderr, "natstone serve: %v\n", err)
-		fs.Usage()
+		reportUsage(stderr, fs.Name(), err.Error())
 		return nil, err
 	}
 	if fs.NArg() > 0 {

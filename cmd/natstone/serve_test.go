@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -243,7 +244,7 @@ func TestWriteTimeoutFlag(t *testing.T) {
 		{[]string{"--write-timeout", "100ms"}, 100 * time.Millisecond},
 	} {
 		var stderr bytes.Buffer
-		cfg, err := parseServeFlags(tt.args, &stderr)
+		cfg, err := parseServeFlags(tt.args, io.Discard, &stderr)
 		if err != nil {
 			t.Fatalf("parseServeFlags(%q): %v\n%s", tt.args, err, &stderr)
 		}
@@ -356,10 +357,16 @@ func TestHelpAndVersion(t *testing.T) {
 		}
 	}
 
-	// -h on the command itself prints its flags where flag errors go, and is no error.
-	var stderr bytes.Buffer
-	if c := runServe(context.Background(), []string{"-h"}, nil, &stderr); c != exitOK || !strings.Contains(stderr.String(), "\n  --data dir") {
-		t.Fatalf("serve -h = %d, want 0 with the flags; stderr:\n%s", c, &stderr)
+	// -h on the command itself prints its flags on stdout (for a pager), and is no error.
+	var stdout, stderr bytes.Buffer
+	if c := runServe(context.Background(), []string{"-h"}, &stdout, &stderr); c != exitOK || !strings.Contains(stdout.String(), "\n  --data dir") || stderr.Len() != 0 {
+		t.Fatalf("serve -h = %d, want 0 with the flags on stdout; stdout:\n%s\nstderr:\n%s", c, &stdout, &stderr)
+	}
+	// A bad flag is one line and a pointer to the help, on stderr.
+	stdout.Reset()
+	if c := runServe(context.Background(), []string{"--sync", "sometimes"}, &stdout, &stderr); c != exitUsage || stdout.Len() != 0 ||
+		strings.Count(stderr.String(), "\n") != 2 || !strings.Contains(stderr.String(), "Run 'natstone serve --help'") {
+		t.Fatalf("serve --sync sometimes = %d; want %d, the error and the pointer to the help on stderr:\n%s", c, exitUsage, &stderr)
 	}
 }
 
@@ -367,7 +374,7 @@ func TestHelpAndVersion(t *testing.T) {
 // directory.
 func TestDefaultDataDirIsRelative(t *testing.T) {
 	t.Chdir(t.TempDir())
-	cfg, err := parseServeFlags(nil, nil)
+	cfg, err := parseServeFlags(nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
