@@ -1307,6 +1307,22 @@ func TestErrWrongStateTerminal(t *testing.T) {
 		{"cancel errored", subjects.OpCancel, "e", subjects.LeaseRequest{ID: "e"}, subjects.CodeInvalidState},
 		{"complete errored", subjects.OpComplete, "e", subjects.LeaseRequest{ID: "e", LeaseID: le}, subjects.CodeInvalidState},
 		{"extend errored", subjects.OpExtend, "e", subjects.ExtendRequest{ID: "e", LeaseID: le}, subjects.CodeInvalidState},
+		{"cancel errored with its released lease", subjects.OpCancel, "e", subjects.LeaseRequest{ID: "e", LeaseID: le}, subjects.CodeInvalidState},
+	})
+
+	// Errored: its lease ran out with no attempts left. Its holder's cancel is answered as its
+	// complete is.
+	e.create("ee", subjects.CreateQueueRequest{MaxAttempts: 1})
+	lee := leased("ee", "ee")
+	e.advance(time.Minute)
+	if m := e.get("ee", "ee"); m.State != subjects.StateErrored {
+		t.Fatalf("a lease run out with no attempts left: %s", m.State)
+	}
+	runErrCases(t, e, []msgRef{{"ee", "ee"}}, []errCase{
+		{"complete expired into errored", subjects.OpComplete, "ee", subjects.LeaseRequest{ID: "ee", LeaseID: lee}, subjects.CodeLeaseExpired},
+		{"cancel expired into errored", subjects.OpCancel, "ee", subjects.LeaseRequest{ID: "ee", LeaseID: lee}, subjects.CodeLeaseExpired},
+		{"cancel errored wrong lease", subjects.OpCancel, "ee", subjects.LeaseRequest{ID: "ee", LeaseID: "wrong"}, subjects.CodeLeaseMismatch},
+		{"cancel errored by an operator", subjects.OpCancel, "ee", subjects.LeaseRequest{ID: "ee"}, subjects.CodeInvalidState},
 	})
 }
 

@@ -214,6 +214,13 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 		}
 		return q.view(e), nil
 	case subjects.StateCompleted, subjects.StateErrored:
+		if req.LeaseID != "" {
+			// The holder's cancel is answered as its complete would be: a lease that ran out into
+			// errored is lease_expired, another lease lease_mismatch.
+			if _, err := q.fence(e, req.LeaseID, subjects.OpCancel); err != nil {
+				return q.view(e), err
+			}
+		}
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s", e.ID, e.State())
 	}
 	if err := atVersion(e, req.Version); err != nil {

@@ -687,4 +687,7 @@ func TestBrowsePages(t *testing.T) {
 
 	fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, After: "soon"})
 	fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, After: "1:-2"})
+	for _, after := range []string{"01:1", "+1:1", "1:01", "1:+1", " 1:1"} { // not as a next is written
+		fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, After: after})
+	}
 }

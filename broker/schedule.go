@@ -39,7 +39,8 @@ const maxSkipWalk = 1 << 20
 var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 // parseCron parses spec, refusing what would not fire as written: an empty spec or one over
-// maxCronLen, white space around it, a zone without an expression, CRON_TZ=Local (the machine's
+// maxCronLen, white space around it or other than spaces in it, an empty zone, a zone without an
+// expression, CRON_TZ=Local (the machine's
 // zone: a cron without a zone is in UTC), an "@every" shorter than subjects.MinScheduleEvery or
 // not in whole seconds (the cron library would round it), and an expression with no time within
 // maxFirstFire of now (such as February 30).
@@ -53,9 +54,15 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	if len(spec) > maxCronLen {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron of %d bytes, at most %d", len(spec), maxCronLen)
 	}
+	if strings.ContainsAny(spec, "\t\n\v\f\r") {
+		// The library splits at any white space, and the zone is cut at a space: one rule for both.
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: its fields are separated by spaces, not by other white space", spec)
+	}
 	full := spec
 	zone, expr, zoned := splitZone(spec)
 	switch {
+	case zoned && zone == "":
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: CRON_TZ= names no zone (leave it out for UTC)", spec)
 	case zoned && expr == "":
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: a zone without an expression", spec)
 	case zoned && zone == "Local":

@@ -51,8 +51,16 @@ func TestParseCronZones(t *testing.T) {
 	if loc := c.(forward).Location; loc != time.UTC {
 		t.Errorf("a cron without a zone is in %v, want UTC", loc)
 	}
-	if _, err := parseCron("CRON_TZ=Local 0 9 * * *", now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
-		t.Errorf("CRON_TZ=Local: %v, want invalid_schedule", err)
+	for _, spec := range []string{
+		"CRON_TZ=Local 0 9 * * *",
+		"CRON_TZ= @hourly", // no zone named
+		"0\t9 * * *",       // white space other than spaces, which the zone is cut at too
+		"0\n9 * * *",
+		"CRON_TZ=UTC\t@hourly",
+	} {
+		if _, err := parseCron(spec, now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
+			t.Errorf("%q: %v, want invalid_schedule", spec, err)
+		}
 	}
 	if _, err := parseCron("@every 43801h", now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
 		t.Errorf("@every 5 years and an hour: %v, want invalid_schedule (it does not fire within 5 years)", err)

@@ -319,10 +319,11 @@ func parseCursor(s string) (cursor, error) {
 	k, sq, ok := strings.Cut(s, ":")
 	key, kerr := strconv.ParseInt(k, 10, 64)
 	seq, serr := strconv.ParseUint(sq, 10, 64)
-	if !ok || kerr != nil || serr != nil {
+	c := cursor{key: key, seq: seq, set: true}
+	if !ok || kerr != nil || serr != nil || c.String() != s { // as a next is written: no "+1", no "01"
 		return cursor{}, subjects.Errorf(subjects.CodeBadRequest, "after %q is not a browse's next", s)
 	}
-	return cursor{key: key, seq: seq, set: true}, nil
+	return c, nil
 }
 
 // heapOf returns the deadline heap that holds the entries of state s (not pending).
