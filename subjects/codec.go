@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,7 +45,7 @@ func Decode(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return Errorf(CodeBadRequest, "malformed JSON body: %v", err)
+		return Errorf(CodeBadRequest, "malformed JSON body: %s", describeJSONError(err))
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return Errorf(CodeBadRequest, "malformed JSON body: data after the object")
@@ -53,6 +54,49 @@ func Decode(data []byte, v any) error {
 		return Errorf(CodeBadRequest, "malformed JSON body: %q given twice in one object", key)
 	}
 	return nil
+}
+
+// describeJSONError words an error of encoding/json for the sender of the body, in the protocol's
+// terms rather than Go's: "batch: want an integer, got string", not "cannot unmarshal string into
+// Go struct field DequeueRequest.batch of type int".
+func describeJSONError(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		where := "the body"
+		if te.Field != "" {
+			where = te.Field
+		}
+		return fmt.Sprintf("%s: want %s, got %s", where, jsonKind(te.Type), te.Value)
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonKind is what JSON value decodes into a value of type t.
+func jsonKind(t reflect.Type) string {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil {
+		return "another value"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return fmt.Sprintf("an integer (%d-bit)", t.Bits())
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return fmt.Sprintf("a non-negative integer (%d-bit)", t.Bits())
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "a base64 string"
+		}
+		return "an array"
+	}
+	return "another value"
 }
 
 // duplicateKey returns a key that valid JSON text data gives twice in one object. encoding/json

@@ -761,3 +761,23 @@ func TestStates(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeErrorsNameFieldsNotGoTypes: a body of the wrong shape is refused in the protocol's
+// terms — the field as the body names it, the JSON it wants — not in Go's.
+func TestDecodeErrorsNameFieldsNotGoTypes(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"batch":"x"}`:                     "batch: want an integer (64-bit), got string",
+		`{"filter":[1]}`:                    "filter: want an object, got array",
+		`[1]`:                               "the body: want an object, got array",
+		`{"lease_ms":1.5}`:                  "lease_ms: want an integer (64-bit), got number 1.5",
+		`{"worker":true}`:                   "worker: want a string, got bool",
+		`{"request_id":{"a":"b"}}`:          "request_id: want a string, got object",
+		`{"lease_ms":99999999999999999999}`: "lease_ms: want an integer (64-bit), got number 99999999999999999999",
+	} {
+		var r subjects.DequeueRequest
+		err := subjects.Decode([]byte(body), &r)
+		if !errors.Is(err, &subjects.Error{Code: subjects.CodeBadRequest}) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "Go ") {
+			t.Errorf("%s: %v, want bad_request saying %q", body, err, want)
+		}
+	}
+}

@@ -188,7 +188,7 @@ func TestParseImportLine(t *testing.T) {
 		{line: `{"max_attempts":5000}`, wantErr: "max_attempts must be 1 to 1000, not 5000"},
 		{line: `{"id":""}`, wantErr: "id is empty"},
 		{line: `[]`, wantErr: "not a JSON object"},
-		{line: `{"priority":"1"}`, wantErr: "cannot unmarshal string"},
+		{line: `{"priority":"1"}`, wantErr: "priority: want an integer (64-bit), got string"},
 		{line: `{} x`, wantErr: "data after the object"},
 		{line: `{"payload_base64":"!"}`, wantErr: "illegal base64"},
 		{line: `{"lease_ms":9223372036855}`, wantErr: "out of range"},
