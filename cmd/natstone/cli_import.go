@@ -97,6 +97,7 @@ type importer struct {
 	fatal    error
 	held     *importLine    // read but did not fit in the last batch
 	sending  map[string]int // the ids in the batches in flight, with their counts
+	unread   bool           // the import stopped before the input's end
 }
 
 // runImport is "enqueue QUEUE --import FILE".
@@ -185,6 +186,7 @@ func (im *importer) run(ctx context.Context, in io.Reader) {
 	for _, f := range pending {
 		im.collect(f)
 	}
+	im.unread = im.fatal != nil && readErr == nil
 	if readErr != nil && !errors.Is(readErr, io.EOF) && im.fatal == nil {
 		im.fatal = fmt.Errorf("import: reading line %d: %w", lineNo+1, readErr)
 		im.sum.Stopped = im.fatal.Error()
@@ -423,7 +425,7 @@ func (im *importer) print(w, errw io.Writer) {
 	s := &im.sum
 	tw := newTable(w)
 	fmt.Fprintf(tw, "queue:\t%s\n", s.Queue)
-	fmt.Fprintf(tw, "lines:\t%d\n", s.Lines)
+	fmt.Fprintf(tw, "lines:\t%d (not counting blank ones)\n", s.Lines)
 	fmt.Fprintf(tw, "enqueued:\t%d\n", s.Enqueued)
 	if s.Duplicates > 0 {
 		fmt.Fprintf(tw, "duplicates:\t%d (lines %s)\n", s.Duplicates, quoteLines(s.DuplicateLines, 10))
@@ -439,11 +441,17 @@ func (im *importer) print(w, errw io.Writer) {
 	} else {
 		fmt.Fprintf(tw, "failed:\t0\n")
 	}
+	rest := ""
+	if im.unread {
+		rest = "; the rest of the input was not read"
+	}
 	switch {
 	case s.Unconfirmed > 0:
-		fmt.Fprintf(tw, "unconfirmed:\t%d (from line %d; the rest of the input was not read)\n", s.Unconfirmed, s.FirstUnconfirmed)
-	case s.Stopped != "":
+		fmt.Fprintf(tw, "unconfirmed:\t%d (from line %d%s)\n", s.Unconfirmed, s.FirstUnconfirmed, rest)
+	case s.Stopped != "" && im.unread:
 		fmt.Fprintf(tw, "unconfirmed:\t0 (the rest of the input was not read)\n")
+	case s.Stopped != "":
+		fmt.Fprintf(tw, "unconfirmed:\t0\n")
 	}
 	tw.Flush()
 }
