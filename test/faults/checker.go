@@ -62,7 +62,8 @@ type Run struct {
 // lease is one lease granted, with what the history proves about how long it lasted.
 type lease struct {
 	Lease
-	queue string
+	queue   string
+	request string // the request id of the dequeue that took it
 	// certainEnd: the lease was certainly valid in [GrantedAt, certainEnd): nothing acknowledged or
 	// possibly applied ended it earlier.
 	certainEnd time.Time
@@ -132,7 +133,7 @@ func (c *checker) collectLeases() {
 		}
 		for _, l := range op.Leases {
 			if c.leases[l.LeaseID] == nil {
-				c.leases[l.LeaseID] = &lease{Lease: l, queue: op.Queue, certainEnd: l.ExpiresAt, possibleEnd: l.ExpiresAt}
+				c.leases[l.LeaseID] = &lease{Lease: l, queue: op.Queue, request: op.RequestID, certainEnd: l.ExpiresAt, possibleEnd: l.ExpiresAt}
 			}
 		}
 	}
@@ -155,9 +156,13 @@ func (c *checker) collectLeases() {
 		}
 	}
 	byMsg := map[msgKey][]*lease{}
+	byRequest := map[msgKey][]*lease{} // by queue and the request id of the dequeue that took them
 	for _, l := range c.leases {
 		k := msgKey{l.queue, l.MessageID}
 		byMsg[k] = append(byMsg[k], l)
+		if l.request != "" {
+			byRequest[msgKey{l.queue, l.request}] = append(byRequest[msgKey{l.queue, l.request}], l)
+		}
 	}
 	end := func(l *lease, op Op) {
 		if op.Outcome != Failed && op.Start.Before(l.certainEnd) {
@@ -169,6 +174,11 @@ func (c *checker) collectLeases() {
 	}
 	for _, op := range c.run.Ops {
 		switch {
+		case op.Kind == Abandon:
+			// The leases of the dequeue it abandons end, as at a release.
+			for _, l := range byRequest[msgKey{op.Queue, op.RequestID}] {
+				end(l, op)
+			}
 		case op.Kind != Complete && op.Kind != Release && op.Kind != Cancel:
 		case op.LeaseID != "":
 			if l := c.leases[op.LeaseID]; l != nil {
@@ -346,19 +356,34 @@ func (c *checker) checkRefunds() {
 		})
 	}
 	byMsg := c.leasesByMessage()
+	type refund struct {
+		op Op
+		l  *lease
+	}
+	var refunds []refund
 	for _, op := range c.run.Ops {
-		if op.Kind != Release || !op.Refund || op.Outcome != OK || operated[msgKey{op.Queue, op.MessageID}] {
-			continue
+		switch {
+		case op.Outcome != OK:
+		case op.Kind == Release && op.Refund && !operated[msgKey{op.Queue, op.MessageID}]:
+			if l := c.leases[op.LeaseID]; l != nil {
+				refunds = append(refunds, refund{op, l})
+			}
+		case op.Kind == Abandon:
+			// What an abandon gave back was given back with its attempt.
+			for _, l := range c.leases {
+				if l.queue == op.Queue && l.request == op.RequestID && slices.Contains(op.Released, l.MessageID) && !operated[msgKey{op.Queue, l.MessageID}] {
+					refunds = append(refunds, refund{op, l})
+				}
+			}
 		}
-		l := c.leases[op.LeaseID]
-		if l == nil {
-			continue
-		}
+	}
+	for _, r := range refunds {
+		op, l := r.op, r.l
 		for _, next := range byMsg[l.queue+"/"+l.MessageID] {
 			if next.GrantedAt.After(l.GrantedAt) && next.LeaseID != l.LeaseID {
 				if next.Attempts != l.Attempts && !unseenLease(op.Queue, op.Start, next.GrantedAt) {
-					c.fail("refund", "%s/%s: lease %s refunded at %s (attempt %d), yet the next lease %s is attempt %d",
-						op.Queue, op.MessageID, op.LeaseID, ts(op.End), l.Attempts, next.LeaseID, next.Attempts)
+					c.fail("refund", "%s/%s: lease %s refunded by its %s at %s (attempt %d), yet the next lease %s is attempt %d",
+						op.Queue, l.MessageID, l.LeaseID, op.Kind, ts(op.End), l.Attempts, next.LeaseID, next.Attempts)
 				}
 				break
 			}

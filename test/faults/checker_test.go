@@ -361,6 +361,35 @@ func TestChecker(t *testing.T) {
 			}, Final: finals("s/a", "running", 2)},
 		},
 		{
+			name: "an abandoned dequeue's lease ends at the abandon: leased again after it",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				{Kind: Abandon, Queue: "s", RequestID: "r1", Released: []string{"a"}, Start: at(20), End: at(22), Outcome: OK},
+				deq("s", "r2", 30, 32, ls("a", "L2", 1, "", 31, 1031)),
+			}, Final: finals("s/a", "running", 1)},
+		},
+		{
+			name: "an abandon of another request: the lease still holds",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				{Kind: Abandon, Queue: "s", RequestID: "r9", Released: []string{}, Start: at(20), End: at(22), Outcome: OK},
+				deq("s", "r2", 30, 32, ls("a", "L2", 1, "", 31, 1031)),
+			}, Final: finals("s/a", "running", 1)},
+			rules: []string{"double-lease"},
+		},
+		{
+			name: "an abandon gave a lease back, yet the next lease is of the next attempt",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 2, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				{Kind: Abandon, Queue: "s", RequestID: "r1", Released: []string{"a"}, Start: at(20), End: at(22), Outcome: OK},
+				deq("s", "r2", 30, 32, Lease{MessageID: "a", LeaseID: "L2", Priority: 1, Attempts: 2, GrantedAt: at(31), ExpiresAt: at(1031)}),
+			}, Final: finals("s/a", "running", 2)},
+			rules: []string{"refund"},
+		},
+		{
 			name: "a stale holder's complete accepted",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),

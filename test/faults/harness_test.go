@@ -204,11 +204,16 @@ const requestTimeout = 3 * time.Second
 // no responders means nobody received it (Failed); a typed error is Failed, except unavailable and
 // internal, whose writes may have happened (Unknown); any other failure is Unknown.
 func (c *client) call(op subjects.Op, queue string, body, out any) (Outcome, string) {
+	return c.callWithin(op, queue, body, out, requestTimeout)
+}
+
+// callWithin is call, waiting for the reply up to within.
+func (c *client) callWithin(op subjects.Op, queue string, body, out any, within time.Duration) (Outcome, string) {
 	data, err := json.Marshal(body)
 	if err != nil {
 		panic(err)
 	}
-	msg, err := c.nc.Request(c.space.Subject(op, queue), data, requestTimeout)
+	msg, err := c.nc.Request(c.space.Subject(op, queue), data, within)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return Failed, "no_responders"
@@ -721,6 +726,7 @@ type runStats struct {
 	soloFired, soloOverlapped              int           // the overlap-skip schedule's messages, and its seconds left out
 	haltedFor                              time.Duration // how long the paused schedule was paused, at the end
 	cappedLeases, cappedMost               int           // the max_running queue's leases seen, and the most held at once
+	abandons, abandonedLeases              int           // polls abandoned, and the messages their abandons gave back
 
 	faults      atomic.Int64  // the kills begun and the restarts done: odd while one is under way
 	churnedOnce chan struct{} // closed when the churner has finished its first generation
@@ -884,9 +890,13 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 		}
 		queue := pickQueue(rng)
 		var got []subjects.Message
-		if len(carried) > 0 {
+		switch {
+		case len(carried) > 0:
 			queue, got, carried = carriedFrom, carried, nil
-		} else {
+		case rng.IntN(12) == 0:
+			abandonPoll(c, rng, queue, fmt.Sprintf("%s-%d", c.name, n), stats)
+			continue
+		default:
 			got = dequeue(c, rng, queue, fmt.Sprintf("%s-%d", c.name, n))
 			if len(got) == 0 {
 				// Nothing, or no broker (NATS up, natstone restarting): don't spin.
@@ -956,6 +966,33 @@ func work(c *client, stop <-chan struct{}, stats *runStats) {
 			}
 		}
 	}
+}
+
+// abandonPoll is a worker stopping during a long poll: it gives the poll up after 1 to 300 ms,
+// whether or not its reply came (what that reply leased is then never run), and abandons it. The
+// abandon must end the poll's leases and give their messages back, attempts refunded.
+func abandonPoll(c *client, rng *rand.Rand, queue, requestID string, stats *runStats) {
+	req := dequeueRequest(rng, requestID)
+	req.WaitMS = 1000 + int64(rng.IntN(1000))
+	op := Op{Kind: Dequeue, Queue: queue, Client: c.name, RequestID: requestID, Batch: req.Batch, Filter: req.Filter, Start: time.Now()}
+	var r subjects.DequeueReply
+	op.Outcome, op.Code = c.callWithin(subjects.OpDequeue, queue, req, &r, time.Duration(1+rng.IntN(300))*time.Millisecond)
+	op.End = time.Now()
+	if op.Outcome == OK {
+		for _, m := range r.Messages {
+			op.Leases = append(op.Leases, leaseOf(m, queueSpecs[queue].Key))
+		}
+	}
+	c.h.Add(op)
+	ab := Op{Kind: Abandon, Queue: queue, Client: c.name, RequestID: requestID, Start: time.Now()}
+	var a subjects.AbandonReply
+	ab.Outcome, ab.Code = c.call(subjects.OpAbandon, queue, subjects.AbandonRequest{RequestID: requestID}, &a)
+	ab.End, ab.Released = time.Now(), a.Released
+	c.h.Add(ab)
+	stats.add(func(s *runStats) {
+		s.abandons++
+		s.abandonedLeases += len(a.Released)
+	})
 }
 
 // dequeueRequest is a worker's dequeue: a batch of 1 to 3, a quarter of them filtered.

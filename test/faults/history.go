@@ -48,6 +48,8 @@ const (
 	// Reschedule is an operator's reschedule of a waiting message (MessageID): a new Priority, and
 	// with Delay > 0 invisible for that long.
 	Reschedule Kind = "reschedule"
+	// Abandon is a worker's abandon of its dequeue RequestID: the leases it took end, given back.
+	Abandon Kind = "abandon"
 )
 
 // Lease is one message leased by a dequeue, as its reply described it. Times come from the broker.
@@ -78,8 +80,9 @@ type Op struct {
 	Metadata    map[string]string
 	InvisibleMS int64
 
-	// Dequeue
+	// Dequeue, Abandon
 	RequestID string
+	Released  []string // OK abandons: the messages given back
 	Batch     int
 	Filter    map[string]string
 	Leases    []Lease // OK dequeues only
