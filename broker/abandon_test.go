@@ -4,7 +4,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -101,6 +103,16 @@ func TestAbandonBeforeItsDequeue(t *testing.T) {
 	}
 	if c := e.depth("q", nil); c.Pending != 1 {
 		t.Fatalf("depth %+v, want a pending", c)
+	}
+	// An id no dequeue brought is remembered for AbandonedIDWindow only: then it leases again.
+	e.abandon("q", "later")
+	e.advance(broker.AbandonedIDWindow - time.Millisecond)
+	if ms := e.dequeue("q", subjects.DequeueRequest{RequestID: "later"}); len(ms) != 0 {
+		t.Fatalf("a dequeue within the window of its abandon got %v", ids(ms))
+	}
+	e.advance(2 * time.Millisecond)
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "later"})); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("a dequeue past the window of its abandon got %v, want [a]", got)
 	}
 }
 

@@ -22,8 +22,9 @@ type waiter struct {
 }
 
 // dequeueRecord remembers what a dequeue with a request id leased, so a retry returns the same leases.
-// A record is kept up to five minutes (about 170 bytes, 300 with a settle), less once a lease of it
-// is used (forgetRequest) or when it is a settle's next that leased nothing (keepSettled). So what
+// A record is kept up to five minutes (about 190 bytes, 320 with a settle; an abandoned one 50 more),
+// less once a lease of it is used (forgetRequest) or when it is a settle's next that leased nothing
+// (keepSettled), unless it is abandoned (AbandonedIDWindow for one no dequeue brought). So what
 // only a retry racing the first dequeue needs is made for it: the channel it waits on (a channel
 // each took another 110 bytes).
 type dequeueRecord struct {
@@ -524,20 +525,7 @@ func (q *queue) abandon(ctx context.Context, r subjects.AbandonRequest) (subject
 		q.mu.Unlock()
 		return subjects.AbandonReply{}, err
 	}
-	now := q.now()
-	q.expireRequests(now)
-	rec := q.requests[r.RequestID]
-	if rec == nil {
-		rec = &dequeueRecord{}
-		q.remember(r.RequestID, rec, now)
-	}
-	if rec.gaveUp == nil {
-		rec.gaveUp = &abandoned{}
-	}
-	if rec.waiting != nil {
-		close(rec.waiting.ended)
-		rec.waiting = nil
-	}
+	rec := q.markAbandoned(r.RequestID, q.now())
 	q.mu.Unlock()
 	// The dequeue's leases, once it has finished (one served just as it was abandoned is), and
 	// any whose outcome was unknown is known.
@@ -555,13 +543,47 @@ func (q *queue) abandon(ctx context.Context, r subjects.AbandonRequest) (subject
 			return subjects.AbandonReply{}, err
 		}
 		q.mu.Lock()
-		rec.gaveUp.released = append(rec.gaveUp.released, h.e.ID)
+		if !slices.Contains(rec.gaveUp.released, h.e.ID) { // an abandon of the id at once released it too
+			rec.gaveUp.released = append(rec.gaveUp.released, h.e.ID)
+		}
 		q.mu.Unlock()
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return subjects.AbandonReply{RequestID: r.RequestID, Released: append([]string{}, rec.gaveUp.released...)}, nil
 }
+
+// markAbandoned marks request id abandoned, and ends its dequeue's long poll if it waits; it
+// returns the id's record. Called with q.mu held.
+func (q *queue) markAbandoned(id string, now int64) *dequeueRecord {
+	q.expireRequests(now)
+	rec := q.requests[id]
+	if rec == nil {
+		// No dequeue with the id here, or none the broker has read yet: the mark waits for it a
+		// while, not the whole window (any worker may abandon ids, none of which a dequeue sent).
+		rec = &dequeueRecord{}
+		q.remember(id, rec, now)
+		rec.until = min(rec.until, now+AbandonedIDWindow.Milliseconds())
+		heap.Fix(&q.reqEnds, rec.slot)
+	}
+	if rec.gaveUp == nil {
+		rec.gaveUp = &abandoned{}
+	}
+	if w := rec.waiting; w != nil {
+		close(w.ended)
+		rec.waiting = nil
+		// Served no more: a message that becomes pending before the poll's goroutine has
+		// noticed goes to the next waiter.
+		if i := slices.Index(q.waiters, w); i >= 0 {
+			q.waiters = slices.Delete(q.waiters, i, i+1)
+		}
+	}
+	return rec
+}
+
+// AbandonedIDWindow is how long an abandon of a request id no dequeue brought remembers it: the
+// dequeue it abandons may be on its way still, read after the abandon.
+const AbandonedIDWindow = 30 * time.Second
 
 // abandonedLease is the error the released events of the leases abandon gives back carry.
 const abandonedLease = "the dequeue was abandoned: its requester did not take its reply"

@@ -280,3 +280,37 @@ func TestAbandonAsThePollIsServed(t *testing.T) {
 		t.Fatalf("a after the abandon: %s at %d attempts, want pending with its attempt given back", e.State(), e.record().Attempts)
 	}
 }
+
+// TestAbandonedPollIsServedNoMore: the abandon of a parked long poll takes it out of the waiters
+// at once, so that a message pending before the poll's goroutine wakes goes to the next waiter,
+// not to the poll nobody reads.
+func TestAbandonedPollIsServedNoMore(t *testing.T) {
+	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	polled := make(chan []subjects.Message, 1)
+	go func() {
+		ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r", WaitMS: 60_000})
+		if err != nil {
+			t.Error(err)
+		}
+		polled <- ms
+	}()
+	if err := clk.WaitForTimers(ctx, 1); err != nil { // it is parked
+		t.Fatal(err)
+	}
+	q.mu.Lock()
+	if len(q.waiters) != 1 {
+		q.mu.Unlock()
+		t.Fatalf("%d waiters, want the poll", len(q.waiters))
+	}
+	rec := q.markAbandoned("r", q.now())
+	waiters := len(q.waiters)
+	q.mu.Unlock()
+	if waiters != 0 || rec.gaveUp == nil {
+		t.Fatalf("after the abandon's mark: %d waiters, mark %v; want none, marked", waiters, rec.gaveUp)
+	}
+	if ms := <-polled; len(ms) != 0 {
+		t.Fatalf("the abandoned poll got %v", ms)
+	}
+}

@@ -388,14 +388,16 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	}
 	var err error
 	d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
-	if err != nil && ctx.Err() != nil {
-		w.abandon(ctx, id) // the worker stops: the poll is left, and must lease nothing for it
-		return d, err
-	}
 	if unknownOutcome(err) && ctx.Err() == nil {
 		w.log.Warn("dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
 		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
 		d.retried = true
+	}
+	if err != nil && ctx.Err() != nil {
+		// The worker stops, and leaves the poll (the first try, or its retry): it must lease
+		// nothing for it, and give back what it leased.
+		w.abandon(ctx, id)
+		return d, err
 	}
 	// A try that reached no broker at all after one whose outcome is unknown (a broker stopping,
 	// the next not serving yet) leaves that outcome unknown: the id goes with the next poll.
@@ -414,7 +416,7 @@ func (w *Worker) abandon(ctx context.Context, id string) {
 	released, err := w.client.Abandon(ctx, w.cfg.Queue, id)
 	switch {
 	case err != nil:
-		w.log.Warn("the dequeue left at the stop was not abandoned: a message it leases stays running until its lease ends", "queue", w.cfg.Queue, "request_id", id, "error", err)
+		w.log.Warn("the abandon of the dequeue left at the stop was not confirmed: should it not have landed, a message the dequeue leases stays running until its lease ends", "queue", w.cfg.Queue, "request_id", id, "error", err)
 	case len(released) > 0:
 		w.log.Info("the dequeue left at the stop had leased messages: given back", "queue", w.cfg.Queue, "request_id", id, "messages", released)
 	}

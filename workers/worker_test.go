@@ -1225,6 +1225,49 @@ func TestWorkerStopAbandonsItsPolls(t *testing.T) {
 	}
 }
 
+// TestWorkerStopAbandonsARetriedPoll: a poll whose first try's outcome was unknown (the broker
+// answered unavailable, as one stopping does) is retried with its request id; a stop during that
+// retry abandons the id, as it would the first try.
+func TestWorkerStopAbandonsARetriedPoll(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	fake, space, reqs := fakeDequeues(t, srv, func(n int32) []byte {
+		if n == 1 {
+			return []byte(`{"error":{"code":"unavailable","message":"the broker stopped during the wait"}}`)
+		}
+		return nil // the retry waits, as a long poll at the next broker does
+	})
+	abandons, err := fake.SubscribeSync(space.Subject(subjects.OpAbandon, "q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Minute}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	first, retry := recv(t, reqs), recv(t, reqs)
+	if first.RequestID == "" || retry.RequestID != first.RequestID {
+		t.Fatalf("the retry's request id %q, the first's %q: want the same", retry.RequestID, first.RequestID)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(context.Background()) }()
+	m, err := abandons.NextMsg(waitTimeout)
+	if err != nil {
+		t.Fatalf("the stop abandoned nothing: %v", err)
+	}
+	if got := decode[subjects.AbandonRequest](t, m.Data); got.RequestID != first.RequestID {
+		t.Fatalf("the stop abandoned %q, want the retried poll's %q", got.RequestID, first.RequestID)
+	}
+	_ = m.Respond([]byte(`{"request_id":"` + first.RequestID + `","released":[]}`))
+	if err := recv(t, stopped); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestWorkerRetriedLeaseOlderThanALease: a dequeue id the broker kept answering unavailable for
 // longer than a lease, and that then leased: reckoned from its first try, the lease has ended
 // already, yet the broker holds it (it just said so). The worker extends it at once, whatever that

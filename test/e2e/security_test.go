@@ -247,7 +247,7 @@ func TestDocumentedPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Its stop abandoned the long poll it left (the abandon op is in the worker's permissions).
-	if err := ask(subjects.OpAbandon, `"request_id"`); err != nil || strings.Contains(loopLog.String(), "was not abandoned") {
+	if err := ask(subjects.OpAbandon, `"request_id"`); err != nil || strings.Contains(loopLog.String(), "abandon of the dequeue left at the stop was not confirmed") {
 		t.Fatalf("the worker loop's stop did not abandon its poll (%v):\n%s", err, loopLog.String())
 	}
 	forged := "natstone.events.jobs.completed.Zm9yZ2Vk"
