@@ -360,6 +360,30 @@ async function run(nc, q) {
   await ok(nc, "delete", nq);
   done("complete with next leased n-2 with its payload; release with next found nothing; next with wait_ms: out_of_range");
 
+  step("abandon a long poll");
+  const aq = `${q}-abandon`;
+  await ok(nc, "create", aq, {});
+  // A long poll the client gives up on: it is abandoned with its request_id, and ends at once, empty.
+  // (The broker may read the abandon before the poll: the poll then leases nothing, and ends at once
+  // all the same. A poll left waiting would fail the request's timeout, far shorter than its wait.)
+  const polling = call(nc, "dequeue", aq, { wait_ms: 60000, request_id: "js-poll-1" });
+  let ab = await ok(nc, "abandon", aq, { request_id: "js-poll-1" });
+  eq([ab.request_id, ab.released], ["js-poll-1", []], "abandon of a waiting poll: its id, nothing given back");
+  const polled = await polling;
+  eq([polled.error ?? null, polled.body.messages], [null, []], "the abandoned poll: answered empty");
+  await ok(nc, "enqueue", aq, { id: "a-1", payload: "for the next worker" });
+  dq = await ok(nc, "dequeue", aq, { request_id: "js-poll-1" });
+  eq(dq.messages, [], "a dequeue with the abandoned id leases nothing");
+  // A dequeue whose reply the client did not take: the abandon gives its lease back, attempt refunded.
+  await ok(nc, "dequeue", aq, { request_id: "js-poll-2" });
+  ab = await ok(nc, "abandon", aq, { request_id: "js-poll-2" });
+  eq(ab.released, ["a-1"], "abandon of an answered dequeue: a-1 given back");
+  m = await ok(nc, "get", aq, { id: "a-1" });
+  eq([m.state, m.attempts], ["pending", 0], "a-1 after the abandon: pending, its attempt given back");
+  await expectError(nc, "abandon", aq, {}, "bad_request", 400);
+  await ok(nc, "delete", aq);
+  done("a waiting poll ended empty; its id leases nothing after; an answered dequeue's lease given back with its attempt; no request_id: bad_request");
+
   step("release with an error, history, retry");
   const rq = `${q}-retry`;
   await ok(nc, "create", rq, { max_attempts: 3 });
