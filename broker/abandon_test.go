@@ -149,3 +149,25 @@ func TestAbandonBadRequests(t *testing.T) {
 		t.Fatalf("a dequeue with the id of a refused abandon got %v, want [a]", got)
 	}
 }
+
+// TestAbandonFreesTheSlots: what an abandon gives back frees what its lease held: the value of an
+// exclusive queue, and a place under max_running.
+func TestAbandonFreesTheSlots(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunning: 1})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "a1", Priority: ptr[int64](1), Metadata: map[string]string{"p": "a"}})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "a2", Priority: ptr[int64](2), Metadata: map[string]string{"p": "a"}})
+	if got := ids(e.dequeue("x", subjects.DequeueRequest{RequestID: "r"})); !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("dequeued %v, want [a1]", got)
+	}
+	if ms := e.dequeue("x", subjects.DequeueRequest{}); len(ms) != 0 {
+		t.Fatalf("a second dequeue while a1 runs got %v", ids(ms))
+	}
+	if released := e.abandon("x", "r"); !slices.Equal(released, []string{"a1"}) {
+		t.Fatalf("the abandon gave back %v, want [a1]", released)
+	}
+	if got := ids(e.dequeue("x", subjects.DequeueRequest{})); !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("the dequeue after the abandon got %v, want a1: value a and the queue's one place free again", got)
+	}
+}
