@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -249,17 +250,7 @@ func TestAbandonAsThePollIsServed(t *testing.T) {
 			abandoned <- r
 		}()
 	}
-	polled := make(chan []subjects.Message, 1)
-	go func() {
-		ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r", WaitMS: 60_000})
-		if err != nil {
-			t.Error(err)
-		}
-		polled <- ms
-	}()
-	if err := clk.WaitForTimers(ctx, 1); err != nil { // it is parked
-		t.Fatal(err)
-	}
+	polled := parkedPoll(ctx, t, clk, q, "r")
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -288,17 +279,7 @@ func TestAbandonedPollIsServedNoMore(t *testing.T) {
 	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	polled := make(chan []subjects.Message, 1)
-	go func() {
-		ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r", WaitMS: 60_000})
-		if err != nil {
-			t.Error(err)
-		}
-		polled <- ms
-	}()
-	if err := clk.WaitForTimers(ctx, 1); err != nil { // it is parked
-		t.Fatal(err)
-	}
+	polled := parkedPoll(ctx, t, clk, q, "r")
 	q.mu.Lock()
 	if len(q.waiters) != 1 {
 		q.mu.Unlock()
@@ -313,4 +294,22 @@ func TestAbandonedPollIsServedNoMore(t *testing.T) {
 	if ms := <-polled; len(ms) != 0 {
 		t.Fatalf("the abandoned poll got %v", ms)
 	}
+}
+
+// parkedPoll starts a long poll of q with request id id, and returns once it is parked: its reply
+// comes on the channel.
+func parkedPoll(ctx context.Context, t *testing.T, clk *clock.Fake, q *queue, id string) <-chan []subjects.Message {
+	t.Helper()
+	polled := make(chan []subjects.Message, 1)
+	go func() {
+		ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: id, WaitMS: 60_000})
+		if err != nil {
+			t.Error(err)
+		}
+		polled <- ms
+	}()
+	if err := clk.WaitForTimers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return polled
 }
