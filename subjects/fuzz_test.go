@@ -164,6 +164,9 @@ func FuzzDecode(f *testing.F) {
 		`{"overlap":1}`,
 		`{"name":"s","note":"db migration"}`,
 		`{"name":"s","id":"by-hand"}`,
+		`{"name":"s","id":""}`,
+		`{"name":"s","id":null}`,
+		`{"request_id":"r"}`,
 		`{"note":null,"id":7}`,
 		`{"id":"m","priority":-9223372036854775808,"payload":"héllo ✓","metadata":{"k":"v"},"invisible_ms":1,"lease_ms":2}`,
 		`{"payload_base64":"AP8="}`,
@@ -237,6 +240,22 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("%T from %q: second round trip differs:\n %+v\n %+v", v1, data, v2, v3)
 			}
 		}
+		// schedule_fire's decoder is Decode but for an id given empty, which is invalid_id.
+		fire, ferr := subjects.DecodeScheduleFire(data)
+		var plain subjects.ScheduleFireRequest
+		perr := subjects.Decode(data, &plain)
+		switch {
+		case perr != nil:
+			if subjects.CodeOf(ferr) != subjects.CodeOf(perr) {
+				t.Fatalf("DecodeScheduleFire(%q) = %v, Decode %v", data, ferr, perr)
+			}
+		case ferr == nil:
+			if fire != plain {
+				t.Fatalf("DecodeScheduleFire(%q) = %+v, Decode %+v", data, fire, plain)
+			}
+		case subjects.CodeOf(ferr) != subjects.CodeInvalidID || plain.ID != "":
+			t.Fatalf("DecodeScheduleFire(%q) refused %+v, which Decode took: %v", data, plain, ferr)
+		}
 	})
 }
 
@@ -288,9 +307,10 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 		if !bytes.Equal(body, bodyCopy) {
 			t.Fatalf("DecodeRawEnqueue modified the body")
 		}
-		emptyID := present&rawID != 0 && id == "" // invalid_id: omit the header for a generated id
+		// invalid_id: omit the header for a generated id; white space at its end is not kept.
+		badID := present&rawID != 0 && (id == "" || strings.TrimRight(id, " \t") != id)
 		if err != nil {
-			if c := subjects.CodeOf(err); c != subjects.CodeBadRequest && (c != subjects.CodeInvalidID || !emptyID) {
+			if c := subjects.CodeOf(err); c != subjects.CodeBadRequest && (c != subjects.CodeInvalidID || !badID) {
 				t.Fatalf("DecodeRawEnqueue: code %q: %v", c, err)
 			}
 		} else {
@@ -308,7 +328,7 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 		}
 
 		// Canonical keys: the result must be exactly what each header says.
-		wantErr := emptyID
+		wantErr := badID
 		wantInt := func(bit uint8, v string) *int64 {
 			if present&bit == 0 {
 				return nil
