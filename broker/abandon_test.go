@@ -171,3 +171,25 @@ func TestAbandonFreesTheSlots(t *testing.T) {
 		t.Fatalf("the dequeue after the abandon got %v, want a1: value a and the queue's one place free again", got)
 	}
 }
+
+// TestAbandonNearTheWindowsEnd: an abandon near the end of its id's window still marks the id for
+// AbandonedIDWindow from the abandon.
+func TestAbandonNearTheWindowsEnd(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{LeaseMS: 3_600_000})
+	e.enqueueInOrder("q", "a")
+	e.dequeue("q", subjects.DequeueRequest{RequestID: "r"})
+	e.advance(broker.RequestIDWindow - 10*time.Second)
+	if released := e.abandon("q", "r"); !slices.Equal(released, []string{"a"}) {
+		t.Fatalf("the abandon gave back %v, want [a]", released)
+	}
+	e.advance(20 * time.Second) // past the window of the dequeue, within the abandon's
+	if ms := e.dequeue("q", subjects.DequeueRequest{RequestID: "r"}); len(ms) != 0 {
+		t.Fatalf("a dequeue with the id %v after its abandon got %v", 20*time.Second, ids(ms))
+	}
+	e.advance(broker.AbandonedIDWindow)
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{RequestID: "r"})); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("a dequeue with the id past the abandon's window got %v, want [a]", got)
+	}
+}

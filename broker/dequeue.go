@@ -558,12 +558,18 @@ func (q *queue) abandon(ctx context.Context, r subjects.AbandonRequest) (subject
 func (q *queue) markAbandoned(id string, now int64) *dequeueRecord {
 	q.expireRequests(now)
 	rec := q.requests[id]
-	if rec == nil {
+	switch least := now + AbandonedIDWindow.Milliseconds(); {
+	case rec == nil:
 		// No dequeue with the id here, or none the broker has read yet: the mark waits for it a
 		// while, not the whole window (any worker may abandon ids, none of which a dequeue sent).
 		rec = &dequeueRecord{}
 		q.remember(id, rec, now)
-		rec.until = min(rec.until, now+AbandonedIDWindow.Milliseconds())
+		rec.until = least
+		heap.Fix(&q.reqEnds, rec.slot)
+	case rec.until < least:
+		// Near its end (a settle's next that leased nothing is kept only a minute past the
+		// settled lease): the mark still lasts as long as for an id the queue did not know.
+		rec.until = least
 		heap.Fix(&q.reqEnds, rec.slot)
 	}
 	if rec.gaveUp == nil {
@@ -581,8 +587,9 @@ func (q *queue) markAbandoned(id string, now int64) *dequeueRecord {
 	return rec
 }
 
-// AbandonedIDWindow is how long an abandon of a request id no dequeue brought remembers it: the
-// dequeue it abandons may be on its way still, read after the abandon.
+// AbandonedIDWindow is how long an abandon of a request id no dequeue brought remembers it (and the
+// least it remembers any id it marks): the dequeue it abandons may be on its way still, read after
+// the abandon.
 const AbandonedIDWindow = 30 * time.Second
 
 // abandonedLease is the error the released events of the leases abandon gives back carry.
