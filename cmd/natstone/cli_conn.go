@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -230,6 +231,8 @@ func describeError(err error, conn *cliConn) string {
 		return fmt.Sprintf("natstone: no natstone broker answers%s (%v)", where, nats.ErrNoResponders)
 	case errors.Is(err, nats.ErrTimeout):
 		return fmt.Sprintf("natstone: no reply in time%s; a write may still have been carried out (a retry is safe, but for an enqueue without --id or a dequeue without --request-id) (%v)", where, nats.ErrTimeout)
+	case errors.Is(err, context.Canceled):
+		return "natstone: interrupted before the reply came; a write may still have been carried out (a retry is safe, but for an enqueue without --id or a dequeue without --request-id)"
 	}
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "natstone: ") {
