@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/natstone/natstone/subjects"
@@ -27,14 +28,17 @@ func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // runGroup is "natstone <group>", a command of commands (queue, schedule): it dispatches args to
 // the one args[0] names.
 func runGroup(ctx context.Context, group string, cmds []command, args []string, stdout, stderr io.Writer) int {
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
+		names[i] = c.name
+	}
 	if len(args) == 0 {
-		fmt.Fprintf(stderr, "natstone %s: missing command\n\n", group)
-		groupUsage(stderr, group, cmds)
+		reportUsage(stderr, "natstone "+group, "missing command: one of "+strings.Join(names, ", "))
 		return exitUsage
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
-		groupUsage(stderr, group, cmds) // "natstone help <group>" passes stdout here
+		groupUsage(stdout, group, cmds)
 		return exitOK
 	}
 	for _, c := range cmds {
@@ -42,8 +46,7 @@ func runGroup(ctx context.Context, group string, cmds []command, args []string, 
 			return c.run(ctx, args[1:], stdout, stderr)
 		}
 	}
-	fmt.Fprintf(stderr, "natstone %s: unknown command %q\n\n", group, args[0])
-	groupUsage(stderr, group, cmds)
+	reportUsage(stderr, "natstone "+group, fmt.Sprintf("unknown command %q: one of %s", args[0], strings.Join(names, ", ")))
 	return exitUsage
 }
 

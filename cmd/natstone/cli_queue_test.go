@@ -132,10 +132,11 @@ func TestCLIQueueUsage(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		code int
-		want string // in stderr, or in stdout for "help"
+		want string // in stderr, or in stdout for help
 	}{
 		{[]string{"queue"}, exitUsage, "missing command"},
-		{[]string{"queue", "frob"}, exitUsage, `unknown command "frob"`},
+		{[]string{"queue", "frob"}, exitUsage, `unknown command "frob": one of create, ls, info, update, rm`},
+		{[]string{"frob"}, exitUsage, `unknown command "frob"`},
 		{[]string{"queue", "-h"}, exitOK, "Usage: natstone queue <command>"},
 		{[]string{"help", "queue"}, exitOK, "Exit codes:"},
 		{[]string{"help", "queue", "create"}, exitOK, "--max-attempts"},
@@ -152,7 +153,9 @@ func TestCLIQueueUsage(t *testing.T) {
 		r := runCLI(t, cliOpts{}, tc.args...)
 		out := r.stderr
 		if tc.code == exitOK {
-			out = r.stdout + r.stderr // -h writes to stderr, "help" to stdout
+			out = r.stdout // help, -h and "help" alike, for a pager
+		} else if n := strings.Count(r.stderr, "\n"); n > 2 {
+			t.Errorf("natstone %s: %d lines on stderr, want the error and where the help is:\n%s", strings.Join(tc.args, " "), n, r.stderr)
 		}
 		if r.code != tc.code || !strings.Contains(out, tc.want) {
 			t.Errorf("natstone %s: exit %d, stdout %q, stderr %q; want exit %d with %q",

@@ -85,8 +85,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return c.run(ctx, rest, stdout, stderr)
 		}
 	}
-	fmt.Fprintf(stderr, "natstone: unknown command %q\n\n", name)
-	usage(stderr)
+	fmt.Fprintf(stderr, "natstone: unknown command %q\nRun 'natstone help' for the commands.\n", name)
 	return exitUsage
 }
 
@@ -109,8 +108,7 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, "Usage: natstone version\n\nPrints natstone's version and the Go version it was built with. Exits 0.\n")
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "natstone: unknown help topic %q\n\n", args[0])
-	usage(stderr)
+	fmt.Fprintf(stderr, "natstone: unknown help topic %q\nRun 'natstone help' for the commands.\n", args[0])
 	return exitUsage
 }
 
