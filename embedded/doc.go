@@ -19,4 +19,8 @@
 //     program that serves on must watch it, as `natstone serve` does.
 //   - Start's ctx bounds the broker's start (its claim and recovery); the nats-server's own start,
 //     which recovers the JetStream store, runs to its end once begun.
+//   - nats-server links the Antithesis SDK (test-harness instrumentation that does nothing outside
+//     Antithesis). natstone's own binary builds against its no-op variant through a replace in
+//     natstone's go.mod, which does not apply to a program that imports natstone: build that with
+//     `-tags no_antithesis_sdk`, or add the same replace to its go.mod, to leave the SDK out.
 package embedded

@@ -975,3 +975,42 @@ func TestClientRequestOverMaxPayload(t *testing.T) {
 		t.Fatalf("the queue after the refused enqueue: %v, want none made", err)
 	}
 }
+
+// TestClientDequeueAbandonsALongPollItsContextEnds: a long poll without a request id that its
+// context ends before the reply is abandoned: a message enqueued after is not leased to it (to stay
+// running, unprocessed) but to the next dequeue.
+func TestClientDequeueAbandonsALongPollItsContextEnds(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	abandons := e.count(subjects.OpAbandon, "q")
+	short, cancel := context.WithTimeout(ctx(t), 200*time.Millisecond)
+	defer cancel()
+	if _, err := e.c.Dequeue(short, "q", &workers.DequeueOpts{Wait: time.Minute}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the long poll: %v, want its context's end", err)
+	}
+	if n := abandons.n(t); n != 1 {
+		t.Fatalf("%d abandons, want the poll's", n)
+	}
+	e.enqueue("q", "after", &workers.EnqueueOpts{ID: "m"})
+	ms, err := e.c.Dequeue(ctx(t), "q", nil)
+	if err != nil || len(ms) != 1 || ms[0].ID != "m" || ms[0].Attempts != 1 {
+		t.Fatalf("the next dequeue: %+v, %v; want m at its first attempt", ms, err)
+	}
+}
+
+// TestWorkerStartsOnlyAsMade: a Worker not made with NewWorker, or one stopped, does not start,
+// and says why.
+func TestWorkerStartsOnlyAsMade(t *testing.T) {
+	t.Parallel()
+	var zero workers.Worker
+	if err := zero.Start(ctx(t)); err == nil || !strings.Contains(err.Error(), "NewWorker") {
+		t.Fatalf("a zero Worker's Start: %v, want it refused", err)
+	}
+	e := setup(t)
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q", PollWait: time.Minute}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	stop(t, w)
+	if err := w.Start(ctx(t)); err == nil || !strings.Contains(err.Error(), "stopped") {
+		t.Fatalf("Start after Stop: %v, want it refused as stopped", err)
+	}
+}

@@ -26,13 +26,19 @@
 //			return send(ctx, job.Payload) // nil: completed; error: retried later; workers.Discard(err): canceled
 //		}))
 //	w.Start(ctx)
-//	defer w.Stop(ctx) // lets running handlers finish until ctx is done
+//	defer func() { // on the way out: running handlers get 30 s to finish
+//		stop, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+//		defer cancel()
+//		w.Stop(stop)
+//	}()
 //
 // Errors the broker replies with are [*APIError] values that match the Err… sentinels with
 // errors.Is (errors.Is(err, workers.ErrLeaseExpired)); transport errors wrap nats.go's
 // (nats.ErrTimeout, and nats.ErrNoResponders when no broker is running for the prefix).
 //
-// Durations are time.Duration here and whole milliseconds on the wire: they are rounded down.
+// Durations given are time.Duration here and whole milliseconds on the wire: they are rounded
+// down. Replies are the protocol's own types (package subjects), with durations in milliseconds
+// (QueueInfo.Config.LeaseMS, StatsReply.OldestPendingMS), as on the wire.
 // The package never imports nats-server: a program embeds the server itself if it wants one
 // (see the Embedded example).
 package workers

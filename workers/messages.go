@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -216,18 +217,35 @@ type DequeueOpts struct {
 // Each message is running under the returned LeaseID until Complete, Release, Cancel or the lease's
 // end. Errors: ErrQueueNotFound, ErrQueueBlocked, ErrOutOfRange, ErrInvalidMetadata, ErrBadRequest
 // (a bad RequestID).
+//
+// A long poll (opts.Wait > 0) that ctx ends before its reply goes on at the broker, which would
+// lease it a message nobody then runs. Given no RequestID, Dequeue makes one up, and abandons the
+// poll with it (Abandon, a try of at most a second) when ctx ends first. Given one, the caller
+// decides: send the dequeue again with it to get its leases back, or Abandon it.
 func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) ([]Message, error) {
 	req := opts.request()
+	madeID := req.WaitMS > 0 && req.RequestID == ""
+	if madeID {
+		req.RequestID = nuid.Next()
+	}
 	body, err := encodeRequest(subjects.OpDequeue, queue, req)
 	if err != nil {
 		return nil, err
 	}
 	var r subjects.DequeueReply
 	if err := c.send(ctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
+		if madeID && ctx.Err() != nil {
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+			_, _ = c.Abandon(actx, queue, req.RequestID) // best effort: the caller has ctx's error
+			cancel()
+		}
 		return nil, err
 	}
 	return newMessages(r.Messages), nil
 }
+
+// abandonTimeout bounds the abandon of a long poll that the caller's context ended.
+const abandonTimeout = time.Second
 
 // Abandon ends the dequeue of queue sent with requestID, for a caller that gave up on its reply (its
 // context ended during a long poll, say): a poll still waiting at the broker ends, leasing nothing;
@@ -452,7 +470,7 @@ func (c *Client) Reschedule(ctx context.Context, queue, id string, opts Reschedu
 }
 
 // Get returns the message id of queue, with its payload, in any state until it is garbage-collected.
-// Errors: ErrMessageNotFound, ErrInvalidID.
+// Errors: ErrMessageNotFound, ErrInvalidID, ErrQueueNotFound.
 func (c *Client) Get(ctx context.Context, queue, id string) (Message, error) {
 	return c.leaseOp(ctx, subjects.OpGet, queue, subjects.GetRequest{ID: id})
 }

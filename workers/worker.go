@@ -178,7 +178,12 @@ func (cfg *WorkerConfig) validate() error {
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.started {
+	switch {
+	case w.client == nil:
+		return errors.New("natstone: worker not made with NewWorker")
+	case w.started && isClosed(w.done):
+		return errors.New("natstone: worker stopped: a Worker runs once; make another with NewWorker")
+	case w.started:
 		return errors.New("natstone: worker already started")
 	}
 	w.started = true
@@ -405,6 +410,16 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 		d.uncertain = requestTry{id: id, sent: d.sent}
 	}
 	return d, err
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // abandon ends the dequeue with request id id that the worker left as it stopped (Client.Abandon),
