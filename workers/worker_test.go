@@ -713,6 +713,13 @@ func fakeDequeues(t *testing.T, srv *natstest.Server, answer func(n int32) []byt
 // subscriptions in place.
 func workerOnFake(t *testing.T, srv *natstest.Server, fake *nats.Conn, timeout time.Duration, h workers.HandlerFunc) {
 	t.Helper()
+	startWorker(t, clientOnFake(t, srv, fake, timeout), &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, h)
+}
+
+// clientOnFake returns a client whose requests time out after timeout (0: the default), once fake,
+// the fake broker's connection, has its subscriptions in place.
+func clientOnFake(t *testing.T, srv *natstest.Server, fake *nats.Conn, timeout time.Duration) *workers.Client {
+	t.Helper()
 	if err := fake.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -720,7 +727,7 @@ func workerOnFake(t *testing.T, srv *natstest.Server, fake *nats.Conn, timeout t
 	if err != nil {
 		t.Fatal(err)
 	}
-	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond}, h)
+	return c
 }
 
 // leasedReply is a broker's dequeue reply, for a fake broker: message m of queue q, leased as L at
@@ -1241,13 +1248,7 @@ func TestWorkerStopAbandonsARetriedPoll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := workers.NewClient(srv.Connect(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := clientOnFake(t, srv, fake, 0)
 	w := startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Minute}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
 	first, retry := recv(t, reqs), recv(t, reqs)
 	if first.RequestID == "" || retry.RequestID != first.RequestID {
@@ -1352,13 +1353,7 @@ func TestWorkerKeepsAnUncertainDequeueIDWithoutABroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := workers.NewClient(srv.Connect(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := clientOnFake(t, srv, fake, 0)
 	failed := &lineSignal{want: "dequeue failed", seen: make(chan struct{}, 1)}
 	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: slog.New(slog.NewTextHandler(failed, nil))},
 		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
