@@ -300,7 +300,7 @@ func eventOf(e *pendingEvent) subjects.Event {
 	case subjects.EventLeased:
 		ev.RequestID = r.RequestID
 		ev.Worker = e.worker
-	case subjects.EventReleased, subjects.EventErrored:
+	case subjects.EventReleased, subjects.EventErrored, subjects.EventCanceled:
 		ev.Error = e.err
 	case subjects.EventCollected:
 		ev.State = ""

@@ -224,6 +224,9 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if r.Version != 0 {
 			return nil, subjects.Errorf(subjects.CodeBadRequest, "complete takes no version: its lease_id fences it")
 		}
+		if r.Error != "" {
+			return nil, subjects.Errorf(subjects.CodeBadRequest, "complete takes no error: a release or a cancel says why")
+		}
 		return q.andNext(ctx, settleKey{op: subjects.OpComplete, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.complete(ctx, r) })
 	case subjects.OpExtend:
 		var r subjects.ExtendRequest

@@ -198,9 +198,13 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 // cancel moves a message that is not terminal to canceled. With a lease id it is the lease holder's
 // cancel, fenced like complete: the lease must be the current, unexpired one (a holder whose lease
 // ran out must not cancel a message that is pending again for someone else). Without one it is
-// unconditional (an operator's). With a version it cancels the message only at that version.
-// Canceling a canceled message succeeds and writes nothing.
+// unconditional (an operator's). With a version it cancels the message only at that version. Its
+// canceled event carries req.Error, why. Canceling a canceled message succeeds and writes nothing
+// (its error is not kept).
 func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects.Message, error) {
+	if err := subjects.ValidateError(req.Error); err != nil {
+		return subjects.Message{}, err
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	e, err := q.find(ctx, req.ID)
@@ -231,7 +235,7 @@ func (q *queue) cancel(ctx context.Context, req subjects.LeaseRequest) (subjects
 			return q.view(e), err
 		}
 	}
-	return q.transition(e, func(r *kv.Record, _ int64) {
+	return q.transitionWith(&change{e: e, failure: req.Error}, func(r *kv.Record, _ int64) {
 		r.State = subjects.StateCanceled
 		if req.LeaseID != "" {
 			usedLease(r)

@@ -461,6 +461,36 @@ func TestReleaseErrorInHistory(t *testing.T) {
 	}
 }
 
+// TestCancelErrorInHistory: a cancel's error says why in its canceled event, a holder's and an
+// operator's alike (at a version too); one too long is refused and writes nothing, as is an error
+// on a complete; a cancel again keeps the first event.
+func TestCancelErrorInHistory(t *testing.T) {
+	e := setup(t)
+	e.enqueueInOrder("q", "held", "waiting", "versioned")
+	m := e.dequeueOne("q")
+	before := e.snap()
+	fails(e, subjects.CodeBadRequest, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "held", LeaseID: m.LeaseID, Error: strings.Repeat("e", subjects.MaxErrorLen+1)})
+	fails(e, subjects.CodeBadRequest, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "held", LeaseID: m.LeaseID, Error: "done"})
+	e.unchanged(before)
+
+	const why = "malformed payload:\n\tline 3"
+	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "held", LeaseID: m.LeaseID, Error: why})
+	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "held", LeaseID: m.LeaseID, Error: "again"})
+	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "waiting", Error: "the operator's"})
+	v := e.get("q", "versioned").Version
+	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "versioned", Version: v, Error: "at its version"})
+	for id, want := range map[string]string{"held": why, "waiting": "the operator's", "versioned": "at its version"} {
+		h := e.history("q", id)
+		last := h.Events[len(h.Events)-1]
+		if last.Kind != subjects.EventCanceled || last.Error != want {
+			t.Errorf("%s's last event: %s with error %q, want canceled with %q", id, last.Kind, last.Error, want)
+		}
+		if n := len(h.Events); id == "held" && n != 3 {
+			t.Errorf("held has %d events, want enqueued, leased, canceled (the cancel again writes none)", n)
+		}
+	}
+}
+
 // TestEventsConfigErrors: New refuses an events bound it cannot honour.
 func TestEventsConfigErrors(t *testing.T) {
 	srv := natstest.Start(t, nil)

@@ -197,6 +197,7 @@ type LeaseRequest struct {
 	ID      string          `json:"id"`
 	LeaseID string          `json:"lease_id,omitempty"`
 	Version uint64          `json:"version,omitempty"` // cancel only: cancel the message only at this version
+	Error   string          `json:"error,omitempty"`   // cancel only: why, for its canceled event (at most MaxErrorLen bytes)
 	Next    *DequeueRequest `json:"next,omitempty"`    // a dequeue to run once the message is settled (see SettleReply)
 }
 

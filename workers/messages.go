@@ -397,6 +397,27 @@ func (c *Client) Cancel(ctx context.Context, queue, id, leaseID string) (Message
 	return c.leaseOp(ctx, subjects.OpCancel, queue, subjects.LeaseRequest{ID: id, LeaseID: leaseID})
 }
 
+// CancelOpts are the options of CancelWith.
+type CancelOpts struct {
+	// Version cancels the message only at this version, as CancelAt does (an operator's cancel:
+	// not with a leaseID).
+	Version uint64
+	// Error says why: the message's canceled event carries it, and History shows it. At most
+	// subjects.MaxErrorLen bytes of UTF-8 (FailureText makes one of an error).
+	Error string
+}
+
+// CancelWith is Cancel, or CancelAt with opts.Version, with opts (given both a leaseID and a
+// Version, both must hold). Errors: as those, and ErrBadRequest for an Error too long or not
+// UTF-8.
+func (c *Client) CancelWith(ctx context.Context, queue, id, leaseID string, opts *CancelOpts) (Message, error) {
+	r := subjects.LeaseRequest{ID: id, LeaseID: leaseID}
+	if opts != nil {
+		r.Version, r.Error = opts.Version, opts.Error
+	}
+	return c.leaseOp(ctx, subjects.OpCancel, queue, r)
+}
+
 // CancelAt is an operator's cancel of message id only at version: the message the caller looked
 // at (from Get or Browse), so that a cancel decided on what it was never ends what it became. A
 // message canceled since (this cancel, sent again) is left as it is, and CancelAt succeeds.

@@ -626,8 +626,9 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		})
 	case errors.Is(err, ErrDiscard):
 		log.Info("handler discarded the message", "error", err)
+		why := FailureText(err) // its history says why
 		w.finish(jobCtx, "cancel", expires, log, func(ctx context.Context) error {
-			_, err := w.client.Cancel(ctx, job.Queue, job.ID, job.LeaseID)
+			_, err := w.client.CancelWith(ctx, job.Queue, job.ID, job.LeaseID, &CancelOpts{Error: why})
 			return err
 		})
 	case hctx.Err() != nil && !errors.Is(context.Cause(hctx), ErrHandlerTimeout):

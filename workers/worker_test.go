@@ -297,6 +297,16 @@ func TestWorkerDiscard(t *testing.T) {
 	if n := releases.n(t); n != 0 {
 		t.Fatalf("%d releases, want none", n)
 	}
+	// The canceled event says why (the events are stored a moment after the transition).
+	const why = "giving up: natstone: discard message: malformed"
+	waitFor(t, "wrapped's canceled event with the handler's error", func() bool {
+		hist, err := e.c.History(ctx(t), "q", "wrapped", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := hist.Events[len(hist.Events)-1]
+		return last.Kind == subjects.EventCanceled && last.Error == why
+	})
 	err := workers.Discard(errors.New("why"))
 	if !errors.Is(err, workers.ErrDiscard) || err.Error() != "natstone: discard message: why" {
 		t.Fatalf("Discard(why) = %v", err)

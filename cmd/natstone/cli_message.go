@@ -255,7 +255,8 @@ func runCancel(ctx context.Context, args []string, stdout, stderr io.Writer) int
 Cancels message ID unless it is finished. With LEASE it is the lease holder's cancel, which fails
 like complete when the lease is stale; without it, it is an operator's, unconditional unless
 --version is given: then only while the message is at that version (revision_mismatch if it
-changed since). Canceling a canceled message succeeds.
+changed since). --error says why: the message's history shows it. Canceling a canceled message
+succeeds.
 
 With --state instead of ID, cancels the queue's messages in that state (pending, invisible or
 running; those with every --filter pair), at most --limit of them, in the order messages lists
@@ -269,6 +270,7 @@ to be run again. --json prints {"canceled": [ids], "skipped": [{"id", "code", "e
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "with --state: only messages with metadata `key=value`, repeatable (all must match)")
 	limit := integer(c, "limit", subjects.MaxBrowseLimit, "with --state: cancel at most `n` messages (1 to 1000)")
+	why := c.fs.String("error", "", "why: the canceled event carries this `text` (history shows it; at most 1024 bytes)")
 	pos, err := c.parse(args, 1, 3)
 	if err != nil {
 		return parseExit(err)
@@ -297,21 +299,16 @@ to be run again. --json prints {"canceled": [ids], "skipped": [{"id", "code", "e
 		return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
 			sum := &bulkSummary{verb: "canceled", listed: listed}
 			return c.bulk(ctx, conn, pos[0], filter, *limit, sum, func(m *workers.Message) (workers.Message, error) {
-				return conn.client.CancelAt(ctx, pos[0], m.ID, m.Version)
+				return conn.client.CancelWith(ctx, pos[0], m.ID, "", &workers.CancelOpts{Version: m.Version, Error: *why})
 			})
 		})
 	}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
-		var m workers.Message
-		var err error
-		switch {
-		case len(pos) == 3:
-			m, err = conn.client.Cancel(ctx, pos[0], pos[1], pos[2])
-		case given["version"]:
-			m, err = conn.client.CancelAt(ctx, pos[0], pos[1], *version)
-		default:
-			m, err = conn.client.Cancel(ctx, pos[0], pos[1], "")
+		lease := ""
+		if len(pos) == 3 {
+			lease = pos[2]
 		}
+		m, err := conn.client.CancelWith(ctx, pos[0], pos[1], lease, &workers.CancelOpts{Version: *version, Error: *why})
 		if err != nil {
 			return err
 		}

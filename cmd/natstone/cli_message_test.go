@@ -235,11 +235,24 @@ func TestCLIMessageRoundTrip(t *testing.T) {
 	if m.State != subjects.StateCanceled {
 		t.Fatalf("cancel with lease: %+v", m)
 	}
-	r = cli(t, url, "cancel", "jobs", "m2", "--json")
+	r = cli(t, url, "cancel", "jobs", "m2", "--error", "a duplicate of m1", "--json")
 	r.ok(t)
 	r.decode(t, &m)
 	if m.State != subjects.StateCanceled || m.EndedAt == nil {
 		t.Fatalf("cancel without lease: %+v", m)
+	}
+	// Its history says why (the events are stored a moment after the transition).
+	for deadline := time.Now().Add(10 * time.Second); ; <-time.After(20 * time.Millisecond) {
+		var h subjects.HistoryReply
+		r := cli(t, url, "history", "jobs", "m2", "--json")
+		r.ok(t)
+		r.decode(t, &h)
+		if last := h.Events[len(h.Events)-1]; last.Kind == subjects.EventCanceled && last.Error == "a duplicate of m1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("m2's history: %+v, want its canceled event with the cancel's --error", h.Events)
+		}
 	}
 
 	// get: every message, in its final state.
