@@ -473,13 +473,18 @@ func TestCancelErrorInHistory(t *testing.T) {
 	fails(e, subjects.CodeBadRequest, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "held", LeaseID: m.LeaseID, Error: "done"})
 	e.unchanged(before)
 
+	// At the limit: accepted (a cancel of a message of its own, "limit").
+	e.enqueue("q", subjects.EnqueueRequest{ID: "limit"})
+	atLimit := strings.Repeat("é", subjects.MaxErrorLen/2)
+	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "limit", Error: atLimit})
+
 	const why = "malformed payload:\n\tline 3"
 	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "held", LeaseID: m.LeaseID, Error: why})
 	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "held", LeaseID: m.LeaseID, Error: "again"})
 	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "waiting", Error: "the operator's"})
 	v := e.get("q", "versioned").Version
 	must[subjects.Message](e, subjects.OpCancel, "q", subjects.LeaseRequest{ID: "versioned", Version: v, Error: "at its version"})
-	for id, want := range map[string]string{"held": why, "waiting": "the operator's", "versioned": "at its version"} {
+	for id, want := range map[string]string{"held": why, "waiting": "the operator's", "versioned": "at its version", "limit": atLimit} {
 		h := e.history("q", id)
 		last := h.Events[len(h.Events)-1]
 		if last.Kind != subjects.EventCanceled || last.Error != want {

@@ -507,7 +507,8 @@ func printable(s string) bool {
 	return true
 }
 
-// ValidateError checks a release's error: why the attempt failed (empty means not said). Any text
+// ValidateError checks a release's error (why the attempt failed) or a cancel's (why it was
+// canceled); empty means not said. Any text
 // goes, new lines too (the body's decoding has checked that it is UTF-8); only its length is bounded.
 func ValidateError(e string) error {
 	if len(e) > MaxErrorLen {

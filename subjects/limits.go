@@ -15,7 +15,7 @@ const (
 	MaxDequeueBatch     = 256       // messages one dequeue may lease
 	MaxAttemptsLimit    = 1000      // the highest max_attempts a queue may set
 	MaxWorkerLen        = 128       // bytes of a dequeue's worker name
-	MaxErrorLen         = 1024      // bytes of a release's error
+	MaxErrorLen         = 1024      // bytes of a release's or a cancel's error
 	MaxBrowseLimit      = 1000      // messages one browse returns
 	MaxExpiringLimit    = 1000      // expiring leases one stats reply lists
 	MaxHistoryLimit     = 10000     // events one history reply returns

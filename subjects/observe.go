@@ -45,7 +45,7 @@ type Event struct {
 	State          State             `json:"state"`                // the state it entered ("" for collected)
 	PrevState      State             `json:"prev_state,omitempty"` // the state it left ("" for enqueued)
 	Reason         string            `json:"reason,omitempty"`     // errored: lease_expired or released; released: refunded
-	Error          string            `json:"error,omitempty"`      // released, or errored by a release: the release's error
+	Error          string            `json:"error,omitempty"`      // released, errored by a release, or canceled: the release's or the cancel's error
 	Version        uint64            `json:"version"`
 	Attempts       int               `json:"attempts"`
 	MaxAttempts    int               `json:"max_attempts"`

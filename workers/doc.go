@@ -37,8 +37,9 @@
 // (nats.ErrTimeout, and nats.ErrNoResponders when no broker is running for the prefix).
 //
 // Durations given are time.Duration here and whole milliseconds on the wire: they are rounded
-// down. Replies are the protocol's own types (package subjects), with durations in milliseconds
-// (QueueInfo.Config.LeaseMS, StatsReply.OldestPendingMS), as on the wire.
+// down. Replies other than messages ([Message], with time.Time fields) are the protocol's own
+// types (package subjects), with durations in milliseconds (QueueInfo.Config.LeaseMS,
+// StatsReply.OldestPendingMS), as on the wire.
 // The package never imports nats-server: a program embeds the server itself if it wants one
 // (see the Embedded example).
 package workers

@@ -38,7 +38,8 @@ var ErrDiscard = errors.New("natstone: discard message")
 
 // Discard returns an error that matches both ErrDiscard and reason (which may be nil): a handler
 // returns it to cancel its message for good, e.g. return workers.Discard(err) for a malformed payload.
-// The message's canceled event carries its text (Client.History).
+// The message's canceled event carries the text of the error the handler returned (FailureText;
+// Client.History shows it).
 func Discard(reason error) error {
 	if reason == nil {
 		return ErrDiscard

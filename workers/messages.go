@@ -218,7 +218,7 @@ type DequeueOpts struct {
 // end. Errors: ErrQueueNotFound, ErrQueueBlocked, ErrOutOfRange, ErrInvalidMetadata, ErrBadRequest
 // (a bad RequestID).
 //
-// A long poll (opts.Wait > 0) that ctx ends before its reply goes on at the broker, which would
+// A long poll (opts.Wait of a millisecond or more) that ctx ends before its reply goes on at the broker, which would
 // lease it a message nobody then runs. Given no RequestID, Dequeue makes one up, and abandons the
 // poll with it (Abandon, a try of at most a second) when ctx ends first. Given one, the caller
 // decides: send the dequeue again with it to get its leases back, or Abandon it.
@@ -399,11 +399,12 @@ func (c *Client) Cancel(ctx context.Context, queue, id, leaseID string) (Message
 
 // CancelOpts are the options of CancelWith.
 type CancelOpts struct {
-	// Version cancels the message only at this version, as CancelAt does (an operator's cancel:
-	// not with a leaseID).
+	// Version cancels the message only at this version, as CancelAt does; given with a leaseID,
+	// both must hold.
 	Version uint64
 	// Error says why: the message's canceled event carries it, and History shows it. At most
-	// subjects.MaxErrorLen bytes of UTF-8 (FailureText makes one of an error).
+	// subjects.MaxErrorLen bytes of UTF-8 (FailureText makes one of an error). A message canceled
+	// already keeps its first cancel's event: this Error is not recorded.
 	Error string
 }
 

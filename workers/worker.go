@@ -174,7 +174,8 @@ func (cfg *WorkerConfig) validate() error {
 // Start starts the worker's slots and returns at once; it sends nothing itself. Cancelling ctx
 // stops the worker's dequeues, like the start of Stop: handlers already running go on, with contexts
 // that carry ctx's values but not its cancellation. Call Stop to wait for them and to bound how long
-// they may still run.
+// they may still run. It returns an error for a Worker not made with NewWorker, or one started
+// before (a Worker runs once; once it has stopped altogether, the error says so).
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
