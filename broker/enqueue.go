@@ -172,11 +172,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	now := q.now()
 	q.mu.Unlock()
 	// Validation is pure and, for a batch of a thousand, not free: not under the queue's lock.
-	ms, err := validateEnqueue(&cfg, q.name, q.b.replyBudget(), reqs, now, func(id string) bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return q.entries.get(id) != nil
-	})
+	ms, err := validateEnqueue(&cfg, q.name, q.b.replyBudget(), reqs, now, q.holds)
 	if err != nil {
 		return nil, err // a bad request is bad, blocked or not: its retry will not do
 	}
