@@ -114,10 +114,10 @@ func (h *recordHeap) Pop() any {
 	return r
 }
 
-// remember keeps rec as the record of request id until the RequestIDWindow is over. Called with
-// q.mu held.
-func (q *queue) remember(id string, rec *dequeueRecord, now int64) {
-	rec.id, rec.until = id, now+RequestIDWindow.Milliseconds()
+// remember keeps rec as the record of request id until until (Unix ms): a dequeue's, the
+// RequestIDWindow from it. Called with q.mu held.
+func (q *queue) remember(id string, rec *dequeueRecord, until int64) {
+	rec.id, rec.until = id, until
 	q.requests[id] = rec
 	heap.Push(&q.reqEnds, rec)
 }
@@ -215,7 +215,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 				}
 			}
 		}
-		q.remember(r.RequestID, rec, q.now())
+		q.remember(r.RequestID, rec, q.now()+RequestIDWindow.Milliseconds())
 		defer func() {
 			q.mu.Lock()
 			rec.inFlight = false
@@ -563,9 +563,7 @@ func (q *queue) markAbandoned(id string, now int64) *dequeueRecord {
 		// No dequeue with the id here, or none the broker has read yet: the mark waits for it a
 		// while, not the whole window (any worker may abandon ids, none of which a dequeue sent).
 		rec = &dequeueRecord{}
-		q.remember(id, rec, now)
-		rec.until = least
-		heap.Fix(&q.reqEnds, rec.slot)
+		q.remember(id, rec, least)
 	case rec.until < least:
 		// Near its end (a settle's next that leased nothing is kept only a minute past the
 		// settled lease): the mark still lasts as long as for an id the queue did not know.

@@ -678,6 +678,6 @@ func (q *queue) rebuildRequests() {
 		r := q.requests[id]
 		// In the order the dequeue gave them, EDF, as its retry must: not the entries' (a map's).
 		slices.SortFunc(r.leases, func(a, b leaseRef) int { return index.Compare(a.e, b.e) })
-		q.remember(id, r, at)
+		q.remember(id, r, at+RequestIDWindow.Milliseconds())
 	}
 }
