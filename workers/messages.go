@@ -394,7 +394,7 @@ func (c *Client) Release(ctx context.Context, queue, id, leaseID string, opts *R
 // unconditional, an operator's. Canceling a canceled message succeeds. Errors: ErrInvalidState
 // (completed or errored), ErrMessageNotFound.
 func (c *Client) Cancel(ctx context.Context, queue, id, leaseID string) (Message, error) {
-	return c.leaseOp(ctx, subjects.OpCancel, queue, subjects.LeaseRequest{ID: id, LeaseID: leaseID})
+	return c.CancelWith(ctx, queue, id, leaseID, nil)
 }
 
 // CancelOpts are the options of CancelWith.
@@ -428,7 +428,7 @@ func (c *Client) CancelAt(ctx context.Context, queue, id string, version uint64)
 	if version == 0 {
 		return Message{}, apiError(subjects.Errorf(subjects.CodeBadRequest, "CancelAt needs the message's version (Cancel cancels whatever it is)"))
 	}
-	return c.leaseOp(ctx, subjects.OpCancel, queue, subjects.LeaseRequest{ID: id, Version: version})
+	return c.CancelWith(ctx, queue, id, "", &CancelOpts{Version: version})
 }
 
 // RetryOpts are the options of Retry; nil means none.

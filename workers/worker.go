@@ -277,11 +277,11 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 		began := time.Now()
 		d, err := w.poll(pollCtx, uncertain)
 		got := len(d.msgs) > 0
-		if got && w.work(pollCtx, jobCtx, &d) {
-			uncertain = d.uncertain
+		stopped := got && w.work(pollCtx, jobCtx, &d)
+		uncertain = d.uncertain // what the poll, or the last settle's next, left unknown
+		if stopped {
 			return
 		}
-		uncertain = d.uncertain
 		switch {
 		case got:
 			failures = 0
