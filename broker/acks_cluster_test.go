@@ -159,7 +159,7 @@ func lostWithItsLeader(t *testing.T, stream, write string, cfg subjects.CreateQu
 		t.Fatal(err)
 	}
 	leader.Shutdown() // with the write it could not commit
-	logs.reset()
+	logs.Reset()
 	for _, f := range followers {
 		f.Restart(t)
 	}

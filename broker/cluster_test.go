@@ -8,7 +8,6 @@
 package broker_test
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -114,9 +113,9 @@ func TestRestartInAClusterLoadsCurrentRecords(t *testing.T) {
 
 // clusterEnv starts a broker with every bucket and stream replicated three times, connected to
 // srv, a server of a cluster; its warnings and errors go to logs.
-func clusterEnv(t *testing.T, srv *natstest.Server) (*env, *lockedBuffer) {
+func clusterEnv(t *testing.T, srv *natstest.Server) (*env, *natstest.LogBuffer) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &natstest.LogBuffer{}
 	e := &env{t: t, clk: clock.NewFake(t0), nc: srv.Connect(t)}
 	e.cfg = broker.Config{Conn: srv.Connect(t), Clock: e.clk, Replicas: 3,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}
@@ -126,30 +125,6 @@ func clusterEnv(t *testing.T, srv *natstest.Server) (*env, *lockedBuffer) {
 	}
 	e.startBroker()
 	return e, logs
-}
-
-// lockedBuffer is a bytes.Buffer that a logger may write to from several goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Reset()
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestFewerReplicasInAClusterAreLogged: a broker started without the replicas the store has (here
@@ -185,7 +160,7 @@ func TestSnapshotReadInACluster(t *testing.T) {
 	e.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil)) // Info: how each start recovered
 	for round := range 6 {
 		e.nc, e.cfg.Conn = srvs[round%3].Connect(t), srvs[round%3].Connect(t)
-		logs.reset()
+		logs.Reset()
 		e.restartBroker()
 		if log := logs.String(); !strings.Contains(log, "from=snapshot") || strings.Contains(log, "level=WARN") {
 			t.Fatalf("restart %d on server %d did not read the snapshot:\n%s", round, round%3, log)

@@ -318,7 +318,7 @@ func TestWorkerRecoversPanic(t *testing.T) {
 	e := setup(t)
 	e.createQueue("q", nil)
 	e.enqueue("q", "boom", &workers.EnqueueOpts{ID: "m1"})
-	var logs logBuffer
+	var logs natstest.LogBuffer
 	e.startWorker(&workers.WorkerConfig{
 		Queue:       "q",
 		BackoffFunc: func(int) time.Duration { return 0 },
@@ -617,7 +617,7 @@ func TestWorkerLongPolls(t *testing.T) {
 	e.createQueue("q", nil)
 	dequeues := e.count(subjects.OpDequeue, "q")
 	const wait = 200 * time.Millisecond
-	var logs logBuffer
+	var logs natstest.LogBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.startWorker(&workers.WorkerConfig{Queue: "q", PollWait: wait, Logger: logger}, workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
 	reqs := dequeues.wait(t, 4) // the first three have ended, each with its own empty reply
@@ -948,7 +948,7 @@ func awaitGate(ctx context.Context, gate <-chan struct{}) {
 	}
 }
 
-func slogTo(b *logBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+func slogTo(b *natstest.LogBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // TestWorkerTakesNextWithItsSettle: a slot gets its next message in the reply of the complete (or
 // the release of a failed attempt) of the one before, in earliest-deadline-first order; it

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -215,7 +214,7 @@ func TestDocumentedPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan string, 2)
-	var loopLog syncBuffer
+	var loopLog natstest.LogBuffer
 	loop, err := workers.NewWorker(w, &workers.WorkerConfig{Queue: "jobs", Logger: slog.New(slog.NewTextHandler(&loopLog, nil))}, workers.HandlerFunc(func(_ context.Context, j *workers.Job) error {
 		done <- j.ID
 		return nil
@@ -307,24 +306,6 @@ func TestDocumentedPermissions(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// syncBuffer is a log sink that goroutines may write at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // deadlineOf is ctx's deadline, which it must have.
 func deadlineOf(ctx context.Context) time.Time {
