@@ -15,8 +15,10 @@ import (
 //
 // ctx is cancelled when the lease is lost (context.Cause is ErrLeaseLost: the message is no longer
 // this handler's, and its result is ignored) or when Worker.Stop stops waiting for the handler (cause
-// ErrWorkerStopped: the message is released at once, its attempt given back). A handler must return
-// soon after ctx is done.
+// ErrWorkerStopped: the message is released at once, its attempt given back). A loss is found by an
+// extension: at once when the message is canceled by someone else and the worker hears of it (see
+// WorkerConfig.Events), otherwise at the next extension, or when the lease ends by the worker's
+// clock. A handler must return soon after ctx is done.
 // Handle is called from several goroutines at once when the worker's Concurrency is above 1.
 type Handler interface {
 	Handle(ctx context.Context, job *Job) error

@@ -3,6 +3,7 @@ package workers
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,9 @@ import (
 const (
 	DefaultConcurrency = 1
 	DefaultPollWait    = 20 * time.Second
+	// DefaultEvents is the subject prefix of the events of a broker served with the default
+	// --store-prefix, natstone.
+	DefaultEvents = "natstone.events"
 )
 
 // stopSettleTimeout bounds the last try of a complete, release or cancel once Stop's ctx is done
@@ -65,6 +69,15 @@ type WorkerConfig struct {
 	Name string
 	// Middleware wraps the handler, outer first.
 	Middleware []Middleware
+	// Events is the subject prefix of the broker's transition events: "<--store-prefix>.events".
+	// The worker subscribes to the cancels of its queue's messages there, and when one of the
+	// messages it runs is canceled by someone else (an operator, say) it extends that lease at
+	// once rather than at its next extension: the extension fails, and the handler's context is
+	// cancelled (cause ErrLeaseLost) within moments of the cancel. An event only prompts that
+	// check, so a forged or stray one costs an extension and nothing more. Without the events (a
+	// broker served with --no-events, or a NATS user not allowed to subscribe there: see
+	// docs/security.md) a cancel is noticed at the next extension. Default DefaultEvents.
+	Events string
 	// Logger receives the worker's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -77,7 +90,8 @@ type WorkerConfig struct {
 // Delivery is at least once. A message whose lease is lost — the worker could not extend it in time,
 // or someone else canceled it — is no longer the handler's: its context is cancelled with
 // ErrLeaseLost and its result ignored; the broker gives the message to another worker once the lease
-// has ended (if it has attempts left).
+// has ended (if it has attempts left). A cancel is noticed within moments when the worker hears its
+// event (WorkerConfig.Events), else at the next extension.
 type Worker struct {
 	client  *Client
 	cfg     WorkerConfig // defaults applied
@@ -91,6 +105,11 @@ type Worker struct {
 	stopPoll context.CancelCauseFunc // ends the slots' polls: no new messages
 	stopJobs context.CancelCauseFunc // cancels the running handlers' contexts
 	done     chan struct{}           // closed once every goroutine of the worker has returned
+
+	// leasesMu guards leases: the running handlers' leases by lease id, each with the channel that
+	// a cancel event of its message signals.
+	leasesMu sync.Mutex
+	leases   map[string]chan struct{}
 }
 
 // NewWorker returns a Worker that runs h on cfg.Queue through c. It validates cfg, naming the
@@ -132,6 +151,9 @@ func (cfg *WorkerConfig) withDefaults() WorkerConfig {
 	if w.Logger == nil {
 		w.Logger = slog.Default()
 	}
+	if w.Events == "" {
+		w.Events = DefaultEvents
+	}
 	if w.Name == "" {
 		host, _ := os.Hostname()
 		w.Name = fmt.Sprintf("%s:%d", cmp.Or(host, "worker"), os.Getpid())
@@ -168,6 +190,9 @@ func (cfg *WorkerConfig) validate() error {
 			return fmt.Errorf("natstone: WorkerConfig.Middleware[%d] is nil", i)
 		}
 	}
+	if _, err := subjects.NewSpace(cfg.Events); err != nil {
+		return fmt.Errorf("natstone: WorkerConfig.Events: %w", err)
+	}
 	return nil
 }
 
@@ -191,6 +216,12 @@ func (w *Worker) Start(ctx context.Context) error {
 	pollCtx, stopPoll := context.WithCancelCause(ctx)
 	jobCtx, stopJobs := context.WithCancelCause(context.WithoutCancel(ctx))
 	w.stopPoll, w.stopJobs, w.done = stopPoll, stopJobs, make(chan struct{})
+	w.leases = make(map[string]chan struct{})
+	cancels, err := w.client.nc.Subscribe(w.cfg.Events+"."+w.cfg.Queue+"."+string(subjects.EventCanceled)+".*", w.canceled)
+	if err != nil {
+		// Not fatal: a cancel is then noticed at the message's next extension.
+		w.log.Warn("not listening for cancels: a canceled message's handler runs until its next extension", "queue", w.cfg.Queue, "error", err)
+	}
 
 	var slots sync.WaitGroup
 	for range w.cfg.Concurrency {
@@ -199,11 +230,51 @@ func (w *Worker) Start(ctx context.Context) error {
 	done := w.done
 	go func() {
 		slots.Wait()
+		if cancels != nil {
+			_ = cancels.Unsubscribe()
+		}
 		stopPoll(nil)
 		stopJobs(nil)
 		close(done)
 	}()
 	return nil
+}
+
+// canceled takes a canceled event of the worker's queue: if it ended the lease of a message that a
+// handler here runs, that handler's process is told, to check the lease at once.
+func (w *Worker) canceled(msg *nats.Msg) {
+	var ev struct {
+		PrevState subjects.State `json:"prev_state"`
+		LeaseID   string         `json:"lease_id"`
+	}
+	if json.Unmarshal(msg.Data, &ev) != nil || ev.PrevState != subjects.StateRunning || ev.LeaseID == "" {
+		return
+	}
+	w.leasesMu.Lock()
+	ch := w.leases[ev.LeaseID]
+	w.leasesMu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default: // told already
+		}
+	}
+}
+
+// watch registers the lease of a message whose handler is about to run; the channel it returns is
+// signalled when a cancel event names that lease. unwatch ends it.
+func (w *Worker) watch(leaseID string) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	w.leasesMu.Lock()
+	w.leases[leaseID] = ch
+	w.leasesMu.Unlock()
+	return ch
+}
+
+func (w *Worker) unwatch(leaseID string) {
+	w.leasesMu.Lock()
+	delete(w.leases, leaseID)
+	w.leasesMu.Unlock()
 }
 
 // Stop drains the worker: no new message is dequeued (long polls in flight are abandoned, below), and the
@@ -481,6 +552,8 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		}
 	}
 
+	canceled := w.watch(job.LeaseID)
+	defer w.unwatch(job.LeaseID)
 	hctx, cancel := context.WithCancelCause(jobCtx)
 	defer cancel(nil)
 	if w.cfg.Timeout > 0 {
@@ -501,6 +574,17 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		select {
 		case err := <-result:
 			return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
+		case <-canceled:
+			// Someone canceled the message, an event says: extend now, and the refusal, if the
+			// event was true, ends the handler below. The timer keeps its time.
+			if next, lost := w.extend(jobCtx, job, lease, every, &expires, false, log); lost {
+				cancel(ErrLeaseLost)
+				err := <-result
+				log.Warn("handler result ignored: the message was canceled", "error", err)
+				return dequeued{}
+			} else if next > 0 {
+				timer.Reset(next)
+			}
 		case <-jobCtx.Done():
 			select {
 			case err := <-result: // finished just in time

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
 	"github.com/natstone/natstone/workers"
@@ -46,6 +47,8 @@ func TestNewWorkerValidates(t *testing.T) {
 		{"long poll wait", &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait + time.Millisecond}, "WorkerConfig.PollWait"},
 		{"nil middleware", &workers.WorkerConfig{Queue: "q", Middleware: []workers.Middleware{nil}}, "WorkerConfig.Middleware[0]"},
 		{"long name", &workers.WorkerConfig{Queue: "q", Name: strings.Repeat("n", subjects.MaxWorkerLen+1)}, "WorkerConfig.Name"},
+		{"wildcard events", &workers.WorkerConfig{Queue: "q", Events: "natstone.>"}, "WorkerConfig.Events"},
+		{"empty events token", &workers.WorkerConfig{Queue: "q", Events: "natstone..events"}, "WorkerConfig.Events"},
 	}
 	for _, tc := range tests {
 		if _, err := workers.NewWorker(c, tc.cfg, h); err == nil || !strings.Contains(err.Error(), tc.field) {
@@ -74,6 +77,14 @@ func TestNewWorkerValidates(t *testing.T) {
 	}
 	stop(t, w)
 	stop(t, w) // idempotent
+}
+
+// TestDefaultEvents holds DefaultEvents to the events' subjects of a broker with the default
+// --store-prefix.
+func TestDefaultEvents(t *testing.T) {
+	if want := kv.DefaultPrefix + ".events"; workers.DefaultEvents != want {
+		t.Fatalf("DefaultEvents = %q, the broker publishes under %q", workers.DefaultEvents, want)
+	}
 }
 
 func TestWorkerCompletes(t *testing.T) {
@@ -170,6 +181,85 @@ func TestWorkerLeaseLost(t *testing.T) {
 	}
 	if m := e.get("q", "m1"); m.State != subjects.StateCanceled {
 		t.Fatalf("state = %s, want canceled", m.State)
+	}
+}
+
+// TestWorkerHearsOfACancel cancels a running message as an operator would, without its lease, on a
+// queue whose lease is an hour: the worker's next extension is twenty minutes off, so only the
+// canceled event can end the handler within the test's wait. The event prompts one extension, whose
+// refusal ends the handler (cause ErrLeaseLost) and leaves the message alone.
+func TestWorkerHearsOfACancel(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", &workers.QueueOpts{Lease: time.Hour})
+	e.enqueue("q", "doomed", &workers.EnqueueOpts{ID: "m1"})
+	extends := e.count(subjects.OpExtend, "q")
+	settles := []*counter{e.count(subjects.OpComplete, "q"), e.count(subjects.OpRelease, "q")}
+	started := make(chan struct{}, 1)
+	cause := make(chan error, 1)
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return nil // a result for a lost lease is ignored
+	}))
+	recv(t, started)
+	if _, err := e.c.Cancel(ctx(t), "q", "m1", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, cause); !errors.Is(err, workers.ErrLeaseLost) {
+		t.Fatalf("context.Cause = %v, want ErrLeaseLost", err)
+	}
+	stop(t, w)
+	if n := extends.n(t); n != 1 {
+		t.Fatalf("%d extensions, want the one the cancel's event prompted", n)
+	}
+	for _, c := range settles {
+		if n := c.n(t); n != 0 {
+			t.Fatalf("%d completes or releases after the cancel, want none", n)
+		}
+	}
+	if m := e.get("q", "m1"); m.State != subjects.StateCanceled {
+		t.Fatalf("state = %s, want canceled", m.State)
+	}
+}
+
+// TestWorkerStrayCancelEvent publishes a canceled event that names a running handler's lease while
+// nobody canceled its message (anyone allowed to publish on the events' subjects could): it costs
+// one extension, which succeeds, and the handler runs on and completes the message.
+func TestWorkerStrayCancelEvent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", &workers.QueueOpts{Lease: time.Hour})
+	e.enqueue("q", "fine", &workers.EnqueueOpts{ID: "m1"})
+	extends := e.count(subjects.OpExtend, "q")
+	leased := make(chan *workers.Job, 1)
+	proceed := make(chan struct{})
+	ended := make(chan error, 1)
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+		leased <- job
+		<-proceed
+		ended <- context.Cause(ctx)
+		return nil
+	}))
+	job := recv(t, leased)
+	ev, err := json.Marshal(subjects.Event{Queue: "q", ID: "m1", Kind: subjects.EventCanceled, State: subjects.StateCanceled,
+		PrevState: subjects.StateRunning, LeaseID: job.LeaseID, Version: job.Version + 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := e.srv.Connect(t)
+	if err := nc.Publish(workers.DefaultEvents+".q.canceled.bTE", ev); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the extension the stray event prompts", func() bool { return extends.n(t) == 1 })
+	close(proceed)
+	if err := recv(t, ended); err != nil {
+		t.Fatalf("the handler's context ended (%v) though its lease held", err)
+	}
+	stop(t, w)
+	if m := e.get("q", "m1"); m.State != subjects.StateCompleted {
+		t.Fatalf("state = %s, want completed", m.State)
 	}
 }
 
