@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"errors"
 	"math/rand/v2"
 	"time"
 )
@@ -11,12 +12,24 @@ const (
 	backoffMax  = 5 * time.Minute
 )
 
-// The retry schedule of failed dequeues (no broker, broker unavailable, queue blocked or missing):
-// 100 ms doubling up to 10 s, each ±25 %, so a worker never spins on a failing broker.
+// The retry schedule of failed dequeues (no broker, broker unavailable, queue blocked): 100 ms
+// doubling up to 10 s, each ±25 %, so a worker never spins on a failing broker. A queue that does not
+// exist (yet: a worker started before the producer that creates it, say) is asked for again every
+// second at most, so that the worker starts within a second of its queue.
 const (
-	pollRetryBase = 100 * time.Millisecond
-	pollRetryMax  = 10 * time.Second
+	pollRetryBase    = 100 * time.Millisecond
+	pollRetryMax     = 10 * time.Second
+	pollRetryMissing = time.Second
 )
+
+// pollRetry returns how long a slot waits before it polls again, after failures polls in a row
+// that failed, the last with err (nil: it came back empty too early).
+func pollRetry(failures int, err error) time.Duration {
+	if errors.Is(err, ErrQueueNotFound) {
+		return exponential(failures, pollRetryBase, pollRetryMissing)
+	}
+	return exponential(failures, pollRetryBase, pollRetryMax)
+}
 
 // DefaultBackoff is the default WorkerConfig.BackoffFunc: how long a message released after its
 // attempt-th failed attempt (1 for the first) stays invisible. It is 1s·2^(attempt-1), capped at

@@ -31,8 +31,10 @@ type Config struct {
 	Timeout time.Duration
 }
 
-// Client sends natstone's requests over a NATS connection. Each method sends exactly one request and
-// waits for its reply. A Client is safe for concurrent use; it holds no state besides its config.
+// Client sends natstone's requests over a NATS connection. Each method sends one request and waits
+// for its reply, except Queues and Schedules, which page through as many as the listing takes, and
+// Dequeue, which abandons its long poll (Abandon) when its context ends first. A Client is safe for
+// concurrent use; it holds no state besides its config.
 //
 // Errors: an error reply of the broker is an [*APIError] matching one of the Err… sentinels. A
 // transport failure is returned wrapped, so errors.Is works on the nats.go errors:

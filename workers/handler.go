@@ -34,6 +34,17 @@ func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx,
 // them outer first: the first one sees every job first and its result last.
 type Middleware func(Handler) Handler
 
+// PanicError is the error of a handler that panicked: the worker recovers the panic and fails the
+// attempt with it, as if the handler had returned it. Middleware sees it as the handler's result
+// (errors.As finds it), so a middleware that counts failures counts panics too; a panic of a
+// middleware itself is recovered the same way.
+type PanicError struct {
+	Value any    // what the handler panicked with
+	Stack []byte // the goroutine's stack where it panicked
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("natstone: handler panicked: %v", e.Value) }
+
 // ErrDiscard makes the worker cancel the message instead of releasing it for a retry, when a handler
 // returns it or an error wrapping it. Use it for jobs that can never succeed.
 var ErrDiscard = errors.New("natstone: discard message")

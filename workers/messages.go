@@ -175,7 +175,10 @@ type BatchMessage struct {
 // EnqueueBatch adds 1 to subjects.MaxEnqueueBatch messages to queue in one request and returns their
 // replies in order. Every message is validated before anything is written: one bad message fails the
 // whole batch. An id given twice is one message (the second reply is a duplicate). Payloads travel
-// base64-encoded in JSON. Errors: as Enqueue, and ErrOutOfRange for an empty or oversized batch.
+// base64-encoded in JSON. Errors: as Enqueue (a bad message's error names its index, messages[i]),
+// ErrOutOfRange for an empty batch or one of more than subjects.MaxEnqueueBatch messages, and
+// ErrPayloadTooLarge for a request larger than the NATS server takes (max_payload): send such a
+// batch in parts.
 func (c *Client) EnqueueBatch(ctx context.Context, queue string, msgs []BatchMessage) ([]subjects.EnqueueReply, error) {
 	req := subjects.EnqueueBatchRequest{Messages: make([]subjects.EnqueueRequest, len(msgs))}
 	for i := range msgs {

@@ -128,6 +128,7 @@ func NewWorker(c *Client, cfg *WorkerConfig, h Handler) (*Worker, error) {
 	if err := w.validate(); err != nil {
 		return nil, err
 	}
+	h = recovering{h} // inside the middleware, which sees a panic as the *PanicError it returns
 	for i := len(w.Middleware) - 1; i >= 0; i-- {
 		h = w.Middleware[i](h)
 	}
@@ -359,6 +360,13 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			continue
 		case pollCtx.Err() != nil:
 			return
+		case errors.Is(err, ErrQueueNotFound):
+			failures++
+			level := slog.LevelDebug
+			if failures == 1 {
+				level = slog.LevelWarn // said once, not every second while the queue is missing
+			}
+			w.log.Log(pollCtx, level, "queue not found; polling again every second until it exists", "queue", w.cfg.Queue, "failures", failures)
 		case err != nil:
 			failures++
 			w.log.Warn("dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", failures)
@@ -371,7 +379,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			failures = 0
 			continue
 		}
-		t := time.NewTimer(exponential(failures, pollRetryBase, pollRetryMax))
+		t := time.NewTimer(pollRetry(failures, err))
 		select {
 		case <-t.C:
 		case <-pollCtx.Done():
@@ -622,15 +630,30 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 // rather than return.
 var errGoexit = errors.New("natstone: handler exited without returning (runtime.Goexit)")
 
-// run calls the handler, turning a panic into an error.
+// run calls the handler and its middleware, turning a panic into an error: the handler's, which the
+// middleware sees as a *PanicError, or a middleware's own.
 func (w *Worker) run(ctx context.Context, job *Job, log *slog.Logger) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			log.Error("handler panicked", "panic", r, "stack", string(debug.Stack()))
-			err = fmt.Errorf("natstone: handler panicked: %v", r)
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+		if pe, ok := errors.AsType[*PanicError](err); ok {
+			log.Error("handler panicked", "panic", pe.Value, "stack", string(pe.Stack))
 		}
 	}()
 	return w.handler.Handle(ctx, job)
+}
+
+// recovering turns the panic of the handler it wraps into a *PanicError.
+type recovering struct{ h Handler }
+
+func (r recovering) Handle(ctx context.Context, job *Job) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return r.h.Handle(ctx, job)
 }
 
 // extend pushes job's lease to lease from now. It returns when to extend next (0: never, the handler
@@ -722,7 +745,11 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		w.releaseInterrupted(jobCtx, job, expires, log)
 	default:
 		if errors.Is(context.Cause(hctx), ErrHandlerTimeout) {
-			err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, w.cfg.Timeout, err)
+			if errors.Is(err, ErrHandlerTimeout) { // the handler returned its context's cause
+				err = fmt.Errorf("%w after %v", ErrHandlerTimeout, w.cfg.Timeout)
+			} else {
+				err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, w.cfg.Timeout, err)
+			}
 		}
 		delay := min(max(w.cfg.BackoffFunc(job.Attempts), 0), subjects.MaxInvisible)
 		if job.AttemptsLeft == 0 {

@@ -263,6 +263,30 @@ func TestWorkerStrayCancelEvent(t *testing.T) {
 	}
 }
 
+// TestWorkerStartedBeforeItsQueue starts a worker on a queue nobody created yet: it says so once,
+// at WARN, keeps polling (every second at most, TestPollRetry), and runs the queue's first message
+// once a producer's enqueue has created the queue.
+func TestWorkerStartedBeforeItsQueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	polls := e.count(subjects.OpDequeue, "q")
+	var logs natstest.LogBuffer
+	ran := make(chan string, 1)
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q", Logger: slogTo(&logs)}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+		ran <- job.ID
+		return nil
+	}))
+	waitFor(t, "three polls of the missing queue", func() bool { return polls.n(t) >= 3 })
+	e.enqueue("q", "first", &workers.EnqueueOpts{ID: "m1"}) // creates the queue
+	if id := recv(t, ran); id != "m1" {
+		t.Fatalf("ran %s, want m1", id)
+	}
+	stop(t, w)
+	if n := strings.Count(logs.String(), "level=WARN msg=\"queue not found"); n != 1 {
+		t.Fatalf("%d WARNs of the missing queue, want 1:\n%s", n, logs.String())
+	}
+}
+
 // TestWorkerReleasesWithBackoff fails every attempt: each failure releases the message invisible
 // for the backoff, the next attempt comes when it is pending again, and after max_attempts it is
 // errored. The broker runs on a fake clock, so the invisibility ends exactly when the test says.
@@ -332,9 +356,12 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 		return 0
 	}
 	e.startWorker(&workers.WorkerConfig{Queue: "q", Timeout: 50 * time.Millisecond, BackoffFunc: backoff},
-		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+		workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
 			<-ctx.Done()
 			causes <- context.Cause(ctx)
+			if job.Attempts == 2 {
+				return context.Cause(ctx) // ErrHandlerTimeout itself: said once in the history
+			}
 			return ctx.Err()
 		}))
 	for attempt := 1; attempt <= 2; attempt++ {
@@ -347,9 +374,9 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 	}
 	e.waitState("q", "m", subjects.StateErrored)
 	got := e.failures("q", "m")
-	want := "natstone: handler timed out after 50ms: context deadline exceeded"
-	if !slices.Equal(got, []string{"released: " + want, "errored: " + want}) {
-		t.Fatalf("history's failures %q, want released and errored with %q", got, want)
+	want := []string{"released: natstone: handler timed out after 50ms: context deadline exceeded", "errored: natstone: handler timed out after 50ms"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("history's failures %q, want %q", got, want)
 	}
 }
 
@@ -409,10 +436,19 @@ func TestWorkerRecoversPanic(t *testing.T) {
 	e.createQueue("q", nil)
 	e.enqueue("q", "boom", &workers.EnqueueOpts{ID: "m1"})
 	var logs natstest.LogBuffer
+	seen := make(chan error, 2) // what a middleware sees the handler return, attempt by attempt
+	watch := func(next workers.Handler) workers.Handler {
+		return workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+			err := next.Handle(ctx, job)
+			seen <- err
+			return err
+		})
+	}
 	e.startWorker(&workers.WorkerConfig{
 		Queue:       "q",
 		BackoffFunc: func(int) time.Duration { return 0 },
 		Logger:      slogTo(&logs),
+		Middleware:  []workers.Middleware{watch},
 	}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
 		if job.Attempts == 1 {
 			panic("handler bug")
@@ -422,6 +458,16 @@ func TestWorkerRecoversPanic(t *testing.T) {
 	m := e.waitState("q", "m1", subjects.StateCompleted)
 	if m.Attempts != 2 {
 		t.Fatalf("completed after %d attempts, want 2 (the panic released the first)", m.Attempts)
+	}
+	pe, ok := errors.AsType[*workers.PanicError](recv(t, seen))
+	if !ok || pe.Value != "handler bug" || !strings.Contains(string(pe.Stack), "worker_test.go") {
+		t.Fatalf("the middleware saw %#v for the panicking attempt, want a *PanicError of \"handler bug\" with its stack", pe)
+	}
+	if err := recv(t, seen); err != nil {
+		t.Fatalf("the middleware saw %v for the completing attempt, want nil", err)
+	}
+	if got := e.failures("q", "m1"); !slices.Equal(got, []string{"released: natstone: handler panicked: handler bug"}) {
+		t.Fatalf("history's failures %q", got)
 	}
 	out := logs.String()
 	for _, want := range []string{"handler panicked", "handler bug", "stack=", "worker_test.go", "message_id=m1", "attempt=1", "queue=q"} {
