@@ -170,3 +170,33 @@ func TestSnapshotReadInACluster(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryInACluster reads a message's history over and over on a cluster: each read makes a
+// consumer of the events stream, which may live on another server than the broker's connection,
+// and a pull whose interest has not reached that server yet finds no responders. Such a pull is
+// made again, so that no read answers message_not_found for a message whose events are stored.
+func TestHistoryInACluster(t *testing.T) {
+	t.Parallel()
+	srvs := natstest.StartCluster(t, nil)
+	e, _ := clusterEnv(t, srvs[0])
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
+	history := func() (subjects.HistoryReply, *subjects.Error) {
+		return call[subjects.HistoryReply](e, subjects.OpHistory, "q", subjects.HistoryRequest{ID: "m"})
+	}
+	// The event is published after the enqueue's reply: wait until a read finds it.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(20 * time.Second); ; <-tick.C {
+		if _, err := history(); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no history of the enqueued message: %v", err)
+		}
+	}
+	for i := range 600 {
+		r, err := history()
+		if err != nil || len(r.Events) != 1 {
+			t.Fatalf("read %d: %+v, %v; want the enqueued event", i, r, err)
+		}
+	}
+}

@@ -163,6 +163,7 @@ func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (
 		return nil, false, ErrNotFound
 	}
 	want := min(pending, limit)
+	unheard := 0 // pulls that found no responders
 	for len(events) < want {
 		// Each fetch waits readFetchWait at most: events counted above may have left the stream
 		// (its age or size bound) before they came, and a fetch of them would wait for the
@@ -183,6 +184,15 @@ func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (
 		switch {
 		case ctx.Err() != nil:
 			return nil, false, fmt.Errorf("kv: read events: %w", ctx.Err())
+		case got == 0 && errors.Is(berr, nats.ErrNoResponders) && unheard < scanUnheard:
+			// In a cluster the consumer may live on another server, whose interest in its pull
+			// requests reaches this connection's server a moment after the consumer was made (as
+			// in scan): the events are there, the pull is made again.
+			unheard++
+			if err := unheardPause(ctx, unheard); err != nil {
+				return nil, false, fmt.Errorf("kv: read events: %w", err)
+			}
+			continue
 		case got == 0 && len(events) == 0:
 			return nil, false, ErrNotFound
 		case got == 0:
