@@ -23,9 +23,16 @@ const maxEventBatch = 4096
 // batch rather than per handful of events.
 const eventLinger = 20 * time.Millisecond
 
-// eventPublishTries is how often a batch whose acknowledgement did not come is published before
-// its events are dropped.
-const eventPublishTries = 3
+// eventPublishTries is how often a batch whose acknowledgement did not come is published at least
+// before its events are dropped; it is published again, after a pause (eventRetryPause doubling up
+// to eventRetryPauseMax), until the broker's write timeout has passed since the first try. A
+// stream's leader election, when a server of a cluster is killed, takes a second or two, and the
+// writes it refuses meanwhile are issued again like the records' (design.md, "Writes").
+const (
+	eventPublishTries  = 3
+	eventRetryPause    = 50 * time.Millisecond
+	eventRetryPauseMax = time.Second
+)
 
 // pendingEvent is a transition waiting to be published: what the queue knew when it happened. It is
 // turned into JSON by the publisher, off the queue's lock.
@@ -61,10 +68,13 @@ type publisher struct {
 	flush    chan struct{}  // stop lingering: the batch is full, or someone waits
 	closing  bool
 	done     chan struct{}
+	abort    chan struct{} // closed when a close gave up waiting: no more pauses to publish again
+	aborted  sync.Once
 
 	published atomic.Uint64
 	dropped   atomic.Uint64
-	lastWarn  atomic.Int64 // Unix ms of the last "events dropped" log
+	refused   atomic.Uint64 // tries of a batch that failed
+	lastWarn  atomic.Int64  // Unix ms of the last "events dropped" log
 }
 
 // newPublisher starts a publisher that lets batches gather for up to linger (eventLinger).
@@ -77,6 +87,7 @@ func newPublisher(b *Broker, store *kv.Events, linger time.Duration) *publisher 
 		wake:     make(chan struct{}, 1),
 		flush:    make(chan struct{}, 1),
 		done:     make(chan struct{}),
+		abort:    make(chan struct{}),
 	}
 	if store == nil {
 		close(p.done)
@@ -181,7 +192,7 @@ func (p *publisher) run() {
 }
 
 // publish stores a batch with one acknowledgement (kv.Events.PublishBatch); a batch whose
-// acknowledgement does not come is published again, up to eventPublishTries times. The events are
+// acknowledgement does not come is published again (eventPublishTries, eventRetryPause). The events are
 // encoded into one buffer, reused from batch to batch.
 func (p *publisher) publish(batch []pendingEvent) {
 	subjs := make([]string, 0, len(batch))
@@ -211,11 +222,25 @@ func (p *publisher) publish(batch []pendingEvent) {
 	}
 	ctx := context.Background()
 	var err error
-	for try := 0; try < eventPublishTries; try++ {
+	first, pause := time.Now(), eventRetryPause
+	for try := 1; ; try++ {
 		if _, err = p.store.PublishBatch(subjs, datas).Wait(ctx); err == nil {
 			p.published.Add(uint64(len(datas)))
 			return
 		}
+		p.refused.Add(1)
+		if try >= eventPublishTries && time.Since(first) >= p.b.cfg.WriteTimeout {
+			break
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-p.abort:
+			t.Stop()
+			p.drop(len(datas), "broker stopped: "+err.Error())
+			return
+		}
+		pause = min(2*pause, eventRetryPauseMax)
 	}
 	// Republishing the whole batch may store some events twice; history drops the duplicates.
 	p.drop(len(datas), "stream refused: "+err.Error())
@@ -262,6 +287,7 @@ func (p *publisher) close(ctx context.Context) error {
 	case <-p.done:
 		return nil
 	case <-ctx.Done():
+		p.aborted.Do(func() { close(p.abort) })
 		return ctx.Err()
 	}
 }

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 	"testing"
@@ -18,7 +19,7 @@ import (
 func testPublisher(t testing.TB, prefix string, linger time.Duration) (context.Context, jetstream.JetStream, *publisher) {
 	t.Helper()
 	b, _ := internalBroker(t)
-	js, err := jetstream.New(b.cfg.Conn)
+	js, err := jetstream.New(b.cfg.Conn, jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout)) // as the broker makes it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,4 +167,67 @@ func processCPU(tb testing.TB) time.Duration {
 		tb.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestPublisherWaitsOutAStreamWithoutLeader: while its events stream takes nothing (gone here, as
+// it is to the writes of a cluster whose server leading it was killed, until another is elected:
+// no responders either way), the publisher publishes a batch again and again, and when the stream
+// is back the batch is stored, not dropped. Before, three tries in a second and a half dropped it.
+func TestPublisherWaitsOutAStreamWithoutLeader(t *testing.T) {
+	ctx, js, p := testPublisher(t, "leaderless", time.Hour)
+	if err := js.DeleteStream(ctx, "leaderless-events"); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	for i := range n {
+		p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: fmt.Sprint(i), Version: 1}})
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- p.sync(ctx) }()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for p.refused.Load() < eventPublishTries { // as many tries refused as once dropped the batch
+		select {
+		case <-tick.C:
+		case err := <-synced:
+			t.Fatalf("sync returned (%v) with the stream gone: %d published, %d dropped", err, p.published.Load(), p.dropped.Load())
+		}
+	}
+	if _, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: js, Prefix: "leaderless", MaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if pub, drop := p.published.Load(), p.dropped.Load(); pub != n || drop != 0 {
+		t.Fatalf("%d published, %d dropped; want %d published once the stream was back, none dropped", pub, drop, n)
+	}
+	if err := p.close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPublisherCloseGivesUpOnAStreamWithoutLeader: a close whose context ends while the publisher
+// waits out a stream that takes nothing returns, and the publisher drops the batch and ends rather
+// than publish it again until the write timeout.
+func TestPublisherCloseGivesUpOnAStreamWithoutLeader(t *testing.T) {
+	ctx, js, p := testPublisher(t, "closing", time.Hour)
+	if err := js.DeleteStream(ctx, "closing-events"); err != nil {
+		t.Fatal(err)
+	}
+	p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: "m", Version: 1}})
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := p.close(cctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("close: %v, want its context's end", err)
+	}
+	// Half the write timeout: a publisher that ignored the close would try until all of it passed.
+	select {
+	case <-p.done:
+	case <-time.After(p.b.cfg.WriteTimeout / 2):
+		t.Fatal("the publisher did not end after its close gave up")
+	}
+	if pub, drop := p.published.Load(), p.dropped.Load(); pub != 0 || drop != 1 {
+		t.Fatalf("%d published, %d dropped; want the event dropped", pub, drop)
+	}
 }
