@@ -336,9 +336,10 @@ func (c *claimer) renew() {
 	}
 	switch {
 	case err == nil:
-		back := !c.held()
+		back, was := !c.held(), c.lastOK
 		c.renewed(next, sent)
 		if back {
+			c.b.log.Info("the store's claim is renewed: answering requests again", "unrenewed_for", sent.Sub(was))
 			// Long polls parked meanwhile may have been served messages whose leases were not
 			// written, and put back: they are offered again now, not at the next transition.
 			go c.b.serveParked()

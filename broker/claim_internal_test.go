@@ -220,9 +220,11 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 	srv := natstest.Start(t, nil)
 	ca := clock.NewFake(time.Unix(0, 0))
 	reconnected := make(chan struct{}, 1)
+	var logs natstest.LogBuffer
 	a := claimBroker(t, srv, ca, func(c *Config) {
 		c.Conn = srv.Connect(t, nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1),
 			nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -276,6 +278,10 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 	}
 	if string(reply.Data) != `{"queues":[]}` {
 		t.Fatalf("queues after the refused enqueue: %s, want none (it was not run)", reply.Data)
+	}
+	// The operator learns that it serves again, and after how long.
+	if log := logs.String(); !strings.Contains(log, `msg="the store's claim is renewed: answering requests again" unrenewed_for=`) {
+		t.Fatalf("no log of the claim renewed, and after how long:\n%s", log)
 	}
 	running(t, a)
 }

@@ -66,6 +66,16 @@ type EventsSnapshot struct {
 	Buffered  int    // events waiting to be published
 }
 
+// Serving reports whether the broker answers requests: started, not stopped, its claim on the
+// store held. A standby, a broker still recovering, and one whose claim could not be renewed for
+// half its ttl (its storage out of reach) do not.
+func (b *Broker) Serving() bool {
+	b.mu.Lock()
+	up := b.started && !b.closed
+	b.mu.Unlock()
+	return up && b.claim.held()
+}
+
 // Snapshot returns every queue's counts, config, oldest pending age and totals, every schedule,
 // and the events publisher's state. It takes each queue's lock briefly, one at a time.
 func (b *Broker) Snapshot() Snapshot {

@@ -55,5 +55,7 @@
 // [Health] returns a handler, to mount at /healthz, that answers 200 when the NATS connection is
 // up, JetStream answers and natstone's buckets and streams exist with a leader, and 503 otherwise,
 // with a JSON [HealthReport] of every check. It answers within [HealthConfig].Timeout whatever
-// NATS does.
+// NATS does. [Ready] returns a handler, to mount at /readyz, that answers 200 while the broker
+// serves (broker.Broker.Serving) and 503 otherwise: the readiness probe of a broker that may stand
+// by.
 package metrics

@@ -80,6 +80,30 @@ func Health(cfg HealthConfig) http.Handler {
 	})
 }
 
+// Ready returns an HTTP handler, to mount at /readyz, that answers whether the broker serves
+// (serving, as broker.Broker.Serving): 200 and {"status":"serving"} if it does, else 503 and
+// {"status":"not_serving"} (a standby, a broker recovering, or one cut off from its claim on the
+// store). It asks NATS nothing. Unlike /healthz, which says whether the storage a broker needs is
+// there, it says whether this broker answers requests: point a load balancer's or an orchestrator's
+// readiness probe at it. Other methods than GET and HEAD get 405.
+func Ready(serving func() bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		status, body := http.StatusOK, `{"status":"serving"}`
+		if !serving() {
+			status, body = http.StatusServiceUnavailable, `{"status":"not_serving"}`
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body + "\n"))
+	})
+}
+
 // CheckHealth checks, within cfg.Timeout (or ctx's deadline, if sooner), that cfg.Conn is
 // connected, that JetStream answers for its account, and that the buckets <prefix>-queues,
 // <prefix>-messages, <prefix>-locks and <prefix>-schedules and the streams <prefix>-bodies (and <prefix>-events with

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,6 +200,30 @@ func TestHealthMethods(t *testing.T) {
 	h := metrics.Health(metrics.HealthConfig{})
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/healthz", http.NoBody))
+	if rec.Code != http.StatusMethodNotAllowed || rec.Header().Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST: status %d, Allow %q; want 405 and GET, HEAD", rec.Code, rec.Header().Get("Allow"))
+	}
+}
+
+// TestReady: /readyz answers what serving says, at each request, and takes GET and HEAD only.
+func TestReady(t *testing.T) {
+	t.Parallel()
+	var serving atomic.Bool
+	h := metrics.Ready(serving.Load)
+	get := func() (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", http.NoBody))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := get(); code != http.StatusServiceUnavailable || body != "{\"status\":\"not_serving\"}\n" {
+		t.Errorf("not serving: %d %q, want 503 not_serving", code, body)
+	}
+	serving.Store(true)
+	if code, body := get(); code != http.StatusOK || body != "{\"status\":\"serving\"}\n" {
+		t.Errorf("serving: %d %q, want 200 serving", code, body)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/readyz", http.NoBody))
 	if rec.Code != http.StatusMethodNotAllowed || rec.Header().Get("Allow") != "GET, HEAD" {
 		t.Errorf("POST: status %d, Allow %q; want 405 and GET, HEAD", rec.Code, rec.Header().Get("Allow"))
 	}

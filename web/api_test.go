@@ -698,11 +698,11 @@ func TestMetricsAndHealth(t *testing.T) {
 	text := func(s string) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(s)) })
 	}
-	s, err := web.New(web.Config{Client: c, Metrics: text("metrics"), Health: text("ok")})
+	s, err := web.New(web.Config{Client: c, Metrics: text("metrics"), Health: text("ok"), Ready: text("ready")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for path, want := range map[string]string{"/metrics": "metrics", "/healthz": "ok"} {
+	for path, want := range map[string]string{"/metrics": "metrics", "/healthz": "ok", "/readyz": "ready"} {
 		rec := httptest.NewRecorder()
 		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 		if rec.Code != http.StatusOK || rec.Body.String() != want {
@@ -800,7 +800,7 @@ func TestHostsOfAnExposedListener(t *testing.T) {
 	t.Parallel()
 	e := setup(t) // for its client
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
-	s, err := web.New(web.Config{Client: e.c, Logger: discard(), Hosts: []string{"localhost", "dash.corp"}, AnyIP: true, Metrics: ok, Health: ok})
+	s, err := web.New(web.Config{Client: e.c, Logger: discard(), Hosts: []string{"localhost", "dash.corp"}, AnyIP: true, Metrics: ok, Health: ok, Ready: ok})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -825,8 +825,8 @@ func TestHostsOfAnExposedListener(t *testing.T) {
 			t.Errorf("Host %q: status %d, want %d", host, rec.Code, want)
 		}
 	}
-	// Machines scrape /metrics and probe /healthz by whatever name they know the listener by.
-	for _, path := range []string{"/metrics", "/healthz"} {
+	// Machines scrape /metrics and probe /healthz and /readyz by whatever name they know the listener by.
+	for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
 		req := httptest.NewRequest(http.MethodGet, path, nil)
 		req.Host = "natstone.monitoring.svc:8080"
 		rec := httptest.NewRecorder()

@@ -95,7 +95,7 @@
 // to the browser and would otherwise read the API and toggle the flags. natstone serve sets the
 // loopback names when --http is a loopback address; else localhost, the --http name and the
 // --http-host names, with [Config.AnyIP] (a Host that is an IP address is no rebinding). /metrics,
-// /healthz and requests without a Host are answered whatever the name.
+// /healthz, /readyz and requests without a Host are answered whatever the name.
 //
 // # Errors
 //
@@ -122,5 +122,6 @@
 // asks for a second click). It refreshes every 2 seconds unless
 // paused.
 //
-// When set, Config.Metrics and Config.Health are served at GET /metrics and GET /healthz.
+// When set, Config.Metrics, Config.Health and Config.Ready are served at GET /metrics, GET /healthz
+// and GET /readyz.
 package web

@@ -38,6 +38,8 @@ type Config struct {
 	Metrics http.Handler
 	// Health, if set, is served at GET /healthz.
 	Health http.Handler
+	// Ready, if set, is served at GET /readyz.
+	Ready http.Handler
 	// Logger receives the changes of blocked flags (level info) and the requests the broker did not
 	// answer (level warn). Default slog.Default().
 	Logger *slog.Logger
@@ -93,6 +95,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Health != nil {
 		mux.Handle("GET /healthz", cfg.Health)
 	}
+	if cfg.Ready != nil {
+		mux.Handle("GET /readyz", cfg.Ready)
+	}
 	// The dashboard's files one by one rather than "GET /", so that an unknown path is a 404 and a
 	// GET of a POST route a 405.
 	dash := dashboard(http.FileServerFS(files))
@@ -119,7 +124,7 @@ func New(cfg Config) (*Server, error) {
 
 // allowHosts answers only requests whose Host names one of hosts, or with anyIP is an IP address
 // (all of them if hosts is empty). A request without a Host (HTTP/1.0, a load balancer's health
-// check) comes from no browser, and /metrics and /healthz are for machines that scrape them by
+// check) comes from no browser, and /metrics, /healthz and /readyz are for machines that scrape them by
 // whatever name they know the listener by: those are answered whatever the Host.
 func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 	if len(hosts) == 0 {
@@ -132,7 +137,7 @@ func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 		}
 		host = strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ".")
 		_, ipErr := netip.ParseAddr(host) // zones (fe80::1%eth0) included
-		if host == "" || anyIP && ipErr == nil || r.URL.Path == "/metrics" || r.URL.Path == "/healthz" {
+		if host == "" || anyIP && ipErr == nil || r.URL.Path == "/metrics" || r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -146,7 +151,7 @@ func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 }
 
 // Handler returns the handler of every route: the API under /api/, the dashboard at /, and
-// /metrics and /healthz when configured.
+// /metrics, /healthz and /readyz when configured.
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // secure sets the headers that keep every response to its own origin.

@@ -156,7 +156,7 @@ Flags:
 	fs.DurationVar(&cfg.claimTTL, "claim-ttl", broker.DefaultClaimTTL, "how long a standby broker waits, seeing the store's claim unchanged, before it takes the store over (at least 1s)")
 	fs.DurationVar(&cfg.writeTimeout, "write-timeout", broker.DefaultWriteTimeout, "how long the broker waits for storage to answer — a write's acknowledgement, a payload read — before it issues the write again or fails the read (at least 100ms): a message whose write's acknowledgement is lost, in a server restart say, is held as it was until storage answers")
 	fs.DurationVar(&cfg.startTimeout, "start-timeout", DefaultStartTimeout, "how long a start may take until requests are answered, the recovery of every pending message included (0: no bound)")
-	fs.StringVar(&cfg.httpAddr, "http", "", "`host:port` of an HTTP listener for the dashboard, /metrics and /healthz (off unless given)")
+	fs.StringVar(&cfg.httpAddr, "http", "", "`host:port` of an HTTP listener for the dashboard, /metrics, /healthz and /readyz (off unless given)")
 	fs.Var(&cfg.httpHosts, "http-host", "a host `name` the HTTP listener answers to, besides localhost and its IP addresses (a DNS name or a proxy's; repeatable): others are refused, against DNS rebinding")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")

@@ -73,6 +73,7 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 			StorePrefix: cfg.storePrefix,
 			Events:      !cfg.noEvents,
 		}),
+		Ready:  metrics.Ready(b.Serving),
 		Logger: log,
 		Hosts:  hosts,
 		AnyIP:  anyIP,

@@ -67,6 +67,9 @@ func TestServeHTTP(t *testing.T) {
 	if status, body := httpGet(t, base+"/healthz"); status != http.StatusOK || !strings.Contains(body, `"status":"ok"`) {
 		t.Errorf("GET /healthz: %d %s, want ok", status, body)
 	}
+	if status, body := httpGet(t, base+"/readyz"); status != http.StatusOK || !strings.Contains(body, `"serving"`) {
+		t.Errorf("GET /readyz: %d %s, want 200 serving", status, body)
+	}
 	var h subjects.HistoryReply
 	request(t, dial(t, "nats://"+line.Listen), "natstone.v1.history.jobs", `{"id":"`+firstID(t, base)+`"}`, &h)
 	if len(h.Events) != 2 {
@@ -133,6 +136,9 @@ func TestServeStandbyHTTP(t *testing.T) {
 	if status, body := httpGet(t, base+"/healthz"); status != http.StatusOK {
 		t.Errorf("GET /healthz of the standby: %d %s, want ok", status, body)
 	}
+	if status, body := httpGet(t, base+"/readyz"); status != http.StatusServiceUnavailable || !strings.Contains(body, "not_serving") {
+		t.Errorf("GET /readyz of the standby: %d %s, want 503 not_serving", status, body)
+	}
 	if status, body := httpGet(t, base+"/metrics"); status != http.StatusOK || !strings.Contains(body, "natstone_broker_serving 0") {
 		t.Errorf("GET /metrics of the standby: %d, want natstone_broker_serving 0", status)
 	}
@@ -143,6 +149,9 @@ func TestServeStandbyHTTP(t *testing.T) {
 	p2.log.readyLine(t)
 	if status, body := httpGet(t, base+"/metrics"); status != http.StatusOK || !strings.Contains(body, "natstone_broker_serving 1") {
 		t.Errorf("GET /metrics after the take-over: %d, want natstone_broker_serving 1", status)
+	}
+	if status, body := httpGet(t, base+"/readyz"); status != http.StatusOK || !strings.Contains(body, `"serving"`) {
+		t.Errorf("GET /readyz after the take-over: %d %s, want 200 serving", status, body)
 	}
 	p2.stop(t)
 }
