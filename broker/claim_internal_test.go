@@ -235,8 +235,8 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 		t.Fatal("the claim does not hold 2s after the last renewal")
 	}
 	ca.Advance(DefaultClaimTTL/2 - DefaultClaimTTL/5) // 5 s
-	if a.claim.held() {
-		t.Fatal("the claim holds ttl/2 after the last renewal stored")
+	if a.claim.held() || a.Serving() {
+		t.Fatal("the claim holds, or the broker says it serves, ttl/2 after the last renewal stored")
 	}
 
 	srv = srv.Restart(t)
@@ -267,8 +267,8 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 	}
 
 	ca.Advance(DefaultClaimTTL / 5) // the renewal lands
-	if !a.claim.held() {
-		t.Fatal("the claim does not hold after a renewal stored")
+	if !a.claim.held() || !a.Serving() {
+		t.Fatal("the claim does not hold, or the broker does not say it serves, after a renewal stored")
 	}
 	if reply, err = nc.Request(list, nil, 10*time.Second); err != nil {
 		t.Fatal(err)
