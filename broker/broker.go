@@ -40,7 +40,9 @@ type Config struct {
 	Prefix string
 	// StorePrefix names the KV buckets and the bodies stream. Default kv.DefaultPrefix ("natstone").
 	StorePrefix string
-	// Replicas of every bucket and stream (3 on a production cluster). Default 1.
+	// Replicas of every bucket and stream (3 on a production cluster). Default: as many as the
+	// store has (its messages bucket's), 1 for a new store. A store that has other replicas than
+	// the ones given is scaled to them, with a warning when it is scaled down.
 	Replicas int
 	// MemoryStorage keeps data in memory only: for tests and benchmarks, never production.
 	MemoryStorage bool
@@ -225,6 +227,13 @@ func (b *Broker) Claim(ctx context.Context) error {
 		js, err := jetstream.New(b.cfg.Conn, jetstream.WithPublishAsyncTimeout(b.cfg.WriteTimeout))
 		if err != nil {
 			return fmt.Errorf("natstone: jetstream: %w", err)
+		}
+		if b.cfg.Replicas == 0 {
+			// Not given: the store's own, so that a broker started without them (a standby, a
+			// restart) does not scale a replicated store down.
+			if b.cfg.Replicas, err = kv.StoreReplicas(ctx, js, b.cfg.StorePrefix); err != nil {
+				return fmt.Errorf("natstone: the store's replicas: %w", err)
+			}
 		}
 		var claims *kv.Claims
 		if err := b.placed(ctx, placementWait, func() (err error) { claims, err = kv.OpenClaims(ctx, b.kvConfig(js)); return err }); err != nil {

@@ -8,6 +8,7 @@
 package broker_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -127,23 +128,46 @@ func clusterEnv(t *testing.T, srv *natstest.Server) (*env, *natstest.LogBuffer) 
 	return e, logs
 }
 
-// TestFewerReplicasInAClusterAreLogged: a broker started without the replicas the store has (here
-// 1 against 3) scales the store down, as the new holder's settings apply, and says so in its log.
+// TestFewerReplicasInAClusterAreLogged: a broker started without replicas keeps the store's (here
+// 3), so that a restart or a standby started without them scales nothing down; one started with
+// fewer (1) scales the store down, as the new holder's settings apply, and says so in its log.
 func TestFewerReplicasInAClusterAreLogged(t *testing.T) {
 	t.Parallel()
 	e, logs := clusterEnv(t, natstest.StartCluster(t, nil)[0])
 	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
-	if strings.Contains(logs.String(), "scaled down") {
-		t.Fatalf("a start with the store's own replicas warned:\n%s", logs)
+	replicas := func() map[string]int {
+		got := map[string]int{}
+		for name := range e.jetStream().StreamNames(context.Background()).Name() {
+			st, err := e.jetStream().Stream(context.Background(), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[name] = st.CachedInfo().Config.Replicas
+		}
+		return got
 	}
 	e.stopBroker(e.b)
-	e.cfg.Replicas = 0 // the default: 1
+	e.cfg.Replicas = 0 // not given: the store's
+	e.startBroker()
+	if strings.Contains(logs.String(), "scaled down") {
+		t.Fatalf("a start without replicas warned:\n%s", logs)
+	}
+	for name, n := range replicas() {
+		if n != 3 {
+			t.Fatalf("stream %s has %d replicas after a start without replicas, want the store's 3 (%v)", name, n, replicas())
+		}
+	}
+	e.stopBroker(e.b)
+	e.cfg.Replicas = 1
 	e.startBroker()
 	if !strings.Contains(logs.String(), "the store is scaled down to this broker's replicas") {
 		t.Fatalf("no warning of the store scaled down from 3 replicas to 1:\n%s", logs)
 	}
 	if got := e.get("q", "m"); got.ID != "m" {
 		t.Fatalf("the message after the scale down: %+v", got)
+	}
+	if got := replicas()["KV_natstone-messages"]; got != 1 {
+		t.Fatalf("the messages bucket has %d replicas after a start with 1", got)
 	}
 }
 

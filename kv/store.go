@@ -63,6 +63,19 @@ func (cfg *Config) maxBytes() int64 {
 	return cfg.MaxBytes
 }
 
+// StoreReplicas returns the replicas of the store with prefix (default DefaultPrefix): its messages
+// bucket's, or 1 when there is no such bucket yet.
+func StoreReplicas(ctx context.Context, js jetstream.JetStream, prefix string) (int, error) {
+	st, err := js.Stream(ctx, "KV_"+cmp.Or(prefix, DefaultPrefix)+"-messages")
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return 1, nil
+	case err != nil:
+		return 0, err
+	}
+	return max(st.CachedInfo().Config.Replicas, 1), nil
+}
+
 // Store is natstone's storage in JetStream. It is safe for concurrent use.
 type Store struct {
 	js        jetstream.JetStream

@@ -146,7 +146,7 @@ Flags:
 	fs.StringVar(&syncMode, "sync", "default", "embedded server's JetStream sync `mode`: always (fsync before every ack) or default")
 	fs.StringVar(&cfg.prefix, "prefix", subjects.DefaultPrefix, "`prefix` of the request subjects")
 	fs.StringVar(&cfg.storePrefix, "store-prefix", kv.DefaultPrefix, "`prefix` of the KV buckets, the bodies and events streams, and the events' subjects (another store needs another --prefix too)")
-	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas of every bucket and stream (above 1 needs a clustered --nats-url)")
+	fs.IntVar(&cfg.replicas, "replicas", 0, "replicas of every bucket and stream (above 1 needs a clustered --nats-url); default: as many as the store has (its messages bucket's), 1 for a new store. A store with other replicas is scaled to these")
 	fs.BoolVar(&cfg.disableAutoCreate, "no-auto-create", false, "fail an enqueue to an unknown queue instead of creating it")
 	fs.BoolVar(&cfg.noEvents, "no-events", false, "publish no transition events (history then answers unavailable)")
 	fs.Int64Var(&cfg.storeMaxBytes, "store-max-bytes", -1, "`bytes` each bucket, the payloads stream and the snapshots store may hold (-1: no bound; else at least 1 MiB), for an account that requires every stream to declare a size (Synadia Cloud's); the account reserves 7 × this × --replicas, plus --events-max-bytes. At the bound storage refuses natstone's writes and the queues stop until it is raised: size it for the peak")
@@ -253,7 +253,9 @@ Flags:
 	} else if len(cfg.httpHosts) > 0 {
 		return usageErr("--http-host needs --http")
 	}
-	if cfg.replicas < 1 {
+	replicasGiven := false
+	fs.Visit(func(f *flag.Flag) { replicasGiven = replicasGiven || f.Name == "replicas" })
+	if cfg.replicas < 0 || replicasGiven && cfg.replicas < 1 {
 		return usageErr("--replicas must be at least 1, not %d", cfg.replicas)
 	}
 	if cfg.replicas > 1 && cfg.natsURL == "" {

@@ -385,7 +385,7 @@ func TestDefaultDataDirIsRelative(t *testing.T) {
 	if want := filepath.Join(wd, DefaultDataDir); cfg.dataDir != want {
 		t.Fatalf("default data dir = %q, want %q", cfg.dataDir, want)
 	}
-	if cfg.host != "127.0.0.1" || cfg.port != 4222 || cfg.syncAlways || cfg.replicas != 1 {
+	if cfg.host != "127.0.0.1" || cfg.port != 4222 || cfg.syncAlways || cfg.replicas != 0 { // 0: the store's own
 		t.Fatalf("defaults: %+v", cfg)
 	}
 }
