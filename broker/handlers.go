@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,6 +45,7 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		if !b.claim.held() {
 			err = subjects.Errorf(subjects.CodeUnavailable, "the broker's claim on the store ran out: another broker may serve it")
 		}
+		err = stopping(err, b.ctx.Err() != nil)
 		var out *nats.Msg
 		if err == nil {
 			var data []byte
@@ -65,6 +67,17 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		b.observer.Request(ep.op, code, took)
 		b.respond(msg, out)
 	})
+}
+
+// stopping says why a request failed unavailable while the broker stopped (its ctx ended: Stop, or
+// the claim lost), which ended the request's waits on storage: "the broker is stopping", rather
+// than only what it waited for ("store payload: context canceled"), which a client cannot act on.
+func stopping(err error, stopped bool) error {
+	var e *subjects.Error
+	if !stopped || !errors.As(err, &e) || e.Code != subjects.CodeUnavailable || strings.HasPrefix(e.Message, "the broker") {
+		return err
+	}
+	return subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping: %s", e.Message)
 }
 
 // encodeReply returns the JSON of a reply, with HTML escaping off. Messages, the replies of every

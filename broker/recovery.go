@@ -355,7 +355,7 @@ func (b *Broker) dropOrphans(ctx context.Context, bodies *kv.Bodies, lastBody ui
 	if err := errors.Join(errs...); err != nil {
 		log = log.With("not_deleted", len(candidates)-n-kept, "error", err)
 	}
-	log.Warn("payloads without a record deleted (enqueues that a crash or a failed write interrupted)")
+	log.Warn("payloads without a record deleted: enqueues that a stop, a crash or a failed write interrupted before their record was stored, none of them acknowledged")
 }
 
 // inParallel calls f for every index below n, at most 64 at a time, and returns their errors.

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -36,4 +37,28 @@ func FuzzReplyShare(f *testing.F) {
 			t.Fatalf("the message takes %d bytes with its comma, replyShare says at most %d:\n%s", len(got)+1, share, got)
 		}
 	})
+}
+
+// TestStoppingSaysSo: a request that failed unavailable because the broker stopped while it waited
+// on storage says the broker is stopping; any other error, or one while the broker runs, is kept.
+func TestStoppingSaysSo(t *testing.T) {
+	waited := subjects.Errorf(subjects.CodeUnavailable, "store payload: context canceled")
+	got := stopping(waited, true)
+	var e *subjects.Error
+	if !errors.As(got, &e) || e.Code != subjects.CodeUnavailable || e.Message != "the broker is stopping: store payload: context canceled" {
+		t.Fatalf("stopping: %v", got)
+	}
+	for _, kept := range []struct {
+		err     error
+		stopped bool
+	}{
+		{waited, false},
+		{subjects.Errorf(subjects.CodeInvalidID, "bad id"), true},
+		{subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"), true},
+		{nil, true},
+	} {
+		if got := stopping(kept.err, kept.stopped); got != kept.err {
+			t.Errorf("stopping(%v, %v) = %v, want it kept", kept.err, kept.stopped, got)
+		}
+	}
 }
