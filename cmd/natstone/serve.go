@@ -486,8 +486,9 @@ func (cfg *serveConfig) natsLogin() []nats.Option {
 }
 
 // connect opens a connection of the broker named name to cfg.natsURL, reconnecting forever.
-// closed is closed when the connection is.
+// closed is closed when the connection is. Its log lines name it (the broker has two).
 func connect(cfg *serveConfig, log *slog.Logger, name string, closed chan struct{}) (*nats.Conn, error) {
+	log = log.With("conn", name)
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
