@@ -58,6 +58,7 @@ type claimer struct {
 	stored chan struct{} // closed, and replaced, when a renewal is stored
 	rev    uint64        // the claim's revision; 0 until acquired
 	lastOK time.Time     // when the last renewal that was stored was sent
+	warned time.Time     // when a failed renewal was last logged
 	timer  clock.Timer
 	// next is what the renewal timer reaches the claimer through; end clears it. A stopped timer
 	// can stay in the runtime's timer heap until it would have fired, and must not keep the
@@ -148,11 +149,14 @@ func (c *claimer) end() {
 }
 
 // arm schedules the next renewal. The caller holds c.mu.
-func (c *claimer) arm() {
+func (c *claimer) arm() { c.armIn(c.every()) }
+
+// armIn arms the next renewal d from now.
+func (c *claimer) armIn(d time.Duration) {
 	next := new(atomic.Pointer[claimer])
 	next.Store(c)
 	c.next = next
-	c.timer = c.clock.AfterFunc(c.every(), func() {
+	c.timer = c.clock.AfterFunc(d, func() {
 		if c := next.Load(); c != nil {
 			c.renew()
 		}
@@ -351,10 +355,24 @@ func (c *claimer) renew() {
 	default:
 		// Storage out of reach: past ttl/2 the broker answers unavailable (held), and a renewal
 		// that lands later, at the same revision, proves that no standby took over meanwhile.
-		c.b.log.Warn("could not renew the store's claim", "err", err, "unrenewed_for", c.clock.Now().Sub(c.lastOK))
+		if now := c.clock.Now(); now.Sub(c.warned) >= c.every() { // once per ttl/5, not per retry
+			c.warned = now
+			c.b.log.Warn("could not renew the store's claim", "err", err, "unrenewed_for", now.Sub(c.lastOK))
+		}
+		if errors.Is(err, kv.ErrNoLeader) {
+			// Tried again soon, not ttl/5 later: the claims bucket of a cluster whose server
+			// leading it was killed takes writes again once it has elected a leader, and the
+			// queues, which stop ttl/2 after the last renewal stored, should serve again within
+			// moments of that. (Other failures, a timeout or a lost connection, took their time.)
+			c.armIn(min(claimRetry, c.every()))
+			return
+		}
 	}
 	c.arm()
 }
+
+// claimRetry is how soon a renewal that failed is tried again.
+const claimRetry = 250 * time.Millisecond
 
 // abandon stops renewing the claim, and leaves it to expire.
 func (c *claimer) abandon() {

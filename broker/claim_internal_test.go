@@ -730,3 +730,57 @@ func TestClaimAfterItWasLost(t *testing.T) {
 		t.Fatalf("Claim after the claim was lost = %v, want ErrClaimLost", err)
 	}
 }
+
+// TestRenewalRetriedSoonWhileTheClaimsHaveNoLeader: a renewal refused because nothing serves the
+// claims bucket (no responders: here JetStream is off for a moment; on a cluster, the bucket's
+// leader was killed and the others are electing one) is tried again claimRetry later, not ttl/5
+// later, so that the broker serves again within moments of the bucket taking writes.
+func TestRenewalRetriedSoonWhileTheClaimsHaveNoLeader(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca := clock.NewFake(time.Unix(0, 0))
+	var logs natstest.LogBuffer
+	a := claimBroker(t, srv, ca, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	js := srv.NATS().JetStreamConfig()
+	js.StoreDir = srv.StoreDir() // the server's option, under which it keeps "jetstream"
+	if err := srv.NATS().ShutdownJetStream(); err != nil {
+		t.Fatal(err)
+	}
+	ca.Advance(DefaultClaimTTL / 5) // the renewal is refused: no responders
+	if !strings.Contains(logs.String(), "could not renew the store's claim") || !strings.Contains(logs.String(), "no server took the write") {
+		t.Fatalf("no refused renewal logged:\n%s", logs.String())
+	}
+	a.claim.mu.Lock()
+	last := a.claim.lastOK
+	a.claim.mu.Unlock()
+	if err := srv.NATS().EnableJetStream(js); err != nil {
+		t.Fatal(err)
+	}
+	// The bucket takes writes again (its stream answers): the next try, claimRetry later, lands.
+	nc := srv.Connect(t)
+	jsc, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := jsc.Stream(ctx, "KV_natstone-claims")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the claims bucket after JetStream came back: %v", err)
+		}
+	}
+	ca.Advance(claimRetry)
+	a.claim.mu.Lock()
+	renewed := a.claim.lastOK.After(last)
+	a.claim.mu.Unlock()
+	if !renewed {
+		t.Fatalf("the claim was not renewed %v after a refused renewal, with the bucket back:\n%s", claimRetry, logs.String())
+	}
+	running(t, a)
+}
