@@ -5,7 +5,9 @@
 // queries. A [Worker] runs a [Handler] on a queue's messages: it long-polls for messages, extends
 // their leases while the handler runs, and completes, releases (with backoff) or cancels each one by
 // what the handler returned. A failed handler's error goes with the release ([FailureText]): the
-// message's history ([Client.History]) shows why each attempt failed. A slot's complete (or the release of a failed attempt) also leases the
+// message's history ([Client.History]) shows why each attempt failed. A handler whose message is
+// not ready to run returns [Snooze]: it waits, with its attempt given back. A handler whose message
+// someone else cancels is told within moments ([WorkerConfig].Events). A slot's complete (or the release of a failed attempt) also leases the
 // slot's next message, in the same request ([Client.CompleteNext]): a slot costs one round trip per
 // message while the queue has work, and long-polls only when it has none.
 //
@@ -23,7 +25,8 @@
 //
 //	w, _ := workers.NewWorker(c, &workers.WorkerConfig{Queue: "emails", Concurrency: 4},
 //		workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
-//			return send(ctx, job.Payload) // nil: completed; error: retried later; workers.Discard(err): canceled
+//			return send(ctx, job.Payload) // nil: completed; error: retried later; workers.Discard(err): canceled;
+//			// workers.Snooze(time.Minute): not ready, asked again in a minute, no attempt spent
 //		}))
 //	w.Start(ctx)
 //	defer func() { // on the way out: running handlers get 30 s to finish

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Handler processes one leased message. What it returns decides the message's fate:
 //   - nil: the message is completed;
 //   - an error matching ErrDiscard (see Discard): the message is canceled, never retried;
+//   - a Snooze error: the message waits the snooze's delay, its attempt given back;
 //   - any other error, or a panic: the message is released, pending again after the worker's
 //     BackoffFunc for its attempt (errored once its attempts are spent).
 //
@@ -58,6 +60,27 @@ func Discard(reason error) error {
 		return ErrDiscard
 	}
 	return fmt.Errorf("%w: %w", ErrDiscard, reason)
+}
+
+// SnoozeError is the error Snooze returns.
+type SnoozeError struct {
+	Delay time.Duration // how long the message stays invisible
+}
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("natstone: snoozed for %v", e.Delay) }
+
+// Snooze returns an error that, returned by a handler, puts its message back to wait d (invisible
+// for d, at most subjects.MaxInvisible; 0: pending again at once) with its attempt given back: the
+// message was not ready to run (a rate limit, a resource not there yet), it did not fail, so it
+// neither backs off nor spends an attempt, and its history does not count a failure (its released
+// event says it was snoozed). A message snoozed forever runs forever: bound it in the handler, by
+// Job.Attempts or the message's age.
+func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }
+
+// isSnooze reports whether a handler's result asks for a snooze.
+func isSnooze(err error) bool {
+	_, ok := errors.AsType[*SnoozeError](err)
+	return ok
 }
 
 // ErrLeaseLost is the context.Cause of a handler's context when its lease is gone: an extension

@@ -721,6 +721,17 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 			log.Debug("dequeue after the settle failed; the slot polls", "error", s.NextErr)
 		}
 	}
+	release := func(opts *ReleaseOpts) {
+		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
+			if next == nil {
+				_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, opts)
+				return err
+			}
+			s, err := w.client.ReleaseNext(ctx, job.Queue, job.ID, job.LeaseID, opts, next)
+			keep(s, err)
+			return err
+		})
+	}
 	switch {
 	case err == nil:
 		w.finish(jobCtx, "complete", expires, log, func(ctx context.Context) error {
@@ -743,6 +754,11 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		// The handler was interrupted (the worker is stopping), not failing: no backoff.
 		log.Info("handler interrupted: worker stopped", "error", err)
 		w.releaseInterrupted(jobCtx, job, expires, log)
+	case isSnooze(err):
+		sn, _ := errors.AsType[*SnoozeError](err)
+		delay := min(max(sn.Delay, 0), subjects.MaxInvisible)
+		log.Info("handler snoozed the message", "for", delay)
+		release(&ReleaseOpts{Delay: delay, Refund: true, Error: FailureText(err)})
 	default:
 		if errors.Is(context.Cause(hctx), ErrHandlerTimeout) {
 			if errors.Is(err, ErrHandlerTimeout) { // the handler returned its context's cause
@@ -757,16 +773,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		} else {
 			log.Warn("handler failed; message released", "error", err, "retry_in", delay)
 		}
-		opts := &ReleaseOpts{Delay: delay, Error: FailureText(err)}
-		w.finish(jobCtx, "release", expires, log, func(ctx context.Context) error {
-			if next == nil {
-				_, err := w.client.Release(ctx, job.Queue, job.ID, job.LeaseID, opts)
-				return err
-			}
-			s, err := w.client.ReleaseNext(ctx, job.Queue, job.ID, job.LeaseID, opts, next)
-			keep(s, err)
-			return err
-		})
+		release(&ReleaseOpts{Delay: delay, Error: FailureText(err)})
 	}
 	return got
 }

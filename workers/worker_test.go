@@ -342,6 +342,52 @@ func TestWorkerReleasesWithBackoff(t *testing.T) {
 	}
 }
 
+// TestWorkerSnoozes: a handler that returns Snooze puts its message back invisible for the snooze,
+// with its attempt given back and no backoff asked for; it runs again once the snooze is over, as
+// attempt 1 again, on a queue of one attempt, and its history counts no failure.
+func TestWorkerSnoozes(t *testing.T) {
+	t.Parallel()
+	e := setupFake(t)
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 1})
+	e.enqueue("q", "not yet", &workers.EnqueueOpts{ID: "m1"})
+	const snooze = 90 * time.Second
+	attempts := make(chan int, 2)
+	var runs atomic.Int32
+	e.startWorker(&workers.WorkerConfig{
+		Queue:       "q",
+		BackoffFunc: func(int) time.Duration { t.Error("a snooze asked for a backoff"); return 0 },
+	}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+		attempts <- job.Attempts
+		if runs.Add(1) == 1 {
+			return workers.Snooze(snooze)
+		}
+		return nil
+	}))
+	if a := recv(t, attempts); a != 1 {
+		t.Fatalf("first run: attempt %d, want 1", a)
+	}
+	var m workers.Message
+	waitFor(t, "the message snoozed", func() bool { m = e.get("q", "m1"); return m.State == subjects.StateInvisible })
+	if d := m.VisibleAt.Sub(m.UpdatedAt); d != snooze || m.Attempts != 0 || m.AttemptsLeft != 1 {
+		t.Fatalf("snoozed: invisible for %v, attempts %d (%d left); want %v, 0 (1 left)", d, m.Attempts, m.AttemptsLeft, snooze)
+	}
+	e.clk.Advance(snooze)
+	if a := recv(t, attempts); a != 1 {
+		t.Fatalf("the run after the snooze: attempt %d, want 1 (the snooze gave its attempt back)", a)
+	}
+	e.waitState("q", "m1", subjects.StateCompleted)
+	hist, err := e.c.History(ctx(t), "q", "m1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hist.Failures != 0 {
+		t.Fatalf("history counts %d failures, want none: %+v", hist.Failures, hist.Events)
+	}
+	if got := e.failures("q", "m1"); !slices.Equal(got, []string{"released: natstone: snoozed for 1m30s"}) {
+		t.Fatalf("history's releases %q, want the snooze's", got)
+	}
+}
+
 // TestWorkerHandlerTimeout: a handler that runs past WorkerConfig.Timeout has its context ended with
 // ErrHandlerTimeout, and its attempt fails: released, then errored on the last, each time with an
 // error saying so in the history.
