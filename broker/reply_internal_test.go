@@ -57,7 +57,7 @@ func TestStoppingSaysSo(t *testing.T) {
 		{subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"), true},
 		{nil, true},
 	} {
-		if got := stopping(kept.err, kept.stopped); got != kept.err {
+		if got := stopping(kept.err, kept.stopped); got != kept.err { //nolint:errorlint // the very value, not one wrapping it
 			t.Errorf("stopping(%v, %v) = %v, want it kept", kept.err, kept.stopped, got)
 		}
 	}
