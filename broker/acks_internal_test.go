@@ -99,7 +99,7 @@ func TestWriteNoServerTookIsIssuedAgainOnceOneMay(t *testing.T) {
 		}
 		return b.cfg.Conn.Stats().OutMsgs >= from+rewrites+2
 	})
-	if _, err := kv.Open(ctx, b.kvConfig(js)); err != nil { // the stream again, empty
+	if _, err := kv.Open(ctx, b.kvConfig(js, 1)); err != nil { // the stream again, empty
 		t.Fatal(err)
 	}
 	storedM(t, b, done)
@@ -139,7 +139,7 @@ func TestElectionsDoNotSpendAWritesTries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := kv.Open(ctx, b.kvConfig(js)); err != nil { // the stream again, empty
+	if _, err := kv.Open(ctx, b.kvConfig(js, 1)); err != nil { // the stream again, empty
 		t.Fatal(err)
 	}
 	if err := taken.Unsubscribe(); err != nil {
@@ -213,7 +213,7 @@ func TestElectionIssuesEveryPayloadOfABatchAgain(t *testing.T) {
 			t.Fatalf("payload %d: %v", i+1, err)
 		}
 	}
-	if _, err := kv.Open(ctx, b.kvConfig(js)); err != nil { // the stream again, empty
+	if _, err := kv.Open(ctx, b.kvConfig(js, 1)); err != nil { // the stream again, empty
 		t.Fatal(err)
 	}
 	if err := taken.Unsubscribe(); err != nil {

@@ -228,15 +228,12 @@ func (b *Broker) Claim(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("natstone: jetstream: %w", err)
 		}
-		if b.cfg.Replicas == 0 {
-			// Not given: the store's own, so that a broker started without them (a standby, a
-			// restart) does not scale a replicated store down.
-			if b.cfg.Replicas, err = kv.StoreReplicas(ctx, js, b.cfg.StorePrefix); err != nil {
-				return fmt.Errorf("natstone: the store's replicas: %w", err)
-			}
+		replicas, err := b.replicas(ctx, js)
+		if err != nil {
+			return err
 		}
 		var claims *kv.Claims
-		if err := b.placed(ctx, placementWait, func() (err error) { claims, err = kv.OpenClaims(ctx, b.kvConfig(js)); return err }); err != nil {
+		if err := b.placed(ctx, placementWait, func() (err error) { claims, err = kv.OpenClaims(ctx, b.kvConfig(js, replicas)); return err }); err != nil {
 			return err
 		}
 		b.claim.claims = claims
@@ -342,9 +339,24 @@ func (b *Broker) Start(ctx context.Context) error {
 	return err
 }
 
-// kvConfig is the storage's configuration, through js.
-func (b *Broker) kvConfig(js jetstream.JetStream) *kv.Config {
-	return &kv.Config{JS: js, Prefix: b.cfg.StorePrefix, Replicas: b.cfg.Replicas, MemoryStorage: b.cfg.MemoryStorage, MaxBytes: b.cfg.StoreMaxBytes}
+// kvConfig is the storage's configuration, through js, with replicas.
+func (b *Broker) kvConfig(js jetstream.JetStream, replicas int) *kv.Config {
+	return &kv.Config{JS: js, Prefix: b.cfg.StorePrefix, Replicas: replicas, MemoryStorage: b.cfg.MemoryStorage, MaxBytes: b.cfg.StoreMaxBytes}
+}
+
+// replicas returns the replicas to open the storage with: Config.Replicas, or if not given the
+// store's own as it is now (1 for a new store), so that a broker started without them (a restart,
+// a standby) scales nothing. Asked again at each opening: a standby's takeover comes long after its
+// start, and the store may have been made, or scaled, meanwhile.
+func (b *Broker) replicas(ctx context.Context, js jetstream.JetStream) (int, error) {
+	if b.cfg.Replicas > 0 {
+		return b.cfg.Replicas, nil
+	}
+	n, err := kv.StoreReplicas(ctx, js, b.cfg.StorePrefix)
+	if err != nil {
+		return 0, fmt.Errorf("natstone: the store's replicas: %w", err)
+	}
+	return n, nil
 }
 
 // placementWait bounds how long opening the storage waits for a cluster to place its streams
@@ -398,15 +410,19 @@ func (b *Broker) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
-	var store *kv.Store
-	if err := b.placed(ctx, placementWait, func() (err error) { store, err = kv.Open(ctx, b.kvConfig(js)); return err }); err != nil {
+	replicas, err := b.replicas(ctx, js)
+	if err != nil {
 		return err
 	}
-	if had, want := store.ScaledDownFrom(), cmp.Or(b.cfg.Replicas, 1); had > 0 {
+	var store *kv.Store
+	if err := b.placed(ctx, placementWait, func() (err error) { store, err = kv.Open(ctx, b.kvConfig(js, replicas)); return err }); err != nil {
+		return err
+	}
+	if had := store.ScaledDownFrom(); had > 0 {
 		// Opening the store applies this broker's settings (design.md): one started without the
 		// --replicas the store was made with scales it down, which an operator should not learn of
 		// by accident.
-		b.log.Warn("the store is scaled down to this broker's replicas", "replicas", had, "to", want)
+		b.log.Warn("the store is scaled down to this broker's replicas", "replicas", had, "to", replicas)
 	}
 	var events *kv.Events
 	if !b.cfg.DisableEvents {
@@ -419,7 +435,7 @@ func (b *Broker) open(ctx context.Context) error {
 		ecfg := &kv.EventsConfig{
 			JS:            ejs,
 			Prefix:        b.cfg.StorePrefix,
-			Replicas:      b.cfg.Replicas,
+			Replicas:      replicas,
 			MemoryStorage: b.cfg.MemoryStorage,
 			MaxAge:        b.cfg.EventsMaxAge,
 			MaxBytes:      b.cfg.EventsMaxBytes,

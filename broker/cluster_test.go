@@ -224,3 +224,68 @@ func TestHistoryInACluster(t *testing.T) {
 		}
 	}
 }
+
+// TestStandbyTakesTheStoresReplicasAtTakeOver: a standby started without replicas before the store
+// existed takes over a store made since with three, and keeps them: it looks at the store's
+// replicas when it opens the store, not when it began to stand by.
+func TestStandbyTakesTheStoresReplicasAtTakeOver(t *testing.T) {
+	t.Parallel()
+	srvs := natstest.StartCluster(t, nil)
+	logs := &natstest.LogBuffer{}
+	newBroker := func(replicas int) *broker.Broker {
+		b, err := broker.New(&broker.Config{Conn: srvs[0].Connect(t), Replicas: replicas,
+			Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := newBroker(3)
+	if err := a.Claim(ctx); err != nil { // the claim only: the messages bucket is not made yet
+		t.Fatal(err)
+	}
+	b := newBroker(0)
+	started := make(chan error, 1)
+	go func() { started <- b.Start(ctx) }()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !strings.Contains(logs.String(), "standing by") {
+		select {
+		case <-tick.C:
+		case err := <-started:
+			t.Fatalf("the standby started (%v) while another broker held the claim", err)
+		case <-ctx.Done():
+			t.Fatalf("the second broker did not stand by:\n%s", logs)
+		}
+	}
+	if err := a.Start(ctx); err != nil { // makes the store, with three replicas
+		t.Fatal(err)
+	}
+	if err := a.Stop(ctx); err != nil { // releases the claim: the standby takes over
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	if strings.Contains(logs.String(), "scaled down") {
+		t.Fatalf("the standby scaled the store down:\n%s", logs)
+	}
+	js, err := jetstream.New(srvs[1].Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "KV_natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.CachedInfo().Config.Replicas; n != 3 {
+		t.Fatalf("the messages bucket has %d replicas after the takeover, want the 3 it was made with", n)
+	}
+}
