@@ -68,7 +68,8 @@ type publisher struct {
 	flush    chan struct{}  // stop lingering: the batch is full, or someone waits
 	closing  bool
 	done     chan struct{}
-	abort    chan struct{} // closed when a close gave up waiting: no more pauses to publish again
+	closed   chan struct{} // closed when a close begins: refused batches are not waited out
+	abort    chan struct{} // closed when a close gave up waiting: what is left is dropped
 	aborted  sync.Once
 
 	published atomic.Uint64
@@ -87,6 +88,7 @@ func newPublisher(b *Broker, store *kv.Events, linger time.Duration) *publisher 
 		wake:     make(chan struct{}, 1),
 		flush:    make(chan struct{}, 1),
 		done:     make(chan struct{}),
+		closed:   make(chan struct{}),
 		abort:    make(chan struct{}),
 	}
 	if store == nil {
@@ -224,12 +226,24 @@ func (p *publisher) publish(batch []pendingEvent) {
 	var err error
 	first, pause := time.Now(), eventRetryPause
 	for try := 1; ; try++ {
+		select {
+		case <-p.abort: // a close gave up waiting: what is left is dropped at once
+			p.drop(len(datas), "broker stopped")
+			return
+		default:
+		}
 		if _, err = p.store.PublishBatch(subjs, datas).Wait(ctx); err == nil {
 			p.published.Add(uint64(len(datas)))
 			return
 		}
 		p.refused.Add(1)
-		if try >= eventPublishTries && time.Since(first) >= p.b.cfg.WriteTimeout {
+		p.mu.Lock()
+		closing := p.closing
+		p.mu.Unlock()
+		// Waiting out an election is for a broker that goes on; a stopping one, whose stop waits
+		// for the events and then still has a snapshot to write and its claim to release, gives
+		// a batch its tries and no more.
+		if try >= eventPublishTries && (closing || time.Since(first) >= p.b.cfg.WriteTimeout) {
 			break
 		}
 		t := time.NewTimer(pause)
@@ -239,6 +253,7 @@ func (p *publisher) publish(batch []pendingEvent) {
 			t.Stop()
 			p.drop(len(datas), "broker stopped: "+err.Error())
 			return
+		case <-p.closed: // a close began: no more waiting out an election (above)
 		}
 		pause = min(2*pause, eventRetryPauseMax)
 	}
@@ -279,6 +294,9 @@ func (p *publisher) close(ctx context.Context) error {
 		return nil
 	}
 	p.mu.Lock()
+	if !p.closing {
+		close(p.closed)
+	}
 	p.closing = true
 	p.mu.Unlock()
 	signal(p.wake)

@@ -231,3 +231,24 @@ func TestPublisherCloseGivesUpOnAStreamWithoutLeader(t *testing.T) {
 		t.Fatalf("%d published, %d dropped; want the event dropped", pub, drop)
 	}
 }
+
+// TestPublisherClosingGivesABatchItsTriesOnly: a close drains the buffer, but does not wait out a
+// stream that takes nothing as a running broker does: a stop has its snapshot to write and its
+// claim to release after the events, within the same time. Each batch gets eventPublishTries.
+func TestPublisherClosingGivesABatchItsTriesOnly(t *testing.T) {
+	ctx, js, p := testPublisher(t, "stopping", time.Hour)
+	if err := js.DeleteStream(ctx, "stopping-events"); err != nil {
+		t.Fatal(err)
+	}
+	p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: "m", Version: 1}})
+	began := time.Now()
+	if err := p.close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took >= p.b.cfg.WriteTimeout/2 {
+		t.Fatalf("close took %v: it waited out the refusals as a running broker does", took)
+	}
+	if pub, drop, tries := p.published.Load(), p.dropped.Load(), p.refused.Load(); pub != 0 || drop != 1 || tries != eventPublishTries {
+		t.Fatalf("%d published, %d dropped after %d tries; want the event dropped after %d", pub, drop, tries, eventPublishTries)
+	}
+}
