@@ -752,6 +752,10 @@ func TestRenewalRetriedSoonWhileTheClaimsHaveNoLeader(t *testing.T) {
 	if !strings.Contains(logs.String(), "could not renew the store's claim") || !strings.Contains(logs.String(), "no server took the write") {
 		t.Fatalf("no refused renewal logged:\n%s", logs.String())
 	}
+	ca.Advance(2 * claimRetry) // two more tries, refused too: logged once per ttl/5, not per try
+	if n := strings.Count(logs.String(), "could not renew the store's claim"); n != 1 {
+		t.Fatalf("%d failed renewals logged within ttl/5, want 1:\n%s", n, logs.String())
+	}
 	a.claim.mu.Lock()
 	last := a.claim.lastOK
 	a.claim.mu.Unlock()

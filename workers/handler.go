@@ -70,12 +70,16 @@ type SnoozeError struct {
 func (e *SnoozeError) Error() string { return fmt.Sprintf("natstone: snoozed for %v", e.Delay) }
 
 // Snooze returns an error that, returned by a handler, puts its message back to wait d (invisible
-// for d, at most subjects.MaxInvisible; 0: pending again at once) with its attempt given back: the
-// message was not ready to run (a rate limit, a resource not there yet), it did not fail, so it
-// neither backs off nor spends an attempt, and its history does not count a failure (its released
-// event says it was snoozed). A message snoozed forever runs forever: bound it in the handler, by
-// Job.Attempts or the message's age.
+// for d: at least a second, so that a message is not run again and again in a tight loop, and at
+// most subjects.MaxInvisible) with its attempt given back: the message was not ready to run (a
+// rate limit, a resource not there yet), it did not fail, so it neither backs off nor spends an
+// attempt, and its history does not count a failure (its released event says it was snoozed).
+// Job.Attempts does not grow with snoozes: a message snoozed forever runs forever, so bound it in
+// the handler by the message's age (Job.EnqueuedAt).
 func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }
+
+// minSnooze is the shortest snooze.
+const minSnooze = time.Second
 
 // isSnooze reports whether a handler's result asks for a snooze.
 func isSnooze(err error) bool {

@@ -78,6 +78,10 @@ type WorkerConfig struct {
 	// broker served with --no-events, or a NATS user not allowed to subscribe there: see
 	// docs/security.md) a cancel is noticed at the next extension. Default DefaultEvents.
 	Events string
+	// IgnoreCancels makes the worker not subscribe to the cancels (Events): for a NATS user not
+	// allowed to, say, whose server would otherwise report a permissions violation at each Start. A
+	// canceled message's handler then runs until its next extension.
+	IgnoreCancels bool
 	// Logger receives the worker's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -218,10 +222,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	jobCtx, stopJobs := context.WithCancelCause(context.WithoutCancel(ctx))
 	w.stopPoll, w.stopJobs, w.done = stopPoll, stopJobs, make(chan struct{})
 	w.leases = make(map[string]chan struct{})
-	cancels, err := w.client.nc.Subscribe(w.cfg.Events+"."+w.cfg.Queue+"."+string(subjects.EventCanceled)+".*", w.canceled)
-	if err != nil {
-		// Not fatal: a cancel is then noticed at the message's next extension.
-		w.log.Warn("not listening for cancels: a canceled message's handler runs until its next extension", "queue", w.cfg.Queue, "error", err)
+	var cancels *nats.Subscription
+	if !w.cfg.IgnoreCancels {
+		var err error
+		cancels, err = w.client.nc.Subscribe(w.cfg.Events+"."+w.cfg.Queue+"."+string(subjects.EventCanceled)+".*", w.canceled)
+		if err != nil {
+			// Not fatal: a cancel is then noticed at the message's next extension. (A NATS user
+			// not allowed the subject is refused later, by the server: that reaches the
+			// connection's error handler, not this.)
+			w.log.Warn("not listening for cancels: a canceled message's handler runs until its next extension", "queue", w.cfg.Queue, "error", err)
+		}
 	}
 
 	var slots sync.WaitGroup
@@ -583,6 +593,11 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		case err := <-result:
 			return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
 		case <-canceled:
+			select {
+			case err := <-result: // returned as the event came: settle (and learn) rather than extend
+				return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
+			default:
+			}
 			// Someone canceled the message, an event says: extend now, and the refusal, if the
 			// event was true, ends the handler below. The timer keeps its time.
 			if next, lost := w.extend(jobCtx, job, lease, every, &expires, false, log); lost {
@@ -750,18 +765,18 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 			_, err := w.client.CancelWith(ctx, job.Queue, job.ID, job.LeaseID, &CancelOpts{Error: why})
 			return err
 		})
+	case isSnooze(err):
+		sn, _ := errors.AsType[*SnoozeError](err)
+		delay := min(max(sn.Delay, minSnooze), subjects.MaxInvisible)
+		log.Info("handler snoozed the message", "for", delay)
+		release(&ReleaseOpts{Delay: delay, Refund: true, Error: (&SnoozeError{Delay: delay}).Error()})
 	case hctx.Err() != nil && !errors.Is(context.Cause(hctx), ErrHandlerTimeout):
 		// The handler was interrupted (the worker is stopping), not failing: no backoff.
 		log.Info("handler interrupted: worker stopped", "error", err)
 		w.releaseInterrupted(jobCtx, job, expires, log)
-	case isSnooze(err):
-		sn, _ := errors.AsType[*SnoozeError](err)
-		delay := min(max(sn.Delay, 0), subjects.MaxInvisible)
-		log.Info("handler snoozed the message", "for", delay)
-		release(&ReleaseOpts{Delay: delay, Refund: true, Error: FailureText(err)})
 	default:
 		if errors.Is(context.Cause(hctx), ErrHandlerTimeout) {
-			if errors.Is(err, ErrHandlerTimeout) { // the handler returned its context's cause
+			if err.Error() == ErrHandlerTimeout.Error() { // the handler returned its context's cause, bare
 				err = fmt.Errorf("%w after %v", ErrHandlerTimeout, w.cfg.Timeout)
 			} else {
 				err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, w.cfg.Timeout, err)

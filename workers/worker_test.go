@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/kv"
@@ -373,15 +374,76 @@ func TestWorkerSnoozes(t *testing.T) {
 	}
 }
 
+// TestWorkerSnoozeOfZero: a snooze shorter than a second waits a second, so that a handler that
+// snoozes at once does not run its message again and again (the snooze's release also leases the
+// slot's next message, which would be this one).
+func TestWorkerSnoozeOfZero(t *testing.T) {
+	t.Parallel()
+	e := setupFake(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "not yet", &workers.EnqueueOpts{ID: "m1"})
+	var runs atomic.Int32
+	e.startWorker(&workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(context.Context, *workers.Job) error {
+		if runs.Add(1) == 1 {
+			return workers.Snooze(0)
+		}
+		return nil
+	}))
+	var m workers.Message
+	waitFor(t, "the message snoozed", func() bool { m = e.get("q", "m1"); return m.State == subjects.StateInvisible })
+	if d := m.VisibleAt.Sub(m.UpdatedAt); d != time.Second {
+		t.Fatalf("Snooze(0): invisible for %v, want a second", d)
+	}
+	e.clk.Advance(time.Second)
+	e.waitState("q", "m1", subjects.StateCompleted)
+	if got := e.failures("q", "m1"); !slices.Equal(got, []string{"released: natstone: snoozed for 1s"}) {
+		t.Fatalf("history's releases %q", got)
+	}
+}
+
+// TestWorkerIgnoreCancels: a worker subscribes to its queue's cancels unless IgnoreCancels says not
+// to (the server's own count of the subject's subscriptions tells).
+func TestWorkerIgnoreCancels(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	subs := func() int {
+		t.Helper()
+		if _, err := e.c.Queue(ctx(t), "q"); err != nil { // a round trip: the worker's SUB, sent before, is in
+			t.Fatal(err)
+		}
+		sz, err := e.srv.NATS().Subsz(&server.SubszOptions{Subscriptions: true, Test: "natstone.events.q.canceled.bTE"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(sz.Subs)
+	}
+	base := subs() // the events stream's own
+	idle := workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil })
+	w := e.startWorker(&workers.WorkerConfig{Queue: "q", IgnoreCancels: true}, idle)
+	if n := subs() - base; n != 0 {
+		t.Fatalf("%d subscriptions to the cancels with IgnoreCancels, want none", n)
+	}
+	stop(t, w)
+	w = e.startWorker(&workers.WorkerConfig{Queue: "q"}, idle)
+	if n := subs() - base; n != 1 {
+		t.Fatalf("%d subscriptions to the cancels, want the worker's", n)
+	}
+	stop(t, w)
+	if n := subs() - base; n != 0 {
+		t.Fatalf("%d subscriptions to the cancels after the worker stopped, want none", n)
+	}
+}
+
 // TestWorkerHandlerTimeout: a handler that runs past WorkerConfig.Timeout has its context ended with
 // ErrHandlerTimeout, and its attempt fails: released, then errored on the last, each time with an
 // error saying so in the history.
 func TestWorkerHandlerTimeout(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 2})
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 3})
 	e.enqueue("q", "slow", &workers.EnqueueOpts{ID: "m"})
-	causes, backoffs := make(chan error, 2), make(chan int, 2)
+	causes, backoffs := make(chan error, 3), make(chan int, 3)
 	backoff := func(attempt int) time.Duration {
 		backoffs <- attempt // a timed-out attempt is a failure: it backs off like any other
 		return 0
@@ -390,12 +452,15 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 		workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
 			<-ctx.Done()
 			causes <- context.Cause(ctx)
-			if job.Attempts == 2 {
+			switch job.Attempts {
+			case 2:
 				return context.Cause(ctx) // ErrHandlerTimeout itself: said once in the history
+			case 3:
+				return fmt.Errorf("fetch page 3: %w", context.Cause(ctx)) // its own words kept
 			}
 			return ctx.Err()
 		}))
-	for attempt := 1; attempt <= 2; attempt++ {
+	for attempt := 1; attempt <= 3; attempt++ {
 		if err := recv(t, causes); !errors.Is(err, workers.ErrHandlerTimeout) {
 			t.Fatalf("handler's context ended with %v, want ErrHandlerTimeout", err)
 		}
@@ -405,7 +470,8 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 	}
 	e.waitState("q", "m", subjects.StateErrored)
 	got := e.failures("q", "m")
-	want := []string{"released: natstone: handler timed out after 50ms: context deadline exceeded", "errored: natstone: handler timed out after 50ms"}
+	want := []string{"released: natstone: handler timed out after 50ms: context deadline exceeded", "released: natstone: handler timed out after 50ms",
+		"errored: natstone: handler timed out after 50ms: fetch page 3: natstone: handler timed out"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("history's failures %q, want %q", got, want)
 	}
