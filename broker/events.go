@@ -24,10 +24,12 @@ const maxEventBatch = 4096
 const eventLinger = 20 * time.Millisecond
 
 // eventPublishTries is how often a batch whose acknowledgement did not come is published at least
-// before its events are dropped; it is published again, after a pause (eventRetryPause doubling up
-// to eventRetryPauseMax), until the broker's write timeout has passed since the first try. A
-// stream's leader election, when a server of a cluster is killed, takes a second or two, and the
-// writes it refuses meanwhile are issued again like the records' (design.md, "Writes").
+// before its events are dropped; a running broker publishes it again, after a pause
+// (eventRetryPause doubling up to eventRetryPauseMax), until the broker's write timeout has passed
+// since the first try. A stream's leader election, when a server of a cluster is killed, takes a
+// second or two, and the writes it refuses meanwhile are issued again like the records' (design.md,
+// "Writes"). A closing publisher gives a batch eventPublishTries, and once one is dropped so, drops
+// the rest without a try (refusedAtClose).
 const (
 	eventPublishTries  = 3
 	eventRetryPause    = 50 * time.Millisecond
@@ -56,6 +58,10 @@ type publisher struct {
 
 	linger time.Duration // eventLinger, or what a test sets
 	enc    []byte        // the run goroutine's encoding buffer
+	// refusedAtClose (the run goroutine's) is set when a closing publisher dropped a batch the
+	// stream refused: the batches after it are dropped without a try, so that a stop spends the
+	// tries of one batch on a refusing stream, not of every batch buffered.
+	refusedAtClose bool
 
 	mu       sync.Mutex
 	buf      []pendingEvent
@@ -197,6 +203,10 @@ func (p *publisher) run() {
 // acknowledgement does not come is published again (eventPublishTries, eventRetryPause). The events are
 // encoded into one buffer, reused from batch to batch.
 func (p *publisher) publish(batch []pendingEvent) {
+	if p.refusedAtClose {
+		p.drop(len(batch), "broker stopping, its events stream refusing")
+		return
+	}
 	subjs := make([]string, 0, len(batch))
 	spans := make([][2]int, 0, len(batch)) // each event's bytes in buf
 	buf := p.enc[:0]
@@ -244,6 +254,7 @@ func (p *publisher) publish(batch []pendingEvent) {
 		// for the events and then still has a snapshot to write and its claim to release, gives
 		// a batch its tries and no more.
 		if try >= eventPublishTries && (closing || time.Since(first) >= p.b.cfg.WriteTimeout) {
+			p.refusedAtClose = closing
 			break
 		}
 		t := time.NewTimer(pause)

@@ -60,9 +60,10 @@ type WorkerConfig struct {
 	ExtendEveryFunc func(lease time.Duration) time.Duration
 	// Timeout bounds a handler's run: its context then ends, with the cause ErrHandlerTimeout, and
 	// what it returns is a failed attempt, released with backoff like any other, with an error
-	// saying it timed out — unless it returns nil (completed) or a Discard error (canceled). The
-	// lease is extended until the handler returns, whether it heeds its context or not: a message
-	// (and in an exclusive queue its value) stays held while its handler runs. Default 0: no bound.
+	// saying it timed out — unless it returns nil (completed), a Discard error (canceled) or a
+	// Snooze (snoozed). The lease is extended until the handler returns, whether it heeds its
+	// context or not: a message (and in an exclusive queue its value) stays held while its handler
+	// runs. Default 0: no bound.
 	Timeout time.Duration
 	// Name identifies the worker in the leased events of its messages (history shows it); at most
 	// subjects.MaxWorkerLen bytes. Default "<hostname>:<pid>".
@@ -769,7 +770,11 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		sn, _ := errors.AsType[*SnoozeError](err)
 		delay := min(max(sn.Delay, minSnooze), subjects.MaxInvisible)
 		log.Info("handler snoozed the message", "for", delay)
-		release(&ReleaseOpts{Delay: delay, Refund: true, Error: (&SnoozeError{Delay: delay}).Error()})
+		why := FailureText(err) // the handler's own words, if it wrapped the snooze
+		if delay != sn.Delay {
+			why = (&SnoozeError{Delay: delay}).Error() // what it got, not what it asked
+		}
+		release(&ReleaseOpts{Delay: delay, Refund: true, Error: why})
 	case hctx.Err() != nil && !errors.Is(context.Cause(hctx), ErrHandlerTimeout):
 		// The handler was interrupted (the worker is stopping), not failing: no backoff.
 		log.Info("handler interrupted: worker stopped", "error", err)

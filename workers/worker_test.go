@@ -345,7 +345,7 @@ func TestWorkerSnoozes(t *testing.T) {
 	}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
 		attempts <- job.Attempts
 		if runs.Add(1) == 1 {
-			return workers.Snooze(snooze)
+			return fmt.Errorf("rate limited: %w", workers.Snooze(snooze)) // its words kept
 		}
 		return nil
 	}))
@@ -369,7 +369,7 @@ func TestWorkerSnoozes(t *testing.T) {
 	if hist.Failures != 0 {
 		t.Fatalf("history counts %d failures, want none: %+v", hist.Failures, hist.Events)
 	}
-	if got := e.failures("q", "m1"); !slices.Equal(got, []string{"released: natstone: snoozed for 1m30s"}) {
+	if got := e.failures("q", "m1"); !slices.Equal(got, []string{"released: rate limited: natstone: snoozed for 1m30s"}) {
 		t.Fatalf("history's releases %q, want the snooze's", got)
 	}
 }
