@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -135,6 +136,11 @@ func TestDashboard(t *testing.T) {
 		if got := evaluate[[]string](b, "parseFilter("+string(js)+")"); !slices.Equal(got, want) {
 			t.Errorf("parseFilter(%s) = %q, want %q", js, got, want)
 		}
+		// The address the Filter button makes holds the pairs escaped as the box writes them:
+		// read back, they are the same pairs (a comma in a value once split it in two).
+		if got := evaluate[[]string](b, "parseFilter(parseFilter("+string(js)+").map(escapePair).join(','))"); !slices.Equal(got, want) {
+			t.Errorf("the pairs of %s, escaped and read back: %q, want %q", js, got, want)
+		}
 	}
 
 	// A filter narrows the list to the matching messages.
@@ -218,7 +224,29 @@ func TestDashboard(t *testing.T) {
 	}
 	b.noError()
 
+	// An action that fails says why, and the page's refreshes do not take that away: here a cancel
+	// confirmed after the message changed (refreshes paused, so the confirmation stays armed on the
+	// version shown). A click on the banner dismisses it.
+	b.click(`#refresh-toggle`)
+	b.click(`#cancel`)
+	b.poll(`document.querySelector('#cancel-confirm') !== null`)
+	if _, err := e.c.Reschedule(ctx(t), "orders", "order-6", workers.RescheduleOpts{Priority: ptr(int64(5))}); err != nil {
+		t.Fatal(err)
+	}
+	refreshes := evaluate[string](b, `document.querySelector('[data-view="message"]').dataset.refreshes`)
+	b.click(`#cancel-confirm`)
+	b.poll(`document.querySelector('[data-view="message"]').dataset.refreshes !== ` + strconv.Quote(refreshes) +
+		` && document.querySelector('#fields [data-field="version"]').textContent !== ''`)
+	if got := evaluate[string](b, `document.getElementById('error').hidden ? '' : document.getElementById('error').textContent`); !strings.HasPrefix(got, "revision_mismatch: ") {
+		t.Errorf("after a refused cancel and the refresh after it, the banner says %q, want the refusal", got)
+	}
+	b.click(`#error`)
+	b.noError()
+	b.expected("/api/queues/orders/cancel:1: Failed to load resource: the server responded with a status of 409")
+	b.click(`#refresh-toggle`)
+
 	// The pending message's page cancels it, at the second click.
+	b.poll(`document.querySelector('#cancel') !== null`)
 	b.click(`#cancel`)
 	b.poll(`document.querySelector('#cancel-confirm') !== null && document.querySelector('#cancel') === null`)
 	if m, err := e.c.Get(ctx(t), "orders", "order-6"); err != nil || m.State != subjects.StatePending {
@@ -267,6 +295,21 @@ func TestDashboard(t *testing.T) {
 	b.do(chromedp.Navigate(e.http.URL + "/#/queues/pairs"))
 	b.waitLoaded(`[data-view="queue"][data-queue="pairs"]`)
 	b.poll(`[...document.querySelectorAll('#config dt')].some(dt => dt.textContent === 'type' && dt.nextElementSibling.textContent === 'exclusive by tenant, 2 running per value')`)
+
+	// A queue's block switches stay disabled until its flags are known: on the page of a queue that
+	// does not exist, for good.
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/nope"))
+	b.poll(`!document.getElementById('error').hidden && document.getElementById('error').textContent.startsWith('queue_not_found')`)
+	if !evaluate[bool](b, `document.querySelector('#toggle-enqueue-blocked').disabled && document.querySelector('#toggle-dequeue-blocked').disabled`) {
+		t.Error("the block switches of a queue that does not exist can be clicked")
+	}
+	b.expected("/api/queues/nope")
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/pairs"))
+	b.waitLoaded(`[data-view="queue"][data-queue="pairs"]`)
+	if evaluate[bool](b, `document.querySelector('#toggle-enqueue-blocked').disabled`) {
+		t.Error("the block switches of a loaded queue are disabled")
+	}
+	b.noError()
 
 	// The refresh can be paused.
 	b.click(`#refresh-toggle`)
@@ -421,6 +464,27 @@ func (b *tab) screenshot(dir, name string) {
 }
 
 // checkConsole fails the test if the page logged an error or threw.
+// expected waits for the console's report that contains what, a refusal the test itself provoked
+// (the browser reports it as a failed resource load), and drops it.
+func (b *tab) expected(what string) {
+	b.t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(10 * time.Second); ; <-tick.C {
+		b.mu.Lock()
+		n := len(b.problems)
+		b.problems = slices.DeleteFunc(b.problems, func(p string) bool { return strings.Contains(p, what) })
+		dropped := n != len(b.problems)
+		b.mu.Unlock()
+		if dropped {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("the console never reported %q", what)
+		}
+	}
+}
+
 func (b *tab) checkConsole() {
 	b.t.Helper()
 	b.mu.Lock()

@@ -163,11 +163,11 @@ function post(path, body) {
 function postOnClick(button, path, body, then) {
   button.addEventListener('click', async () => {
     button.disabled = true;
+    setActionError(null);
     try {
       await post(path, body);
-      setError(null);
     } catch (err) {
-      setError(err);
+      setActionError(err);
     } finally {
       button.disabled = false;
     }
@@ -183,6 +183,11 @@ function query(pairs) {
 
 // parseFilter turns "k=v, k2=v2" into ["k=v", "k2=v2"], throwing on a piece that is not key=value.
 // A backslash takes the next character as it is: "k=a\,b" is the one pair k = "a,b".
+// escapePair writes a filter pair in the filter box's syntax, which parseFilter reads.
+function escapePair(p) {
+  return p.replace(/[\\,]/g, c => '\\' + c);
+}
+
 function parseFilter(text) {
   const pieces = [];
   let piece = '';
@@ -234,6 +239,8 @@ function show() {
   const v = views[r.view](r);
   current = v;
   setError(null);
+  setActionError(null);
+  $updated.textContent = ''; // this view's own, once it has data
   set($crumbs, ...crumbs(r));
   set($view, v.root);
   refresh(v);
@@ -255,21 +262,48 @@ async function refresh(v) {
     await v.update();
     v.root.dataset.loaded = 'true';
     v.root.dataset.refreshes = String(Number(v.root.dataset.refreshes || 0) + 1);
+    v.root.classList.remove('stale');
     if (v === current) {
       setError(null);
-      $updated.textContent = 'updated ' + new Date().toLocaleTimeString();
+      $updated.textContent = 'updated ' + new Date().toISOString().slice(11, 19) + ' UTC';
     }
   } catch (err) {
+    if (v.root.dataset.loaded) v.root.classList.add('stale'); // what is shown is no longer current
     if (v === current) setError(err);
   } finally {
     v.busy = false;
   }
 }
 
+// The banner shows what failed: an action's error (a click's, a switch's, a filter's), which stays
+// until the next action, a click on the banner or another page, however often the view refreshes
+// meanwhile; else the last refresh's, which the next refresh that succeeds clears.
+let refreshError = null;
+let actionError = null;
+
 function setError(err) {
-  $error.hidden = !err;
-  $error.textContent = err ? (err.code ? err.code + ': ' : '') + err.message : '';
+  refreshError = err;
+  showError();
 }
+
+function setActionError(err) {
+  actionError = err;
+  showError();
+}
+
+function showError() {
+  const err = actionError || refreshError;
+  $error.hidden = !err;
+  $error.dataset.kind = actionError ? 'action' : 'refresh';
+  let text = err ? (err.code ? err.code + ': ' : '') + err.message : '';
+  if (err && !err.code && err instanceof TypeError) {
+    // fetch's own failure ("Failed to fetch"): natstone did not answer at all.
+    text = 'natstone does not answer (' + err.message + '): what is shown is as it was when last updated';
+  }
+  $error.textContent = text;
+}
+
+$error.addEventListener('click', () => setActionError(null));
 
 $pause.addEventListener('click', () => {
   paused = !paused;
@@ -408,13 +442,16 @@ function queueView(r) {
 
   function applyFilter(text) {
     let pairs;
+    setActionError(null);
     try {
       pairs = parseFilter(text);
     } catch (err) {
-      setError(err);
+      setActionError(err);
       return;
     }
-    const target = queueHref(name, tabParams(r.state, pairs.join(',')));
+    // Each pair as the box's syntax writes it: a comma or a backslash in it escaped, so that
+    // parseFilter reads the same pairs back from the address.
+    const target = queueHref(name, tabParams(r.state, pairs.map(escapePair).join(',')));
     if (location.hash === target) refresh(view);
     else location.hash = target;
   }
@@ -428,18 +465,20 @@ function queueView(r) {
   }
 
   function blockSwitch(field, label) {
-    const input = h('input', { type: 'checkbox', role: 'switch', id: 'toggle-' + field.replace('_', '-'), 'data-flag': field });
+    // Disabled until the queue's flags are known (setSwitches): a switch shown off before that
+    // would say a blocked queue is not, and a click on it would set what nobody saw.
+    const input = h('input', { type: 'checkbox', role: 'switch', id: 'toggle-' + field.replace('_', '-'), 'data-flag': field, disabled: true });
     input.addEventListener('change', async () => {
       const want = input.checked;
       togglesInFlight++;
       input.disabled = true;
+      setActionError(null);
       try {
         const info = await post(apiQueue(name) + '/blocked', { [field]: want });
         setSwitches(info.config);
-        setError(null);
       } catch (err) {
         input.checked = !want;
-        setError(err);
+        setActionError(err);
       } finally {
         togglesInFlight--;
         input.disabled = false;
@@ -452,6 +491,7 @@ function queueView(r) {
   function setSwitches(cfg) {
     enqueueSwitch.input.checked = cfg.enqueue_blocked;
     dequeueSwitch.input.checked = cfg.dequeue_blocked;
+    enqueueSwitch.input.disabled = dequeueSwitch.input.disabled = false;
     set(badges, blockedBadges(cfg));
   }
 
@@ -663,7 +703,7 @@ function messageView(r) {
       h('td', { class: 'nowrap' }, clock(e.at)),
       h('td', { class: 'nowrap' }, e.prev_state ? e.prev_state + ' → ' : '', e.state ? stateBadge(e.state) : '—'),
       h('td', { class: 'num' }, e.attempts + '/' + e.max_attempts),
-      h('td', { class: 'nowrap' }, e.worker || ''),
+      h('td', {}, e.worker || ''),
       h('td', {}, e.lease_id ? h('code', {}, e.lease_id) : '', e.lease_expires_at ? [' until ', clock(e.lease_expires_at)] : ''),
       h('td', { class: 'dur' }, e.state ? [bar(e.state_ms / longest, 'state-' + e.state), ' ', duration(e.state_ms), e.current ? ' so far' : ''] : ''))));
   }
