@@ -205,11 +205,12 @@ type messagesReply struct {
 	Limit    int               `json:"limit"`
 	Messages []message         `json:"messages"`
 	More     bool              `json:"more"`
+	Next     string            `json:"next,omitempty"` // with more: the after of the next page
 }
 
 // listMessages answers GET /api/queues/{name}/messages with a browse.
 func (s *Server) listMessages(r *http.Request) (any, error) {
-	q, err := query(r.URL, []string{"state", "filter", "limit"}, "filter")
+	q, err := query(r.URL, []string{"state", "filter", "limit", "after"}, "filter")
 	if err != nil {
 		return nil, err
 	}
@@ -226,12 +227,11 @@ func (s *Server) listMessages(r *http.Request) (any, error) {
 		return nil, err
 	}
 	name := r.PathValue("name")
-	msgs, next, err := s.client.Browse(r.Context(), name, state, &workers.BrowseOpts{Filter: filter, Limit: limit})
-	more := next != ""
+	msgs, next, err := s.client.Browse(r.Context(), name, state, &workers.BrowseOpts{Filter: filter, Limit: limit, After: q.Get("after")})
 	if err != nil {
 		return nil, err
 	}
-	reply := messagesReply{Queue: name, State: state, Filter: filter, Limit: limit, Messages: make([]message, len(msgs)), More: more}
+	reply := messagesReply{Queue: name, State: state, Filter: filter, Limit: limit, Messages: make([]message, len(msgs)), More: next != "", Next: next}
 	for i := range msgs {
 		reply.Messages[i] = newMessage(&msgs[i])
 	}

@@ -76,6 +76,7 @@ type (
 		Limit    int               `json:"limit"`
 		Messages []apiMessage      `json:"messages"`
 		More     bool              `json:"more"`
+		Next     string            `json:"next"`
 	}
 	messageDetail struct {
 		Message      *apiMessage            `json:"message"`
@@ -243,7 +244,30 @@ func TestMessages(t *testing.T) {
 		t.Errorf("running %+v, want the lease %s", got.Messages, running.LeaseID)
 	}
 
-	status, h, body := e.do(http.MethodGet, "/api/queues/nope/messages", "", "")
+	// Pages: each after the next of the one before, together the whole list, the last without more.
+	var paged []string
+	after := ""
+	for page := 0; ; page++ {
+		var got messageList
+		e.get("/api/queues/q/messages?limit=2&after="+url.QueryEscape(after), &got)
+		for _, m := range got.Messages {
+			paged = append(paged, m.ID)
+		}
+		if got.More != (got.Next != "") {
+			t.Fatalf("page %d: more %v with next %q", page, got.More, got.Next)
+		}
+		if !got.More {
+			break
+		}
+		after = got.Next
+	}
+	if want := e.browse("q", subjects.StatePending, nil); !slices.Equal(paged, want) {
+		t.Errorf("the pages of 2: %v, browse says %v", paged, want)
+	}
+	status, h, body := e.do(http.MethodGet, "/api/queues/q/messages?after=not-a-cursor", "", "")
+	wantError(t, "a made-up after", status, h, body, http.StatusBadRequest, subjects.CodeBadRequest)
+
+	status, h, body = e.do(http.MethodGet, "/api/queues/nope/messages", "", "")
 	wantError(t, "unknown queue", status, h, body, http.StatusNotFound, subjects.CodeQueueNotFound)
 }
 

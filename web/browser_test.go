@@ -296,6 +296,30 @@ func TestDashboard(t *testing.T) {
 	b.waitLoaded(`[data-view="queue"][data-queue="pairs"]`)
 	b.poll(`[...document.querySelectorAll('#config dt')].some(dt => dt.textContent === 'type' && dt.nextElementSibling.textContent === 'exclusive by tenant, 2 running per value')`)
 
+	// A state's messages come 50 to a page: the next page link shows the rest, the first page link
+	// goes back.
+	var bulk []workers.BatchMessage
+	for i := range 53 {
+		bulk = append(bulk, workers.BatchMessage{Payload: []byte("x"), EnqueueOpts: workers.EnqueueOpts{ID: fmt.Sprintf("bulk-%02d", i), Priority: ptr(int64(i))}})
+	}
+	if _, err := e.c.EnqueueBatch(ctx(t), "bulk", bulk); err != nil {
+		t.Fatal(err)
+	}
+	all := e.browse("bulk", subjects.StatePending, nil)
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/bulk"))
+	b.waitLoaded(`[data-view="queue"][data-queue="bulk"][data-after=""]`)
+	if got := b.rows("#messages"); !slices.Equal(got, all[:50]) || evaluate[bool](b, `document.querySelector('#page-first') !== null`) {
+		t.Errorf("the first page: %v, want the first 50 of %v, without a first page link", got, all)
+	}
+	b.click(`#page-next`)
+	b.waitLoaded(`[data-view="queue"][data-queue="bulk"]:not([data-after=""])`)
+	if got := b.rows("#messages"); !slices.Equal(got, all[50:]) || evaluate[bool](b, `document.querySelector('#page-next') !== null`) {
+		t.Errorf("the second page: %v, want %v and no next page link", got, all[50:])
+	}
+	b.click(`#page-first`)
+	b.waitLoaded(`[data-view="queue"][data-queue="bulk"][data-after=""]`)
+	b.noError()
+
 	// A queue's block switches stay disabled until its flags are known: on the page of a queue that
 	// does not exist, for good.
 	b.do(chromedp.Navigate(e.http.URL + "/#/queues/nope"))

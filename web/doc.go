@@ -23,14 +23,16 @@
 //	     and oldest_pending_ms cover only the matching messages (and "filter" echoes them); rates,
 //	     totals and expiring leases (those ending within 30 s) are the queue's.
 //
-//	GET  /api/queues/{name}/messages?state=pending&filter=k=v&filter=k2=v2&limit=50
+//	GET  /api/queues/{name}/messages?state=pending&filter=k=v&filter=k2=v2&limit=50&after=…
 //	     Up to limit (1 to 1000, default 50) messages of one state (default pending) in that state's
 //	     order — pending earliest deadline first, invisible by when they become pending, running by
 //	     lease expiry, completed/canceled/errored by when they ended — optionally only those whose
 //	     metadata has every filter pair: {"queue", "state", "filter", "limit", "messages": [<message>,
-//	     …], "more"}. A message: {"id", "queue", "state", "priority", "metadata", "version",
+//	     …], "more", "next"}. A message: {"id", "queue", "state", "priority", "metadata", "version",
 //	     "attempts", "attempts_left", "lease_id", "lease_expires_at", "enqueued_at", "visible_at",
-//	     "updated_at", "ended_at"}, without its payload. "more" is true when more messages matched.
+//	     "updated_at", "ended_at"}, without its payload. "more" is true when more messages matched;
+//	     "next" is then the after of the next page (protocol.md's browse cursor: given back as it
+//	     is, with the same state and filter).
 //
 //	GET  /api/queues/{name}/messages/{id}
 //	GET  /api/queues/{name}/message?id={id}
@@ -114,9 +116,9 @@
 //
 // GET / serves a single-page dashboard (index.html, app.js, style.css and favicon.svg, embedded in
 // the binary; no build step, nothing loaded from elsewhere, Content-Security-Policy default-src
-// 'self'). Its hash routes: #/ the queues; #/queues/<name>[?state=…&filter=k=v,k2=v2] a queue with its counts, rates,
+// 'self'). Its hash routes: #/ the queues; #/queues/<name>[?state=…&filter=k=v,k2=v2&after=…] a queue with its counts, rates,
 // leases about to expire, blocked switches, its schedules (each with Pause or Resume and Fire now
-// buttons) and its messages by state; #/queues/<name>/messages/<id>
+// buttons) and its messages by state, 50 to a page (next and first page links); #/queues/<name>/messages/<id>
 // a message with its payload preview, history timeline and, errored or canceled, a Retry button
 // (invisible: a Run now button, a reschedule with delay_ms 0; not finished: a Cancel button, which
 // asks for a second click). It refreshes every 2 seconds unless

@@ -228,7 +228,7 @@ function parseRoute() {
   if (parts.length === 2) {
     const state = params.get('state') || 'pending';
     if (!STATES.includes(state)) return { view: 'notFound' };
-    return { view: 'queue', queue: parts[1], state, filter: params.get('filter') || '' };
+    return { view: 'queue', queue: parts[1], state, filter: params.get('filter') || '', after: params.get('after') || '' };
   }
   if (parts.length === 4 && parts[2] === 'messages') return { view: 'message', queue: parts[1], id: parts[3] };
   return { view: 'notFound' };
@@ -411,7 +411,7 @@ function queueView(r) {
   const [heading, column] = stateColumn(r.state);
   const messages = h('tbody');
   const more = h('p', { class: 'muted', id: 'more', hidden: true });
-  const root = h('section', { 'data-view': 'queue', 'data-queue': name, 'data-state': r.state, 'data-filter': filter.join(',') },
+  const root = h('section', { 'data-view': 'queue', 'data-queue': name, 'data-state': r.state, 'data-filter': filter.join(','), 'data-after': r.after },
     h('h1', {}, name, ' ', badges),
     h('div', { class: 'switches' }, enqueueSwitch.el, dequeueSwitch.el),
     counts,
@@ -554,8 +554,12 @@ function queueView(r) {
     if (list.messages.length === 0) {
       messages.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, 'No ' + r.state + ' message' + (filter.length ? ' matches the filter.' : '.'))));
     }
-    more.hidden = !list.more;
-    more.textContent = 'The first ' + list.messages.length + ' are shown; more match.';
+    // Pages of PAGE_LIMIT, each after the last of the one before (browse's cursor, in the address).
+    const links = [];
+    if (r.after) links.push(h('a', { id: 'page-first', href: queueHref(name, tabParams(r.state, r.filter)) }, '« first page'));
+    if (list.more) links.push(h('a', { id: 'page-next', href: queueHref(name, Object.assign(tabParams(r.state, r.filter), { after: list.next })) }, 'next ' + PAGE_LIMIT + ' »'));
+    more.hidden = links.length === 0;
+    set(more, ...links.flatMap((a, i) => i ? [' · ', a] : [a]));
   }
 
   const view = {
@@ -564,7 +568,7 @@ function queueView(r) {
       if (filterError) throw filterError;
       const [q, list] = await Promise.all([
         api(apiQueue(name) + query(filterPairs)),
-        api(apiQueue(name) + '/messages' + query([['state', r.state], ...filterPairs, ['limit', PAGE_LIMIT]])),
+        api(apiQueue(name) + '/messages' + query([['state', r.state], ...filterPairs, ['limit', PAGE_LIMIT], ...(r.after ? [['after', r.after]] : [])])),
       ]);
       render(q, list);
     },
