@@ -111,8 +111,14 @@ func TestDashboard(t *testing.T) {
 	b.poll(`!document.querySelector('#schedules-section').hidden && document.querySelector('tr[data-schedule="nightly"] code').textContent === "0 2 * * *" &&
 		document.querySelector('tr[data-schedule="nightly"] .schedule-overlap').textContent === "skip"`)
 
-	// The dequeue-blocked switch changes the queue.
+	// The dequeue-blocked switch changes the queue, at the second click: the first only arms its
+	// Confirm button.
 	b.click(`#toggle-dequeue-blocked`)
+	b.poll(`!document.querySelector('#toggle-dequeue-blocked-confirm').hidden && !document.querySelector('#toggle-dequeue-blocked').checked`)
+	if info, err := e.c.Queue(ctx(t), "orders"); err != nil || info.Config.DequeueBlocked {
+		t.Errorf("after the first click on the dequeue switch: %+v, %v; want dequeues not blocked yet", info.Config, err)
+	}
+	b.click(`#toggle-dequeue-blocked-confirm`)
 	waitFor(t, "dequeue_blocked to be set", func() bool {
 		info, err := e.c.Queue(ctx(t), "orders")
 		return err == nil && info.Config.DequeueBlocked && !info.Config.EnqueueBlocked

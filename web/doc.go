@@ -117,7 +117,7 @@
 // GET / serves a single-page dashboard (index.html, app.js, style.css and favicon.svg, embedded in
 // the binary; no build step, nothing loaded from elsewhere, Content-Security-Policy default-src
 // 'self'). Its hash routes: #/ the queues; #/queues/<name>[?state=…&filter=k=v,k2=v2&after=…] a queue with its counts, rates,
-// leases about to expire, blocked switches, its schedules (each with Pause or Resume and Fire now
+// leases about to expire, blocked switches (blocking asks for a second click), its schedules (each with Pause or Resume and Fire now
 // buttons) and its messages by state, 50 to a page (next and first page links); #/queues/<name>/messages/<id>
 // a message with its payload preview, history timeline and, errored or canceled, a Retry button
 // (invisible: a Run now button, a reschedule with delay_ms 0; not finished: a Cancel button, which

@@ -464,12 +464,16 @@ function queueView(r) {
       apiQueue(name) + '/schedules/' + encodeURIComponent(s.name) + '/' + action, {}, () => refresh(view));
   }
 
+  // A switch that blocks asks for a second click, on a Confirm button beside it for 5 seconds: one
+  // misclick would otherwise stop a queue's producers or workers. Unblocking takes one click.
   function blockSwitch(field, label) {
     // Disabled until the queue's flags are known (setSwitches): a switch shown off before that
     // would say a blocked queue is not, and a click on it would set what nobody saw.
-    const input = h('input', { type: 'checkbox', role: 'switch', id: 'toggle-' + field.replace('_', '-'), 'data-flag': field, disabled: true });
-    input.addEventListener('change', async () => {
-      const want = input.checked;
+    const id = 'toggle-' + field.replace('_', '-');
+    const input = h('input', { type: 'checkbox', role: 'switch', id, 'data-flag': field, disabled: true });
+    const confirm = h('button', { type: 'button', id: id + '-confirm', hidden: true }, 'Confirm: ' + label.toLowerCase());
+    let disarm = null;
+    async function apply(want) {
       togglesInFlight++;
       input.disabled = true;
       setActionError(null);
@@ -484,8 +488,24 @@ function queueView(r) {
         input.disabled = false;
       }
       refresh(view);
+    }
+    input.addEventListener('change', () => {
+      if (!input.checked) {
+        apply(false);
+        return;
+      }
+      input.checked = false; // not blocked until confirmed
+      confirm.hidden = false;
+      clearTimeout(disarm);
+      disarm = setTimeout(() => { confirm.hidden = true; }, 5000);
     });
-    return { input, el: h('label', { class: 'switch' }, input, ' ', label) };
+    confirm.addEventListener('click', () => {
+      clearTimeout(disarm);
+      confirm.hidden = true;
+      input.checked = true;
+      apply(true);
+    });
+    return { input, el: h('span', { class: 'switch-group' }, h('label', { class: 'switch' }, input, ' ', label), ' ', confirm) };
   }
 
   function setSwitches(cfg) {
