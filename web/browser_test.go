@@ -326,6 +326,16 @@ func TestDashboard(t *testing.T) {
 	b.waitLoaded(`[data-view="queue"][data-queue="bulk"][data-after=""]`)
 	b.noError()
 
+	// A natstone that does not serve (a standby: its /readyz answers 503) says so in the header.
+	if !evaluate[bool](b, `document.getElementById('not-serving').hidden`) {
+		t.Error("the header says not serving while /readyz says serving")
+	}
+	e.serving.Store(false)
+	b.poll(`!document.getElementById('not-serving').hidden`)
+	e.serving.Store(true)
+	b.poll(`document.getElementById('not-serving').hidden`)
+	b.expected("/readyz:1: Failed to load resource: the server responded with a status of 503")
+
 	// A queue's block switches stay disabled until its flags are known: on the page of a queue that
 	// does not exist, for good.
 	b.do(chromedp.Navigate(e.http.URL + "/#/queues/nope"))

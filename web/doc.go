@@ -125,5 +125,5 @@
 // paused.
 //
 // When set, Config.Metrics, Config.Health and Config.Ready are served at GET /metrics, GET /healthz
-// and GET /readyz.
+// and GET /readyz; with Ready, the dashboard's header says "not serving" while it answers 503.
 package web

@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/metrics"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/brokertest"
 	"github.com/natstone/natstone/test/natstest"
@@ -29,10 +31,11 @@ const waitTimeout = 20 * time.Second
 // env is one test's natstone behind the web server: an in-process JetStream server, a broker, a
 // client and the handler on a loopback HTTP server.
 type env struct {
-	t    *testing.T
-	srv  *natstest.Server
-	c    *workers.Client
-	http *httptest.Server
+	t       *testing.T
+	srv     *natstest.Server
+	c       *workers.Client
+	http    *httptest.Server
+	serving atomic.Bool // what the server's /readyz answers
 }
 
 // setup starts a server, a broker (in-memory storage; mod adjusts its config), a client and the web
@@ -51,13 +54,15 @@ func serve(t *testing.T, srv *natstest.Server, cfg *workers.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := web.New(web.Config{Client: c, Logger: discard()})
+	e := &env{t: t, srv: srv, c: c}
+	e.serving.Store(true)
+	s, err := web.New(web.Config{Client: c, Logger: discard(), Ready: metrics.Ready(e.serving.Load)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(s.Handler())
-	t.Cleanup(hs.Close)
-	return &env{t: t, srv: srv, c: c, http: hs}
+	e.http = httptest.NewServer(s.Handler())
+	t.Cleanup(e.http.Close)
+	return e
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

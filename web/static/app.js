@@ -13,6 +13,7 @@ const $view = document.getElementById('view');
 const $crumbs = document.getElementById('crumbs');
 const $error = document.getElementById('error');
 const $updated = document.getElementById('updated');
+const $notServing = document.getElementById('not-serving');
 const $pause = document.getElementById('refresh-toggle');
 
 let paused = false;
@@ -258,6 +259,7 @@ function crumbs(r) {
 async function refresh(v) {
   if (!v || v.busy) return;
   v.busy = true;
+  checkServing();
   try {
     await v.update();
     v.root.dataset.loaded = 'true';
@@ -284,6 +286,18 @@ let actionError = null;
 function setError(err) {
   refreshError = err;
   showError();
+}
+
+// checkServing marks the page of a natstone that does not serve (/readyz 503: a standby, or one cut
+// off from its store). Without a /readyz (404: the web package mounted without Config.Ready), or
+// when it cannot be asked, it says nothing.
+async function checkServing() {
+  try {
+    const res = await fetch('readyz', { cache: 'no-store' });
+    $notServing.hidden = res.status !== 503;
+  } catch (_) {
+    $notServing.hidden = true;
+  }
 }
 
 function setActionError(err) {
