@@ -81,12 +81,6 @@ func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }
 // minSnooze is the shortest snooze.
 const minSnooze = time.Second
 
-// isSnooze reports whether a handler's result asks for a snooze.
-func isSnooze(err error) bool {
-	_, ok := errors.AsType[*SnoozeError](err)
-	return ok
-}
-
 // ErrLeaseLost is the context.Cause of a handler's context when its lease is gone: an extension
 // failed because the message was canceled, completed or leased again by someone else, its lease ran
 // out, or the broker could not be reached before the lease's end.

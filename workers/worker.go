@@ -593,22 +593,10 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		select {
 		case err := <-result:
 			return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
+		case <-timer.C:
 		case <-canceled:
-			select {
-			case err := <-result: // returned as the event came: settle (and learn) rather than extend
-				return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
-			default:
-			}
 			// Someone canceled the message, an event says: extend now, and the refusal, if the
-			// event was true, ends the handler below. The timer keeps its time.
-			if next, lost := w.extend(jobCtx, job, lease, every, &expires, false, log); lost {
-				cancel(ErrLeaseLost)
-				err := <-result
-				log.Warn("handler result ignored: the message was canceled", "error", err)
-				return dequeued{}
-			} else if next > 0 {
-				timer.Reset(next)
-			}
+			// event was true, ends the handler below.
 		case <-jobCtx.Done():
 			select {
 			case err := <-result: // finished just in time
@@ -622,22 +610,21 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 			err := <-result
 			log.Info("handler interrupted: worker stopped", "error", err)
 			return dequeued{}
-		case <-timer.C:
-			select {
-			case err := <-result: // returned as the timer fired: settle rather than extend first
-				return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
-			default:
-			}
-			next, lost := w.extend(jobCtx, job, lease, every, &expires, false, log)
-			if lost {
-				cancel(ErrLeaseLost)
-				err := <-result
-				log.Warn("handler result ignored: lease lost", "error", err)
-				return dequeued{}
-			}
-			if next > 0 {
-				timer.Reset(next)
-			}
+		}
+		select {
+		case err := <-result: // returned meanwhile: settle rather than extend first
+			return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
+		default:
+		}
+		next, lost := w.extend(jobCtx, job, lease, every, &expires, false, log)
+		if lost {
+			cancel(ErrLeaseLost)
+			err := <-result
+			log.Warn("handler result ignored: lease lost", "error", err)
+			return dequeued{}
+		}
+		if next > 0 {
+			timer.Reset(next)
 		}
 	}
 }
@@ -648,16 +635,12 @@ var errGoexit = errors.New("natstone: handler exited without returning (runtime.
 
 // run calls the handler and its middleware, turning a panic into an error: the handler's, which the
 // middleware sees as a *PanicError, or a middleware's own.
-func (w *Worker) run(ctx context.Context, job *Job, log *slog.Logger) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
-		}
-		if pe, ok := errors.AsType[*PanicError](err); ok {
-			log.Error("handler panicked", "panic", pe.Value, "stack", string(pe.Stack))
-		}
-	}()
-	return w.handler.Handle(ctx, job)
+func (w *Worker) run(ctx context.Context, job *Job, log *slog.Logger) error {
+	err := recovering{w.handler}.Handle(ctx, job)
+	if pe, ok := errors.AsType[*PanicError](err); ok {
+		log.Error("handler panicked", "panic", pe.Value, "stack", string(pe.Stack))
+	}
+	return err
 }
 
 // recovering turns the panic of the handler it wraps into a *PanicError.
@@ -748,6 +731,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 			return err
 		})
 	}
+	snooze, snoozed := errors.AsType[*SnoozeError](err)
 	switch {
 	case err == nil:
 		w.finish(jobCtx, "complete", expires, log, func(ctx context.Context) error {
@@ -766,12 +750,11 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 			_, err := w.client.CancelWith(ctx, job.Queue, job.ID, job.LeaseID, &CancelOpts{Error: why})
 			return err
 		})
-	case isSnooze(err):
-		sn, _ := errors.AsType[*SnoozeError](err)
-		delay := min(max(sn.Delay, minSnooze), subjects.MaxInvisible)
+	case snoozed:
+		delay := min(max(snooze.Delay, minSnooze), subjects.MaxInvisible)
 		log.Info("handler snoozed the message", "for", delay)
 		why := FailureText(err) // the handler's own words, if it wrapped the snooze
-		if delay != sn.Delay {
+		if delay != snooze.Delay {
 			why = (&SnoozeError{Delay: delay}).Error() // what it got, not what it asked
 		}
 		release(&ReleaseOpts{Delay: delay, Refund: true, Error: why})
