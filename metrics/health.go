@@ -57,26 +57,9 @@ type HealthCheck struct {
 // Health returns an HTTP handler, to mount at /healthz, that runs CheckHealth on every GET (or
 // HEAD) and answers its report as JSON: 200 if every check passed, else 503. Other methods get 405.
 func Health(cfg HealthConfig) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
+	return probe(func(r *http.Request) (bool, any) {
 		rep := CheckHealth(r.Context(), cfg)
-		body, err := json.Marshal(rep)
-		if err != nil {
-			http.Error(w, fmt.Sprintf("metrics: encode health report: %v", err), http.StatusInternalServerError)
-			return
-		}
-		status := http.StatusOK
-		if rep.Status != StatusOK {
-			status = http.StatusServiceUnavailable
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		w.WriteHeader(status)
-		_, _ = w.Write(append(body, '\n'))
+		return rep.Status == StatusOK, rep
 	})
 }
 
@@ -87,20 +70,42 @@ func Health(cfg HealthConfig) http.Handler {
 // there, it says whether this broker answers requests: point a load balancer's or an orchestrator's
 // readiness probe at it. Other methods than GET and HEAD get 405.
 func Ready(serving func() bool) http.Handler {
+	return probe(func(*http.Request) (bool, any) {
+		if serving() {
+			return true, readyReport{Status: "serving"}
+		}
+		return false, readyReport{Status: "not_serving"}
+	})
+}
+
+// readyReport is the body of /readyz.
+type readyReport struct {
+	Status string `json:"status"`
+}
+
+// probe is a GET (or HEAD) handler answering what check says as JSON, 200 if it says ok, else
+// 503, never cached. Other methods get 405.
+func probe(check func(*http.Request) (ok bool, report any)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
-		status, body := http.StatusOK, `{"status":"serving"}`
-		if !serving() {
-			status, body = http.StatusServiceUnavailable, `{"status":"not_serving"}`
+		ok, report := check(r)
+		body, err := json.Marshal(report)
+		if err != nil {
+			http.Error(w, fmt.Sprintf("metrics: encode %T: %v", report, err), http.StatusInternalServerError)
+			return
+		}
+		status := http.StatusOK
+		if !ok {
+			status = http.StatusServiceUnavailable
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		w.WriteHeader(status)
-		_, _ = w.Write([]byte(body + "\n"))
+		_, _ = w.Write(append(body, '\n'))
 	})
 }
 
