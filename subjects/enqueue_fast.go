@@ -27,15 +27,22 @@ func DecodeEnqueue(data []byte) (EnqueueRequest, error) {
 	if err := Decode(data, &r); err != nil {
 		return r, err
 	}
-	if r.ID == "" && bytes.Contains(data, []byte(`""`)) { // an empty id is "" in any JSON
-		var given struct {
-			ID *string `json:"id"`
-		}
-		if json.Unmarshal(data, &given) == nil && given.ID != nil {
-			return EnqueueRequest{}, errEmptyID
-		}
+	if r.ID == "" && idGivenEmpty(data) {
+		return EnqueueRequest{}, errEmptyID
 	}
 	return r, nil
+}
+
+// idGivenEmpty reports whether the object of data, whose "id" decoded empty, has "id": "" rather
+// than no id (or a null one).
+func idGivenEmpty(data []byte) bool {
+	if !bytes.Contains(data, []byte(`""`)) { // an empty id is "" in any JSON
+		return false
+	}
+	var given struct {
+		ID *string `json:"id"`
+	}
+	return json.Unmarshal(data, &given) == nil && given.ID != nil
 }
 
 // DecodeEnqueueBatch decodes an enqueue_batch body, as Decode would; see DecodeEnqueue.
@@ -73,13 +80,8 @@ func DecodeScheduleFire(data []byte) (ScheduleFireRequest, error) {
 	if err := Decode(data, &r); err != nil {
 		return r, err
 	}
-	if r.ID == "" && bytes.Contains(data, []byte(`""`)) {
-		var given struct {
-			ID *string `json:"id"`
-		}
-		if json.Unmarshal(data, &given) == nil && given.ID != nil {
-			return ScheduleFireRequest{}, Errorf(CodeInvalidID, "id is empty: omit it for the broker to make one of the schedule's name and the time")
-		}
+	if r.ID == "" && idGivenEmpty(data) {
+		return ScheduleFireRequest{}, Errorf(CodeInvalidID, "id is empty: omit it for the broker to make one of the schedule's name and the time")
 	}
 	return r, nil
 }
