@@ -156,14 +156,11 @@ func (c *checker) collectLeases() {
 		}
 	}
 	byMsg := map[msgKey][]*lease{}
-	byRequest := map[msgKey][]*lease{} // by queue and the request id of the dequeue that took them
 	for _, l := range c.leases {
 		k := msgKey{l.queue, l.MessageID}
 		byMsg[k] = append(byMsg[k], l)
-		if l.request != "" {
-			byRequest[msgKey{l.queue, l.request}] = append(byRequest[msgKey{l.queue, l.request}], l)
-		}
 	}
+	byRequest := c.leasesByRequest()
 	end := func(l *lease, op Op) {
 		if op.Outcome != Failed && op.Start.Before(l.certainEnd) {
 			l.certainEnd = op.Start // it may have ended as soon as this was sent
@@ -176,7 +173,7 @@ func (c *checker) collectLeases() {
 		switch {
 		case op.Kind == Abandon:
 			// The leases of the dequeue it abandons end, as at a release.
-			for _, l := range byRequest[msgKey{op.Queue, op.RequestID}] {
+			for _, l := range byRequest[op.Queue+"/"+op.RequestID] {
 				end(l, op)
 			}
 		case op.Kind != Complete && op.Kind != Release && op.Kind != Cancel:
@@ -220,6 +217,17 @@ func (c *checker) sortedLeases(key func(*lease) string) map[string][]*lease {
 // leasesByMessage groups the leases by "queue/message id", each group by grant time.
 func (c *checker) leasesByMessage() map[string][]*lease {
 	return c.sortedLeases(func(l *lease) string { return l.queue + "/" + l.MessageID })
+}
+
+// leasesByRequest groups the leases by "queue/request id" of the dequeue that took them, each group
+// by grant time; those of dequeues without a request id are in the group of "".
+func (c *checker) leasesByRequest() map[string][]*lease {
+	return c.sortedLeases(func(l *lease) string {
+		if l.request == "" {
+			return ""
+		}
+		return l.queue + "/" + l.request
+	})
 }
 
 // operated returns the messages an operator's cancel or retry may have reached.
@@ -355,7 +363,7 @@ func (c *checker) checkRefunds() {
 			return d.Queue == queue && d.Start.Before(to) && d.End.Add(freeSlack).After(from)
 		})
 	}
-	byMsg := c.leasesByMessage()
+	byMsg, byRequest := c.leasesByMessage(), c.leasesByRequest()
 	type refund struct {
 		op Op
 		l  *lease
@@ -370,8 +378,8 @@ func (c *checker) checkRefunds() {
 			}
 		case op.Kind == Abandon:
 			// What an abandon gave back was given back with its attempt.
-			for _, l := range c.leases {
-				if l.queue == op.Queue && l.request == op.RequestID && slices.Contains(op.Released, l.MessageID) && !operated[msgKey{op.Queue, l.MessageID}] {
+			for _, l := range byRequest[op.Queue+"/"+op.RequestID] {
+				if slices.Contains(op.Released, l.MessageID) && !operated[msgKey{op.Queue, l.MessageID}] {
 					refunds = append(refunds, refund{op, l})
 				}
 			}
