@@ -193,17 +193,17 @@ Flags:
 	if u, err := url.Parse(cfg.natsURL); err == nil && u.User != nil && cfg.natsCreds != "" {
 		return usageErr("--nats-creds and a user in --nats-url are two logins: give one")
 	}
+	given := map[string]bool{} // the flags on the command line
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	if cfg.natsURL != "" {
-		var given []string
-		fs.Visit(func(f *flag.Flag) {
-			for _, name := range natsFlags {
-				if f.Name == name {
-					given = append(given, "--"+name)
-				}
+		var drop []string
+		for _, name := range natsFlags {
+			if given[name] {
+				drop = append(drop, "--"+name)
 			}
-		})
-		if len(given) > 0 {
-			return usageErr("with --nats-url there is no embedded server to configure: drop %s", strings.Join(given, ", "))
+		}
+		if len(drop) > 0 {
+			return usageErr("with --nats-url there is no embedded server to configure: drop %s", strings.Join(drop, ", "))
 		}
 	}
 	switch syncMode {
@@ -253,9 +253,7 @@ Flags:
 	} else if len(cfg.httpHosts) > 0 {
 		return usageErr("--http-host needs --http")
 	}
-	replicasGiven := false
-	fs.Visit(func(f *flag.Flag) { replicasGiven = replicasGiven || f.Name == "replicas" })
-	if cfg.replicas < 0 || replicasGiven && cfg.replicas < 1 {
+	if cfg.replicas < 0 || given["replicas"] && cfg.replicas < 1 {
 		return usageErr("--replicas must be at least 1, not %d", cfg.replicas)
 	}
 	if cfg.replicas > 1 && cfg.natsURL == "" {
