@@ -1,12 +1,21 @@
 package broker
 
 import (
+	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // FuzzReplyShare checks that replyShare bounds what a message adds to a reply: the JSON that
@@ -60,5 +69,50 @@ func TestStoppingSaysSo(t *testing.T) {
 		if got := stopping(kept.err, kept.stopped); got != kept.err { //nolint:errorlint // the very value, not one wrapping it
 			t.Errorf("stopping(%v, %v) = %v, want it kept", kept.err, kept.stopped, got)
 		}
+	}
+}
+
+// TestRequestCutByAStopSaysSo: a request waiting on storage when the broker stops is answered
+// unavailable saying the broker is stopping (dispatch's stopping), not only what it waited for.
+// Here a history waits for the events before it, which a stream that is gone refuses.
+func TestRequestCutByAStopSaysSo(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	b := startedBroker(t, &Config{Conn: srv.Connect(t), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, kv.DefaultPrefix+"-events"); err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t)
+	if _, err := nc.Request(b.space.Subject(subjects.OpEnqueue, "q"), []byte(`{"id":"m"}`), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	replies := make(chan *nats.Msg, 1)
+	go func() {
+		msg, err := nc.Request(b.space.Subject(subjects.OpHistory, "q"), []byte(`{"id":"m"}`), 20*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		replies <- msg
+	}()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for b.events.refused.Load() == 0 { // the enqueued event's batch refused: the history waits on it
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatal("the enqueued event was never refused")
+		}
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	msg := <-replies
+	if msg == nil || !strings.Contains(string(msg.Data), `"code":"unavailable"`) || !strings.Contains(string(msg.Data), "the broker is stopping: ") {
+		t.Fatalf("the history cut by the stop: %v, want unavailable saying the broker is stopping", msg)
 	}
 }
