@@ -351,6 +351,20 @@ func TestChecker(t *testing.T) {
 			rules: []string{"refund"},
 		},
 		{
+			// As a run of TestFaultsBrokerOnly had it: a dequeue in flight leased the message in the
+			// millisecond its refunded lease was granted and released; which lease came first is
+			// not known, so the refund is not judged by the lease after both.
+			name: "a refunded lease and another granted in the same millisecond: not judged",
+			run: Run{Ops: []Op{
+				enq("s", "a", 1, 0, 3, nil),
+				deq("s", "r1", 10, 12, ls("a", "L1", 1, "", 11, 1011)),
+				{Kind: Release, Queue: "s", MessageID: "a", LeaseID: "L1", Refund: true, Start: at(11), End: at(12), Outcome: OK},
+				deq("s", "r2", 10, 13, Lease{MessageID: "a", LeaseID: "L2", Priority: 1, Attempts: 1, GrantedAt: at(11), ExpiresAt: at(1011)}),
+				{Kind: Release, Queue: "s", MessageID: "a", LeaseID: "L2", Start: at(20), End: at(21), Outcome: OK},
+				deq("s", "r3", 30, 32, Lease{MessageID: "a", LeaseID: "L3", Priority: 1, Attempts: 2, GrantedAt: at(31), ExpiresAt: at(1031)}),
+			}, Final: finals("s/a", "running", 2)},
+		},
+		{
 			name: "a refund, then a dequeue of unknown outcome: the next lease may be of the next attempt",
 			run: Run{Ops: []Op{
 				enq("s", "a", 1, 0, 2, nil),
