@@ -341,7 +341,7 @@ func (b *Broker) Start(ctx context.Context) error {
 
 // kvConfig is the storage's configuration, through js, with replicas.
 func (b *Broker) kvConfig(js jetstream.JetStream, replicas int) *kv.Config {
-	return &kv.Config{JS: js, Prefix: b.cfg.StorePrefix, Replicas: replicas, MemoryStorage: b.cfg.MemoryStorage, MaxBytes: b.cfg.StoreMaxBytes}
+	return &kv.Config{JS: js, Prefix: b.cfg.StorePrefix, Replicas: replicas, MemoryStorage: b.cfg.MemoryStorage, MaxBytes: b.cfg.StoreMaxBytes, Log: b.log}
 }
 
 // replicas returns the replicas to open the storage with: Config.Replicas, or if not given the

@@ -24,6 +24,9 @@ func (s *Store) SetScanLeaderLast(f func(last uint64) uint64) { s.scanLeaderLast
 // SetScanRead makes scan call f once it has read everything, before it checks with the leader.
 func (s *Store) SetScanRead(f func()) { s.scanRead = f }
 
+// SetPurged makes every subject purge call f after the purge, before it checks what is left.
+func (s *Store) SetPurged(f func(subject string)) { s.purged = f }
+
 // EncodeSnapshot writes a snapshot of records records, which fill writes, to out.
 func EncodeSnapshot(out io.Writer, records uint64, fill func(w *SnapshotWriter) error) error {
 	return encodeSnapshot(out, records, fill)

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,6 +55,8 @@ type Config struct {
 	// has its own bound, EventsConfig.MaxBytes): an account that requires every stream to declare
 	// a size (Synadia Cloud's) takes no stream without one. 0 or -1: no bound.
 	MaxBytes int64
+	// Log receives the store's warnings: what a purge left and purged again. Default: none.
+	Log *slog.Logger
 }
 
 // maxBytes is the bound of cfg.MaxBytes as a stream configuration says it: -1 for none.
@@ -80,6 +84,7 @@ func StoreReplicas(ctx context.Context, js jetstream.JetStream, prefix string) (
 type Store struct {
 	js        jetstream.JetStream
 	prefix    string
+	log       *slog.Logger
 	queues    jetstream.KeyValue
 	messages  jetstream.KeyValue
 	locks     jetstream.KeyValue
@@ -109,6 +114,7 @@ type Store struct {
 	scanFetching   func(batch uint64)
 	scanLeaderLast func(last uint64) uint64
 	scanRead       func()
+	purged         func(subject string) // called after each purge, before purge checks what is left
 }
 
 // Open creates (or updates) the buckets and the bodies stream and returns a Store over them.
@@ -184,7 +190,11 @@ func newStore(cfg *Config) (*Store, error) {
 	if cfg == nil || cfg.JS == nil {
 		return nil, errors.New("kv: Config.JS is required")
 	}
-	return &Store{js: cfg.JS, prefix: cmp.Or(cfg.Prefix, DefaultPrefix), streams: make(map[jetstream.KeyValue]jetstream.Stream, 3)}, nil
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Store{js: cfg.JS, prefix: cmp.Or(cfg.Prefix, DefaultPrefix), log: log, streams: make(map[jetstream.KeyValue]jetstream.Stream, 3)}, nil
 }
 
 // storage returns the storage type and the replicas cfg asks for.
@@ -1053,13 +1063,13 @@ func (s *Store) LoadQueues(ctx context.Context, fn func(name string, q QueueReco
 func (s *Store) DeleteQueue(ctx context.Context, name string) error {
 	// The payloads first, as a collection does: a record whose payload is gone is known to be
 	// removed, should JetStream bring it back after an unclean stop (see the broker's recovery).
-	if err := s.bodies.Purge(ctx, jetstream.WithPurgeSubject(s.bodySubj+name)); err != nil {
-		return fmt.Errorf("kv: purge bodies of %s: %w", name, err)
-	}
-	if err := s.purge(ctx, s.messages, s.msgSubj+name+".>"); err != nil {
+	if err := s.purge(ctx, s.bodies, s.bodySubj+name); err != nil {
 		return err
 	}
-	if err := s.purge(ctx, s.locks, s.lockSubj+name+".>"); err != nil {
+	if err := s.purge(ctx, s.streams[s.messages], s.msgSubj+name+".>"); err != nil {
+		return err
+	}
+	if err := s.PurgeLocks(ctx, name); err != nil {
 		return err
 	}
 	// Schedules go with delete markers, as the config (below) does, and before it: a crash part way
@@ -1087,10 +1097,48 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) error {
 	return nil
 }
 
-// purge removes every message on subject from bucket's stream.
-func (s *Store) purge(ctx context.Context, bucket jetstream.KeyValue, subject string) error {
-	if err := s.streams[bucket].Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
-		return fmt.Errorf("kv: purge %s: %w", subject, err)
+// PurgeLocks removes every exclusivity lock of queue. DeleteQueue does, and a broker's start for
+// the locks of queues that are gone, which JetStream can bring back after an unclean stop
+// (nats-server#8505). It must not run while a broker that may take locks of queue serves the
+// store: a purge carries no revision.
+func (s *Store) PurgeLocks(ctx context.Context, queue string) error {
+	return s.purge(ctx, s.streams[s.locks], s.lockSubj+queue+".>")
+}
+
+// purgeTries bounds how many times purge asks for a subject's purge.
+const purgeTries = 3
+
+// purge removes every message on subject from st, and asks the stream whether any is left: after
+// an unclean stop, the file store's purge of a subject has been seen to leave a key written after
+// the restart, which its count of the subject still showed (2026-11-27, docs/faults.md). What is
+// left is purged again, up to purgeTries purges in all; then purge fails, and its caller, whose
+// work is idempotent, can be asked again.
+func (s *Store) purge(ctx context.Context, st jetstream.Stream, subject string) error {
+	var left map[string]uint64
+	for range purgeTries {
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+			return fmt.Errorf("kv: purge %s: %w", subject, err)
+		}
+		if s.purged != nil {
+			s.purged(subject)
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			return fmt.Errorf("kv: purge %s: check what is left: %w", subject, err)
+		}
+		if left = info.State.Subjects; len(left) == 0 {
+			return nil
+		}
+		s.log.Warn("a purge left part of what it purges; purging again", "subject", subject, "left", describeLeft(left))
 	}
-	return nil
+	return fmt.Errorf("kv: purge %s: %d purges left %s", subject, purgeTries, describeLeft(left))
+}
+
+// describeLeft names, in order, up to 3 of the subjects a purge left and how many there are.
+func describeLeft(left map[string]uint64) string {
+	subjs := slices.Sorted(maps.Keys(left))
+	if len(subjs) > 3 {
+		return fmt.Sprintf("%d subjects (%s, …)", len(subjs), strings.Join(subjs[:3], ", "))
+	}
+	return fmt.Sprintf("%d subjects (%s)", len(subjs), strings.Join(subjs, ", "))
 }
