@@ -147,9 +147,11 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 		running[name] = rq.index()
 	}
 	locks := make(map[string]map[slotKey]kv.Lock)
+	stray := make(map[string]int) // locks of queues that are gone, by queue
 	err = b.store.LoadLocks(ctx, "", func(name, value string, slot int, l kv.Lock, rev uint64, bad error) error {
 		q := b.queues[name]
 		if q == nil {
+			stray[name]++
 			return nil
 		}
 		if bad != nil {
@@ -173,6 +175,7 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 	if err != nil {
 		return 0, snapshot, err
 	}
+	b.dropStrayLocks(ctx, stray)
 	for name, q := range b.queues {
 		q.mu.Lock()
 		err := q.reconcile(ctx, running[name], locks[name])
@@ -268,6 +271,27 @@ func (b *Broker) dropDeleted(ctx context.Context, bodies *kv.Bodies, unknown map
 		b.log.Warn("message records of unknown queues ignored (their payloads are stored)", "records", kept)
 	}
 	return nil
+}
+
+// dropStrayLocks removes the exclusivity locks of queues that are gone (stray: how many each has):
+// locks that JetStream brought back after an unclean stop (nats-server#8505), from a queue that was
+// deleted, as it brings back records (dropDeleted). Left there, they would stay in storage for
+// good, and a queue created again under the name would find its values' slots taken, by messages
+// of its own when it reuses their ids, until its next start reconciled them. No broker takes a lock
+// of a queue that does not exist, and this one holds the claim, so the queue's locks are purged
+// whole. A purge that fails leaves them to the next start; it does not fail this one.
+func (b *Broker) dropStrayLocks(ctx context.Context, stray map[string]int) {
+	removed := 0
+	for name, n := range stray {
+		if err := b.store.PurgeLocks(ctx, name); err != nil {
+			b.log.Warn("exclusivity locks of a deleted queue not removed; the next start tries again", "queue", name, "locks", n, "error", err)
+			continue
+		}
+		removed += n
+	}
+	if removed > 0 {
+		b.log.Warn("exclusivity locks of deleted queues removed (locks the server brought back)", "locks", removed)
+	}
 }
 
 // dropOrphans deletes the payloads that no record references. An enqueue stores its payloads

@@ -163,6 +163,34 @@ func TestDeletedQueuesRecordsGoAfterUncleanRestart(t *testing.T) {
 	}
 }
 
+// TestDeletedQueuesLocksGoAtStart: JetStream brings back exclusivity locks of a deleted queue after
+// an unclean stop, as it brings back records (nats-server#8505; seen in TestFaultsRetentionZero,
+// docs/faults.md). Here such a lock is stored behind the broker's back: one naming message a under
+// a lease of the queue's earlier life. A start removes it, so storage keeps nothing of the queue,
+// and the queue created again under its name leases its own a at once, its value's slot free.
+func TestDeletedQueuesLocksGoAtStart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	exclusive := subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"}
+	e.create("q", exclusive)
+	e.create("r", exclusive)
+	e.enqueue("r", subjects.EnqueueRequest{ID: "c", Metadata: map[string]string{"p": "v"}})
+	e.dequeueOne("r") // r's lock, which must stay
+	must[subjects.DeleteReply](e, subjects.OpDelete, "q", nil)
+	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("q", "v", 0), kv.EncodeLock(kv.Lock{MessageID: "a", LeaseID: "earlier"}))
+
+	e.restartBroker()
+	e.waitNoKeys("KV_natstone-locks", "$KV.natstone-locks.q.>")
+	if l, _, err := e.store().GetSlot(context.Background(), "r", "v", 0); err != nil || l.MessageID != "c" {
+		t.Fatalf("r's lock after the start: %+v, %v", l, err)
+	}
+	e.create("q", exclusive)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "a", Metadata: map[string]string{"p": "v"}})
+	if m := e.dequeueOne("q"); m.ID != "a" {
+		t.Fatalf("dequeued %s, want a", m.ID)
+	}
+}
+
 // TestCollectedStaysCollectedAfterUncleanRestart: JetStream may bring back an earlier revision of
 // a record that was removed, when the server rebuilds its blocks after an unclean stop
 // (nats-server issue 8505). A collected message must stay collected all the same: not running,
