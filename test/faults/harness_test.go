@@ -589,6 +589,8 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	}
 	stats.orphans = logged(string(b), orphanLine)
 	stats.ghosts = logged(string(b), ghostLine)
+	stats.ghostLocks = logged(string(b), ghostLockLine)
+	stats.repurged = logged(string(b), repurgeLine)
 	stats.stale = strings.Count(string(b), "served the load; reading again")
 	stats.told = strings.Count(string(b), "a stream of the store elected a leader")
 	stats.asked = strings.Count(string(b), "whose election was not announced to the broker")
@@ -608,6 +610,14 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 // ghostLine matches the line a start logs when it removed records of deleted queues that the
 // server brought back (Broker.dropDeleted).
 var ghostLine = regexp.MustCompile(`msg="records of deleted queues removed[^"]*".*? records=(\d+)`)
+
+// ghostLockLine matches the line a start logs when it removed exclusivity locks of deleted queues
+// that the server brought back (Broker.dropStrayLocks).
+var ghostLockLine = regexp.MustCompile(`msg="exclusivity locks of deleted queues removed[^"]*".*? locks=(\d+)`)
+
+// repurgeLine matches the line the store logs when a purge (a queue's delete) left keys that it
+// then purged again (kv.Store.purge).
+var repurgeLine = regexp.MustCompile(`msg="a purge left part of what it purges[^"]*".*? left="(\d+) subjects`)
 
 // orphanLine matches the line a start logs when it deleted payloads that no record referenced.
 var orphanLine = regexp.MustCompile(`msg="payloads without a record deleted[^"]*".*? payloads=(\d+)`)
@@ -719,6 +729,8 @@ type runStats struct {
 	churnMarkers                           int    // delete and purge markers (no record) found after a delete
 	churnViolations                        []Violation
 	ghosts                                 int           // records of deleted queues that starts removed
+	ghostLocks                             int           // locks of deleted queues that starts removed
+	repurged                               int           // keys that a purge left and purged again
 	batches                                int           // enqueue_batch requests acknowledged
 	cleanStops                             int           // stops by SIGTERM instead of SIGKILL, during the run
 	snapshotStarts                         int           // starts that read the snapshot of a clean stop
