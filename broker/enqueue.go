@@ -87,10 +87,19 @@ func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now 
 		}
 	}
 	invisible := cfg.InvisibleMS
-	if r.InvisibleMS != nil {
+	switch {
+	case r.InvisibleMS != nil && r.VisibleAt != nil:
+		return nil, subjects.Errorf(subjects.CodeBadRequest, "give invisible_ms or visible_at, not both")
+	case r.InvisibleMS != nil:
 		invisible = *r.InvisibleMS
 		if err := checkRange("invisible_ms", invisible, 0, subjects.MaxInvisible); err != nil {
 			return nil, err
+		}
+	case r.VisibleAt != nil:
+		// A time that has come (or one too far back for milliseconds) is pending at once.
+		invisible = max(r.VisibleAt.UnixMilli()-now, 0)
+		if invisible > subjects.MaxInvisible.Milliseconds() {
+			return nil, subjects.Errorf(subjects.CodeOutOfRange, "visible_at must be at most %d days ahead of the broker's clock (%s), got %s", subjects.MaxInvisible/(24*time.Hour), time.UnixMilli(now).UTC().Format(time.RFC3339Nano), r.VisibleAt.Format(time.RFC3339Nano))
 		}
 	}
 	var leaseMS int64 // 0: the queue's, as on dequeue and extend

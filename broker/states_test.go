@@ -576,3 +576,58 @@ func TestEnqueueRefusesWhatNoReplyCarries(t *testing.T) {
 		t.Fatalf("dequeued %s with a payload of %d bytes, want fits with %d", m.ID, len(m.PayloadBytes()), len(payload))
 	}
 }
+
+// TestEnqueueVisibleAt: visible_at keeps a message invisible until that time, by the broker's
+// clock, to the millisecond, in the JSON form and in the raw one's header; a time that has come is
+// pending at once, whatever the queue's invisibility. With invisible_ms, or further ahead than
+// subjects.MaxInvisible, or a header that is no RFC 3339 time, the enqueue is refused and writes
+// nothing.
+func TestEnqueueVisibleAt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{InvisibleMS: 60_000})
+	now := e.clk.Now()
+	at := now.Add(90*time.Second + 700*time.Microsecond)
+	want := time.UnixMilli(at.UnixMilli())
+	if r := e.enqueue("q", subjects.EnqueueRequest{ID: "json", VisibleAt: &at}); r.State != subjects.StateInvisible || !r.VisibleAt.Equal(want) {
+		t.Fatalf("enqueue visible at %v: %+v, want invisible until %v", at, r, want)
+	}
+	if r := e.rawOK("q", map[string]string{subjects.HeaderID: "raw", subjects.HeaderVisibleAt: at.In(time.FixedZone("", 3600)).Format(time.RFC3339Nano)}, []byte("p")); r.State != subjects.StateInvisible || !r.VisibleAt.Equal(want) {
+		t.Fatalf("raw enqueue visible at %v: %+v, want invisible until %v", at, r, want)
+	}
+	past := now.Add(-time.Hour)
+	if r := e.enqueue("q", subjects.EnqueueRequest{ID: "past", VisibleAt: &past}); r.State != subjects.StatePending || !r.VisibleAt.Equal(now) {
+		t.Fatalf("enqueue visible at an hour ago: %+v, want pending now", r)
+	}
+	m := e.dequeueOne("q")
+	if m.ID != "past" {
+		t.Fatalf("dequeued %s, want past", m.ID)
+	}
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+
+	tooFar := now.Add(subjects.MaxInvisible + time.Millisecond)
+	farthest := now.Add(subjects.MaxInvisible)
+	runErrCases(t, e, nil, []errCase{
+		{"with invisible_ms", subjects.OpEnqueue, "q", subjects.EnqueueRequest{ID: "x", VisibleAt: &at, InvisibleMS: ptr[int64](1)}, subjects.CodeBadRequest},
+		{"too far", subjects.OpEnqueue, "q", subjects.EnqueueRequest{ID: "x", VisibleAt: &tooFar}, subjects.CodeOutOfRange},
+		{"not a time", subjects.OpEnqueue, "q", `{"id": "x", "visible_at": "tomorrow"}`, subjects.CodeBadRequest},
+		{"third too far", subjects.OpEnqueueBatch, "q", subjects.EnqueueBatchRequest{Messages: []subjects.EnqueueRequest{{ID: "x"}, {ID: "y"}, {ID: "z", VisibleAt: &tooFar}}}, subjects.CodeOutOfRange},
+	})
+	se := e.on(t)
+	before := se.snap()
+	se.checkErrReply(se.raw("q", map[string]string{subjects.HeaderID: "x", subjects.HeaderVisibleAt: "2026-11-28 09:00"}, []byte("p")), subjects.CodeBadRequest, "raw, not RFC 3339")
+	se.checkErrReply(se.raw("q", map[string]string{subjects.HeaderID: "x", subjects.HeaderVisibleAt: at.Format(time.RFC3339), subjects.HeaderInvisibleMS: "5"}, []byte("p")), subjects.CodeBadRequest, "raw, with invisible")
+	se.unchanged(before)
+	if r := e.enqueue("q", subjects.EnqueueRequest{ID: "farthest", VisibleAt: &farthest}); r.State != subjects.StateInvisible || !r.VisibleAt.Equal(farthest) {
+		t.Fatalf("enqueue visible at the bound: %+v", r)
+	}
+
+	e.advance(90*time.Second - time.Millisecond)
+	if c := e.depth("q", nil); c.Invisible != 3 || c.Pending != 0 {
+		t.Fatalf("a millisecond before: %+v, want json, raw and farthest invisible", c)
+	}
+	e.advance(time.Millisecond)
+	if c := e.depth("q", nil); c.Invisible != 1 || c.Pending != 2 {
+		t.Fatalf("at the time: %+v, want json and raw pending", c)
+	}
+}

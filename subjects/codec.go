@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -22,10 +23,11 @@ const (
 	HeaderInvisibleMS = "Natstone-Invisible-Ms" // int64 ms, decimal
 	HeaderLeaseMS     = "Natstone-Lease-Ms"     // int64 ms, decimal
 	HeaderMaxAttempts = "Natstone-Max-Attempts" // decimal
+	HeaderVisibleAt   = "Natstone-Visible-At"   // RFC 3339 time
 )
 
 // rawHeaders are the headers enqueue_raw reads.
-var rawHeaders = []string{HeaderID, HeaderPriority, HeaderMetadata, HeaderInvisibleMS, HeaderLeaseMS, HeaderMaxAttempts}
+var rawHeaders = []string{HeaderID, HeaderPriority, HeaderMetadata, HeaderInvisibleMS, HeaderLeaseMS, HeaderMaxAttempts, HeaderVisibleAt}
 
 // Decode strictly decodes a JSON request body into v: one object of valid UTF-8, no unknown fields,
 // nothing after it. An empty (or all white space) body, or null, leaves v at its zero value. Errors
@@ -67,6 +69,14 @@ func describeJSONError(err error) string {
 			where = te.Field
 		}
 		return fmt.Sprintf("%s: want %s, got %s", where, jsonKind(te.Type), te.Value)
+	}
+	// encoding/json does not say which field a time.Time refused; visible_at is a request's only time.
+	var pe *time.ParseError
+	if errors.As(err, &pe) {
+		return fmt.Sprintf("visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z), got %q", pe.Value)
+	}
+	if strings.HasPrefix(err.Error(), "Time.UnmarshalJSON: ") {
+		return "visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z) in a string"
 	}
 	return strings.TrimPrefix(err.Error(), "json: ")
 }
@@ -341,6 +351,13 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %q is not a decimal int64", h.name, v)
 		}
 		*h.dst = &n
+	}
+	if v, ok := values[HeaderVisibleAt]; ok {
+		var at time.Time
+		if err := at.UnmarshalText([]byte(v)); err != nil { // strictly RFC 3339, as in the JSON form
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %q is not an RFC 3339 time (2026-11-28T09:00:00Z)", HeaderVisibleAt, v)
+		}
+		req.VisibleAt = &at
 	}
 	if v, ok := values[HeaderMetadata]; ok {
 		if !utf8.ValidString(v) {

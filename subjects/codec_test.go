@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/natstone/natstone/subjects"
@@ -274,6 +275,7 @@ func TestDecodeRawEnqueueAllHeaders(t *testing.T) {
 		subjects.HeaderInvisibleMS: {"1500"},
 		subjects.HeaderLeaseMS:     {"60000"},
 		subjects.HeaderMaxAttempts: {"3"},
+		subjects.HeaderVisibleAt:   {"2026-11-28T09:00:00.5+01:00"},
 	}
 	body := []byte{0, 1, 0xff, 'x'}
 	req, err := subjects.DecodeRawEnqueue(h, body)
@@ -284,6 +286,11 @@ func TestDecodeRawEnqueueAllHeaders(t *testing.T) {
 		ID: "m-1", Priority: ptr(int64(-42)), PayloadBase64: body,
 		Metadata:    map[string]string{"customer": "c1", "k": "v ✓"},
 		InvisibleMS: ptr(int64(1500)), LeaseMS: ptr(int64(60000)), MaxAttempts: ptr(int64(3)),
+	}
+	at := req.VisibleAt
+	req.VisibleAt = nil // a time's zone is a pointer: compared with Equal
+	if at == nil || !at.Equal(time.Date(2026, 11, 28, 8, 0, 0, 5e8, time.UTC)) {
+		t.Fatalf("visible at %v, want 2026-11-28T08:00:00.5Z", at)
 	}
 	if !reflect.DeepEqual(req, want) {
 		t.Fatalf("DecodeRawEnqueue = %+v, want %+v", req, want)
@@ -297,10 +304,11 @@ func TestDecodeRawEnqueueAllHeaders(t *testing.T) {
 func TestDecodeRawEnqueueHeaderNames(t *testing.T) {
 	if subjects.HeaderID != "Natstone-Id" || subjects.HeaderPriority != "Natstone-Priority" ||
 		subjects.HeaderMetadata != "Natstone-Metadata" || subjects.HeaderInvisibleMS != "Natstone-Invisible-Ms" ||
-		subjects.HeaderLeaseMS != "Natstone-Lease-Ms" {
+		subjects.HeaderLeaseMS != "Natstone-Lease-Ms" || subjects.HeaderMaxAttempts != "Natstone-Max-Attempts" ||
+		subjects.HeaderVisibleAt != "Natstone-Visible-At" {
 		t.Fatal("header names changed: they are part of the wire contract")
 	}
-	for _, name := range []string{subjects.HeaderID, subjects.HeaderPriority, subjects.HeaderMetadata, subjects.HeaderInvisibleMS, subjects.HeaderLeaseMS} {
+	for _, name := range []string{subjects.HeaderID, subjects.HeaderPriority, subjects.HeaderMetadata, subjects.HeaderInvisibleMS, subjects.HeaderLeaseMS, subjects.HeaderMaxAttempts, subjects.HeaderVisibleAt} {
 		if textproto.CanonicalMIMEHeaderKey(name) != name {
 			t.Errorf("%q is not in canonical form", name)
 		}
@@ -463,6 +471,12 @@ func TestDecodeRawEnqueueBadHeaders(t *testing.T) {
 		{subjects.HeaderPriority, "007"}, // nor leading zeros
 		{subjects.HeaderInvisibleMS, "-01"},
 		{subjects.HeaderLeaseMS, "+1000"},
+		{subjects.HeaderVisibleAt, ""},
+		{subjects.HeaderVisibleAt, "2026-11-28"},
+		{subjects.HeaderVisibleAt, "2026-11-28 09:00:00Z"},
+		{subjects.HeaderVisibleAt, "2026-11-28T09:00:00"}, // no zone
+		{subjects.HeaderVisibleAt, "1764320400000"},       // Unix ms
+		{subjects.HeaderVisibleAt, "2026-11-28T24:00:00Z"},
 	} {
 		h := map[string][]string{
 			subjects.HeaderID: {"m1"},

@@ -17,6 +17,8 @@ var enqueueBodies = []string{
 	` { "id" : "job-1" , "payload" : "x" , "priority" : -5 , "invisible_ms" : 0 , "lease_ms" : 30000 } `,
 	`{"payload":"x","max_attempts":3}`,
 	`{"payload":"x","max_attempts":3,"max_attempts":4}`,
+	`{"id":"at","visible_at":"2026-11-28T09:00:00.5+01:00"}`,
+	`{"id":"at","visible_at":"2026-11-28T09:00:00"}`,
 	`{}`,
 	``,
 	`   `,

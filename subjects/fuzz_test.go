@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -268,6 +269,7 @@ const (
 	rawLease
 	rawLowerCase   // send every header key in lower case (as a nats.Header map would keep it)
 	rawMaxAttempts // Natstone-Max-Attempts, with the invisible argument's value
+	rawVisibleAt   // Natstone-Visible-At, with the lease argument's value
 )
 
 func FuzzDecodeRawEnqueue(f *testing.F) {
@@ -279,6 +281,8 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 	f.Add("x", "9223372036854775808", `null`, "-0", "007", []byte{}, uint8(rawPriority|rawMetadata))
 	f.Add("x", "7", `{"k":"v"}`, "1", "2", []byte("lower"), all|rawLowerCase)
 	f.Add("\x00", " 1", `{"a":"b"}x`, "", "", []byte("\xff"), all)
+	f.Add("v", "1", `{}`, "1", "2026-11-28T09:00:00.5+01:00", []byte("at"), uint8(rawID|rawVisibleAt))
+	f.Add("v", "1", `{}`, "1", "2026-11-28T09:00:00", []byte("at"), uint8(rawID|rawVisibleAt))
 	f.Fuzz(func(t *testing.T, id, priority, metadata, invisible, lease string, body []byte, present uint8) {
 		key := func(name string) string {
 			if present&rawLowerCase != 0 {
@@ -297,6 +301,7 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 			{rawInvisible, subjects.HeaderInvisibleMS, invisible},
 			{rawLease, subjects.HeaderLeaseMS, lease},
 			{rawMaxAttempts, subjects.HeaderMaxAttempts, invisible},
+			{rawVisibleAt, subjects.HeaderVisibleAt, lease},
 		} {
 			if present&hv.bit != 0 {
 				h[key(hv.name)] = []string{hv.value}
@@ -350,6 +355,14 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 		if want.PayloadBase64 == nil {
 			want.PayloadBase64 = []byte{}
 		}
+		var wantAt *time.Time
+		if present&rawVisibleAt != 0 {
+			var at time.Time
+			if err := at.UnmarshalText([]byte(lease)); err != nil { // as encoding/json reads a time
+				wantErr = true
+			}
+			wantAt = &at
+		}
 		if present&rawID != 0 {
 			want.ID = id
 		}
@@ -390,7 +403,14 @@ func FuzzDecodeRawEnqueue(f *testing.F) {
 		if (err != nil) != wantErr {
 			t.Fatalf("DecodeRawEnqueue(%v) error = %v, want error %v", h, err, wantErr)
 		}
-		if err == nil && !reflect.DeepEqual(req, want) {
+		if err != nil {
+			return
+		}
+		if at := req.VisibleAt; (at == nil) != (wantAt == nil) || at != nil && (!at.Equal(*wantAt) || at.Location().String() != wantAt.Location().String()) {
+			t.Fatalf("DecodeRawEnqueue(%v): visible at %v, want %v", h, at, wantAt)
+		}
+		req.VisibleAt = nil
+		if !reflect.DeepEqual(req, want) {
 			t.Fatalf("DecodeRawEnqueue(%v) =\n %+v, want\n %+v", h, req, want)
 		}
 	})

@@ -138,6 +138,10 @@ type EnqueueRequest struct {
 	InvisibleMS   *int64 `json:"invisible_ms,omitempty"` // overrides the queue's invisibility
 	LeaseMS       *int64 `json:"lease_ms,omitempty"`     // overrides the queue's lease for this message
 	MaxAttempts   *int64 `json:"max_attempts,omitempty"` // overrides the queue's max_attempts for this message
+	// VisibleAt (RFC 3339) overrides the queue's invisibility with a time: the message is invisible
+	// until then, or pending at once if that time has come (by the broker's clock, to the
+	// millisecond). It may not be given with InvisibleMS.
+	VisibleAt *time.Time `json:"visible_at,omitempty"`
 }
 
 // EnqueueBatchRequest is the body of enqueue_batch.
