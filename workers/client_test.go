@@ -295,6 +295,23 @@ func TestEnqueueAttributes(t *testing.T) {
 		t.Fatalf("enqueue with MaxAttempts over the limit: %v, want ErrOutOfRange", err)
 	}
 
+	// VisibleAt keeps a message invisible until then, in the raw form, as JSON and in a batch; a time
+	// that has come is pending at once, whatever the queue's invisibility.
+	at := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	e.enqueue("q", "p", &workers.EnqueueOpts{ID: "at-raw", VisibleAt: at})
+	e.enqueue("q", "p", &workers.EnqueueOpts{ID: " at-json ", VisibleAt: at.In(time.FixedZone("", -7200))})
+	if _, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{ID: "at-batch", VisibleAt: at}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"at-raw", " at-json ", "at-batch"} {
+		if m := e.get("q", id); m.State != subjects.StateInvisible || !m.VisibleAt.Equal(at) {
+			t.Errorf("%q: %s until %v, want invisible until %v", id, m.State, m.VisibleAt, at)
+		}
+	}
+	if _, err := e.c.Enqueue(c, "q", []byte("p"), &workers.EnqueueOpts{VisibleAt: at, Invisible: time.Minute}); !errors.Is(err, workers.ErrBadRequest) {
+		t.Fatalf("enqueue with VisibleAt and Invisible: %v, want ErrBadRequest", err)
+	}
+
 	// A negative Invisible is none, whatever the queue's default; 0 is the queue's.
 	e.createQueue("later", &workers.QueueOpts{Invisible: time.Hour})
 	if r := e.enqueue("later", "p", &workers.EnqueueOpts{Invisible: -1}); r.State != subjects.StatePending {
@@ -302,6 +319,9 @@ func TestEnqueueAttributes(t *testing.T) {
 	}
 	if r := e.enqueue("later", "p", nil); r.State != subjects.StateInvisible {
 		t.Fatalf("enqueue with the default = %+v, want the queue's invisibility", r)
+	}
+	if r := e.enqueue("later", "p", &workers.EnqueueOpts{VisibleAt: time.Now().Add(-time.Minute)}); r.State != subjects.StatePending {
+		t.Fatalf("enqueue visible a minute ago = %+v, want pending", r)
 	}
 	rs, err := e.c.EnqueueBatch(c, "later", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{Invisible: -time.Second}}, {}})
 	if err != nil || rs[0].State != subjects.StatePending || rs[1].State != subjects.StateInvisible {

@@ -70,6 +70,11 @@ type EnqueueOpts struct {
 	// Invisible keeps the message invisible this long before it is pending. Default (0) the queue's
 	// invisibility; negative: pending at once, whatever the queue's (as net.Dialer's KeepAlive).
 	Invisible time.Duration
+	// VisibleAt, when set, keeps the message invisible until then, by the broker's clock: River's
+	// ScheduledAt, asynq's ProcessAt. A time that has come makes it pending at once. Set either
+	// VisibleAt or Invisible (ErrBadRequest for both); at most subjects.MaxInvisible ahead
+	// (ErrOutOfRange).
+	VisibleAt time.Time
 	// Lease is this message's lease when a dequeue does not ask for one.
 	Lease time.Duration
 	// MaxAttempts is how many times this message may be leased (1 to subjects.MaxAttemptsLimit).
@@ -104,6 +109,10 @@ func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 	}
 	if inv, ok := o.invisibleMS(); ok {
 		r.InvisibleMS = &inv
+	}
+	if !o.VisibleAt.IsZero() {
+		at := o.VisibleAt.UTC()
+		r.VisibleAt = &at
 	}
 	if o.Lease > 0 {
 		r.LeaseMS = msPtr(&o.Lease)
@@ -150,6 +159,9 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 	}
 	if inv, ok := o.invisibleMS(); ok {
 		msg.Header.Set(subjects.HeaderInvisibleMS, strconv.FormatInt(inv, 10))
+	}
+	if !o.VisibleAt.IsZero() {
+		msg.Header.Set(subjects.HeaderVisibleAt, o.VisibleAt.UTC().Format(time.RFC3339Nano))
 	}
 	if o.Lease > 0 {
 		msg.Header.Set(subjects.HeaderLeaseMS, strconv.FormatInt(ms(o.Lease), 10))

@@ -28,9 +28,9 @@ duplicate. The payload is PAYLOAD, else the content of --file, else stdin (also 
 --file is "-").
 
 With --import, reads JSON lines instead (- for stdin), one message per line in the protocol's
-enqueue form: {"id", "priority", "payload" | "payload_base64", "metadata", "invisible_ms",
-"lease_ms", "max_attempts"}, all optional ("invisible_ms": 0 is pending at once, "lease_ms": 0 the queue's lease,
-as in the protocol). They are sent in batches of up to 1000, --in-flight at a time. The first line
+enqueue form: {"id", "priority", "payload" | "payload_base64", "metadata", "invisible_ms" |
+"visible_at", "lease_ms", "max_attempts"}, all optional ("invisible_ms": 0 is pending at once,
+"lease_ms": 0 the queue's lease, as in the protocol). They are sent in batches of up to 1000, --in-flight at a time. The first line
 with an id is the one written, later ones are its duplicates. Messages without a priority get the
 time the broker enqueues them, so with several batches in flight their order may differ from the
 file's (--in-flight 1 keeps it). A line that is not such an object, or that the broker refuses, is
@@ -45,6 +45,7 @@ stderr on a terminal it shows the progress.
 	var meta pairsFlag
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
 	invisible := c.duration("invisible", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending (default the queue's)")
+	visibleAt := c.fs.String("visible-at", "", "keep the message invisible until this RFC 3339 `time`, by the broker's clock (one that has come: pending at once)")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "the message's lease when a dequeue does not ask for one (default the queue's)")
 	maxAttempts := integer(c, "max-attempts", 0, "how many times this message may be leased, 1 to 1000 (default the queue's)")
 	importFile := c.fs.String("import", "", "import JSON lines from `file` (- for stdin) instead of enqueueing one message")
@@ -55,7 +56,7 @@ stderr on a terminal it shows the progress.
 	}
 	given := c.set()
 	if given["import"] {
-		for _, name := range []string{"file", "id", "priority", "deadline", "meta", "invisible", "lease", "max-attempts"} {
+		for _, name := range []string{"file", "id", "priority", "deadline", "meta", "invisible", "visible-at", "lease", "max-attempts"} {
 			if given[name] {
 				return parseExit(c.usageError("--import takes the attributes from each line: drop --%s", name))
 			}
@@ -80,6 +81,19 @@ stderr on a terminal it shows the progress.
 		return parseExit(c.usageError("--max-attempts must be 1 to %d, not %d", subjects.MaxAttemptsLimit, *maxAttempts))
 	}
 	opts := &workers.EnqueueOpts{ID: *id, Metadata: meta, Invisible: *invisible, Lease: *lease, MaxAttempts: *maxAttempts}
+	if given["visible-at"] {
+		if given["invisible"] {
+			return parseExit(c.usageError("give --invisible or --visible-at, not both"))
+		}
+		at, err := time.Parse(time.RFC3339Nano, *visibleAt)
+		if err != nil {
+			return parseExit(c.usageError("--visible-at must be an RFC 3339 time (2026-11-28T09:00:00Z), not %q", *visibleAt))
+		}
+		if at.IsZero() {
+			opts.Invisible = -1 // long past: pending at once (the zero VisibleAt is unset)
+		}
+		opts.VisibleAt = at
+	}
 	switch {
 	case given["priority"] && given["deadline"]:
 		return parseExit(c.usageError("give --priority or --deadline, not both"))

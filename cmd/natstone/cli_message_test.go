@@ -110,6 +110,19 @@ func TestCLIEnqueue(t *testing.T) {
 	if reply.State != subjects.StateInvisible || reply.VisibleAt.Before(before.Add(time.Hour-time.Second)) {
 		t.Fatalf("--invisible 1h: %+v", reply)
 	}
+	// --visible-at: invisible until then; a time that has come is pending at once.
+	r = cli(t, url, "enqueue", "q", "v1", "--json", "--visible-at", "2027-01-02T04:04:05.25+01:00")
+	r.ok(t)
+	r.decode(t, &reply)
+	if want := time.Date(2027, 1, 2, 3, 4, 5, 25e7, time.UTC); reply.State != subjects.StateInvisible || !reply.VisibleAt.Equal(want) {
+		t.Fatalf("--visible-at: %+v, want invisible until %v", reply, want)
+	}
+	r = cli(t, url, "enqueue", "q", "v2", "--json", "--visible-at", "2020-01-02T03:04:05Z")
+	r.ok(t)
+	r.decode(t, &reply)
+	if reply.State != subjects.StatePending {
+		t.Fatalf("--visible-at in the past: %+v, want pending", reply)
+	}
 
 	for _, tc := range []struct {
 		args []string
@@ -122,6 +135,9 @@ func TestCLIEnqueue(t *testing.T) {
 		{[]string{"enqueue", "q", "--meta", "k=1", "--meta", "k=2"}, `key "k" given twice`},
 		{[]string{"enqueue", "q", "--invisible", "-1s"}, "must be 0 to 8784h"},
 		{[]string{"enqueue", "q", "--invisible", "500us"}, "not a whole number of milliseconds"},
+		{[]string{"enqueue", "q", "--visible-at", "tomorrow"}, "--visible-at must be an RFC 3339 time"},
+		{[]string{"enqueue", "q", "--visible-at", "2030-01-02T03:04:05Z", "--invisible", "1h"}, "give --invisible or --visible-at"},
+		{[]string{"enqueue", "q", "--import", "f", "--visible-at", "2030-01-02T03:04:05Z"}, "drop --visible-at"},
 		{[]string{"enqueue", "q", "--lease", "50ms"}, "must be 100ms to 24h"},
 		{[]string{"dequeue", "q", "--batch", "0"}, "--batch must be 1 to 256, not 0"},
 		{[]string{"dequeue", "q", "--batch", "257"}, "--batch must be 1 to 256, not 257"},
