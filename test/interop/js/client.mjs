@@ -412,6 +412,10 @@ async function run(nc, q) {
   await ok(nc, "enqueue", sq, { id: "s-1", payload: "one", priority: 10 });
   await ok(nc, "enqueue", sq, { id: "s-2", payload: "two", priority: 20 });
   await ok(nc, "enqueue", sq, { id: "s-3", payload: "three", priority: 1, invisible_ms: 3600000 });
+  const at = new Date(Date.now() + 3600000);
+  const va = await ok(nc, "enqueue", sq, { id: "s-4", payload: "four", visible_at: at.toISOString() });
+  eq([va.state, new Date(va.visible_at).getTime()], ["invisible", at.getTime()], "enqueue s-4 visible_at an hour ahead (a JavaScript Date's ISO string)");
+  await expectError(nc, "enqueue", sq, { id: "s-5", visible_at: at.toISOString(), invisible_ms: 5 }, "bad_request", 400);
   await expectError(nc, "reschedule", sq, { id: "s-2" }, "bad_request", 400);
   const rs = await ok(nc, "reschedule", sq, { id: "s-2", priority: 5, version: 1 });
   eq([rs.state, rs.priority, rs.version], ["pending", 5, 2], "reschedule s-2 to priority 5");
@@ -426,7 +430,7 @@ async function run(nc, q) {
   const cx = await ok(nc, "cancel", sq, { id: "s-1", version: dq.messages[2].version });
   eq(cx.state, "canceled", "an operator's cancel of s-1 at the version its lease gave");
   await ok(nc, "delete", sq);
-  done("reschedule: bad_request without a change; a new priority, sent again writes nothing; an invisible message pending at once; a running one invalid_state; a cancel fenced by version");
+  done("visible_at: invisible until a JavaScript Date, bad_request with invisible_ms; reschedule: bad_request without a change; a new priority, sent again writes nothing; an invisible message pending at once; a running one invalid_state; a cancel fenced by version");
 
   step("max_running");
   const mq = `${q}-max-running`;
