@@ -515,6 +515,31 @@ func TestStaleDeletePurgesNothing(t *testing.T) {
 	}
 }
 
+// TestStaleStartPurgesNoLocks: a start that goes on past its claim (a pause after it checked the
+// claim) purges no locks of a queue it took for deleted: the broker that took the store over may
+// have created the queue since, and the purge carries no revision to fence it.
+func TestStaleStartPurgesNoLocks(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ctx := context.Background()
+	a, _ := pausedServer(t, srv, "q", subjects.CreateQueueRequest{})
+	b := takeOver(t, srv)
+	x, _, err := b.createQueue(ctx, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", Metadata: subjects.Pairs{"p": "v"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := x.dequeue(ctx, subjects.DequeueRequest{}); err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %+v, %v", ms, err)
+	}
+	a.claim.until.Store(0) // a goes on: its claim ran out, its renewal has not run yet
+	a.dropStrayLocks(ctx, map[string]int{"x": 1})
+	if l, _, err := b.store.GetSlot(ctx, "x", "v", 0); err != nil || l.MessageID != "m" {
+		t.Fatalf("the new broker's lock: %+v, %v", l, err)
+	}
+}
+
 // TestTimersWaitForTheClaim: a timer that fires while the claim does not hold (the broker went on
 // after a pause, its renewal not run yet) writes nothing from the broker's indexes, which another
 // broker may have overtaken; it tries again once the claim holds.

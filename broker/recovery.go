@@ -279,11 +279,19 @@ func (b *Broker) dropDeleted(ctx context.Context, bodies *kv.Bodies, unknown map
 // good, and a queue created again under the name would find its values' slots taken, by messages
 // of its own when it reuses their ids, until its next start reconciled them. No broker takes a lock
 // of a queue that does not exist, and this one holds the claim, so the queue's locks are purged
-// whole. A purge that fails leaves them to the next start; it does not fail this one.
+// whole — within the claim as it stands (claimer.bound), as a queue's delete purges: a broker that
+// went on after a pause past its claim must not purge the locks of a queue the broker that took the
+// store over created since. A purge that fails leaves them to the next start; it does not fail
+// this one.
 func (b *Broker) dropStrayLocks(ctx context.Context, stray map[string]int) {
 	removed := 0
 	for name, n := range stray {
-		if err := b.store.PurgeLocks(ctx, name); err != nil {
+		err := errClaimRanOut
+		if bctx, cancel, berr := b.claim.bound(ctx); berr == nil {
+			err = b.store.PurgeLocks(bctx, name)
+			cancel()
+		}
+		if err != nil {
 			b.log.Warn("exclusivity locks of a deleted queue not removed; the next start tries again", "queue", name, "locks", n, "error", err)
 			continue
 		}
