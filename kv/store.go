@@ -1108,16 +1108,23 @@ func (s *Store) PurgeLocks(ctx context.Context, queue string) error {
 // purgeTries bounds how many times purge asks for a subject's purge.
 const purgeTries = 3
 
+// purgeEach bounds how many subjects that a purge left purge asks to purge one by one.
+const purgeEach = 100
+
 // purge removes every message on subject from st, and asks the stream whether any is left: after
 // an unclean stop, the file store's purge of a subject has been seen to leave a key written after
 // the restart, which its count of the subject still showed (2026-11-27, docs/faults.md). What is
-// left is purged again, up to purgeTries purges in all; then purge fails, and its caller, whose
-// work is idempotent, can be asked again.
+// left is purged again, each subject by its own name (the file store finds a literal subject's
+// messages otherwise than a wildcard's), up to purgeTries purges in all; then purge fails, and its
+// caller, whose work is idempotent, can be asked again.
 func (s *Store) purge(ctx context.Context, st jetstream.Stream, subject string) error {
+	subjs := []string{subject}
 	var left map[string]uint64
 	for range purgeTries {
-		if err := st.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
-			return fmt.Errorf("kv: purge %s: %w", subject, err)
+		for _, subj := range subjs {
+			if err := st.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+				return fmt.Errorf("kv: purge %s: %w", subj, err)
+			}
 		}
 		if s.purged != nil {
 			s.purged(subject)
@@ -1130,15 +1137,31 @@ func (s *Store) purge(ctx context.Context, st jetstream.Stream, subject string) 
 			return nil
 		}
 		s.log.Warn("a purge left part of what it purges; purging again", "subject", subject, "left", describeLeft(left))
+		if subjs = slices.Sorted(maps.Keys(left)); len(subjs) > purgeEach {
+			subjs = []string{subject}
+		}
 	}
-	return fmt.Errorf("kv: purge %s: %d purges left %s", subject, purgeTries, describeLeft(left))
+	return fmt.Errorf("kv: purge %s: %s left after %d purges; retry", subject, describeLeft(left), purgeTries)
 }
 
-// describeLeft names, in order, up to 3 of the subjects a purge left and how many there are.
+// describeLeft says how many messages a purge left, on how many subjects, naming up to 3 of them
+// in order.
 func describeLeft(left map[string]uint64) string {
-	subjs := slices.Sorted(maps.Keys(left))
-	if len(subjs) > 3 {
-		return fmt.Sprintf("%d subjects (%s, …)", len(subjs), strings.Join(subjs[:3], ", "))
+	var msgs uint64
+	for _, n := range left {
+		msgs += n
 	}
-	return fmt.Sprintf("%d subjects (%s)", len(subjs), strings.Join(subjs, ", "))
+	subjs, more := slices.Sorted(maps.Keys(left)), ""
+	if len(subjs) > 3 {
+		subjs, more = subjs[:3], ", …"
+	}
+	return fmt.Sprintf("%s on %s (%s%s)", plural(msgs, "message"), plural(uint64(len(left)), "subject"), strings.Join(subjs, ", "), more)
+}
+
+// plural is n with noun, in the plural unless n is 1.
+func plural(n uint64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

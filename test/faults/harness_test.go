@@ -615,9 +615,9 @@ var ghostLine = regexp.MustCompile(`msg="records of deleted queues removed[^"]*"
 // that the server brought back (Broker.dropStrayLocks).
 var ghostLockLine = regexp.MustCompile(`msg="exclusivity locks of deleted queues removed[^"]*".*? locks=(\d+)`)
 
-// repurgeLine matches the line the store logs when a purge (a queue's delete) left keys that it
+// repurgeLine matches the line the store logs when a purge (a queue's delete) left messages that it
 // then purged again (kv.Store.purge).
-var repurgeLine = regexp.MustCompile(`msg="a purge left part of what it purges[^"]*".*? left="(\d+) subjects`)
+var repurgeLine = regexp.MustCompile(`msg="a purge left part of what it purges[^"]*".*? left="(\d+) messages? `)
 
 // orphanLine matches the line a start logs when it deleted payloads that no record referenced.
 var orphanLine = regexp.MustCompile(`msg="payloads without a record deleted[^"]*".*? payloads=(\d+)`)
@@ -730,7 +730,7 @@ type runStats struct {
 	churnViolations                        []Violation
 	ghosts                                 int           // records of deleted queues that starts removed
 	ghostLocks                             int           // locks of deleted queues that starts removed
-	repurged                               int           // keys that a purge left and purged again
+	repurged                               int           // messages that a purge left and purged again
 	batches                                int           // enqueue_batch requests acknowledged
 	cleanStops                             int           // stops by SIGTERM instead of SIGKILL, during the run
 	snapshotStarts                         int           // starts that read the snapshot of a clean stop
