@@ -96,8 +96,13 @@ func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now 
 			return nil, err
 		}
 	case r.VisibleAt != nil:
-		// A time that has come (or one too far back for milliseconds) is pending at once.
-		invisible = max(r.VisibleAt.UnixMilli()-now, 0)
+		// Not before the time asked: a fraction of a millisecond goes up to the next one. A time
+		// that has come is pending at once.
+		at := r.VisibleAt.UnixMilli()
+		if r.VisibleAt.Nanosecond()%int(time.Millisecond) != 0 {
+			at++
+		}
+		invisible = max(at-now, 0)
 		if invisible > subjects.MaxInvisible.Milliseconds() {
 			return nil, subjects.Errorf(subjects.CodeOutOfRange, "visible_at must be at most %d days ahead of the broker's clock (%s), got %s", subjects.MaxInvisible/(24*time.Hour), time.UnixMilli(now).UTC().Format(time.RFC3339Nano), r.VisibleAt.Format(time.RFC3339Nano))
 		}

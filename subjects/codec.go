@@ -75,9 +75,6 @@ func describeJSONError(err error) string {
 	if errors.As(err, &pe) {
 		return fmt.Sprintf("visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z), got %q", pe.Value)
 	}
-	if strings.HasPrefix(err.Error(), "Time.UnmarshalJSON: ") {
-		return "visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z) in a string"
-	}
 	return strings.TrimPrefix(err.Error(), "json: ")
 }
 

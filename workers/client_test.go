@@ -311,6 +311,22 @@ func TestEnqueueAttributes(t *testing.T) {
 	if _, err := e.c.Enqueue(c, "q", []byte("p"), &workers.EnqueueOpts{VisibleAt: at, Invisible: time.Minute}); !errors.Is(err, workers.ErrBadRequest) {
 		t.Fatalf("enqueue with VisibleAt and Invisible: %v, want ErrBadRequest", err)
 	}
+	// Times RFC 3339 cannot write: one after the year 9999 is out of range, as the broker says of
+	// any more than a year ahead; one before the year 0 has come.
+	far := time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := e.c.Enqueue(c, "q", []byte("p"), &workers.EnqueueOpts{VisibleAt: far}); !errors.Is(err, workers.ErrOutOfRange) {
+		t.Fatalf("enqueue visible in the year 10000: %v, want ErrOutOfRange", err)
+	}
+	if _, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{{}, {EnqueueOpts: workers.EnqueueOpts{VisibleAt: far}}}); !errors.Is(err, workers.ErrOutOfRange) || !strings.Contains(err.Error(), "messages[1]: ") {
+		t.Fatalf("batch with a message visible in the year 10000: %v, want ErrOutOfRange naming messages[1]", err)
+	}
+	ancient := time.Date(-50, 1, 1, 0, 0, 0, 0, time.UTC)
+	if r := e.enqueue("q", "p", &workers.EnqueueOpts{ID: "ancient-raw", VisibleAt: ancient}); r.State != subjects.StatePending {
+		t.Fatalf("enqueue visible in 51 BC: %+v, want pending", r)
+	}
+	if rs, err := e.c.EnqueueBatch(c, "q", []workers.BatchMessage{{EnqueueOpts: workers.EnqueueOpts{ID: "ancient-batch", VisibleAt: ancient}}}); err != nil || rs[0].State != subjects.StatePending {
+		t.Fatalf("batch with a message visible in 51 BC: %+v, %v, want pending", rs, err)
+	}
 
 	// A negative Invisible is none, whatever the queue's default; 0 is the queue's.
 	e.createQueue("later", &workers.QueueOpts{Invisible: time.Hour})

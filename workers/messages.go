@@ -99,6 +99,28 @@ func (o *EnqueueOpts) invisibleMS() (int64, bool) {
 	return max(ms(o.Invisible), 0), o.Invisible != 0
 }
 
+// visibleAt returns the VisibleAt to send, in UTC, and false for none. RFC 3339 writes the years 0
+// to 9999: an earlier time has come just as well (the Unix epoch is sent), and a later one is
+// refused by checkVisibleAt before anything is sent.
+func (o *EnqueueOpts) visibleAt() (time.Time, bool) {
+	if o.VisibleAt.IsZero() {
+		return time.Time{}, false
+	}
+	if o.VisibleAt.UTC().Year() < 0 {
+		return time.Unix(0, 0).UTC(), true
+	}
+	return o.VisibleAt.UTC(), true
+}
+
+// checkVisibleAt refuses a VisibleAt past the years RFC 3339 writes, as the broker would (it is
+// more than subjects.MaxInvisible ahead); where prefixes the error's message.
+func (o *EnqueueOpts) checkVisibleAt(where string) error {
+	if o.VisibleAt.UTC().Year() > 9999 {
+		return apiError(subjects.Errorf(subjects.CodeOutOfRange, "%svisible_at must be at most %d days ahead of the broker's clock, got %s", where, subjects.MaxInvisible/(24*time.Hour), o.VisibleAt))
+	}
+	return nil
+}
+
 // request returns the JSON form of o with payload.
 func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 	r := subjects.EnqueueRequest{
@@ -110,8 +132,7 @@ func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 	if inv, ok := o.invisibleMS(); ok {
 		r.InvisibleMS = &inv
 	}
-	if !o.VisibleAt.IsZero() {
-		at := o.VisibleAt.UTC()
+	if at, ok := o.visibleAt(); ok {
 		r.VisibleAt = &at
 	}
 	if o.Lease > 0 {
@@ -130,13 +151,17 @@ func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 // base64-encoded.
 //
 // Errors: ErrInvalidID, ErrInvalidMetadata, ErrMissingExclusivityKey, ErrPayloadTooLarge,
-// ErrOutOfRange, ErrQueueNotFound (auto-create off), ErrQueueBlocked.
+// ErrOutOfRange, ErrBadRequest (Invisible with VisibleAt), ErrQueueNotFound (auto-create off),
+// ErrQueueBlocked.
 func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts *EnqueueOpts) (subjects.EnqueueReply, error) {
 	var o EnqueueOpts
 	if opts != nil {
 		o = *opts
 	}
 	var reply subjects.EnqueueReply
+	if err := o.checkVisibleAt(""); err != nil {
+		return reply, err
+	}
 	if !headerSafe(o.ID) {
 		// A header would alter this id (NATS trims header values and ends them at a line break): send
 		// the JSON form, and let the broker judge the id.
@@ -160,8 +185,8 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 	if inv, ok := o.invisibleMS(); ok {
 		msg.Header.Set(subjects.HeaderInvisibleMS, strconv.FormatInt(inv, 10))
 	}
-	if !o.VisibleAt.IsZero() {
-		msg.Header.Set(subjects.HeaderVisibleAt, o.VisibleAt.UTC().Format(time.RFC3339Nano))
+	if at, ok := o.visibleAt(); ok {
+		msg.Header.Set(subjects.HeaderVisibleAt, at.Format(time.RFC3339Nano))
 	}
 	if o.Lease > 0 {
 		msg.Header.Set(subjects.HeaderLeaseMS, strconv.FormatInt(ms(o.Lease), 10))
@@ -194,6 +219,9 @@ type BatchMessage struct {
 func (c *Client) EnqueueBatch(ctx context.Context, queue string, msgs []BatchMessage) ([]subjects.EnqueueReply, error) {
 	req := subjects.EnqueueBatchRequest{Messages: make([]subjects.EnqueueRequest, len(msgs))}
 	for i := range msgs {
+		if err := msgs[i].checkVisibleAt("messages[" + strconv.Itoa(i) + "]: "); err != nil {
+			return nil, err
+		}
 		req.Messages[i] = msgs[i].request(msgs[i].Payload)
 	}
 	var r subjects.EnqueueBatchReply

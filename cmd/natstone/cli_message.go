@@ -44,7 +44,7 @@ stderr on a terminal it shows the progress.
 	deadline := c.fs.String("deadline", "", "the priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
 	var meta pairsFlag
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
-	invisible := c.duration("invisible", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending (default the queue's)")
+	invisible := c.duration("invisible", 0, time.Millisecond, subjects.MaxInvisible, "keep the message invisible this long before it is pending (default the queue's; 0: pending at once)")
 	visibleAt := c.fs.String("visible-at", "", "keep the message invisible until this RFC 3339 `time`, by the broker's clock (one that has come: pending at once)")
 	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "the message's lease when a dequeue does not ask for one (default the queue's)")
 	maxAttempts := integer(c, "max-attempts", 0, "how many times this message may be leased, 1 to 1000 (default the queue's)")
@@ -81,6 +81,9 @@ stderr on a terminal it shows the progress.
 		return parseExit(c.usageError("--max-attempts must be 1 to %d, not %d", subjects.MaxAttemptsLimit, *maxAttempts))
 	}
 	opts := &workers.EnqueueOpts{ID: *id, Metadata: meta, Invisible: *invisible, Lease: *lease, MaxAttempts: *maxAttempts}
+	if given["invisible"] && *invisible == 0 {
+		opts.Invisible = -1 // as the protocol's invisible_ms 0: pending at once, whatever the queue's
+	}
 	if given["visible-at"] {
 		if given["invisible"] {
 			return parseExit(c.usageError("give --invisible or --visible-at, not both"))

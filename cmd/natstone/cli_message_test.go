@@ -110,11 +110,26 @@ func TestCLIEnqueue(t *testing.T) {
 	if reply.State != subjects.StateInvisible || reply.VisibleAt.Before(before.Add(time.Hour-time.Second)) {
 		t.Fatalf("--invisible 1h: %+v", reply)
 	}
+	// --invisible 0 is pending at once, whatever the queue's invisibility; left out, the queue's.
+	cli(t, url, "queue", "create", "slow", "--invisible", "1m").ok(t)
+	for flags, want := range map[string]subjects.State{"--invisible=0s": subjects.StatePending, "": subjects.StateInvisible} {
+		args := []string{"enqueue", "slow", "x", "--json"}
+		if flags != "" {
+			args = append(args, flags)
+		}
+		r = cli(t, url, args...)
+		r.ok(t)
+		r.decode(t, &reply)
+		if reply.State != want {
+			t.Fatalf("enqueue %q to a queue invisible 1m: %+v, want %s", flags, reply, want)
+		}
+	}
 	// --visible-at: invisible until then; a time that has come is pending at once.
-	r = cli(t, url, "enqueue", "q", "v1", "--json", "--visible-at", "2027-01-02T04:04:05.25+01:00")
+	visibleAt := time.Now().Add(time.Hour).Truncate(10 * time.Millisecond)
+	r = cli(t, url, "enqueue", "q", "v1", "--json", "--visible-at", visibleAt.In(time.FixedZone("", 3600)).Format(time.RFC3339Nano))
 	r.ok(t)
 	r.decode(t, &reply)
-	if want := time.Date(2027, 1, 2, 3, 4, 5, 25e7, time.UTC); reply.State != subjects.StateInvisible || !reply.VisibleAt.Equal(want) {
+	if want := visibleAt; reply.State != subjects.StateInvisible || !reply.VisibleAt.Equal(want) {
 		t.Fatalf("--visible-at: %+v, want invisible until %v", reply, want)
 	}
 	r = cli(t, url, "enqueue", "q", "v2", "--json", "--visible-at", "2020-01-02T03:04:05Z")
