@@ -126,7 +126,7 @@ func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now 
 			return nil, err
 		}
 	}
-	prio := now
+	prio := now + invisible // when it can run: FIFO by readiness, as a schedule's fire time
 	if r.Priority != nil {
 		prio = *r.Priority
 	}

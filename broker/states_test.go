@@ -633,3 +633,26 @@ func TestEnqueueVisibleAt(t *testing.T) {
 	}
 }
 
+// TestDelayedMessageQueuesByReadiness: a message enqueued without a priority gets the time it can
+// run, so one made invisible takes its place behind those enqueued before its time came and ahead
+// of those after, as a schedule's fire does; it does not jump the queue when it comes due.
+func TestDelayedMessageQueuesByReadiness(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	start := e.clk.Now()
+	if r := e.enqueue("q", subjects.EnqueueRequest{ID: "in 5s", InvisibleMS: ptr[int64](5_000)}); r.Priority != start.Add(5*time.Second).UnixMilli() {
+		t.Fatalf("invisible 5 s: priority %d, want %d", r.Priority, start.Add(5*time.Second).UnixMilli())
+	}
+	at := start.Add(3 * time.Second)
+	if r := e.enqueue("q", subjects.EnqueueRequest{ID: "at 3s", VisibleAt: &at}); r.Priority != at.UnixMilli() {
+		t.Fatalf("visible at 3 s: priority %d, want %d", r.Priority, at.UnixMilli())
+	}
+	e.advance(time.Second)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "1s"})
+	e.advance(5 * time.Second)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "6s"})
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{Batch: 4})); !slices.Equal(got, []string{"1s", "at 3s", "in 5s", "6s"}) {
+		t.Fatalf("dequeued %v, want each by when it could run", got)
+	}
+}

@@ -128,7 +128,8 @@ type DeleteReply struct {
 }
 
 // EnqueueRequest is one message to enqueue. Payload is UTF-8 text; PayloadBase64 carries binary
-// payloads; give at most one. Priority defaults to the enqueue time in Unix ms (FIFO).
+// payloads; give at most one. Priority defaults to the time the message can run in Unix ms: the
+// enqueue time, or the end of its invisibility (FIFO by readiness).
 type EnqueueRequest struct {
 	ID            string `json:"id,omitempty"`
 	Priority      *int64 `json:"priority,omitempty"`

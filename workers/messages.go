@@ -61,7 +61,7 @@ type EnqueueOpts struct {
 	// the existing message with Duplicate set. Default: the broker generates one.
 	ID string
 	// Priority orders the queue: lower is dequeued first. Default Deadline's Unix ms if set, else the
-	// enqueue time (FIFO).
+	// time the message can run: the enqueue time, or the end of its invisibility (FIFO by readiness).
 	Priority *int64
 	// Deadline, when set and Priority is nil, is the priority: Deadline.UnixMilli().
 	Deadline time.Time

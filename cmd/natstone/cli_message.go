@@ -40,7 +40,7 @@ stderr on a terminal it shows the progress.
 `, stdout, stderr)
 	file := c.fs.String("file", "", "read the payload from `file` (- for stdin)")
 	id := c.fs.String("id", "", "message `id` for idempotency: an id that exists is a duplicate and writes nothing (default: the broker makes one)")
-	priority := integer[int64](c, "priority", 0, "`priority`, lower is dequeued first (default: the enqueue time in Unix ms, which makes the queue FIFO)")
+	priority := integer[int64](c, "priority", 0, "`priority`, lower is dequeued first (default: the time it can run in Unix ms, now or the end of its invisibility: FIFO by readiness)")
 	deadline := c.fs.String("deadline", "", "the priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
 	var meta pairsFlag
 	c.fs.Var(&meta, "meta", "metadata `key=value` pair, repeatable (an exclusive queue needs its key)")
