@@ -96,16 +96,11 @@ func validateMessage(cfg *subjects.QueueConfig, r *subjects.EnqueueRequest, now 
 			return nil, err
 		}
 	case r.VisibleAt != nil:
-		// Not before the time asked: a fraction of a millisecond goes up to the next one. A time
-		// that has come is pending at once.
-		at := r.VisibleAt.UnixMilli()
-		if r.VisibleAt.Nanosecond()%int(time.Millisecond) != 0 {
-			at++
+		at, err := visibleAtMS(*r.VisibleAt, now)
+		if err != nil {
+			return nil, err
 		}
-		invisible = max(at-now, 0)
-		if invisible > subjects.MaxInvisible.Milliseconds() {
-			return nil, subjects.Errorf(subjects.CodeOutOfRange, "visible_at must be at most %d days ahead of the broker's clock (%s), got %s", subjects.MaxInvisible/(24*time.Hour), time.UnixMilli(now).UTC().Format(time.RFC3339Nano), r.VisibleAt.Format(time.RFC3339Nano))
-		}
+		invisible = max(at-now, 0) // a time that has come: pending at once
 	}
 	var leaseMS int64 // 0: the queue's, as on dequeue and extend
 	if r.LeaseMS != nil && *r.LeaseMS != 0 {
@@ -164,6 +159,19 @@ func fitsReply(queue string, budget int, r *kv.Record) error {
 			"a dequeue's reply would carry this message in up to %d bytes, and the NATS server's max_payload leaves %d: send a smaller payload or metadata, or raise max_payload", share, budget)
 	}
 	return nil
+}
+
+// visibleAtMS is a visible_at in Unix ms, not before the time asked (a fraction of a millisecond
+// goes up to the next one); out_of_range if it is more than subjects.MaxInvisible after now.
+func visibleAtMS(t time.Time, now int64) (int64, error) {
+	at := t.UnixMilli()
+	if t.Nanosecond()%int(time.Millisecond) != 0 {
+		at++
+	}
+	if at-now > subjects.MaxInvisible.Milliseconds() {
+		return 0, subjects.Errorf(subjects.CodeOutOfRange, "visible_at must be at most %d days ahead of the broker's clock (%s), got %s", subjects.MaxInvisible/(24*time.Hour), time.UnixMilli(now).UTC().Format(time.RFC3339Nano), t.Format(time.RFC3339Nano))
+	}
+	return at, nil
 }
 
 // checkRange checks that a millisecond field lies in [min, max].

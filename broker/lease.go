@@ -280,19 +280,29 @@ func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.
 }
 
 // reschedule gives a message waiting to run (pending or invisible) a new priority, or makes it
-// pending DelayMS from now (at once for 0), or both: an operator's or a producer's change of plan
-// for work not started. With a Version, only at that version. A message already as asked (its
-// priority, and pending when DelayMS is 0) is left as it is, whatever the version, and the
-// reschedule succeeds writing nothing: sent again, it finds its own work done. A positive DelayMS
-// always writes, from now. A running or finished message is invalid_state.
+// pending DelayMS from now (at once for 0) or at VisibleAt, or both: an operator's or a producer's
+// change of plan for work not started. With a Version, only at that version. A message already as
+// asked (its priority, and pending when DelayMS is 0 or VisibleAt has come, invisible until
+// VisibleAt otherwise) is left as it is, whatever the version, and the reschedule succeeds writing
+// nothing: sent again, it finds its own work done. A positive DelayMS always writes, from now. A
+// running or finished message is invalid_state.
 func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if req.Priority == nil && req.DelayMS == nil {
-		return subjects.Message{}, subjects.Errorf(subjects.CodeBadRequest, "reschedule needs a priority, a delay_ms, or both")
-	}
-	if req.DelayMS != nil {
+	switch {
+	case req.Priority == nil && req.DelayMS == nil && req.VisibleAt == nil:
+		return subjects.Message{}, subjects.Errorf(subjects.CodeBadRequest, "reschedule needs a priority, a delay_ms or a visible_at, or a priority with either")
+	case req.DelayMS != nil && req.VisibleAt != nil:
+		return subjects.Message{}, subjects.Errorf(subjects.CodeBadRequest, "give delay_ms or visible_at, not both")
+	case req.DelayMS != nil:
 		if err := checkRange("delay_ms", *req.DelayMS, 0, subjects.MaxInvisible); err != nil {
+			return subjects.Message{}, err
+		}
+	}
+	var at int64 // VisibleAt's Unix ms
+	if req.VisibleAt != nil {
+		var err error
+		if at, err = visibleAtMS(*req.VisibleAt, q.b.clock.Now().UnixMilli()); err != nil {
 			return subjects.Message{}, err
 		}
 	}
@@ -301,11 +311,19 @@ func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) 
 		return subjects.Message{}, err
 	}
 	state, mismatch := e.State(), atVersion(e, req.Version)
+	asAsked := func(now int64) bool {
+		switch {
+		case req.DelayMS != nil:
+			return *req.DelayMS == 0 && state == subjects.StatePending
+		case req.VisibleAt != nil:
+			return at <= now && state == subjects.StatePending || at > now && state == subjects.StateInvisible && e.VisibleAt() == at
+		}
+		return true
+	}
 	switch {
 	case state != subjects.StatePending && state != subjects.StateInvisible:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s: only a pending or invisible message is rescheduled", e.ID, state)
-	case (req.Priority == nil || *req.Priority == e.Priority) &&
-		(req.DelayMS == nil || *req.DelayMS == 0 && state == subjects.StatePending):
+	case (req.Priority == nil || *req.Priority == e.Priority) && asAsked(q.b.clock.Now().UnixMilli()):
 		return q.view(e), nil
 	case mismatch != nil:
 		return q.view(e), mismatch
@@ -314,8 +332,15 @@ func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) 
 		if req.Priority != nil {
 			r.Priority = *req.Priority
 		}
-		if req.DelayMS != nil && (*req.DelayMS > 0 || r.State == subjects.StateInvisible) {
-			visibleIn(r, now, *req.DelayMS) // a pending message asked to be pending at once stays as it is
+		delay, move := int64(0), false
+		switch {
+		case req.DelayMS != nil:
+			delay, move = *req.DelayMS, true
+		case req.VisibleAt != nil:
+			delay, move = max(at-now, 0), true
+		}
+		if move && (delay > 0 || r.State == subjects.StateInvisible) {
+			visibleIn(r, now, delay) // a pending message asked to be pending at once stays as it is
 		}
 	})
 }

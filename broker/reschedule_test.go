@@ -140,3 +140,45 @@ func TestRescheduleKeepsTheWait(t *testing.T) {
 		t.Errorf("oldest pending %d ms, want 5000: later waits from its reschedule, m is invisible", st.OldestPendingMS)
 	}
 }
+
+// TestRescheduleVisibleAt: a reschedule's visible_at makes a message waiting to run invisible until
+// then (a fraction of a millisecond rounded up), or pending at once if that time has come; sent
+// again it finds its work done, at any version, and writes nothing. With delay_ms, past 366 days,
+// or not a time, it is refused and writes nothing.
+func TestRescheduleVisibleAt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m", Priority: ptr[int64](1)})
+	now := e.clk.Now()
+	at := now.Add(time.Minute + 300*time.Microsecond)
+	want := time.UnixMilli(at.UnixMilli() + 1)
+
+	before := e.snap()
+	tooFar := now.Add(subjects.MaxInvisible + time.Millisecond)
+	fails(e, subjects.CodeBadRequest, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", VisibleAt: &at, DelayMS: ptr[int64](5)})
+	fails(e, subjects.CodeOutOfRange, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", VisibleAt: &tooFar})
+	fails(e, subjects.CodeBadRequest, subjects.OpReschedule, "q", `{"id": "m", "visible_at": "in a minute"}`)
+	past := now.Add(-time.Hour)
+	must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", VisibleAt: &past, Version: 999}) // pending already
+	e.unchanged(before)
+
+	m := must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", VisibleAt: &at})
+	if m.State != subjects.StateInvisible || !m.VisibleAt.Equal(want) || m.Priority != 1 {
+		t.Fatalf("rescheduled visible at %v: %+v, want invisible until %v at its priority", at, m, want)
+	}
+	e.advance(time.Second)
+	before = e.snap()
+	if again := must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", VisibleAt: &at, Version: 999}); again.Version != m.Version {
+		t.Fatalf("sent again: %+v, want it left at version %d", again, m.Version)
+	}
+	e.unchanged(before)
+
+	later := at.Add(time.Hour)
+	if m = must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", VisibleAt: &later}); !m.VisibleAt.Equal(time.UnixMilli(later.UnixMilli() + 1)) {
+		t.Fatalf("rescheduled an hour later: %+v", m)
+	}
+	if m = must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "m", VisibleAt: &past}); m.State != subjects.StatePending || !m.VisibleAt.Equal(e.clk.Now()) {
+		t.Fatalf("rescheduled to a time that has come: %+v, want pending from now", m)
+	}
+}

@@ -245,6 +245,9 @@ type RescheduleRequest struct {
 	Version  uint64 `json:"version,omitempty"`
 	Priority *int64 `json:"priority,omitempty"`
 	DelayMS  *int64 `json:"delay_ms,omitempty"`
+	// VisibleAt (RFC 3339) is when the message becomes pending, instead of DelayMS: as an
+	// enqueue's visible_at.
+	VisibleAt *time.Time `json:"visible_at,omitempty"`
 }
 
 // SettleReply is the reply of a complete, release or cancel whose request carried next: the settled
