@@ -953,6 +953,21 @@ func TestReschedule(t *testing.T) {
 	if _, err := e.c.Reschedule(c, "q", "a", workers.RescheduleOpts{Priority: ptr[int64](1)}); !errors.Is(err, workers.ErrInvalidState) {
 		t.Fatalf("reschedule of a running message: %v, want ErrInvalidState", err)
 	}
+
+	// VisibleAt: invisible until then; not with Delay; not past the broker's bound.
+	e.enqueue("q", "d", &workers.EnqueueOpts{ID: "d"})
+	at := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	if m, err := e.c.Reschedule(c, "q", "d", workers.RescheduleOpts{VisibleAt: at.In(time.FixedZone("", 19800))}); err != nil || m.State != subjects.StateInvisible || !m.VisibleAt.Equal(at) {
+		t.Fatalf("reschedule visible in an hour: %+v, %v; want invisible until %v", m, err, at)
+	}
+	if _, err := e.c.Reschedule(c, "q", "d", workers.RescheduleOpts{VisibleAt: at, Delay: &now}); !errors.Is(err, workers.ErrBadRequest) {
+		t.Fatalf("reschedule with a delay and a VisibleAt: %v, want ErrBadRequest", err)
+	}
+	for _, far := range []time.Time{time.Now().Add(subjects.MaxInvisible + time.Hour), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		if _, err := e.c.Reschedule(c, "q", "d", workers.RescheduleOpts{VisibleAt: far}); !errors.Is(err, workers.ErrOutOfRange) {
+			t.Fatalf("reschedule visible at %v: %v, want ErrOutOfRange", far, err)
+		}
+	}
 }
 
 // TestCancelAt: an operator's cancel at a version cancels only a message still at that version.

@@ -99,24 +99,31 @@ func (o *EnqueueOpts) invisibleMS() (int64, bool) {
 	return max(ms(o.Invisible), 0), o.Invisible != 0
 }
 
-// visibleAt returns the VisibleAt to send, in UTC, and false for none. RFC 3339 writes the years 0
-// to 9999: an earlier time has come just as well (the Unix epoch is sent), and a later one is
-// refused by checkVisibleAt before anything is sent.
-func (o *EnqueueOpts) visibleAt() (time.Time, bool) {
-	if o.VisibleAt.IsZero() {
+// visibleAt returns the VisibleAt to send, in UTC, and false for none (see wireVisibleAt).
+func (o *EnqueueOpts) visibleAt() (time.Time, bool) { return wireVisibleAt(o.VisibleAt) }
+
+// checkVisibleAt refuses a VisibleAt the broker would (see checkVisibleAt); where prefixes the
+// error's message.
+func (o *EnqueueOpts) checkVisibleAt(where string) error { return checkVisibleAt(o.VisibleAt, where) }
+
+// wireVisibleAt returns a visible_at to send, in UTC, and false for none (the zero time). RFC 3339
+// writes the years 0 to 9999: an earlier time has come just as well (the Unix epoch is sent), and
+// a later one is refused by checkVisibleAt before anything is sent.
+func wireVisibleAt(t time.Time) (time.Time, bool) {
+	if t.IsZero() {
 		return time.Time{}, false
 	}
-	if o.VisibleAt.UTC().Year() < 0 {
+	if t.UTC().Year() < 0 {
 		return time.Unix(0, 0).UTC(), true
 	}
-	return o.VisibleAt.UTC(), true
+	return t.UTC(), true
 }
 
-// checkVisibleAt refuses a VisibleAt past the years RFC 3339 writes, as the broker would (it is
+// checkVisibleAt refuses a visible_at past the years RFC 3339 writes, as the broker would (it is
 // more than subjects.MaxInvisible ahead); where prefixes the error's message.
-func (o *EnqueueOpts) checkVisibleAt(where string) error {
-	if o.VisibleAt.UTC().Year() > 9999 {
-		return apiError(subjects.Errorf(subjects.CodeOutOfRange, "%svisible_at must be at most %d days ahead of the broker's clock, got %s", where, subjects.MaxInvisible/(24*time.Hour), o.VisibleAt))
+func checkVisibleAt(t time.Time, where string) error {
+	if t.UTC().Year() > 9999 {
+		return apiError(subjects.Errorf(subjects.CodeOutOfRange, "%svisible_at must be at most %d days ahead of the broker's clock, got %s", where, subjects.MaxInvisible/(24*time.Hour), t))
 	}
 	return nil
 }
@@ -497,7 +504,7 @@ func (c *Client) Retry(ctx context.Context, queue, id string, opts *RetryOpts) (
 	return c.leaseOp(ctx, subjects.OpRetry, queue, r)
 }
 
-// RescheduleOpts say what Reschedule changes: Priority (or Deadline), Delay, or both.
+// RescheduleOpts say what Reschedule changes: Priority (or Deadline), Delay (or VisibleAt), or both.
 type RescheduleOpts struct {
 	// Version, if not 0, reschedules the message only at this version: the message the caller
 	// looked at (ErrRevisionMismatch if it changed since, unless it is already as asked).
@@ -510,18 +517,28 @@ type RescheduleOpts struct {
 	// Delay, if not nil, makes the message pending this long from now (in whole milliseconds: a
 	// fraction is dropped): invisible until then, or pending at once for 0.
 	Delay *time.Duration
+	// VisibleAt, if set, makes the message pending at that time instead, by the broker's clock:
+	// invisible until then, or pending at once if it has come. Give Delay or VisibleAt, not both.
+	VisibleAt time.Time
 }
 
 // Reschedule changes the plan for a message waiting to run (pending or invisible): its priority,
 // when it becomes pending, or both. A message already as asked (the same reschedule sent again,
 // say) is left as it is, and Reschedule succeeds whatever opts.Version; a positive Delay always
 // counts from the broker's now, so that with opts.Version a reschedule sent again once it landed
-// gets ErrRevisionMismatch. Errors: ErrInvalidState (running or finished), ErrBadRequest (neither
-// a priority nor a delay, or both Priority and Deadline), ErrRevisionMismatch (at another version
-// than opts.Version), ErrMessageNotFound, ErrOutOfRange (a delay outside 0 to
-// subjects.MaxInvisible).
+// gets ErrRevisionMismatch; VisibleAt sent again finds its work done. Errors: ErrInvalidState
+// (running or finished), ErrBadRequest (neither a priority nor a delay nor a VisibleAt, both
+// Priority and Deadline, or both Delay and VisibleAt), ErrRevisionMismatch (at another version than
+// opts.Version), ErrMessageNotFound, ErrOutOfRange (a delay outside 0 to subjects.MaxInvisible, a
+// VisibleAt further ahead).
 func (c *Client) Reschedule(ctx context.Context, queue, id string, opts RescheduleOpts) (Message, error) {
 	r := subjects.RescheduleRequest{ID: id, Version: opts.Version, Priority: opts.Priority, DelayMS: msPtr(opts.Delay)}
+	if err := checkVisibleAt(opts.VisibleAt, ""); err != nil {
+		return Message{}, err
+	}
+	if at, ok := wireVisibleAt(opts.VisibleAt); ok {
+		r.VisibleAt = &at
+	}
 	switch {
 	case opts.Priority != nil && !opts.Deadline.IsZero():
 		return Message{}, apiError(subjects.Errorf(subjects.CodeBadRequest, "give Priority or Deadline, not both"))
