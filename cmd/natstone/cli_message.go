@@ -88,14 +88,9 @@ stderr on a terminal it shows the progress.
 		if given["invisible"] {
 			return parseExit(c.usageError("give --invisible or --visible-at, not both"))
 		}
-		at, err := time.Parse(time.RFC3339Nano, *visibleAt)
-		if err != nil {
-			return parseExit(c.usageError("--visible-at must be an RFC 3339 time (2026-11-28T09:00:00Z), not %q", *visibleAt))
+		if opts.VisibleAt, err = parseVisibleAt(*visibleAt); err != nil {
+			return parseExit(c.usageError("%v", err))
 		}
-		if at.IsZero() {
-			opts.Invisible = -1 // long past: pending at once (the zero VisibleAt is unset)
-		}
-		opts.VisibleAt = at
 	}
 	switch {
 	case given["priority"] && given["deadline"]:
@@ -446,8 +441,9 @@ more were left, for the command to be run again. --json prints {"retried": [ids]
 func runReschedule(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newClientCommand("natstone reschedule", "QUEUE ID [flags]", `
 Changes the plan for message ID while it waits to run (pending or invisible): its priority (with
---priority or --deadline), when it becomes pending (--delay from now; --delay 0 makes an invisible
-message pending at once), or both. With --version, only while the message is at that version
+--priority or --deadline), when it becomes pending (--delay from now, or --visible-at an RFC 3339
+time; --delay 0, or a time that has come, makes an invisible message pending at once), or both.
+With --version, only while the message is at that version
 (revision_mismatch if it changed since). A message already as asked is left as it is (the command
 succeeds, writing nothing). A running or finished message is not rescheduled (invalid_state).
 `, stdout, stderr)
@@ -455,17 +451,25 @@ succeeds, writing nothing). A running or finished message is not rescheduled (in
 	priority := integer[int64](c, "priority", 0, "the new `priority`, lower is dequeued first")
 	deadline := c.fs.String("deadline", "", "the new priority as a deadline: an RFC 3339 `time`, or a duration from now; the priority is its Unix ms")
 	delay := c.duration("delay", 0, time.Millisecond, subjects.MaxInvisible, "make the message pending this long from now (0: at once)")
+	visibleAt := c.fs.String("visible-at", "", "make the message pending at this RFC 3339 `time`, by the broker's clock (one that has come: at once)")
 	pos, err := c.parse(args, 2, 2)
 	if err != nil {
 		return parseExit(err)
 	}
 	given := c.set()
 	opts := workers.RescheduleOpts{Version: *version}
+	if given["visible-at"] {
+		if opts.VisibleAt, err = parseVisibleAt(*visibleAt); err != nil {
+			return parseExit(c.usageError("%v", err))
+		}
+	}
 	switch {
 	case given["priority"] && given["deadline"]:
 		return parseExit(c.usageError("give --priority or --deadline, not both"))
-	case !given["priority"] && !given["deadline"] && !given["delay"]:
-		return parseExit(c.usageError("give --priority, --deadline or --delay"))
+	case given["delay"] && given["visible-at"]:
+		return parseExit(c.usageError("give --delay or --visible-at, not both"))
+	case !given["priority"] && !given["deadline"] && !given["delay"] && !given["visible-at"]:
+		return parseExit(c.usageError("give --priority, --deadline, --delay or --visible-at"))
 	case given["priority"]:
 		opts.Priority = priority
 	case given["deadline"]:
@@ -481,8 +485,22 @@ succeeds, writing nothing). A running or finished message is not rescheduled (in
 		if err != nil {
 			return err
 		}
-		return c.output(wireMessage(&m), func(w io.Writer) { printMessages(w, []workers.Message{m}, time.Now(), false) })
+		return c.output(wireMessage(&m), func(w io.Writer) { printRescheduled(w, &m) })
 	})
+}
+
+// parseVisibleAt reads a --visible-at: an RFC 3339 time, strictly, as the broker reads visible_at.
+// The zero time (0001-01-01T00:00:00Z), which a Client takes for none, comes back one nanosecond
+// later: a time that has come all the same.
+func parseVisibleAt(s string) (time.Time, error) {
+	var at time.Time
+	if err := at.UnmarshalText([]byte(s)); err != nil {
+		return time.Time{}, fmt.Errorf("--visible-at must be an RFC 3339 time (2026-11-28T09:00:00Z), not %q", s)
+	}
+	if at.IsZero() {
+		at = at.Add(time.Nanosecond)
+	}
+	return at, nil
 }
 
 // bulk lists up to limit messages of sum.listed in queue (those with every filter pair), in their

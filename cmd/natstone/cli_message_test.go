@@ -427,7 +427,9 @@ func TestCLIReschedule(t *testing.T) {
 	cli(t, url, "enqueue", "q", "p-a", "--id", "a", "--priority", "10").ok(t)
 	cli(t, url, "enqueue", "q", "p-b", "--id", "b", "--priority", "20").ok(t)
 
-	cli(t, url, "reschedule", "q", "b").fails(t, exitUsage, "give --priority, --deadline or --delay")
+	cli(t, url, "reschedule", "q", "b").fails(t, exitUsage, "give --priority, --deadline, --delay or --visible-at")
+	cli(t, url, "reschedule", "q", "b", "--delay", "1s", "--visible-at", "2026-01-02T15:04:05Z").fails(t, exitUsage, "give --delay or --visible-at, not both")
+	cli(t, url, "reschedule", "q", "b", "--visible-at", "tomorrow").fails(t, exitUsage, "--visible-at must be an RFC 3339 time")
 	cli(t, url, "reschedule", "q", "b", "--priority", "1", "--deadline", "1h").fails(t, exitUsage, "not both")
 	cli(t, url, "reschedule", "q", "b", "--deadline", "soon").fails(t, exitUsage, "neither an RFC 3339 time")
 	cli(t, url, "reschedule", "q", "b", "--delay", "-1s").fails(t, exitUsage, "--delay: must be 0 to 8784h")
@@ -435,8 +437,17 @@ func TestCLIReschedule(t *testing.T) {
 	cli(t, url, "reschedule", "q", "b", "--priority", "1", "--version", "9").fails(t, exitError, "natstone: revision_mismatch: ")
 
 	rows := tableRows(cli(t, url, "reschedule", "q", "b", "--priority", "5", "--version", "1").ok(t))
-	if len(rows) != 2 || rows[1][0] != "b" || rows[1][1] != "pending" {
-		t.Fatalf("reschedule b: %q", rows)
+	if len(rows) != 2 || rows[1][0] != "b" || rows[1][1] != "pending" || rows[1][2] != "5" || rows[1][4] != "2" {
+		t.Fatalf("reschedule b: %q, want b pending at priority 5, version 2", rows)
+	}
+	// --visible-at: the table says when it runs.
+	at := time.Now().Add(2 * time.Hour).Truncate(time.Second)
+	rows = tableRows(cli(t, url, "reschedule", "q", "b", "--visible-at", at.Format(time.RFC3339)).ok(t))
+	if want := at.UTC().Format("2006-01-02T15:04:05.000Z"); len(rows) != 2 || rows[1][1] != "invisible" || rows[1][3] != want {
+		t.Fatalf("reschedule b --visible-at %v: %q, want invisible until %s", at, rows, want)
+	}
+	if m := jsonOf[subjects.Message](t, cli(t, url, "reschedule", "q", "b", "--visible-at", "0001-01-01T00:00:00Z", "--json")); m.State != subjects.StatePending {
+		t.Fatalf("reschedule b --visible-at the year 1: %+v, want pending at once", m)
 	}
 	hidden := jsonOf[subjects.Message](t, cli(t, url, "reschedule", "q", "a", "--delay", "1h", "--json"))
 	if hidden.State != subjects.StateInvisible || hidden.VisibleAt.Sub(hidden.UpdatedAt) != time.Hour || hidden.Priority != 10 {

@@ -46,12 +46,14 @@ func fmtDuration(d time.Duration) string {
 // fmtMS prints a duration in milliseconds of the wire.
 func fmtMS(ms int64) string { return fmtDuration(time.Duration(ms) * time.Millisecond) }
 
-// fmtTime prints t as the protocol does (RFC 3339, UTC), "-" for the zero time.
+// fmtTime prints t in RFC 3339, UTC, to the millisecond as natstone keeps times, always with three
+// digits of the fraction so that a column of times lines up and sorts as text; "-" for the zero
+// time.
 func fmtTime(t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	return t.UTC().Format(time.RFC3339Nano)
+	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
 }
 
 // fmtExpires prints the time left until a lease ends: "29.5s", "expired", "-" without a lease.
@@ -291,6 +293,14 @@ func printDepth(w io.Writer, queue string, c subjects.Counts) {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "QUEUE\tPENDING\tRUNNING\tINVISIBLE\tCOMPLETED\tCANCELED\tERRORED")
 	fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", queue, c.Pending, c.Running, c.Invisible, c.Completed, c.Canceled, c.Errored)
+	tw.Flush()
+}
+
+// printRescheduled prints a rescheduled message: its place in the queue and when it runs.
+func printRescheduled(w io.Writer, m *workers.Message) {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tSTATE\tPRIORITY\tVISIBLE_AT\tVERSION")
+	fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\n", printable(m.ID, 0), m.State, m.Priority, fmtTime(m.VisibleAt), m.Version)
 	tw.Flush()
 }
 
