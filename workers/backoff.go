@@ -6,11 +6,8 @@ import (
 	"time"
 )
 
-// The default retry schedule of failed messages: 1s, 2s, 4s, … up to 5 min, each ±25 %.
-const (
-	backoffBase = time.Second
-	backoffMax  = 5 * time.Minute
-)
+// backoffMax caps the default retry schedule of failed messages (DefaultBackoff).
+const backoffMax = 24 * time.Hour
 
 // The retry schedule of failed dequeues (no broker, broker unavailable, queue blocked): 100 ms
 // doubling up to 10 s, each ±25 %, so a worker never spins on a failing broker. A queue that does not
@@ -32,10 +29,18 @@ func pollRetry(failures int, err error) time.Duration {
 }
 
 // DefaultBackoff is the default WorkerConfig.BackoffFunc: how long a message released after its
-// attempt-th failed attempt (1 for the first) stays invisible. It is 1s·2^(attempt-1), capped at
-// 5 minutes, with ±25 % of jitter so that messages failing together do not come back together.
+// attempt-th failed attempt (1 for the first) stays invisible. It is attempt⁴ seconds, as River's:
+// 1 s, 16 s, 81 s, 4 min 16 s, 10 min 25 s, …, capped at a day, with ±25 % of jitter so that
+// messages failing together do not come back together. A queue's default 5 attempts so span about
+// six minutes, enough for a dependency's restart or a deploy; more attempts span hours, then days.
 func DefaultBackoff(attempt int) time.Duration {
-	return exponential(attempt, backoffBase, backoffMax)
+	n := max(attempt, 1)
+	d := backoffMax
+	if n < 300 { // 300⁴ s is far past the cap, and no int64 of nanoseconds holds it
+		d = min(time.Duration(n*n*n*n)*time.Second, backoffMax)
+	}
+	d = d*3/4 + rand.N(d/2+1)
+	return min(d, backoffMax)
 }
 
 // exponential returns base·2^(n-1) capped at most, jittered by ±25 % (and still capped).

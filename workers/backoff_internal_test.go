@@ -34,3 +34,31 @@ func TestPollRetry(t *testing.T) {
 		t.Fatalf("failed polls backed off %v at most, want them to back off past %v", longest, pollRetryMissing)
 	}
 }
+
+// TestDefaultBackoff holds the retry schedule of failed messages to attempt⁴ seconds ±25 %, capped
+// at a day: a quick first retry, and the 4 retries of a queue's default 5 attempts spread over
+// minutes, not seconds, so that an outage of a minute does not error every message in flight.
+func TestDefaultBackoff(t *testing.T) {
+	var budget time.Duration // the least the first 4 retries wait in all
+	for attempt := -1; attempt <= 400; attempt++ {
+		want := backoffMax
+		if n := max(attempt, 1); n < 100 { // 100⁴ s is past the cap
+			want = min(time.Duration(n*n*n*n)*time.Second, backoffMax)
+		}
+		lo, hi := want*3/4, min(want*5/4, backoffMax)
+		least := hi
+		for range 50 {
+			d := DefaultBackoff(attempt)
+			if d < lo || d > hi {
+				t.Fatalf("DefaultBackoff(%d) = %v, want within [%v, %v]", attempt, d, lo, hi)
+			}
+			least = min(least, d)
+		}
+		if attempt >= 1 && attempt <= 4 {
+			budget += least
+		}
+	}
+	if budget < 4*time.Minute {
+		t.Fatalf("the first 4 retries wait %v in all, want minutes", budget)
+	}
+}
