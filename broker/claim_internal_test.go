@@ -515,6 +515,33 @@ func TestStaleDeletePurgesNothing(t *testing.T) {
 	}
 }
 
+// TestRescheduleSentAgainWhileItsTimerLags: a visible_at reschedule sent again after its time came
+// but before the invisibility timer wrote the message pending (the timer lags: here it waits for
+// the claim) finds its work done and writes nothing, as it would have before that time.
+func TestRescheduleSentAgainWhileItsTimerLags(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ctx := context.Background()
+	qclk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
+	a, q := pausedServer(t, srv, "q", subjects.CreateQueueRequest{}, func(c *Config) { c.Clock = qclk })
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
+		t.Fatal(err)
+	}
+	at := qclk.Now().Add(5 * time.Second)
+	asked := subjects.RescheduleRequest{ID: "m", VisibleAt: &at}
+	m, err := q.reschedule(ctx, asked)
+	if err != nil || m.State != subjects.StateInvisible {
+		t.Fatalf("reschedule: %+v, %v", m, err)
+	}
+	held := a.claim.until.Load()
+	a.claim.until.Store(0)
+	qclk.Advance(6 * time.Second) // its time comes while the timer may not write
+	a.claim.until.Store(held)
+	asked.Version = m.Version + 7
+	if again, err := q.reschedule(ctx, asked); err != nil || again.Version != m.Version {
+		t.Fatalf("sent again once its time came: %+v, %v; want it left at version %d", again, err, m.Version)
+	}
+}
+
 // TestStaleStartPurgesNoLocks: a start that goes on past its claim (a pause after it checked the
 // claim) purges no locks of a queue it took for deleted: the broker that took the store over may
 // have created the queue since, and the purge carries no revision to fence it.

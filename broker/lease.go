@@ -101,8 +101,12 @@ func (q *queue) transition(e *entry, edit func(r *kv.Record, now int64)) (subjec
 
 // transitionWith is transition with c's attributes for the event (a release's failure and refund).
 func (q *queue) transitionWith(c *change, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
+	return q.transitionAt(c, q.now(), edit)
+}
+
+// transitionAt is transitionWith at now, a time the caller read before it decided the change.
+func (q *queue) transitionAt(c *change, now int64, edit func(r *kv.Record, now int64)) (subjects.Message, error) {
 	e := c.e
-	now := q.now()
 	r := e.record()
 	edit(&r, now)
 	q.stamp(&r, now)
@@ -286,6 +290,11 @@ func (q *queue) retry(ctx context.Context, req subjects.RetryRequest) (subjects.
 // VisibleAt otherwise) is left as it is, whatever the version, and the reschedule succeeds writing
 // nothing: sent again, it finds its own work done. A positive DelayMS always writes, from now. A
 // running or finished message is invalid_state.
+//
+// A message whose priority is the time it became, or becomes, visible — the default priority
+// (validateMessage) — keeps it so: a reschedule that moves when it runs, without a priority, moves
+// the priority with it, so that a message run now queues from now (FIFO by readiness) rather than
+// from the time it was to run, and one put off queues from its new time.
 func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -299,48 +308,44 @@ func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) 
 			return subjects.Message{}, err
 		}
 	}
-	var at int64 // VisibleAt's Unix ms
-	if req.VisibleAt != nil {
+	now := q.now() // one time for the checks and the write
+	at := now      // VisibleAt's Unix ms, or the delay's end
+	switch {
+	case req.VisibleAt != nil:
 		var err error
-		if at, err = visibleAtMS(*req.VisibleAt, q.b.clock.Now().UnixMilli()); err != nil {
+		if at, err = visibleAtMS(*req.VisibleAt, now); err != nil {
 			return subjects.Message{}, err
 		}
+	case req.DelayMS != nil:
+		at = now + *req.DelayMS
 	}
 	e, err := q.find(ctx, req.ID)
 	if err != nil {
 		return subjects.Message{}, err
 	}
 	state, mismatch := e.State(), atVersion(e, req.Version)
-	asAsked := func(now int64) bool {
-		switch {
-		case req.DelayMS != nil:
-			return *req.DelayMS == 0 && state == subjects.StatePending
-		case req.VisibleAt != nil:
-			return at <= now && state == subjects.StatePending || at > now && state == subjects.StateInvisible && e.VisibleAt() == at
-		}
-		return true
-	}
+	// As asked: pending once the time asked has come; otherwise invisible until then (a positive
+	// delay_ms always counts from now, so only a visible_at finds that).
+	asAsked := at <= now && state == subjects.StatePending ||
+		req.VisibleAt != nil && state == subjects.StateInvisible && e.VisibleAt() == at
 	switch {
 	case state != subjects.StatePending && state != subjects.StateInvisible:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s: only a pending or invisible message is rescheduled", e.ID, state)
-	case (req.Priority == nil || *req.Priority == e.Priority) && asAsked(q.b.clock.Now().UnixMilli()):
+	case (req.Priority == nil || *req.Priority == e.Priority) && (req.DelayMS == nil && req.VisibleAt == nil || asAsked):
 		return q.view(e), nil
 	case mismatch != nil:
 		return q.view(e), mismatch
 	}
-	return q.transitionWith(&change{e: e, kind: subjects.EventRescheduled}, func(r *kv.Record, now int64) {
+	return q.transitionAt(&change{e: e, kind: subjects.EventRescheduled}, now, func(r *kv.Record, now int64) {
+		readiness := r.Priority == r.VisibleAt // the default priority, which follows when it can run
 		if req.Priority != nil {
 			r.Priority = *req.Priority
 		}
-		delay, move := int64(0), false
-		switch {
-		case req.DelayMS != nil:
-			delay, move = *req.DelayMS, true
-		case req.VisibleAt != nil:
-			delay, move = max(at-now, 0), true
-		}
-		if move && (delay > 0 || r.State == subjects.StateInvisible) {
-			visibleIn(r, now, delay) // a pending message asked to be pending at once stays as it is
+		if (req.DelayMS != nil || req.VisibleAt != nil) && !asAsked {
+			visibleIn(r, now, at-now)
+			if req.Priority == nil && readiness {
+				r.Priority = r.VisibleAt
+			}
 		}
 	})
 }

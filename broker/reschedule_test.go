@@ -182,3 +182,36 @@ func TestRescheduleVisibleAt(t *testing.T) {
 		t.Fatalf("rescheduled to a time that has come: %+v, want pending from now", m)
 	}
 }
+
+// TestRescheduleMovesADefaultPriority: a message whose priority is the default, the time it can
+// run, keeps it so when a reschedule moves that time without giving a priority: run now, it queues
+// from now, behind what was enqueued before and ahead of what comes after; put off, it queues from
+// its new time. A priority given at enqueue stays as it is.
+func TestRescheduleMovesADefaultPriority(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	day := ptr(int64(24 * time.Hour / time.Millisecond))
+	e.enqueue("q", subjects.EnqueueRequest{ID: "late", InvisibleMS: day})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "given", Priority: ptr[int64](5), InvisibleMS: day})
+	e.advance(time.Second)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "before"})
+	e.advance(time.Second)
+	now := e.clk.Now()
+	if m := must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "late", DelayMS: ptr[int64](0)}); m.State != subjects.StatePending || m.Priority != now.UnixMilli() {
+		t.Fatalf("late run now: %+v, want pending at priority %d (now)", m, now.UnixMilli())
+	}
+	if m := must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "given", DelayMS: ptr[int64](0)}); m.Priority != 5 {
+		t.Fatalf("given run now: %+v, want its priority 5", m)
+	}
+	e.advance(time.Second)
+	e.enqueue("q", subjects.EnqueueRequest{ID: "after"})
+	put := e.enqueue("q", subjects.EnqueueRequest{ID: "put off"})
+	at := e.clk.Now().Add(time.Hour)
+	if m := must[subjects.Message](e, subjects.OpReschedule, "q", subjects.RescheduleRequest{ID: "put off", VisibleAt: &at}); m.Priority != at.UnixMilli() || m.Priority == put.Priority {
+		t.Fatalf("put off an hour: %+v, want priority %d", m, at.UnixMilli())
+	}
+	if got := ids(e.dequeue("q", subjects.DequeueRequest{Batch: 5})); !slices.Equal(got, []string{"given", "before", "late", "after"}) {
+		t.Fatalf("dequeued %v, want [given before late after]", got)
+	}
+}
