@@ -36,7 +36,7 @@ func pollRetry(failures int, err error) time.Duration {
 func DefaultBackoff(attempt int) time.Duration {
 	n := max(attempt, 1)
 	d := backoffMax
-	if n < 300 { // 300⁴ s is far past the cap, and no int64 of nanoseconds holds it
+	if n < 18 { // 18⁴ s is past the cap, and a larger n⁴ overflows a 32-bit int
 		d = min(time.Duration(n*n*n*n)*time.Second, backoffMax)
 	}
 	d = d*3/4 + rand.N(d/2+1)
