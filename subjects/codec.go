@@ -47,6 +47,9 @@ func Decode(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if where, ok := badTime(data); ok {
+			return Errorf(CodeBadRequest, "malformed JSON body: %s", where)
+		}
 		return Errorf(CodeBadRequest, "malformed JSON body: %s", describeJSONError(err))
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
@@ -70,12 +73,41 @@ func describeJSONError(err error) string {
 		}
 		return fmt.Sprintf("%s: want %s, got %s", where, jsonKind(te.Type), te.Value)
 	}
-	// encoding/json does not say which field a time.Time refused; visible_at is a request's only time.
-	var pe *time.ParseError
-	if errors.As(err, &pe) {
-		return fmt.Sprintf("visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z), got %q", pe.Value)
-	}
 	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// badTime names the visible_at of data (a request's only time, top level or in an enqueue batch's
+// messages) that does not decode as a time, and says what it wants: encoding/json's error for it
+// names no field.
+func badTime(data []byte) (string, bool) {
+	var probe struct {
+		VisibleAt json.RawMessage `json:"visible_at"`
+		Messages  []struct {
+			VisibleAt json.RawMessage `json:"visible_at"`
+		} `json:"messages"`
+	}
+	if json.Unmarshal(data, &probe) != nil {
+		return "", false
+	}
+	describe := func(where string, raw json.RawMessage) (string, bool) {
+		var t time.Time
+		if len(raw) == 0 || string(raw) == "null" || json.Unmarshal(raw, &t) == nil {
+			return "", false
+		}
+		if raw[0] != '"' {
+			return fmt.Sprintf("%s: want an RFC 3339 time in a string (\"2026-11-28T09:00:00Z\"), got %s", where, raw), true
+		}
+		return fmt.Sprintf("%s: want an RFC 3339 time (2026-11-28T09:00:00Z), got %s", where, raw), true
+	}
+	if d, ok := describe("visible_at", probe.VisibleAt); ok {
+		return d, true
+	}
+	for i, m := range probe.Messages {
+		if d, ok := describe(fmt.Sprintf("messages[%d].visible_at", i), m.VisibleAt); ok {
+			return d, true
+		}
+	}
+	return "", false
 }
 
 // jsonKind is what JSON value decodes into a value of type t.

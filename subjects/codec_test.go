@@ -795,3 +795,22 @@ func TestDecodeErrorsNameFieldsNotGoTypes(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeNamesABadTime: encoding/json's error for a time it cannot read names no field; Decode
+// names the visible_at, in an enqueue batch its message too, and says what it wants.
+func TestDecodeNamesABadTime(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		into any
+		want string
+	}{
+		{`{"id":"a","visible_at":"tomorrow"}`, &subjects.EnqueueRequest{}, `visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z), got "tomorrow"`},
+		{`{"id":"a","visible_at":17}`, &subjects.RescheduleRequest{}, `visible_at: want an RFC 3339 time in a string ("2026-11-28T09:00:00Z"), got 17`},
+		{`{"messages":[{"visible_at":null},{"visible_at":"2026-11-28T09:00:00"}]}`, &subjects.EnqueueBatchRequest{}, `messages[1].visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z), got "2026-11-28T09:00:00"`},
+	} {
+		err := subjects.Decode([]byte(tc.body), tc.into)
+		if want := "malformed JSON body: " + tc.want; err == nil || err.Error() != "natstone: bad_request: "+want {
+			t.Errorf("Decode(%s): %v, want %s", tc.body, err, want)
+		}
+	}
+}

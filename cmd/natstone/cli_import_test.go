@@ -187,7 +187,7 @@ func TestParseImportLine(t *testing.T) {
 		{line: `{"visible_at":"0001-01-01T00:00:00Z"}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{Invisible: -1}}}, // long past: pending at once
 		{line: `{"visible_at":"2030-01-02T03:04:05Z","invisible_ms":5}`, wantErr: "give invisible_ms or visible_at, not both"},
 		{line: `{"visible_at":"soon"}`, wantErr: `visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z), got "soon"`},
-		{line: `{"visible_at":1764320400000}`, wantErr: `Time.UnmarshalJSON: input is not a JSON string`},
+		{line: `{"visible_at":1764320400000}`, wantErr: `visible_at: want an RFC 3339 time in a string ("2026-11-28T09:00:00Z"), got 1764320400000`},
 		{line: `{"max_attempts":3}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{MaxAttempts: 3}}},
 		{line: `{"max_attempts":0}`, wantErr: "max_attempts must be 1 to 1000, not 0"},
 		{line: `{"max_attempts":5000}`, wantErr: "max_attempts must be 1 to 1000, not 5000"},
