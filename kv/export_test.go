@@ -24,6 +24,9 @@ func (s *Store) SetScanLeaderLast(f func(last uint64) uint64) { s.scanLeaderLast
 // SetScanRead makes scan call f once it has read everything, before it checks with the leader.
 func (s *Store) SetScanRead(f func()) { s.scanRead = f }
 
+// PurgeEach is purgeEach: how many subjects a purge left that it purges one by one.
+const PurgeEach = purgeEach
+
 // SetPurged makes every subject purge call f after the purge, before it checks what is left.
 func (s *Store) SetPurged(f func(subject string)) { s.purged = f }
 

@@ -307,6 +307,48 @@ func TestQueueDeletePurgesWhatAPurgeLeft(t *testing.T) {
 	}
 }
 
+// TestPurgeOfManyLeftIsOneWildcard: a purge that left more subjects than kv.PurgeEach purges its
+// wildcard again, not one subject at a time.
+func TestPurgeOfManyLeftIsOneWildcard(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx := context.Background()
+	if _, err := s.PutQueue(ctx, "q", kv.QueueRecord{Config: subjects.QueueConfig{Type: subjects.Exclusive}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	left := false
+	s.SetPurged(func(purged string) {
+		if left || purged != "$KV.natstone-locks.q.>" {
+			return
+		}
+		left = true
+		for i := range kv.PurgeEach + 1 {
+			if _, err := s.WriteSlot("q", fmt.Sprintf("v%d", i), 0, kv.Lock{MessageID: "a", LeaseID: "L"}, 0).Wait(ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	purges, err := srv.Connect(t).SubscribeSync("$JS.API.STREAM.PURGE.KV_natstone-locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteQueue(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		m, err := purges.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("purge %d not seen: %v", i+1, err)
+		}
+		var req struct {
+			Filter string `json:"filter"`
+		}
+		if err := json.Unmarshal(m.Data, &req); err != nil || req.Filter != "$KV.natstone-locks.q.>" {
+			t.Fatalf("purge %d: %s, want the wildcard (%v)", i+1, m.Data, err)
+		}
+	}
+}
+
 // TestGetBodyWaitsForResponders: while nothing serves the bodies stream (no responders: in a
 // cluster, its replicas electing a leader; here, the stream gone), a payload read asks again
 // until its context ends. (That it then reads the payload is up to timing here, and in
