@@ -237,9 +237,10 @@ type RetryRequest struct {
 }
 
 // RescheduleRequest is the body of reschedule: a message waiting to run (pending or invisible) gets
-// Priority, or becomes pending DelayMS from now (0: at once), or both; at least one is required.
-// With Version, only at that version. A message already as asked (its priority, and pending when
-// DelayMS is 0) is left as it is, whatever the version.
+// Priority, or becomes pending DelayMS from now (0: at once) or at VisibleAt, or both; at least
+// one is required, and not both DelayMS and VisibleAt. With Version, only at that version. A
+// message already as asked (its priority, and pending when DelayMS is 0 or VisibleAt has come,
+// invisible until VisibleAt otherwise) is left as it is, whatever the version.
 type RescheduleRequest struct {
 	ID       string `json:"id"`
 	Version  uint64 `json:"version,omitempty"`

@@ -155,8 +155,8 @@ func runImport(ctx context.Context, c *clientCommand, queue, path string, inFlig
 //
 // A batch that repeats an id of a batch in flight waits for it, so that the first line with an id
 // is the one written and the later ones are its duplicates, as in a sequential import. Messages
-// without a priority get the time the broker enqueues them, so across batches in flight their
-// order may differ from the file's; with inFlight 1 it is the file's.
+// without a priority get the time the broker enqueues them (plus any invisibility), so across
+// batches in flight their order may differ from the file's; with inFlight 1 it is the file's.
 func (im *importer) run(ctx context.Context, in io.Reader) {
 	r := bufio.NewReaderSize(in, 1<<20)
 	var (

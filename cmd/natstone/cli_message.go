@@ -30,10 +30,11 @@ duplicate. The payload is PAYLOAD, else the content of --file, else stdin (also 
 With --import, reads JSON lines instead (- for stdin), one message per line in the protocol's
 enqueue form: {"id", "priority", "payload" | "payload_base64", "metadata", "invisible_ms" |
 "visible_at", "lease_ms", "max_attempts"}, all optional ("invisible_ms": 0 is pending at once,
-"lease_ms": 0 the queue's lease, as in the protocol). They are sent in batches of up to 1000, --in-flight at a time. The first line
-with an id is the one written, later ones are its duplicates. Messages without a priority get the
-time the broker enqueues them, so with several batches in flight their order may differ from the
-file's (--in-flight 1 keeps it). A line that is not such an object, or that the broker refuses, is
+"lease_ms": 0 the queue's lease, as in the protocol). They are sent in batches of up to 1000,
+--in-flight at a time. The first line with an id is the one written, later ones are its
+duplicates. Messages without a priority get the time the broker enqueues them (plus any
+invisibility), so with several batches in flight their order may differ from the file's
+(--in-flight 1 keeps it). A line that is not such an object, or that the broker refuses, is
 reported with its number and skipped; the others are imported. Prints how many were enqueued, how
 many were duplicates (an id that exists), and the failed lines; exits 1 if any line failed. With
 stderr on a terminal it shows the progress.
