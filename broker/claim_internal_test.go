@@ -491,6 +491,15 @@ func takeOver(t *testing.T, srv *natstest.Server) *Broker {
 	return b
 }
 
+// pausedOnFakeClock is pausedServer on a server of its own, for a queue "q" of the defaults, with
+// the broker's clock the fake it returns.
+func pausedOnFakeClock(t *testing.T) (*Broker, *queue, *clock.Fake) {
+	t.Helper()
+	qclk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
+	a, q := pausedServer(t, natstest.Start(t, nil), "q", subjects.CreateQueueRequest{}, func(c *Config) { c.Clock = qclk })
+	return a, q, qclk
+}
+
 // TestStaleDeletePurgesNothing: a queue's delete that the old broker began while it held the claim
 // and goes on with once its claim ran out (a pause, say, before its renewal finds the claim taken)
 // purges nothing: the broker that took the store over stored and acknowledged messages since, and
@@ -519,10 +528,8 @@ func TestStaleDeletePurgesNothing(t *testing.T) {
 // but before the invisibility timer wrote the message pending (the timer lags: here it waits for
 // the claim) finds its work done and writes nothing, as it would have before that time.
 func TestRescheduleSentAgainWhileItsTimerLags(t *testing.T) {
-	srv := natstest.Start(t, nil)
 	ctx := context.Background()
-	qclk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
-	a, q := pausedServer(t, srv, "q", subjects.CreateQueueRequest{}, func(c *Config) { c.Clock = qclk })
+	a, q, qclk := pausedOnFakeClock(t)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -571,10 +578,8 @@ func TestStaleStartPurgesNoLocks(t *testing.T) {
 // after a pause, its renewal not run yet) writes nothing from the broker's indexes, which another
 // broker may have overtaken; it tries again once the claim holds.
 func TestTimersWaitForTheClaim(t *testing.T) {
-	srv := natstest.Start(t, nil)
 	ctx := context.Background()
-	qclk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
-	a, q := pausedServer(t, srv, "q", subjects.CreateQueueRequest{}, func(c *Config) { c.Clock = qclk })
+	a, q, qclk := pausedOnFakeClock(t)
 	invisible := int64(5_000)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "m", InvisibleMS: &invisible}}); err != nil {
 		t.Fatal(err)

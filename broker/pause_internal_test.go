@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
@@ -148,10 +147,8 @@ func waitOn[T any](t *testing.T, ch <-chan T) T {
 // not hold (it could land after the broker that took the store over read the record); it is once
 // the claim holds again.
 func TestDoubtsWaitForTheClaim(t *testing.T) {
-	srv := natstest.Start(t, nil)
 	ctx := context.Background()
-	qclk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
-	a, q := pausedServer(t, srv, "q", subjects.CreateQueueRequest{}, func(c *Config) { c.Clock = qclk })
+	a, q, qclk := pausedOnFakeClock(t)
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
 		t.Fatal(err)
 	}
