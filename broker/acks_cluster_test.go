@@ -7,6 +7,7 @@ package broker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -166,7 +167,7 @@ func lostWithItsLeader(t *testing.T, stream, write string, cfg subjects.CreateQu
 
 	data, ok := <-replied
 	if !ok {
-		t.Fatalf("the broker's log:\n%s", logs.String())
+		t.Fatalf("the broker's log:\n%s\nthe stream as its leader sees it now: %s", logs.String(), streamNow(ctx, e.jetStream(), stream))
 	}
 	check(e, data)
 	if log := logs.String(); !regexp.MustCompile(logged).MatchString(log) {
@@ -178,6 +179,32 @@ func lostWithItsLeader(t *testing.T, stream, write string, cfg subjects.CreateQu
 	sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
 	defer scancel()
 	_ = e.b.Stop(sctx)
+}
+
+// streamNow describes stream's leader, replicas and last sequence, for a failure's report: whether
+// a write that got no answer met a stream without a quorum, or one that took it and said nothing.
+func streamNow(ctx context.Context, js jetstream.JetStream, stream string) string {
+	var info *jetstream.StreamInfo
+	var err error
+	for end := time.Now().Add(20 * time.Second); info == nil && time.Now().Before(end); { // through an election still going on
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second) // the leader answers; no one while there is none
+		var st jetstream.Stream
+		if st, err = js.Stream(actx, stream); err == nil {
+			info = st.CachedInfo()
+		}
+		cancel()
+	}
+	if info == nil {
+		return err.Error()
+	}
+	out := fmt.Sprintf("last sequence %d, %d messages", info.State.LastSeq, info.State.Msgs)
+	if c := info.Cluster; c != nil {
+		out += fmt.Sprintf("; leader %s since %v", c.Leader, c.LeaderSince)
+		for _, r := range c.Replicas {
+			out += fmt.Sprintf("; replica %s current %v, active %v ago, lag %d", r.Name, r.Current, r.Active, r.Lag)
+		}
+	}
+	return out
 }
 
 // placement returns the servers of srvs holding stream's leader, its other replicas, and one
