@@ -247,9 +247,12 @@ func (p *publisher) publish(batch []pendingEvent) {
 			return
 		}
 		p.refused.Add(1)
-		p.mu.Lock()
-		closing := p.closing
-		p.mu.Unlock()
+		closing := false
+		select {
+		case <-p.closed:
+			closing = true
+		default:
+		}
 		// Waiting out an election is for a broker that goes on; a stopping one, whose stop waits
 		// for the events and then still has a snapshot to write and its claim to release, gives
 		// a batch its tries and no more.
