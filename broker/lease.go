@@ -324,14 +324,16 @@ func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) 
 		return subjects.Message{}, err
 	}
 	state, mismatch := e.State(), atVersion(e, req.Version)
-	// As asked: pending once the time asked has come; otherwise invisible until then (a positive
-	// delay_ms always counts from now, so only a visible_at finds that).
+	// Whether it is to move, and if so, whether it is where it is to be already: pending once the
+	// time asked has come, otherwise invisible until then (a positive delay_ms always counts from
+	// now, so only a visible_at finds that).
+	moves := req.DelayMS != nil || req.VisibleAt != nil
 	asAsked := at <= now && state == subjects.StatePending ||
 		req.VisibleAt != nil && state == subjects.StateInvisible && e.VisibleAt() == at
 	switch {
 	case state != subjects.StatePending && state != subjects.StateInvisible:
 		return q.view(e), subjects.Errorf(subjects.CodeInvalidState, "message %q is %s: only a pending or invisible message is rescheduled", e.ID, state)
-	case (req.Priority == nil || *req.Priority == e.Priority) && (req.DelayMS == nil && req.VisibleAt == nil || asAsked):
+	case (req.Priority == nil || *req.Priority == e.Priority) && (!moves || asAsked):
 		return q.view(e), nil
 	case mismatch != nil:
 		return q.view(e), mismatch
@@ -341,7 +343,7 @@ func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) 
 		if req.Priority != nil {
 			r.Priority = *req.Priority
 		}
-		if (req.DelayMS != nil || req.VisibleAt != nil) && !asAsked {
+		if moves && !asAsked {
 			visibleIn(r, now, at-now)
 			if req.Priority == nil && readiness {
 				r.Priority = r.VisibleAt
