@@ -274,14 +274,10 @@ func parseImportLine(data []byte) (workers.BatchMessage, error) {
 		m.Invisible = -1
 	}
 	if r.VisibleAt != nil {
-		switch {
-		case r.InvisibleMS != nil:
+		if r.InvisibleMS != nil {
 			return workers.BatchMessage{}, errors.New("give invisible_ms or visible_at, not both")
-		case r.VisibleAt.IsZero(): // long past, so pending at once; the Client's zero VisibleAt is unset
-			m.Invisible = -1
-		default:
-			m.VisibleAt = *r.VisibleAt
 		}
+		m.VisibleAt = givenTime(*r.VisibleAt)
 	}
 	if m.Lease, err = lineDuration("lease_ms", r.LeaseMS, 0); err != nil {
 		return workers.BatchMessage{}, err

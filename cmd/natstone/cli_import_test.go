@@ -184,7 +184,7 @@ func TestParseImportLine(t *testing.T) {
 		{line: `{"invisible_ms":0}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{Invisible: -1}}}, // pending at once
 		{line: `{"lease_ms":0}`}, // the queue's
 		{line: `{"visible_at":"2030-01-02T03:04:05Z"}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{VisibleAt: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}}},
-		{line: `{"visible_at":"0001-01-01T00:00:00Z"}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{Invisible: -1}}}, // long past: pending at once
+		{line: `{"visible_at":"0001-01-01T00:00:00Z"}`, want: workers.BatchMessage{EnqueueOpts: workers.EnqueueOpts{VisibleAt: time.Time{}.Add(time.Nanosecond)}}}, // long past, not the Client's "none"
 		{line: `{"visible_at":"2030-01-02T03:04:05Z","invisible_ms":5}`, wantErr: "give invisible_ms or visible_at, not both"},
 		{line: `{"visible_at":"soon"}`, wantErr: `visible_at: want an RFC 3339 time (2026-11-28T09:00:00Z), got "soon"`},
 		{line: `{"visible_at":1764320400000}`, wantErr: `visible_at: want an RFC 3339 time in a string ("2026-11-28T09:00:00Z"), got 1764320400000`},

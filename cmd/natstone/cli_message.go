@@ -491,17 +491,22 @@ succeeds, writing nothing). A running or finished message is not rescheduled (in
 }
 
 // parseVisibleAt reads a --visible-at: an RFC 3339 time, strictly, as the broker reads visible_at.
-// The zero time (0001-01-01T00:00:00Z), which a Client takes for none, comes back one nanosecond
-// later: a time that has come all the same.
 func parseVisibleAt(s string) (time.Time, error) {
 	var at time.Time
 	if err := at.UnmarshalText([]byte(s)); err != nil {
 		return time.Time{}, fmt.Errorf("--visible-at must be an RFC 3339 time (2026-11-28T09:00:00Z), not %q", s)
 	}
+	return givenTime(at), nil
+}
+
+// givenTime is a visible_at a user gave, for a Client's VisibleAt: the zero time
+// (0001-01-01T00:00:00Z), which a Client takes for none, comes back one nanosecond later, a time
+// that has come all the same.
+func givenTime(at time.Time) time.Time {
 	if at.IsZero() {
-		at = at.Add(time.Nanosecond)
+		return at.Add(time.Nanosecond)
 	}
-	return at, nil
+	return at
 }
 
 // bulk lists up to limit messages of sum.listed in queue (those with every filter pair), in their
