@@ -45,7 +45,9 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		if !b.claim.held() {
 			err = subjects.Errorf(subjects.CodeUnavailable, "the broker's claim on the store ran out: another broker may serve it")
 		}
-		err = stopping(err, b.ctx.Err() != nil)
+		if err != nil {
+			err = stopping(err, b.ctx.Err() != nil) // asked of failures only: not on every reply's path
+		}
 		var out *nats.Msg
 		if err == nil {
 			var data []byte
