@@ -39,8 +39,9 @@ func TestMaxRunning(t *testing.T) {
 	}
 
 	// Two parked polls, room for one: one gets it, the other waits on.
+	timers := e.clk.Pending() // the leases' and a's collection's: the polls are parked once theirs are armed too
 	first, second := e.asyncDequeue("q", subjects.DequeueRequest{WaitMS: 30_000}), e.asyncDequeue("q", subjects.DequeueRequest{WaitMS: 30_000})
-	e.waitTimers(3)
+	e.waitTimers(timers + 2)
 	b := e.get("q", "b")
 	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "b", LeaseID: b.LeaseID})
 	var served []subjects.Message
@@ -67,8 +68,9 @@ func TestMaxRunning(t *testing.T) {
 	}
 
 	// Raising the limit serves a parked poll at once.
+	timers = e.clk.Pending()
 	polled = e.asyncDequeue("q", subjects.DequeueRequest{WaitMS: 60_000, Batch: 3})
-	e.waitTimers(2)
+	e.waitTimers(timers + 1)
 	info = must[subjects.QueueInfo](e, subjects.OpUpdate, "q", subjects.UpdateQueueRequest{MaxRunning: ptr(3)})
 	if got := ids(receive(t, polled)); !slices.Equal(got, []string{"e"}) {
 		t.Fatalf("the parked poll got %v after max_running 3, want e alone", got)
