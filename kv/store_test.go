@@ -276,10 +276,7 @@ func TestQueueDeletePurgesWhatAPurgeLeft(t *testing.T) {
 
 	log.Reset()
 	s.SetPurged(left(locks, 1))
-	purges, err := srv.Connect(t).SubscribeSync("$JS.API.STREAM.PURGE.KV_natstone-locks")
-	if err != nil {
-		t.Fatal(err)
-	}
+	purges := watchPurges(t, srv, "KV_natstone-locks")
 	if err := s.DeleteQueue(ctx, "q"); err != nil {
 		t.Fatal(err)
 	}
@@ -307,6 +304,21 @@ func TestQueueDeletePurgesWhatAPurgeLeft(t *testing.T) {
 	}
 }
 
+// watchPurges subscribes to the purge requests of stream, and returns once the server has the
+// subscription: a purge sent after that is seen.
+func watchPurges(t *testing.T, srv *natstest.Server, stream string) *nats.Subscription {
+	t.Helper()
+	nc := srv.Connect(t)
+	sub, err := nc.SubscribeSync("$JS.API.STREAM.PURGE." + stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
 // TestPurgeOfManyLeftIsOneWildcard: a purge that left more subjects than kv.PurgeEach purges its
 // wildcard again, not one subject at a time.
 func TestPurgeOfManyLeftIsOneWildcard(t *testing.T) {
@@ -328,10 +340,7 @@ func TestPurgeOfManyLeftIsOneWildcard(t *testing.T) {
 			}
 		}
 	})
-	purges, err := srv.Connect(t).SubscribeSync("$JS.API.STREAM.PURGE.KV_natstone-locks")
-	if err != nil {
-		t.Fatal(err)
-	}
+	purges := watchPurges(t, srv, "KV_natstone-locks")
 	if err := s.DeleteQueue(ctx, "q"); err != nil {
 		t.Fatal(err)
 	}
