@@ -12,8 +12,10 @@ import (
 
 // setPaused pauses schedule r.Name of q (pause true) or resumes it, with r.Note: the
 // schedule_pause and schedule_resume requests. A paused schedule does not fire; a resume fires it
-// next at its cron's first time after now, none of the times passed while it was paused. A request
-// that changes nothing (a pause of a paused schedule with the same note) writes nothing.
+// next at its cron's first time after now, none of the times passed while it was paused. A pause
+// of a paused schedule, or a resume of one that is not, changes only the note, and without a note
+// keeps it (a pause sent twice, the second time without its note, does not clear the first's); a
+// request that changes nothing writes nothing.
 func (b *Broker) setPaused(ctx context.Context, q *queue, r subjects.SchedulePauseRequest, pause bool) (subjects.ScheduleInfo, error) {
 	if err := subjects.ValidateNote(r.Note); err != nil {
 		return subjects.ScheduleInfo{}, err
@@ -25,11 +27,15 @@ func (b *Broker) setPaused(ctx context.Context, q *queue, r subjects.SchedulePau
 	}
 	defer s.unlock()
 	now := b.clock.Now()
-	if sc.rec.Paused == pause && sc.rec.Note == r.Note && !sc.unsure {
+	note := r.Note
+	if sc.rec.Paused == pause && note == "" {
+		note = sc.rec.Note
+	}
+	if sc.rec.Paused == pause && sc.rec.Note == note && !sc.unsure {
 		return sc.info(now), nil
 	}
 	rec := sc.rec
-	rec.Paused, rec.Note = pause, r.Note
+	rec.Paused, rec.Note = pause, note
 	switch {
 	case pause && !sc.rec.Paused:
 		rec.PausedAt = now.UnixMilli()
@@ -41,9 +47,9 @@ func (b *Broker) setPaused(ctx context.Context, q *queue, r subjects.SchedulePau
 		return subjects.ScheduleInfo{}, err
 	}
 	if pause {
-		b.log.Info("a schedule is paused", "queue", q.name, "schedule", r.Name, "note", r.Note)
+		b.log.Info("a schedule is paused", "queue", q.name, "schedule", r.Name, "note", note)
 	} else {
-		b.log.Info("a schedule is resumed", "queue", q.name, "schedule", r.Name, "note", r.Note, "next_at", next.next)
+		b.log.Info("a schedule is resumed", "queue", q.name, "schedule", r.Name, "note", note, "next_at", next.next)
 	}
 	return next.info(now), nil
 }

@@ -30,6 +30,10 @@ func TestSchedulePause(t *testing.T) {
 			t.Fatalf("the same pause sent again: %+v, want revision %d (nothing written)", again, paused.Revision)
 		}
 		e.unchanged(before)
+		if again := must[subjects.ScheduleInfo](e, subjects.OpSchedulePause, "q", subjects.SchedulePauseRequest{Name: "tick"}); again.Revision != paused.Revision || again.Note != pause.Note {
+			t.Fatalf("a pause without a note of the paused schedule: %+v, want its note kept, revision %d (nothing written)", again, paused.Revision)
+		}
+		e.unchanged(before)
 
 		e.advance(5 * time.Minute)
 		if got := e.pendingIDs("q"); len(got) != 0 {
@@ -58,6 +62,15 @@ func TestSchedulePause(t *testing.T) {
 		}
 		before = e.snap()
 		must[subjects.ScheduleInfo](e, subjects.OpScheduleResume, "q", subjects.SchedulePauseRequest{Name: "tick"})
+		e.unchanged(before)
+		back := subjects.SchedulePauseRequest{Name: "tick", Note: "the migration is done"}
+		if got := must[subjects.ScheduleInfo](e, subjects.OpScheduleResume, "q", back); got.Paused || got.Note != back.Note {
+			t.Fatalf("a resume with a note of a running schedule: %+v, want it running with the note", got)
+		}
+		before = e.snap()
+		if got := must[subjects.ScheduleInfo](e, subjects.OpScheduleResume, "q", subjects.SchedulePauseRequest{Name: "tick"}); got.Note != back.Note {
+			t.Fatalf("a resume without a note of a running schedule: %+v, want its note kept", got)
+		}
 		e.unchanged(before)
 		e.advance(2 * time.Minute)
 		want := []string{fireAt("tick", now.Add(time.Minute)), fireAt("tick", now.Add(2*time.Minute))}

@@ -380,7 +380,8 @@ type ScheduleInfo struct {
 
 // SchedulePauseRequest is the body of schedule_pause and of schedule_resume: the schedule Name,
 // and a Note for the operators who look at it (why it is paused, who resumed it), kept until the
-// next pause or resume. At most MaxNoteLen bytes of printable UTF-8; empty means none.
+// next pause or resume that changes the state, or that gives one. At most MaxNoteLen bytes of
+// printable UTF-8; empty means none.
 type SchedulePauseRequest struct {
 	Name string `json:"name"`
 	Note string `json:"note,omitempty"`

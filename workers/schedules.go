@@ -86,7 +86,8 @@ func (c *Client) Schedules(ctx context.Context, queue string) ([]subjects.Schedu
 
 // PauseSchedule pauses the schedule name of queue: it fires no more until ResumeSchedule, though
 // FireSchedule still fires it by hand. note, if not "", says why to whoever lists the schedules
-// (ScheduleInfo.Note). Pausing a paused schedule changes only its note. Errors:
+// (ScheduleInfo.Note). Pausing a paused schedule changes only its note, and keeps it when note
+// is "". Errors:
 // ErrScheduleNotFound, ErrQueueNotFound, ErrInvalidSchedule (name), ErrBadRequest (note).
 func (c *Client) PauseSchedule(ctx context.Context, queue, name, note string) (subjects.ScheduleInfo, error) {
 	var info subjects.ScheduleInfo
@@ -96,7 +97,8 @@ func (c *Client) PauseSchedule(ctx context.Context, queue, name, note string) (s
 
 // ResumeSchedule resumes the paused schedule name of queue: it fires next at its cron's first
 // time after now; the times that passed while it was paused are not fired. note replaces the
-// pause's. Resuming a schedule that is not paused changes only its note. Errors: those of
+// pause's ("" clears it). Resuming a schedule that is not paused changes only its note, and keeps
+// it when note is "". Errors: those of
 // PauseSchedule.
 func (c *Client) ResumeSchedule(ctx context.Context, queue, name, note string) (subjects.ScheduleInfo, error) {
 	var info subjects.ScheduleInfo

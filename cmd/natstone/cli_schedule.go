@@ -157,7 +157,7 @@ func runSchedulePause(ctx context.Context, args []string, stdout, stderr io.Writ
 Pauses the schedule NAME of QUEUE and prints it: it fires at none of its times until it is resumed
 (schedule resume), and the times that pass meanwhile are not fired later; schedule fire still
 fires it by hand. --note says why, to whoever lists the schedules. Pausing a paused schedule
-changes only its note.
+changes only its note, and keeps it without --note.
 `, stdout, stderr)
 	return c.setPaused(ctx, args, true)
 }
@@ -165,8 +165,9 @@ changes only its note.
 func runScheduleResume(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newClientCommand("natstone schedule resume", "QUEUE NAME [flags]", `
 Resumes the paused schedule NAME of QUEUE and prints it: it fires next at its first time after
-now. The times that passed while it was paused are not fired. --note replaces the pause's note.
-Resuming a schedule that is not paused changes only its note.
+now. The times that passed while it was paused are not fired. --note replaces the pause's note;
+without it the note is cleared. Resuming a schedule that is not paused changes only its note, and
+keeps it without --note.
 `, stdout, stderr)
 	return c.setPaused(ctx, args, false)
 }
