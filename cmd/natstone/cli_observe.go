@@ -249,18 +249,28 @@ func fmtCounts(c *subjects.Counts) string {
 }
 
 // fmtAge prints a duration in milliseconds as precisely as a person reads it: 312ms, 12.5s, 3m12s,
-// 26h5m.
-func fmtAge(ms int64) string {
-	d := time.Duration(ms) * time.Millisecond
+// 26h5m, and from two days on with days: 486d18h4m.
+func fmtAge(ms int64) string { return fmtSpan(time.Duration(ms) * time.Millisecond) }
+
+// fmtSpan is fmtAge of a time.Duration. (Not for what a flag reads back: its days are not Go's.)
+func fmtSpan(d time.Duration) string {
+	const day = 24 * time.Hour
 	switch {
 	case d < time.Second:
 		return fmtDuration(d)
 	case d < time.Minute:
 		return fmtDuration(d.Round(time.Second / 10))
-	case d < 24*time.Hour:
+	case d < day:
 		return fmtDuration(d.Round(time.Second))
+	case d < 2*day:
+		return fmtDuration(d.Round(time.Minute))
 	}
-	return fmtDuration(d.Round(time.Minute))
+	d = d.Round(time.Minute)
+	days := fmt.Sprintf("%dd", d/day)
+	if d%day == 0 {
+		return days
+	}
+	return days + fmtDuration(d%day)
 }
 
 // fmtRate prints a rate per second to two decimals without trailing zeros: 2.5, 0.02, 0, and "<0.01"

@@ -502,6 +502,7 @@ func TestFmtAgeAndRate(t *testing.T) {
 	t.Parallel()
 	for ms, want := range map[int64]string{
 		0: "0s", 312: "312ms", 12_345: "12.3s", 59_960: "1m", 192_400: "3m12s", 26*3_600_000 + 5*60_000 + 29_000: "26h5m",
+		486*86_400_000 + 18*3_600_000 + 3*60_000 + 55_000: "486d18h4m", 3 * 86_400_000: "3d", 2*86_400_000 + 30_000: "2d1m", 2*86_400_000 + 3*3_600_000: "2d3h",
 	} {
 		if got := fmtAge(ms); got != want {
 			t.Errorf("fmtAge(%d) = %q, want %q", ms, got, want)

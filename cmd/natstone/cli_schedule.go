@@ -236,7 +236,7 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 		if s.OverlapSkipped > 0 {
 			overlap = fmt.Sprintf("%s (%d)", s.Overlap, s.OverlapSkipped)
 		}
-		next := fmt.Sprintf("%s (in %s)", fmtTime(s.NextAt), fmtDuration(max(s.NextAt.Sub(now), 0).Round(time.Second)))
+		next := fmt.Sprintf("%s (in %s)", fmtTime(s.NextAt), fmtSpan(max(s.NextAt.Sub(now), 0).Round(time.Second)))
 		if s.Paused {
 			next = "paused"
 			if s.PausedAt != nil {
