@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -167,7 +169,8 @@ func lostWithItsLeader(t *testing.T, stream, write string, cfg subjects.CreateQu
 
 	data, ok := <-replied
 	if !ok {
-		t.Fatalf("the broker's log:\n%s\nthe stream as its leader sees it now: %s", logs.String(), streamNow(ctx, e.jetStream(), stream))
+		t.Fatalf("the broker's log:\n%s\nthe stream as its leader sees it now: %s\nnatstone's goroutines (this test's broker's, and its parallel subtests'):\n%s",
+			logs.String(), streamNow(ctx, e.jetStream(), stream), natstoneGoroutines())
 	}
 	check(e, data)
 	if log := logs.String(); !regexp.MustCompile(logged).MatchString(log) {
@@ -205,6 +208,23 @@ func streamNow(ctx context.Context, js jetstream.JetStream, stream string) strin
 		}
 	}
 	return out
+}
+
+// natstoneGoroutines returns the stacks of the goroutines in natstone's packages (not its tests'),
+// for a failure's report: where a request that got no reply waits.
+func natstoneGoroutines() string {
+	var all strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&all, 2)
+	var ours []string
+	for _, g := range strings.Split(all.String(), "\n\n") {
+		for _, pkg := range []string{"natstone/broker.", "natstone/kv."} {
+			if strings.Contains(g, "github.com/natstone/"+pkg) {
+				ours = append(ours, g)
+				break
+			}
+		}
+	}
+	return strings.Join(ours, "\n\n")
 }
 
 // placement returns the servers of srvs holding stream's leader, its other replicas, and one
