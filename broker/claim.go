@@ -359,14 +359,16 @@ func (c *claimer) renew() {
 			c.warned = now
 			c.b.log.Warn("could not renew the store's claim", "err", err, "unrenewed_for", now.Sub(c.lastOK))
 		}
-		if errors.Is(err, kv.ErrNoLeader) {
-			// Tried again soon, not ttl/5 later: the claims bucket of a cluster whose server
-			// leading it was killed takes writes again once it has elected a leader, and the
-			// queues, which stop ttl/2 after the last renewal stored, should serve again within
-			// moments of that. (Other failures, a timeout or a lost connection, took their time.)
-			c.armIn(min(claimRetry, c.every()))
-			return
-		}
+		// Tried again soon, not ttl/5 later: the claims bucket of a cluster whose server leading
+		// it was killed takes writes again once it has elected a leader, and the queues, which
+		// stop ttl/2 after the last renewal stored, should serve again within moments of that.
+		// A renewal the killed server took (or the route to it, before its end was known) times
+		// out rather than finding no leader: an operator's trial saw the next renewal 3.6 s after
+		// the election when it waited ttl/5 more, the claim unrenewed for its whole ttl. A try
+		// that timed out took ttl/5 already; one that fails at once (no leader, no connection) is
+		// a small write, four a second.
+		c.armIn(min(claimRetry, c.every()))
+		return
 	}
 	c.arm()
 }

@@ -845,3 +845,50 @@ func TestRenewalRetriedSoonWhileTheClaimsHaveNoLeader(t *testing.T) {
 	}
 	running(t, a)
 }
+
+// TestRenewalRetriedSoonAfterItTimedOut: a renewal that storage took in but never answered (a
+// server leading the claims bucket killed with it; here the bucket is gone and a subscriber takes
+// the writes) times out, and is tried again claimRetry later, not ttl/5 later: an operator's
+// trial saw the claim unrenewed for its whole ttl when it waited.
+func TestRenewalRetriedSoonAfterItTimedOut(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca := clock.NewFake(time.Unix(0, 0))
+	var logs natstest.LogBuffer
+	const ttl = 2 * time.Second // a renewal waits ttl/5 for its answer, in real time
+	a := claimBroker(t, srv, ca, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.ClaimTTL = ttl
+	})
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), "KV_natstone-claims"); err != nil {
+		t.Fatal(err)
+	}
+	taken, err := nc.SubscribeSync("$KV.natstone-claims.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ca.Advance(ttl / 5)
+	if _, err := taken.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("the renewal: %v", err)
+	}
+	eventually(t, "the renewal to time out", func() bool {
+		return strings.Contains(logs.String(), "could not renew the store's claim") && strings.Contains(logs.String(), "deadline exceeded")
+	})
+	if claimRetry >= ttl/5 {
+		t.Fatalf("claimRetry %v is not sooner than ttl/5 %v: the test tells nothing", claimRetry, ttl/5)
+	}
+	ca.Advance(claimRetry)
+	if _, err := taken.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("no renewal %v after one timed out: %v\n%s", claimRetry, err, logs.String())
+	}
+}

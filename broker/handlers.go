@@ -43,7 +43,7 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 			reply, err = b.handle(ctx, ep.op, msg)
 		}
 		if !b.claim.held() {
-			err = subjects.Errorf(subjects.CodeUnavailable, "the broker's claim on the store ran out: another broker may serve it")
+			err = errNotServing
 		}
 		if err != nil {
 			err = stopping(err, b.ctx.Err() != nil) // asked of failures only: not on every reply's path

@@ -162,8 +162,10 @@ func (q *queue) finish(cs []*change) {
 	q.settle()
 }
 
-// errNotServing is the error of a write not issued because the claim on the store did not hold.
-var errNotServing = subjects.Errorf(subjects.CodeUnavailable, "the broker's claim on the store ran out: another broker may serve it")
+// errNotServing is the error of a request not run, or a write not issued, because the claim on
+// the store did not hold. It names the common cause first: an operator's trial read "another
+// broker may serve it" while the claims bucket of a cluster was only electing a leader.
+var errNotServing = subjects.Errorf(subjects.CodeUnavailable, "the broker has not renewed its claim on the store in time (storage slow to answer, as while it elects a leader; or another broker took the store over): retry")
 
 // doubtRetry is how often writes of unknown outcome are issued again.
 const doubtRetry = 2 * time.Second
