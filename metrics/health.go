@@ -111,7 +111,8 @@ func probe(check func(*http.Request) (ok bool, report any)) http.Handler {
 
 // CheckHealth checks, within cfg.Timeout (or ctx's deadline, if sooner), that cfg.Conn is
 // connected, that JetStream answers for its account, and that the buckets <prefix>-queues,
-// <prefix>-messages, <prefix>-locks and <prefix>-schedules and the streams <prefix>-bodies (and <prefix>-events with
+// <prefix>-messages, <prefix>-locks, <prefix>-schedules and <prefix>-claims (whose renewals stop
+// the queues when it has no leader) and the streams <prefix>-bodies (and <prefix>-events with
 // cfg.Events) exist and have a leader and a quorum of current replicas. A check that cannot run
 // because an earlier one failed fails as skipped.
 func CheckHealth(ctx context.Context, cfg HealthConfig) HealthReport {
@@ -144,7 +145,7 @@ type storeStream struct {
 // storeStreams lists the buckets and streams of a store with prefix.
 func storeStreams(prefix string, events bool) []storeStream {
 	var ss []storeStream
-	for _, name := range []string{"queues", "messages", "locks", "schedules"} {
+	for _, name := range []string{"queues", "messages", "locks", "schedules", "claims"} {
 		bucket := prefix + "-" + name
 		ss = append(ss, storeStream{check: "bucket:" + bucket, stream: "KV_" + bucket})
 	}

@@ -56,7 +56,7 @@ func checkNames(rep metrics.HealthReport) (all, failed []string) {
 // storeChecks are the names of the checks of a store with prefix natstone and events.
 var storeChecks = []string{
 	"bucket:natstone-queues", "bucket:natstone-messages", "bucket:natstone-locks", "bucket:natstone-schedules",
-	"stream:natstone-bodies", "stream:natstone-events",
+	"bucket:natstone-claims", "stream:natstone-bodies", "stream:natstone-events",
 }
 
 func TestHealthOK(t *testing.T) {
@@ -82,7 +82,7 @@ func TestHealthOtherPrefixWithoutEvents(t *testing.T) {
 	if code != http.StatusOK || len(failed) != 0 {
 		t.Fatalf("status %d, failed checks %v; want 200: %+v", code, failed, rep)
 	}
-	want := "nats jetstream bucket:other-queues bucket:other-messages bucket:other-locks bucket:other-schedules stream:other-bodies"
+	want := "nats jetstream bucket:other-queues bucket:other-messages bucket:other-locks bucket:other-schedules bucket:other-claims stream:other-bodies"
 	if got := strings.Join(all, " "); got != want {
 		t.Errorf("checks %q, want %q", got, want)
 	}
@@ -112,7 +112,7 @@ func TestHealthJetStreamDisabled(t *testing.T) {
 	t.Parallel()
 	code, rep := healthz(t, metrics.Health(metrics.HealthConfig{Conn: connectWithoutJetStream(t)}))
 	_, failed := checkNames(rep)
-	if code != http.StatusServiceUnavailable || len(failed) != 6 || rep.Checks[0].Name != "nats" || !rep.Checks[0].OK {
+	if code != http.StatusServiceUnavailable || len(failed) != len(storeChecks) /* jetstream and the store's checks but events */ || rep.Checks[0].Name != "nats" || !rep.Checks[0].OK {
 		t.Fatalf("status %d, failed checks %v; want 503 with every check but nats failed: %+v", code, failed, rep)
 	}
 	if got := rep.Checks[2].Detail; !strings.HasPrefix(got, "skipped:") {
@@ -179,7 +179,7 @@ func TestHealthDisconnected(t *testing.T) {
 	}
 	code, rep := healthz(t, h)
 	_, failed := checkNames(rep)
-	if code != http.StatusServiceUnavailable || len(failed) != 7 || rep.Checks[0].OK {
+	if code != http.StatusServiceUnavailable || len(failed) != len(storeChecks)+1 /* nats, jetstream and the store's but events */ || rep.Checks[0].OK {
 		t.Fatalf("status %d, failed checks %v; want 503 with every check failed: %+v", code, failed, rep)
 	}
 	if got := rep.Checks[0].Detail; !strings.Contains(got, "RECONNECTING") {
