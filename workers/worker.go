@@ -50,7 +50,9 @@ type WorkerConfig struct {
 	// each extension pushes it. Default: the message's own lease, else the queue's.
 	Lease time.Duration
 	// PollWait is how long one dequeue long-polls before it returns empty and the next one starts
-	// (1 ms to subjects.MaxWait). Default DefaultPollWait.
+	// (1 ms to subjects.MaxWait). Default DefaultPollWait. A long poll parked at a broker that dies
+	// is answered by nobody: its slot polls again only after PollWait plus the client's timeout
+	// (30 s by default), however soon a standby takes over; a shorter PollWait picks up sooner.
 	PollWait time.Duration
 	// BackoffFunc returns how long a message stays invisible after its attempt-th attempt (1 for the
 	// first) failed. Default DefaultBackoff.
