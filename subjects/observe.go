@@ -94,7 +94,8 @@ type StatsRequest struct {
 	ExpiringLimit    int   `json:"expiring_limit,omitempty"`     // default 20
 }
 
-// Rates are transitions per second over the last minute (or since the broker started, if sooner).
+// Rates are transitions per second over the last minute (or since the queue was created, or loaded
+// by this broker, if sooner, but over a second at least).
 type Rates struct {
 	Enqueued  float64 `json:"enqueued"`
 	Dequeued  float64 `json:"dequeued"`
