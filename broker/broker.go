@@ -359,6 +359,26 @@ func (b *Broker) replicas(ctx context.Context, js jetstream.JetStream) (int, err
 	return n, nil
 }
 
+// warnReplicasDiffer warns, for a broker standing by, when its Config.Replicas differs from the
+// store's: its takeover would scale the store (open applies this broker's settings), which an
+// operator's trial learnt of only then, its standby started with --replicas 1 beside a broker with
+// 3. A store it cannot read is not warned of.
+func (b *Broker) warnReplicasDiffer(ctx context.Context) {
+	if b.cfg.Replicas == 0 {
+		return
+	}
+	js, err := jetstream.New(cmp.Or(b.cfg.StoreConn, b.cfg.Conn))
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
+	defer cancel()
+	if n, err := kv.StoreReplicas(ctx, js, b.cfg.StorePrefix); err == nil && n != b.cfg.Replicas {
+		b.log.Warn("this broker's replicas differ from the store's: should it take the store over, it scales the store to them",
+			"replicas", b.cfg.Replicas, "store_replicas", n)
+	}
+}
+
 // placementWait bounds how long opening the storage waits for a cluster to place its streams
 // while it has not heard from enough of its servers ("no suitable peers for placement, peer
 // offline"): a server down, or one the meta leader has not heard from yet, as after the cluster

@@ -892,3 +892,23 @@ func TestRenewalRetriedSoonAfterItTimedOut(t *testing.T) {
 		t.Fatalf("no renewal %v after one timed out: %v\n%s", claimRetry, err, logs.String())
 	}
 }
+
+// TestStandbyWarnsOfOtherReplicas: a standby whose replicas differ from the store's says so in its
+// log as it stands by, not only once its takeover has scaled the store; one with the store's
+// replicas, or none given (the store's own), says nothing of them.
+func TestStandbyWarnsOfOtherReplicas(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	serving(t, srv)
+	for _, replicas := range []int{2, 1, 0} {
+		var logs natstest.LogBuffer
+		standby(t, srv, func(c *Config) {
+			c.Replicas = replicas
+			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		})
+		warned := strings.Contains(logs.String(), "this broker's replicas differ from the store's") &&
+			strings.Contains(logs.String(), "replicas=2 store_replicas=1")
+		if warned != (replicas == 2) {
+			t.Errorf("a standby with replicas %d: warned %v, want %v:\n%s", replicas, warned, replicas == 2, logs.String())
+		}
+	}
+}
