@@ -197,12 +197,26 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 		// end them: two writes heard as one (a renewal, then the release it held up) show the
 		// first.
 		unseen int
+		// When the first of the reads failing since the last that did not failed (zero: none
+		// fails): a read that works again says so, after their warnings.
+		failing time.Time
 	)
 	for {
-		cur, rev, err := c.claims.Get(ctx)
+		// Each read bounded by ttl/5, the time between two looks: one that found no answer
+		// (JetStream off, say) waited up to its start's timeout, and the takeover with it.
+		rctx, cancel := context.WithTimeout(ctx, c.every())
+		cur, rev, err := c.claims.Get(rctx)
+		cancel()
 		// After the read: the holder may have renewed while it was on its way, and a standby must
 		// not count that time as the claim's.
 		now := c.clock.Now()
+		switch read := err == nil || errors.Is(err, kv.ErrNotFound); {
+		case read && !failing.IsZero():
+			c.b.log.Info("the store's claim is read again", "failing_for", now.Sub(failing))
+			failing = time.Time{}
+		case !read && failing.IsZero():
+			failing = now
+		}
 		take, wait := false, c.every()
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
