@@ -158,6 +158,30 @@ func (w *ackWatch) wait(ctx, lost context.Context, wr kv.Write) (uint64, error) 
 	return wr.WaitOr(ctx, lost)
 }
 
+// read runs get, a read of w's stream, and waits for it as a write is waited for: its ctx ends
+// when the stream elects a leader (told, or found by checkLeaders, which counts it among the waits
+// it looks at), and get is run again then, up to electionIssues times. A read the stream's leader
+// took and lost with itself, or that reached the cluster while the stream had no leader, is
+// answered by nobody: it waited out its timeout, the write timeout (seen in
+// TestLeaderElectionInAClusterIssuesLostWritesAgain, a dequeue's payload read unanswered for its
+// minute).
+func (w *ackWatch) read(ctx context.Context, get func(context.Context) ([]byte, error)) ([]byte, error) {
+	for elections := electionIssues; ; elections-- {
+		lost := w.current()
+		rctx, cancel := context.WithCancelCause(ctx)
+		stop := context.AfterFunc(lost, func() { cancel(context.Cause(lost)) })
+		c := w.waiting.Load()
+		c.n.Add(1)
+		data, err := get(rctx)
+		c.n.Add(-1)
+		stop()
+		cancel(nil)
+		if err == nil || ctx.Err() != nil || lost.Err() == nil || elections == 0 {
+			return data, err
+		}
+	}
+}
+
 // sameElection bounds the time between a leader's election (its leader_since) and its advisory,
 // both by its server's clock.
 const sameElection = 2 * time.Second

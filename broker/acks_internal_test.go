@@ -488,3 +488,67 @@ func TestLeaderAskedEveryTickUntilKnown(t *testing.T) {
 	}
 	w.mu.Unlock()
 }
+
+// TestReadAskedAgainAtItsStreamsElection: a read waited for under a stream's watch (a payload's)
+// counts among the waits checkLeaders looks at, and is run again when the stream elects a leader,
+// as a write is issued again: one the old leader took, or that nobody answered while there was
+// none, is answered by nobody. A read that fails of itself, or whose ctx ends, is not run again.
+func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
+	t.Parallel()
+	w := newAckWatch()
+	calls := make(chan int, 3)
+	var n int
+	get := func(ctx context.Context) ([]byte, error) {
+		n++
+		calls <- n
+		if n == 1 {
+			<-ctx.Done() // lost: never answered
+			return nil, context.Cause(ctx)
+		}
+		return []byte("p"), nil
+	}
+	done := make(chan []byte, 1)
+	go func() {
+		data, err := w.read(context.Background(), get)
+		if err != nil {
+			t.Errorf("read: %v", err)
+		}
+		done <- data
+	}()
+	next := func() int {
+		t.Helper()
+		select {
+		case got := <-calls:
+			return got
+		case <-time.After(10 * time.Second):
+			t.Fatal("the read was not run (again) within 10s")
+			return 0
+		}
+	}
+	if got := next(); got != 1 {
+		t.Fatalf("call %d, want the first", got)
+	}
+	eventually(t, "the read to count among the waits", func() bool { return w.waiting.Load().n.Load() == 1 })
+	w.told("s2", time.UnixMilli(1_700_000_000_000), errAcksLost)
+	if got := next(); got != 2 {
+		t.Fatalf("call %d after the election, want the second", got)
+	}
+	if data := <-done; string(data) != "p" {
+		t.Fatalf("read %q, want p", data)
+	}
+	if w.waiting.Load().n.Load() != 0 {
+		t.Fatal("the read still counts among the waits once answered")
+	}
+
+	failed := errors.New("no such payload")
+	n = 0
+	if _, err := w.read(context.Background(), func(context.Context) ([]byte, error) { n++; return nil, failed }); !errors.Is(err, failed) || n != 1 {
+		t.Fatalf("a failed read: %v after %d calls, want its error after 1", err, n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	n = 0
+	if _, err := w.read(ctx, func(ctx context.Context) ([]byte, error) { n++; return nil, ctx.Err() }); !errors.Is(err, context.Canceled) || n != 1 {
+		t.Fatalf("a read given up: %v after %d calls, want canceled after 1", err, n)
+	}
+}
