@@ -19,6 +19,12 @@ const (
 	pollRetryMissing = time.Second
 )
 
+// settleRetryMax caps the retry schedule of a complete, release or cancel that failed (100 ms
+// doubling, ±25 %): its lease runs meanwhile, and a broker taking over answers no sooner for a
+// longer wait. At the polls' 10 s, an operator's trial saw completes land 4–5 s after the standby
+// served, their leases of 20 s nearly spent.
+const settleRetryMax = 2 * time.Second
+
 // pollRetry returns how long a slot waits before it polls again, after failures polls in a row
 // that failed, the last with err (nil: it came back empty too early).
 func pollRetry(failures int, err error) time.Duration {

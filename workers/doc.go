@@ -14,8 +14,8 @@
 // A Worker rides out a broker that is briefly gone or unavailable. A dequeue whose outcome is
 // unknown (no reply in time, or unavailable) is sent again with its request id, so the broker
 // returns any lease it took instead of leaving that message to expire unprocessed, and such a
-// message's lease is extended at once. A complete, release or cancel is sent again, with backoff,
-// for as long as the lease may hold, or until Stop's ctx is done (then once more, briefly). Stop
+// message's lease is extended at once. A complete, release or cancel is sent again, with backoff
+// (100 ms doubling to 2 s), for as long as the lease may hold, or until Stop's ctx is done (then once more, briefly). Stop
 // abandons the long polls it leaves ([Client.Abandon]), so that the broker leases nothing to a
 // worker that stopped.
 //

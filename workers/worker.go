@@ -811,7 +811,7 @@ func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, 
 			log.Warn(what+" refused: lease lost", "error", err)
 			return
 		case retryable(err) && time.Now().Before(expires) && !stopping:
-			d := min(exponential(try, pollRetryBase, pollRetryMax), max(time.Until(expires), time.Millisecond))
+			d := min(exponential(try, pollRetryBase, settleRetryMax), max(time.Until(expires), time.Millisecond))
 			log.Warn(what+" failed; retrying", "error", err, "retry_in", d)
 			t := time.NewTimer(d)
 			select {

@@ -1657,3 +1657,45 @@ func TestWorkerStopLeavesAHandlerThatIgnoresItsContext(t *testing.T) {
 		t.Fatalf("second Stop: %v, want nil once the handler returned", err)
 	}
 }
+
+// TestWorkerSettleRetriesEvery2sAtMost: a complete refused (unavailable: a broker taking over) is
+// sent again with backoff capped at 2 s (±25 %), not at the polls' 10 s: its lease runs meanwhile,
+// and an operator's trial saw completes land 4–5 s after the standby served.
+func TestWorkerSettleRetriesEvery2sAtMost(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	fake, space, msg := fakeLeasingOnce(t, srv)
+	done := msg
+	done.State, done.LeaseID, done.LeaseExpiresAt = subjects.StateCompleted, "", nil
+	settled, err := json.Marshal(subjects.SettleReply{Message: done, Next: &subjects.NextReply{Messages: []subjects.Message{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := make(chan time.Time, 16)
+	var tries atomic.Int32
+	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
+		at <- time.Now()
+		if tries.Add(1) > 7 { // the broker serves again at the eighth
+			_ = m.Respond(settled)
+			return
+		}
+		_ = m.Respond([]byte(`{"error":{"code":"unavailable","message":"the broker has not renewed its claim on the store in time"}}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	workerOnFake(t, srv, fake, 0, func(context.Context, *workers.Job) error { return nil })
+	// Tries 100 ms apart, doubling: the 7th wait would be 6.4 s (±25 %) without the cap.
+	last := <-at
+	for i := range 7 {
+		var next time.Time
+		select {
+		case next = <-at:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("complete %d not sent again within 10s", i+2)
+		}
+		if gap := next.Sub(last); gap > 4*time.Second {
+			t.Fatalf("complete %d sent %v after the one before, want 2 s (+25 %%) at most", i+2, gap)
+		}
+		last = next
+	}
+}
