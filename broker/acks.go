@@ -158,28 +158,42 @@ func (w *ackWatch) wait(ctx, lost context.Context, wr kv.Write) (uint64, error) 
 	return wr.WaitOr(ctx, lost)
 }
 
-// read runs get, a read of w's stream, and waits for it as a write is waited for: its ctx ends
-// when the stream elects a leader (told, or found by checkLeaders, which counts it among the waits
-// it looks at), and get is run again then, up to electionIssues times. A read the stream's leader
-// took and lost with itself, or that reached the cluster while the stream had no leader, is
+// read runs get, a read of w's stream, until it is answered or ctx ends: a try unanswered after
+// try (a tick of checkLeaders), or when the stream elects a leader (told, or found by
+// checkLeaders, which counts the read among the waits it looks at), is made again. A read is
+// idempotent, and one that a server took and lost with itself (the stream's leader, or the
+// replica a direct get went to), or that reached the cluster while the stream had no leader, is
 // answered by nobody: it waited out its timeout, the write timeout (seen in
 // TestLeaderElectionInAClusterIssuesLostWritesAgain, a dequeue's payload read unanswered for its
 // minute).
-func (w *ackWatch) read(ctx context.Context, get func(context.Context) ([]byte, error)) ([]byte, error) {
-	for elections := electionIssues; ; elections-- {
+func (w *ackWatch) read(ctx context.Context, try time.Duration, get func(context.Context) ([]byte, error)) ([]byte, error) {
+	for {
 		lost := w.current()
 		rctx, cancel := context.WithCancelCause(ctx)
+		timer := time.AfterFunc(try, func() { cancel(errReadUnanswered) })
 		stop := context.AfterFunc(lost, func() { cancel(context.Cause(lost)) })
 		c := w.waiting.Load()
 		c.n.Add(1)
 		data, err := get(rctx)
 		c.n.Add(-1)
+		timer.Stop()
 		stop()
+		again := err != nil && ctx.Err() == nil && (lost.Err() != nil || errors.Is(context.Cause(rctx), errReadUnanswered))
 		cancel(nil)
-		if err == nil || ctx.Err() != nil || lost.Err() == nil || elections == 0 {
+		if !again {
 			return data, err
 		}
 	}
+}
+
+// errReadUnanswered ends a try of a read that got no answer within its time (ackWatch.read).
+var errReadUnanswered = errors.New("no answer to the read in time: asking again")
+
+// tick is how often checkLeaders looks at the writes waiting, and how long a try of a read waits
+// before it is made again: a second, or a quarter of the write timeout if less, but at least
+// 100 ms.
+func (b *Broker) tick() time.Duration {
+	return min(time.Second, max(b.cfg.WriteTimeout/4, 100*time.Millisecond))
 }
 
 // sameElection bounds the time between a leader's election (its leader_since) and its advisory,
@@ -292,7 +306,7 @@ func (w *ackWatch) generation() uint64 {
 // last known: an election whose advisory did not come. While writes are answered it asks nothing.
 // It returns when the broker stops (b.ctx); the ticks are real time, as the write timeout is.
 func (b *Broker) checkLeaders(watches ...*ackWatch) {
-	every := min(time.Second, max(b.cfg.WriteTimeout/4, 100*time.Millisecond))
+	every := b.tick()
 	ask := func(w *ackWatch, within time.Duration) {
 		ends := w.generation()
 		ctx, cancel := context.WithTimeout(b.ctx, within)

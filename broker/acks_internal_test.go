@@ -491,8 +491,9 @@ func TestLeaderAskedEveryTickUntilKnown(t *testing.T) {
 
 // TestReadAskedAgainAtItsStreamsElection: a read waited for under a stream's watch (a payload's)
 // counts among the waits checkLeaders looks at, and is run again when the stream elects a leader,
-// as a write is issued again: one the old leader took, or that nobody answered while there was
-// none, is answered by nobody. A read that fails of itself, or whose ctx ends, is not run again.
+// as a write is issued again, or when a try is unanswered for its time: one the old leader took,
+// or that nobody answered while there was none, is answered by nobody. A read that fails of
+// itself, or whose ctx ends, is not run again.
 func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
 	t.Parallel()
 	w := newAckWatch()
@@ -509,7 +510,7 @@ func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
 	}
 	done := make(chan []byte, 1)
 	go func() {
-		data, err := w.read(context.Background(), get)
+		data, err := w.read(context.Background(), time.Hour, get)
 		if err != nil {
 			t.Errorf("read: %v", err)
 		}
@@ -542,13 +543,26 @@ func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
 
 	failed := errors.New("no such payload")
 	n = 0
-	if _, err := w.read(context.Background(), func(context.Context) ([]byte, error) { n++; return nil, failed }); !errors.Is(err, failed) || n != 1 {
+	if _, err := w.read(context.Background(), time.Hour, func(context.Context) ([]byte, error) { n++; return nil, failed }); !errors.Is(err, failed) || n != 1 {
 		t.Fatalf("a failed read: %v after %d calls, want its error after 1", err, n)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	n = 0
-	if _, err := w.read(ctx, func(ctx context.Context) ([]byte, error) { n++; return nil, ctx.Err() }); !errors.Is(err, context.Canceled) || n != 1 {
+	if _, err := w.read(ctx, time.Hour, func(ctx context.Context) ([]byte, error) { n++; return nil, ctx.Err() }); !errors.Is(err, context.Canceled) || n != 1 {
 		t.Fatalf("a read given up: %v after %d calls, want canceled after 1", err, n)
+	}
+
+	// Unanswered for its time, without an election: made again.
+	n = 0
+	data, err := w.read(context.Background(), 10*time.Millisecond, func(ctx context.Context) ([]byte, error) {
+		if n++; n == 1 {
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		}
+		return []byte("q"), nil
+	})
+	if err != nil || string(data) != "q" || n != 2 {
+		t.Fatalf("a read unanswered for its time: %q, %v after %d calls, want q after 2", data, err, n)
 	}
 }

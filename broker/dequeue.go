@@ -676,8 +676,9 @@ type bodyResult struct {
 
 // readBodies starts reading the payloads at seqs concurrently, on the runner's goroutines; each
 // channel yields one result. Each read is bounded by the write timeout (storage that does not
-// answer, or has no leader for the stream, is asked again until then), and asked again when the
-// payloads stream elects a leader (ackWatch.read). A read that the broker's
+// answer, or has no leader for the stream, is asked again until then): a try unanswered for a
+// tick, or in flight when the payloads stream elects a leader, is made again (ackWatch.read). A
+// read that the broker's
 // stop cut short (the stop cancels ctx) is made again, bounded by the write timeout alone: a
 // dequeue that leased messages just before the stop still hands them over, rather than leaving
 // its leases to run out unseen, each spending an attempt.
@@ -689,11 +690,11 @@ func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult
 		q.b.runner.run(func() {
 			rctx, cancel := context.WithTimeout(ctx, q.b.cfg.WriteTimeout)
 			get := func(ctx context.Context) ([]byte, error) { return q.b.store.GetBody(ctx, seq) }
-			data, err := q.b.bodyAcks.read(rctx, get)
+			data, err := q.b.bodyAcks.read(rctx, q.b.tick(), get)
 			cancel()
 			if err != nil && q.b.ctx.Err() != nil {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.b.cfg.WriteTimeout)
-				data, err = q.b.bodyAcks.read(rctx, get)
+				data, err = q.b.bodyAcks.read(rctx, q.b.tick(), get)
 				cancel()
 			}
 			ch <- bodyResult{data, err}
