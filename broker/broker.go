@@ -362,8 +362,9 @@ func (b *Broker) replicas(ctx context.Context, js jetstream.JetStream) (int, err
 // warnReplicasDiffer warns, for a broker standing by, when its Config.Replicas differs from the
 // store's: its takeover would scale the store (open applies this broker's settings), which an
 // operator's trial learnt of only then, its standby started with --replicas 1 beside a broker with
-// 3. A store it cannot read is not warned of.
-func (b *Broker) warnReplicasDiffer(ctx context.Context) {
+// 3. A store it cannot read in time is not warned of, nor one whose messages bucket the
+// broker serving has not made yet (two brokers started together on a new store).
+func (b *Broker) warnReplicasDiffer(ctx context.Context, within time.Duration) {
 	if b.cfg.Replicas == 0 {
 		return
 	}
@@ -371,9 +372,13 @@ func (b *Broker) warnReplicasDiffer(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
-	if n, err := kv.StoreReplicas(ctx, js, b.cfg.StorePrefix); err == nil && n != b.cfg.Replicas {
+	st, err := js.Stream(ctx, "KV_"+cmp.Or(b.cfg.StorePrefix, kv.DefaultPrefix)+"-messages") // as kv.StoreReplicas, but a store not made yet is not 1
+	if err != nil {
+		return
+	}
+	if n := max(st.CachedInfo().Config.Replicas, 1); n != b.cfg.Replicas {
 		b.log.Warn("this broker's replicas differ from the store's: should it take the store over, it scales the store to them",
 			"replicas", b.cfg.Replicas, "store_replicas", n)
 	}

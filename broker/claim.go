@@ -241,7 +241,7 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 				holder = cur.Broker
 				c.b.log.Info("another broker serves the store: standing by", "broker", cur.Broker, "host", cur.Host,
 					"pid", cur.PID, "since", cur.Since, "ttl", cur.TTL())
-				c.b.warnReplicasDiffer(ctx)
+				c.b.warnReplicasDiffer(ctx, c.every()) // within a look's time: the standby's next is due then
 			}
 			ttl := max(c.ttl, cur.TTL())
 			take = takeOver || now.Sub(seenAt) >= ttl

@@ -884,6 +884,11 @@ func TestRenewalRetriedSoonAfterItTimedOut(t *testing.T) {
 	eventually(t, "the renewal to time out", func() bool {
 		return strings.Contains(logs.String(), "could not renew the store's claim") && strings.Contains(logs.String(), "deadline exceeded")
 	})
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := ca.WaitForTimers(wctx, 1); err != nil { // the next try armed (after the log line)
+		t.Fatalf("no renewal armed after the one that timed out: %v", err)
+	}
 	if claimRetry >= ttl/5 {
 		t.Fatalf("claimRetry %v is not sooner than ttl/5 %v: the test tells nothing", claimRetry, ttl/5)
 	}

@@ -112,7 +112,7 @@ func TestHealthJetStreamDisabled(t *testing.T) {
 	t.Parallel()
 	code, rep := healthz(t, metrics.Health(metrics.HealthConfig{Conn: connectWithoutJetStream(t)}))
 	_, failed := checkNames(rep)
-	if code != http.StatusServiceUnavailable || len(failed) != len(storeChecks) /* jetstream and the store's checks but events */ || rep.Checks[0].Name != "nats" || !rep.Checks[0].OK {
+	if code != http.StatusServiceUnavailable || len(failed) != 1+6 /* jetstream, 5 buckets and the bodies stream */ || rep.Checks[0].Name != "nats" || !rep.Checks[0].OK {
 		t.Fatalf("status %d, failed checks %v; want 503 with every check but nats failed: %+v", code, failed, rep)
 	}
 	if got := rep.Checks[2].Detail; !strings.HasPrefix(got, "skipped:") {
@@ -179,7 +179,7 @@ func TestHealthDisconnected(t *testing.T) {
 	}
 	code, rep := healthz(t, h)
 	_, failed := checkNames(rep)
-	if code != http.StatusServiceUnavailable || len(failed) != len(storeChecks)+1 /* nats, jetstream and the store's but events */ || rep.Checks[0].OK {
+	if code != http.StatusServiceUnavailable || len(failed) != 2+6 /* nats, jetstream, 5 buckets and the bodies stream */ || rep.Checks[0].OK {
 		t.Fatalf("status %d, failed checks %v; want 503 with every check failed: %+v", code, failed, rep)
 	}
 	if got := rep.Checks[0].Detail; !strings.Contains(got, "RECONNECTING") {

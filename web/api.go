@@ -433,7 +433,7 @@ func (s *Server) setPaused(r *http.Request, pause bool) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("web: schedule "+done, "queue", name, "schedule", schedule, "note", req.Note, "remote_addr", r.RemoteAddr)
+	s.log.Info("web: schedule "+done, "queue", name, "schedule", schedule, "note", info.Note, "remote_addr", r.RemoteAddr) // the note kept, if none was given
 	return info, nil
 }
 

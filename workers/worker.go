@@ -52,7 +52,8 @@ type WorkerConfig struct {
 	// PollWait is how long one dequeue long-polls before it returns empty and the next one starts
 	// (1 ms to subjects.MaxWait). Default DefaultPollWait. A long poll parked at a broker that dies
 	// is answered by nobody: its slot polls again only after PollWait plus the client's timeout
-	// (30 s by default), however soon a standby takes over; a shorter PollWait picks up sooner.
+	// (20 s + 10 s by default), however soon a standby takes over; a shorter PollWait picks up
+	// sooner.
 	PollWait time.Duration
 	// BackoffFunc returns how long a message stays invisible after its attempt-th attempt (1 for the
 	// first) failed. Default DefaultBackoff.
@@ -794,7 +795,7 @@ func (w *Worker) releaseInterrupted(jobCtx context.Context, job *Job, expires ti
 
 // finish runs op (a complete, release or cancel of the job's lease) and retries it while the broker
 // cannot be reached and the lease may still be held (a broker's restart, or a standby taking over,
-// takes seconds), with the slot's backoff. Each of these is idempotent for the same lease. It runs
+// takes seconds), with backoff (100 ms doubling to settleRetryMax). Each of these is idempotent for the same lease. It runs
 // even when the worker is stopping, a finished handler's result being worth recording; but once
 // Stop's ctx is done (jobCtx), the try in flight, or else one more, is the last, and has at most
 // stopSettleTimeout from then.

@@ -262,10 +262,11 @@ func fmtSpan(d time.Duration) string {
 		return fmtDuration(d.Round(time.Second / 10))
 	case d < day:
 		return fmtDuration(d.Round(time.Second))
-	case d < 2*day:
-		return fmtDuration(d.Round(time.Minute))
 	}
-	d = d.Round(time.Minute)
+	d = d.Round(time.Minute) // before the choice: 47h59m30s is 2d, not 48h
+	if d < 2*day {
+		return fmtDuration(d)
+	}
 	days := fmt.Sprintf("%dd", d/day)
 	if d%day == 0 {
 		return days
