@@ -918,17 +918,20 @@ func TestStandbyWarnsOfOtherReplicas(t *testing.T) {
 	}
 }
 
-// TestStandbySaysWhenItReadsTheClaimAgain: a standby whose reads of the claim fail (here
-// JetStream is off for a while) warns of them, and says when a read works again, so that its log
-// does not end on the warning.
+// TestStandbySaysWhenItReadsTheClaimAgain: a standby whose reads of the claim fail (here the
+// claims bucket is gone for a while) warns of them, and says when a read works again, so that its
+// log does not end on the warning.
 func TestStandbySaysWhenItReadsTheClaimAgain(t *testing.T) {
 	srv := natstest.Start(t, nil)
-	serving(t, srv)
+	a, _ := serving(t, srv)
 	var logs natstest.LogBuffer
 	_, cb, _ := standby(t, srv, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
-	js := srv.NATS().JetStreamConfig()
-	js.StoreDir = srv.StoreDir()
-	if err := srv.NATS().ShutdownJetStream(); err != nil {
+	ctx := context.Background()
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, "KV_natstone-claims"); err != nil {
 		t.Fatal(err)
 	}
 	cb.Advance(DefaultClaimTTL / 5)
@@ -936,21 +939,24 @@ func TestStandbySaysWhenItReadsTheClaimAgain(t *testing.T) {
 	if strings.Contains(logs.String(), "the store's claim is read again") {
 		t.Fatalf("a read said to work again while they fail:\n%s", logs.String())
 	}
-	if err := srv.NATS().EnableJetStream(js); err != nil {
+	// The bucket again, with the serving broker's claim: the next read works.
+	claims, err := kv.OpenClaims(ctx, a.kvConfig(js, 1))
+	if err != nil {
 		t.Fatal(err)
 	}
-	for !strings.Contains(logs.String(), "the store's claim is read again") { // each read fails until the bucket is back
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := cb.WaitForTimers(ctx, 1)
-		cancel()
-		if err != nil {
-			t.Fatalf("the standby stopped reading the claim: %v\n%s", err, logs.String())
-		}
-		cb.Advance(DefaultClaimTTL / 5)
-		eventually(t, "the next read", func() bool {
-			return strings.Count(logs.String(), "could not read the store's claim") > 1 || strings.Contains(logs.String(), "read again")
-		})
+	a.claim.mu.Lock()
+	mine := a.claim.mine
+	a.claim.mu.Unlock()
+	if _, err := claims.Put(ctx, &mine, 0); err != nil {
+		t.Fatal(err)
 	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := cb.WaitForTimers(wctx, 1); err != nil {
+		t.Fatalf("the standby stopped reading the claim: %v\n%s", err, logs.String())
+	}
+	cb.Advance(DefaultClaimTTL / 5)
+	eventually(t, "the read's recovery", func() bool { return strings.Contains(logs.String(), "the store's claim is read again") })
 	if !strings.Contains(logs.String(), "failing_for=") {
 		t.Fatalf("the read's recovery does not say how long reads failed:\n%s", logs.String())
 	}
