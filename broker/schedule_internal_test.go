@@ -314,38 +314,40 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 	b, clk, _ := scheduleBroker(t, t0, "-")
 	ctx := context.Background()
 	b.createQueue(ctx, "q", subjects.CreateQueueRequest{})
+	name := "s"
 	put := func() error {
-		_, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"})
+		_, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: name, Cron: "@every 1m"})
 		return err
 	}
-	untilUnknown(t, b, "schedule whose write's wait ended", put, func() {
-		q, err := b.lookup(ctx, "q", false)
-		if err == nil {
-			_, err = b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	})
+	// Each try under a name of its own: one acknowledged is left as it is. (Undone by an
+	// unschedule, its delete marker made the next try's create conflict, and the read that
+	// resolves a conflict failed within the claim's nanosecond: unknown, and nothing sent to land.
+	// One CI run waited so for the landing.)
+	tries := 0
+	untilUnknown(t, b, "schedule whose write's wait ended", func() error {
+		tries++
+		name = fmt.Sprintf("s%d", tries)
+		return put()
+	}, func() {})
 	// The write was sent: it lands, a moment later under load (one CI run read storage first).
 	eventually(t, "the write sent landing (else the test tests nothing)", func() bool {
-		rev, err := b.store.ScheduleRevision(ctx, "q", "s")
+		rev, err := b.store.ScheduleRevision(ctx, "q", name)
 		return err == nil && rev != 0
 	})
-	if b.sched.get("q", "s") == nil {
+	if b.sched.get("q", name) == nil {
 		t.Fatal("the schedule stored is not the broker's: it would fire only after a restart")
 	}
 	clk.Advance(time.Minute)
 	q, _ := b.lookup(ctx, "q", false)
-	if !q.holds(fireID("s", t0.Add(time.Minute))) {
+	if !q.holds(fireID(name, t0.Add(time.Minute))) {
 		t.Fatal("the schedule stored did not fire")
 	}
-	if rev, err := b.store.ScheduleRevision(ctx, "q", "s"); err != nil || b.sched.get("q", "s").rev != rev {
-		t.Fatalf("after the fire the broker's revision is %d, storage's %d (%v)", b.sched.get("q", "s").rev, rev, err)
+	if rev, err := b.store.ScheduleRevision(ctx, "q", name); err != nil || b.sched.get("q", name).rev != rev {
+		t.Fatalf("after the fire the broker's revision is %d, storage's %d (%v)", b.sched.get("q", name).rev, rev, err)
 	}
 
 	untilUnknown(t, b, "unschedule whose write's wait ended", func() error {
-		_, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
+		_, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: name})
 		return err
 	}, func() {
 		if err := put(); err != nil {
@@ -353,14 +355,14 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 		}
 	})
 	eventually(t, "the delete sent landing (else the test tests nothing)", func() bool {
-		rev, err := b.store.ScheduleRevision(ctx, "q", "s")
+		rev, err := b.store.ScheduleRevision(ctx, "q", name)
 		return err == nil && rev == 0
 	})
 	clk.Advance(time.Minute)
-	if b.sched.get("q", "s") != nil {
+	if b.sched.get("q", name) != nil {
 		t.Fatal("the broker still fires a schedule whose removal landed")
 	}
-	if q.holds(fireID("s", t0.Add(2*time.Minute))) {
+	if q.holds(fireID(name, t0.Add(2*time.Minute))) {
 		t.Fatal("the schedule fired after its removal landed")
 	}
 }
