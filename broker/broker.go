@@ -356,7 +356,7 @@ func (b *Broker) replicas(ctx context.Context, js jetstream.JetStream) (int, err
 	if err != nil {
 		return 0, fmt.Errorf("natstone: the store's replicas: %w", err)
 	}
-	return n, nil
+	return max(n, 1), nil // a new store: 1
 }
 
 // warnReplicasDiffer warns, for a broker standing by, when its Config.Replicas differs from the
@@ -374,11 +374,7 @@ func (b *Broker) warnReplicasDiffer(ctx context.Context, within time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
-	st, err := js.Stream(ctx, "KV_"+cmp.Or(b.cfg.StorePrefix, kv.DefaultPrefix)+"-messages") // as kv.StoreReplicas, but a store not made yet is not 1
-	if err != nil {
-		return
-	}
-	if n := max(st.CachedInfo().Config.Replicas, 1); n != b.cfg.Replicas {
+	if n, err := kv.StoreReplicas(ctx, js, b.cfg.StorePrefix); err == nil && n != 0 && n != b.cfg.Replicas {
 		b.log.Warn("this broker's replicas differ from the store's: should it take the store over, it scales the store to them",
 			"replicas", b.cfg.Replicas, "store_replicas", n)
 	}

@@ -68,12 +68,12 @@ func (cfg *Config) maxBytes() int64 {
 }
 
 // StoreReplicas returns the replicas of the store with prefix (default DefaultPrefix): its messages
-// bucket's, or 1 when there is no such bucket yet.
+// bucket's, or 0 when there is no such bucket yet.
 func StoreReplicas(ctx context.Context, js jetstream.JetStream, prefix string) (int, error) {
 	st, err := js.Stream(ctx, "KV_"+cmp.Or(prefix, DefaultPrefix)+"-messages")
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return 1, nil
+		return 0, nil
 	case err != nil:
 		return 0, err
 	}
