@@ -169,17 +169,15 @@ func (w *ackWatch) wait(ctx, lost context.Context, wr kv.Write) (uint64, error) 
 func (w *ackWatch) read(ctx context.Context, try time.Duration, get func(context.Context) ([]byte, error)) ([]byte, error) {
 	for {
 		lost := w.current()
-		rctx, cancel := context.WithCancelCause(ctx)
-		timer := time.AfterFunc(try, func() { cancel(errReadUnanswered) })
-		stop := context.AfterFunc(lost, func() { cancel(context.Cause(lost)) })
+		rctx, cancel := context.WithTimeoutCause(ctx, try, errReadUnanswered)
+		stop := context.AfterFunc(lost, cancel)
 		c := w.waiting.Load()
 		c.n.Add(1)
 		data, err := get(rctx)
 		c.n.Add(-1)
-		timer.Stop()
 		stop()
 		again := err != nil && ctx.Err() == nil && (lost.Err() != nil || errors.Is(context.Cause(rctx), errReadUnanswered))
-		cancel(nil)
+		cancel()
 		if !again {
 			return data, err
 		}
