@@ -516,25 +516,15 @@ func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
 		}
 		done <- data
 	}()
-	next := func() int {
-		t.Helper()
-		select {
-		case got := <-calls:
-			return got
-		case <-time.After(10 * time.Second):
-			t.Fatal("the read was not run (again) within 10s")
-			return 0
-		}
-	}
-	if got := next(); got != 1 {
+	if got := waitOn(t, calls); got != 1 {
 		t.Fatalf("call %d, want the first", got)
 	}
 	eventually(t, "the read to count among the waits", func() bool { return w.waiting.Load().n.Load() == 1 })
 	w.told("s2", time.UnixMilli(1_700_000_000_000), errAcksLost)
-	if got := next(); got != 2 {
+	if got := waitOn(t, calls); got != 2 {
 		t.Fatalf("call %d after the election, want the second", got)
 	}
-	if data := <-done; string(data) != "p" {
+	if data := waitOn(t, done); string(data) != "p" {
 		t.Fatalf("read %q, want p", data)
 	}
 	if w.waiting.Load().n.Load() != 0 {
