@@ -678,10 +678,9 @@ type bodyResult struct {
 // channel yields one result. Each read is bounded by the write timeout (storage that does not
 // answer, or has no leader for the stream, is asked again until then): a try unanswered for a
 // tick, or in flight when the payloads stream elects a leader, is made again (ackWatch.read). A
-// read that the broker's
-// stop cut short (the stop cancels ctx) is made again, bounded by the write timeout alone: a
-// dequeue that leased messages just before the stop still hands them over, rather than leaving
-// its leases to run out unseen, each spending an attempt.
+// read that the broker's stop cut short (the stop cancels ctx) is made again, bounded by the write
+// timeout alone: a dequeue that leased messages just before the stop still hands them over, rather
+// than leaving its leases to run out unseen, each spending an attempt.
 func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult {
 	out := make([]chan bodyResult, len(seqs))
 	for i, seq := range seqs {
