@@ -308,20 +308,26 @@ func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) 
 			return subjects.Message{}, err
 		}
 	}
-	now := q.now() // one time for the checks and the write
-	at := now      // VisibleAt's Unix ms, or the delay's end
-	switch {
-	case req.VisibleAt != nil:
+	var visibleAt int64 // VisibleAt's Unix ms, checked before anything is looked up
+	if req.VisibleAt != nil {
 		var err error
-		if at, err = visibleAtMS(*req.VisibleAt, now); err != nil {
+		if visibleAt, err = visibleAtMS(*req.VisibleAt, q.now()); err != nil {
 			return subjects.Message{}, err
 		}
-	case req.DelayMS != nil:
-		at = now + *req.DelayMS
 	}
 	e, err := q.find(ctx, req.ID)
 	if err != nil {
 		return subjects.Message{}, err
+	}
+	// After find, which may let go of q.mu while a write of the message lands (seconds, in an
+	// election): one time for the checks and the write, not older than that write's.
+	now := q.now()
+	at := now // when it is to run: VisibleAt, or the delay's end
+	switch {
+	case req.VisibleAt != nil:
+		at = visibleAt
+	case req.DelayMS != nil:
+		at = now + *req.DelayMS
 	}
 	state, mismatch := e.State(), atVersion(e, req.Version)
 	// Whether it is to move, and if so, whether it is where it is to be already: pending once the
