@@ -767,7 +767,7 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 		w.releaseInterrupted(jobCtx, job, expires, log)
 	default:
 		if errors.Is(context.Cause(hctx), ErrHandlerTimeout) {
-			if errors.Is(err, ErrHandlerTimeout) && errors.Unwrap(err) == nil { // the handler returned its context's cause, bare
+			if err == ErrHandlerTimeout { //nolint:errorlint // the handler returned its context's cause, bare (a join or a wrap of it says more)
 				err = fmt.Errorf("%w after %v", ErrHandlerTimeout, w.cfg.Timeout)
 			} else {
 				err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, w.cfg.Timeout, err)

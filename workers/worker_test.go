@@ -441,9 +441,9 @@ func TestWorkerIgnoreCancels(t *testing.T) {
 func TestWorkerHandlerTimeout(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 3})
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 4})
 	e.enqueue("q", "slow", &workers.EnqueueOpts{ID: "m"})
-	causes, backoffs := make(chan error, 3), make(chan int, 3)
+	causes, backoffs := make(chan error, 4), make(chan int, 4)
 	backoff := func(attempt int) time.Duration {
 		backoffs <- attempt // a timed-out attempt is a failure: it backs off like any other
 		return 0
@@ -457,10 +457,12 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 				return context.Cause(ctx) // ErrHandlerTimeout itself: said once in the history
 			case 3:
 				return fmt.Errorf("fetch page 3: %w", context.Cause(ctx)) // its own words kept
+			case 4:
+				return errors.Join(context.Cause(ctx), errors.New("fetch page 4")) // not bare: kept too
 			}
 			return ctx.Err()
 		}))
-	for attempt := 1; attempt <= 3; attempt++ {
+	for attempt := 1; attempt <= 4; attempt++ {
 		if err := recv(t, causes); !errors.Is(err, workers.ErrHandlerTimeout) {
 			t.Fatalf("handler's context ended with %v, want ErrHandlerTimeout", err)
 		}
@@ -471,7 +473,8 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 	e.waitState("q", "m", subjects.StateErrored)
 	got := e.failures("q", "m")
 	want := []string{"released: natstone: handler timed out after 50ms: context deadline exceeded", "released: natstone: handler timed out after 50ms",
-		"errored: natstone: handler timed out after 50ms: fetch page 3: natstone: handler timed out"}
+		"released: natstone: handler timed out after 50ms: fetch page 3: natstone: handler timed out",
+		"errored: natstone: handler timed out after 50ms: natstone: handler timed out\nfetch page 4"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("history's failures %q, want %q", got, want)
 	}
