@@ -99,13 +99,6 @@ func (o *EnqueueOpts) invisibleMS() (int64, bool) {
 	return max(ms(o.Invisible), 0), o.Invisible != 0
 }
 
-// visibleAt returns the VisibleAt to send, in UTC, and false for none (see wireVisibleAt).
-func (o *EnqueueOpts) visibleAt() (time.Time, bool) { return wireVisibleAt(o.VisibleAt) }
-
-// checkVisibleAt refuses a VisibleAt the broker would (see checkVisibleAt); where prefixes the
-// error's message.
-func (o *EnqueueOpts) checkVisibleAt(where string) error { return checkVisibleAt(o.VisibleAt, where) }
-
 // wireVisibleAt returns a visible_at to send, in UTC, and false for none (the zero time). RFC 3339
 // writes the years 0 to 9999: an earlier time has come just as well (the Unix epoch is sent), and
 // a later one is refused by checkVisibleAt before anything is sent.
@@ -139,7 +132,7 @@ func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 	if inv, ok := o.invisibleMS(); ok {
 		r.InvisibleMS = &inv
 	}
-	if at, ok := o.visibleAt(); ok {
+	if at, ok := wireVisibleAt(o.VisibleAt); ok {
 		r.VisibleAt = &at
 	}
 	if o.Lease > 0 {
@@ -166,7 +159,7 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 		o = *opts
 	}
 	var reply subjects.EnqueueReply
-	if err := o.checkVisibleAt(""); err != nil {
+	if err := checkVisibleAt(o.VisibleAt, ""); err != nil {
 		return reply, err
 	}
 	if !headerSafe(o.ID) {
@@ -192,7 +185,7 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 	if inv, ok := o.invisibleMS(); ok {
 		msg.Header.Set(subjects.HeaderInvisibleMS, strconv.FormatInt(inv, 10))
 	}
-	if at, ok := o.visibleAt(); ok {
+	if at, ok := wireVisibleAt(o.VisibleAt); ok {
 		msg.Header.Set(subjects.HeaderVisibleAt, at.Format(time.RFC3339Nano))
 	}
 	if o.Lease > 0 {
@@ -226,8 +219,10 @@ type BatchMessage struct {
 func (c *Client) EnqueueBatch(ctx context.Context, queue string, msgs []BatchMessage) ([]subjects.EnqueueReply, error) {
 	req := subjects.EnqueueBatchRequest{Messages: make([]subjects.EnqueueRequest, len(msgs))}
 	for i := range msgs {
-		if err := msgs[i].checkVisibleAt("messages[" + strconv.Itoa(i) + "]: "); err != nil {
-			return nil, err
+		if t := msgs[i].VisibleAt; !t.IsZero() { // the prefix made only for a time given
+			if err := checkVisibleAt(t, "messages["+strconv.Itoa(i)+"]: "); err != nil {
+				return nil, err
+			}
 		}
 		req.Messages[i] = msgs[i].request(msgs[i].Payload)
 	}
