@@ -47,7 +47,7 @@ func Decode(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		if where, ok := badTime(data); ok {
+		if where, ok := badTime(data); ok && timeError(err) {
 			return Errorf(CodeBadRequest, "malformed JSON body: %s", where)
 		}
 		return Errorf(CodeBadRequest, "malformed JSON body: %s", describeJSONError(err))
@@ -74,6 +74,14 @@ func describeJSONError(err error) string {
 		return fmt.Sprintf("%s: want %s, got %s", where, jsonKind(te.Type), te.Value)
 	}
 	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// timeError reports whether err is time.Time's UnmarshalJSON's: only then does badTime, which
+// decodes the body again, look for the time (a body of a request without one, with a visible_at,
+// is an unknown field).
+func timeError(err error) bool {
+	var pe *time.ParseError
+	return errors.As(err, &pe) || strings.HasPrefix(err.Error(), "Time.UnmarshalJSON")
 }
 
 // badTime names the visible_at of data (a request's only time, top level or in an enqueue batch's

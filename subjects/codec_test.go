@@ -813,4 +813,9 @@ func TestDecodeNamesABadTime(t *testing.T) {
 			t.Errorf("Decode(%s): %v, want %s", tc.body, err, want)
 		}
 	}
+	// A request that takes no time: its visible_at is an unknown field, whatever it holds.
+	if err := subjects.Decode([]byte(`{"id":"a","lease_id":"l","visible_at":"soon"}`), &subjects.LeaseRequest{}); err == nil ||
+		err.Error() != `natstone: bad_request: malformed JSON body: unknown field "visible_at"` {
+		t.Errorf("a release with a visible_at: %v, want it an unknown field", err)
+	}
 }
