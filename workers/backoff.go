@@ -45,8 +45,7 @@ func DefaultBackoff(attempt int) time.Duration {
 	if n < 18 { // 18⁴ s is past the cap, and a larger n⁴ overflows a 32-bit int
 		d = min(time.Duration(n*n*n*n)*time.Second, backoffMax)
 	}
-	d = d*3/4 + rand.N(d/2+1)
-	return min(d, backoffMax)
+	return jitter(d, backoffMax)
 }
 
 // exponential returns base·2^(n-1) capped at most, jittered by ±25 % (and still capped).
@@ -60,6 +59,10 @@ func exponential(n int, base, most time.Duration) time.Duration {
 			d = shifted
 		}
 	}
-	d = d*3/4 + rand.N(d/2+1)
-	return min(d, most)
+	return jitter(d, most)
+}
+
+// jitter returns d ±25 %, capped at most.
+func jitter(d, most time.Duration) time.Duration {
+	return min(d*3/4+rand.N(d/2+1), most)
 }
