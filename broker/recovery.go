@@ -286,8 +286,8 @@ func (b *Broker) dropDeleted(ctx context.Context, bodies *kv.Bodies, unknown map
 func (b *Broker) dropStrayLocks(ctx context.Context, stray map[string]int) {
 	removed := 0
 	for name, n := range stray {
-		err := errClaimRanOut
-		if bctx, cancel, berr := b.claim.bound(ctx); berr == nil {
+		bctx, cancel, err := b.claim.bound(ctx)
+		if err == nil {
 			err = b.store.PurgeLocks(bctx, name)
 			cancel()
 		}
