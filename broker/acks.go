@@ -166,26 +166,34 @@ func (w *ackWatch) wait(ctx, lost context.Context, wr kv.Write) (uint64, error) 
 // answered by nobody: it waited out its timeout, the write timeout (seen in
 // TestLeaderElectionInAClusterIssuesLostWritesAgain, a dequeue's payload read unanswered for its
 // minute).
-func (w *ackWatch) read(ctx context.Context, try time.Duration, get func(context.Context) ([]byte, error)) ([]byte, error) {
+func (w *ackWatch) read(ctx context.Context, try time.Duration, get func(context.Context) error) error {
 	for {
 		lost := w.current()
 		rctx, cancel := context.WithTimeoutCause(ctx, try, errReadUnanswered)
 		stop := context.AfterFunc(lost, cancel)
 		c := w.waiting.Load()
 		c.n.Add(1)
-		data, err := get(rctx)
+		err := get(rctx)
 		c.n.Add(-1)
 		stop()
 		again := err != nil && ctx.Err() == nil && (lost.Err() != nil || errors.Is(context.Cause(rctx), errReadUnanswered))
 		cancel()
 		if !again {
-			return data, err
+			return err
 		}
 	}
 }
 
 // errReadUnanswered ends a try of a read that got no answer within its time (ackWatch.read).
 var errReadUnanswered = errors.New("no answer to the read in time: asking again")
+
+// asked makes get, a read of w's stream, as ackWatch.read does, bounded by the write timeout as
+// well as by ctx: the payload reads of a dequeue, and the reads that settle a write's conflict.
+func (b *Broker) asked(ctx context.Context, w *ackWatch, get func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
+	defer cancel()
+	return w.read(ctx, b.tick(), get)
+}
 
 // tick is how often checkLeaders looks at the writes waiting, and how long a try of a read waits
 // before it is made again: a second, or a quarter of the write timeout if less, but at least

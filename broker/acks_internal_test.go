@@ -499,19 +499,20 @@ func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
 	w := newAckWatch()
 	calls := make(chan int, 3)
 	var n int
-	get := func(ctx context.Context) ([]byte, error) {
+	var data string
+	get := func(ctx context.Context) error {
 		n++
 		calls <- n
 		if n == 1 {
 			<-ctx.Done() // lost: never answered
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
 		}
-		return []byte("p"), nil
+		data = "p"
+		return nil
 	}
-	done := make(chan []byte, 1)
+	done := make(chan string, 1)
 	go func() {
-		data, err := w.read(context.Background(), time.Hour, get)
-		if err != nil {
+		if err := w.read(context.Background(), time.Hour, get); err != nil {
 			t.Errorf("read: %v", err)
 		}
 		done <- data
@@ -524,7 +525,7 @@ func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
 	if got := waitOn(t, calls); got != 2 {
 		t.Fatalf("call %d after the election, want the second", got)
 	}
-	if data := waitOn(t, done); string(data) != "p" {
+	if data := waitOn(t, done); data != "p" {
 		t.Fatalf("read %q, want p", data)
 	}
 	if w.waiting.Load().n.Load() != 0 {
@@ -533,26 +534,27 @@ func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
 
 	failed := errors.New("no such payload")
 	n = 0
-	if _, err := w.read(context.Background(), time.Hour, func(context.Context) ([]byte, error) { n++; return nil, failed }); !errors.Is(err, failed) || n != 1 {
+	if err := w.read(context.Background(), time.Hour, func(context.Context) error { n++; return failed }); !errors.Is(err, failed) || n != 1 {
 		t.Fatalf("a failed read: %v after %d calls, want its error after 1", err, n)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	n = 0
-	if _, err := w.read(ctx, time.Hour, func(ctx context.Context) ([]byte, error) { n++; return nil, ctx.Err() }); !errors.Is(err, context.Canceled) || n != 1 {
+	if err := w.read(ctx, time.Hour, func(ctx context.Context) error { n++; return ctx.Err() }); !errors.Is(err, context.Canceled) || n != 1 {
 		t.Fatalf("a read given up: %v after %d calls, want canceled after 1", err, n)
 	}
 
 	// Unanswered for its time, without an election: made again.
 	n = 0
-	data, err := w.read(context.Background(), 10*time.Millisecond, func(ctx context.Context) ([]byte, error) {
+	err := w.read(context.Background(), 10*time.Millisecond, func(ctx context.Context) error {
 		if n++; n == 1 {
 			<-ctx.Done()
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
 		}
-		return []byte("q"), nil
+		data = "q"
+		return nil
 	})
-	if err != nil || string(data) != "q" || n != 2 {
+	if err != nil || data != "q" || n != 2 {
 		t.Fatalf("a read unanswered for its time: %q, %v after %d calls, want q after 2", data, err, n)
 	}
 }

@@ -687,14 +687,14 @@ func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult
 		ch := make(chan bodyResult, 1)
 		out[i] = ch
 		q.b.runner.run(func() {
-			rctx, cancel := context.WithTimeout(ctx, q.b.cfg.WriteTimeout)
-			get := func(ctx context.Context) ([]byte, error) { return q.b.store.GetBody(ctx, seq) }
-			data, err := q.b.bodyAcks.read(rctx, q.b.tick(), get)
-			cancel()
+			var data []byte
+			get := func(ctx context.Context) (err error) {
+				data, err = q.b.store.GetBody(ctx, seq)
+				return err
+			}
+			err := q.b.asked(ctx, q.b.bodyAcks, get)
 			if err != nil && q.b.ctx.Err() != nil {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.b.cfg.WriteTimeout)
-				data, err = q.b.bodyAcks.read(rctx, q.b.tick(), get)
-				cancel()
+				err = q.b.asked(context.WithoutCancel(ctx), q.b.bodyAcks, get)
 			}
 			ch <- bodyResult{data, err}
 		})

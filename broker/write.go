@@ -240,7 +240,12 @@ func (q *queue) resolve(c *change) {
 			c.rev, c.err = q.b.msgAcks.issue(ctx, func() kv.Write { return q.b.store.WriteMessage(q.name, &c.next, c.expect) })
 			continue
 		}
-		r, rev, err := q.b.store.GetMessage(ctx, q.name, c.next.ID)
+		var r kv.Record
+		var rev uint64
+		err := q.b.asked(ctx, q.b.msgAcks, func(ctx context.Context) (err error) {
+			r, rev, err = q.b.store.GetMessage(ctx, q.name, c.next.ID)
+			return err
+		})
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			c.truth = nil
@@ -325,7 +330,12 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 			w.rev, w.err = q.b.lockAcks.issue(ctx, func() kv.Write { return q.b.store.WriteSlot(q.name, w.value, w.slot, w.want, w.expect) })
 			continue
 		}
-		l, rev, err := q.b.store.GetSlot(ctx, q.name, w.value, w.slot)
+		var l kv.Lock
+		var rev uint64
+		err := q.b.asked(ctx, q.b.lockAcks, func(ctx context.Context) (err error) {
+			l, rev, err = q.b.store.GetSlot(ctx, q.name, w.value, w.slot)
+			return err
+		})
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			w.truth, w.rev = nil, 0

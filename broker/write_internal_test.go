@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natstone/natstone/broker/clock"
@@ -241,6 +242,87 @@ func TestResolveLearnsAWriteThatLanded(t *testing.T) {
 	q.resolve(c)
 	if !errors.Is(c.err, kv.ErrConflict) || c.truth == nil || c.truth.LeaseID != "L2" {
 		t.Fatalf("conflict: err %v truth %+v", c.err, c.truth)
+	}
+}
+
+// TestResolveReadAskedAgainWhenUnanswered: the read that settles a write's conflict, of a message
+// record or of a lock slot, is asked again when a try gets no answer within a tick, as a payload
+// read is (ackWatch.read). A read that a stream's leader took and lost with itself is answered by
+// nobody; the read waited out the store's 10 s before it was asked again. Here the server sends
+// the first try nowhere (a subject mapping, taken away once the try is seen), and the write is
+// settled within seconds of that, with a tick of half a second.
+func TestResolveReadAskedAgainWhenUnanswered(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	b := startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: 2 * time.Second})
+	q := queueQ(t, b)
+	ctx := context.Background()
+
+	rec := kv.Record{ID: "m", State: subjects.StatePending, Version: 1, UpdatedAt: 1}
+	landed, err := b.store.WriteMessage("q", &rec, 0).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := kv.Lock{MessageID: "m", LeaseID: "L"}
+	slotLanded, err := b.store.WriteSlot("q", "v", 1, want, 0).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		stream  string
+		resolve func() (uint64, error)
+		landed  uint64
+	}{
+		{"KV_" + kv.DefaultPrefix + "-messages", func() (uint64, error) {
+			c := &change{next: rec, err: kv.ErrConflict, create: true}
+			q.resolve(c)
+			return c.rev, c.err
+		}, landed},
+		{"KV_" + kv.DefaultPrefix + "-locks", func() (uint64, error) {
+			w := &lockWrite{value: "v", slot: 1, want: want, err: kv.ErrConflict}
+			q.resolveLock(ctx, w)
+			return w.rev, w.err
+		}, slotLanded},
+	} {
+		acc := srv.NATS().GlobalAccount()
+		get, lost := "$JS.API.STREAM.MSG.GET."+tc.stream, "lost.get"
+		seen := make(chan struct{}, 1)
+		watch := srv.Connect(t)
+		if _, err := watch.Subscribe(lost, func(*nats.Msg) {
+			select {
+			case seen <- struct{}{}:
+			default:
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := watch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := acc.AddMapping(get, lost); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			rev uint64
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			rev, err := tc.resolve()
+			done <- result{rev, err}
+		}()
+		waitOn(t, seen)
+		acc.RemoveMapping(get)
+		select {
+		case r := <-done:
+			if r.err != nil || r.rev != tc.landed {
+				t.Fatalf("%s: resolved to revision %d, %v; want %d", tc.stream, r.rev, r.err, tc.landed)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the write not settled within 5 s of its read's first try lost", tc.stream)
+		}
 	}
 }
 
