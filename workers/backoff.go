@@ -2,6 +2,7 @@ package workers
 
 import (
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 )
@@ -65,4 +66,14 @@ func exponential(n int, base, most time.Duration) time.Duration {
 // jitter returns d ±25 %, capped at most.
 func jitter(d, most time.Duration) time.Duration {
 	return min(d*3/4+rand.N(d/2+1), most)
+}
+
+// failureLevel is the level of the log line of the nth failure in a row of the same thing (a poll,
+// a settle's tries): WARN for the 1st, 2nd, 4th, 8th…, DEBUG for those between, so that an outage
+// of an hour says so a dozen times per handler slot, not thousands.
+func failureLevel(n int) slog.Level {
+	if n&(n-1) == 0 {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
 }

@@ -353,6 +353,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 // the slot long-polls only when that dequeue found nothing.
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	failures := 0            // consecutive polls that failed or came back suspiciously early
+	var down time.Time       // when the polls began to fail (zero: they work)
 	var uncertain requestTry // the last dequeue whose outcome is unknown: the next poll's
 	defer func() {
 		if uncertain.id != "" { // its leases, if any, are for no one now
@@ -361,8 +362,12 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	}()
 	for pollCtx.Err() == nil {
 		began := time.Now()
-		d, err := w.poll(pollCtx, uncertain)
+		d, err := w.poll(pollCtx, uncertain, !down.IsZero())
 		got := len(d.msgs) > 0
+		if err == nil && !down.IsZero() {
+			w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", failures, "after", time.Since(down).Round(time.Millisecond))
+			down = time.Time{}
+		}
 		stopped := got && w.work(pollCtx, jobCtx, &d)
 		uncertain = d.uncertain // what the poll, or the last settle's next, left unknown
 		if stopped {
@@ -383,7 +388,10 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			w.log.Log(pollCtx, level, "queue not found; polling again every second until it exists", "queue", w.cfg.Queue, "failures", failures)
 		case err != nil:
 			failures++
-			w.log.Warn("dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", failures)
+			if down.IsZero() {
+				down = began
+			}
+			w.log.Log(pollCtx, failureLevel(failures), "dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", failures)
 		case time.Since(began) < w.cfg.PollWait/2:
 			// An empty reply long before the wait was up: the queue was deleted, or the broker does
 			// not wait. Back off rather than spin.
@@ -469,9 +477,9 @@ type requestTry struct {
 }
 
 // poll long-polls for one message, with the request id of retry (a new one if none). A dequeue
-// whose outcome is unknown is sent again at once with the same id; if that fails too, it is
-// returned as uncertain.
-func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
+// whose outcome is unknown is sent again at once with the same id (said at DEBUG only if failing:
+// the polls already fail, and say so); if that fails too, it is returned as uncertain.
+func (w *Worker) poll(ctx context.Context, retry requestTry, failing bool) (dequeued, error) {
 	d := dequeued{retried: retry.id != "", sent: retry.sent}
 	id := retry.id
 	if id == "" {
@@ -488,7 +496,11 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	var err error
 	d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
 	if unknownOutcome(err) && ctx.Err() == nil {
-		w.log.Warn("dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
+		level := slog.LevelWarn
+		if failing {
+			level = slog.LevelDebug
+		}
+		w.log.Log(ctx, level, "dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
 		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
 		d.retried = true
 	}
@@ -807,13 +819,16 @@ func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, 
 		stopping := jobCtx.Err() != nil // then that try was the last
 		switch {
 		case err == nil:
+			if try > 1 {
+				log.Info(what+" landed", "tries", try)
+			}
 			return
 		case isLeaseLost(err):
 			log.Warn(what+" refused: lease lost", "error", err)
 			return
 		case retryable(err) && time.Now().Before(expires) && !stopping:
 			d := min(exponential(try, pollRetryBase, settleRetryMax), max(time.Until(expires), time.Millisecond))
-			log.Warn(what+" failed; retrying", "error", err, "retry_in", d)
+			log.Log(jobCtx, failureLevel(try), what+" failed; retrying", "error", err, "tries", try, "retry_in", d)
 			t := time.NewTimer(d)
 			select {
 			case <-t.C:

@@ -1686,7 +1686,9 @@ func TestWorkerSettleRetriesEvery2sAtMost(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	workerOnFake(t, srv, fake, 0, func(context.Context, *workers.Job) error { return nil })
+	logs := &natstest.LogBuffer{}
+	startWorker(t, clientOnFake(t, srv, fake, 0), &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: debugTo(logs)},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
 	// Tries 100 ms apart, doubling: the 7th wait would be 6.4 s (±25 %) without the cap.
 	last := <-at
 	for i := range 7 {
@@ -1701,4 +1703,59 @@ func TestWorkerSettleRetriesEvery2sAtMost(t *testing.T) {
 		}
 		last = next
 	}
+	// Seven failures say so at WARN three times (the 1st, 2nd and 4th), and at DEBUG between; the
+	// complete that lands at last says so at INFO.
+	waitFor(t, "the complete's landing logged", func() bool { return strings.Contains(logs.String(), `msg="complete landed" queue=q`) })
+	if got, want := logLevels(logs.String(), "complete failed; retrying"), []string{"WARN", "WARN", "DEBUG", "WARN", "DEBUG", "DEBUG", "DEBUG"}; !slices.Equal(got, want) {
+		t.Fatalf("the failed completes logged at %v, want %v", got, want)
+	}
+	if !strings.Contains(logs.String(), `msg="complete landed" queue=q message_id=m lease_id=L attempt=1 tries=8`) {
+		t.Fatalf("no INFO line of the complete landed at its 8th try in:\n%s", logs.String())
+	}
+}
+
+// TestWorkerSaysLessOfEachFailedPoll: a worker whose polls fail (the broker unavailable) says so
+// at WARN for the 1st, 2nd and 4th failure in a row and at DEBUG between, without the line of
+// each poll's immediate retry once it is failing; it says at INFO when a poll works again.
+func TestWorkerSaysLessOfEachFailedPoll(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	fake, _, _ := fakeDequeues(t, srv, func(n int32) []byte {
+		if n <= 7 {
+			return []byte(`{"error":{"code":"unavailable","message":"the broker is stopping"}}`)
+		}
+		return []byte(`{"messages":[]}`)
+	})
+	logs := &natstest.LogBuffer{}
+	startWorker(t, clientOnFake(t, srv, fake, 0), &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: debugTo(logs)},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	waitFor(t, "the poll that works logged", func() bool { return strings.Contains(logs.String(), `msg="dequeue works again"`) })
+	out := logs.String()
+	// Seven answers unavailable, an unknown outcome each: each poll fails with its immediate retry
+	// (the next poll sends the same request id), three in a row, and the retry of the fourth works.
+	if got, want := logLevels(out, "dequeue failed"), []string{"WARN", "WARN", "DEBUG"}; !slices.Equal(got, want) {
+		t.Fatalf("the failed polls logged at %v, want %v:\n%s", got, want, out)
+	}
+	if got, want := logLevels(out, "dequeue's outcome unknown; retrying it"), []string{"WARN", "DEBUG", "DEBUG", "DEBUG"}; !slices.Equal(got, want) {
+		t.Fatalf("the polls' retries logged at %v, want %v:\n%s", got, want, out)
+	}
+	if !strings.Contains(out, `level=INFO msg="dequeue works again" queue=q failures=3 after=`) {
+		t.Fatalf("no INFO line of the polls working again after 3 failures in:\n%s", out)
+	}
+}
+
+// debugTo returns a logger that writes every level to logs.
+func debugTo(logs *natstest.LogBuffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// logLevels returns the levels, in order, of the text log's lines whose message is msg.
+func logLevels(text, msg string) []string {
+	var levels []string
+	for line := range strings.Lines(text) {
+		if level, ok := strings.CutPrefix(strings.Fields(line)[1], "level="); ok && strings.Contains(line, ` msg="`+msg+`"`) {
+			levels = append(levels, level)
+		}
+	}
+	return levels
 }
