@@ -59,7 +59,7 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: its fields are separated by spaces, not by other white space", spec)
 	}
 	full := spec
-	zone, expr, zoned := splitZone(spec)
+	zone, expr, zoned := subjects.CronZone(spec)
 	switch {
 	case zoned && zone == "":
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: CRON_TZ= names no zone (leave it out for UTC)", spec)
@@ -117,18 +117,6 @@ func (f forward) Next(t time.Time) time.Time {
 		return time.Time{}
 	}
 	return n
-}
-
-// splitZone splits spec into its leading CRON_TZ= or TZ= zone, if it has one (zoned), and the
-// expression after it.
-func splitZone(spec string) (zone, expr string, zoned bool) {
-	for _, prefix := range []string{"CRON_TZ=", "TZ="} {
-		if rest, ok := strings.CutPrefix(spec, prefix); ok {
-			zone, expr, _ = strings.Cut(rest, " ")
-			return zone, strings.TrimSpace(expr), true
-		}
-	}
-	return "", spec, false
 }
 
 // fireID is the id of the message a schedule's fire at t enqueues: the same for every try of that

@@ -1,6 +1,9 @@
 package subjects
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // QueueType is simple or exclusive.
 type QueueType string
@@ -342,6 +345,18 @@ func (r *ScheduleRequest) Template() EnqueueRequest {
 		LeaseMS:       r.LeaseMS,
 		MaxAttempts:   r.MaxAttempts,
 	}
+}
+
+// CronZone splits a schedule's cron into its leading CRON_TZ= or TZ= zone, if it has one (zoned),
+// and the expression after it. A cron without a zone is in UTC.
+func CronZone(cron string) (zone, expr string, zoned bool) {
+	for _, prefix := range []string{"CRON_TZ=", "TZ="} {
+		if rest, ok := strings.CutPrefix(cron, prefix); ok {
+			zone, expr, _ = strings.Cut(rest, " ")
+			return zone, strings.TrimSpace(expr), true
+		}
+	}
+	return "", cron, false
 }
 
 // ScheduleInfo describes a schedule (without its payload): what it enqueues, when it fires next,

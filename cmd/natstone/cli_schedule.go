@@ -236,7 +236,7 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 		if s.OverlapSkipped > 0 {
 			overlap = fmt.Sprintf("%s (%d)", s.Overlap, s.OverlapSkipped)
 		}
-		next := fmt.Sprintf("%s (in %s)", fmtTime(s.NextAt), fmtSpan(max(s.NextAt.Sub(now), 0).Round(time.Second)))
+		next := fmt.Sprintf("%s (in %s%s)", fmtTime(s.NextAt), fmtSpan(max(s.NextAt.Sub(now), 0).Round(time.Second)), inZone(s.Cron, s.NextAt))
 		if s.Paused {
 			next = "paused"
 			if s.PausedAt != nil {
@@ -250,6 +250,20 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 			last, what, s.Skipped, overlap, fmtMS(s.DeadlineMS), printable(fmtPairs(s.Metadata, ","), 80))
 	}
 	tw.Flush()
+}
+
+// inZone returns t as the wall time of cron's zone, after "; ", for a cron with a zone other than
+// UTC (CRON_TZ=Europe/Paris: "; 2026-11-28 02:00 CET"), or "".
+func inZone(cron string, t time.Time) string {
+	zone, _, zoned := subjects.CronZone(cron)
+	if !zoned || t.IsZero() {
+		return ""
+	}
+	loc, err := time.LoadLocation(zone)
+	if err != nil || loc == time.UTC {
+		return ""
+	}
+	return "; " + t.In(loc).Format("2006-01-02 15:04 MST")
 }
 
 // outputSchedule prints one schedule as schedule ls does, or as JSON with --json.

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -54,6 +55,16 @@ func TestCLISchedule(t *testing.T) {
 	}
 	if rows := tableRows(cli(t, url, "schedule", "ls").ok(t)); len(rows) != 3 || rows[0][0] != "QUEUE" || rows[1][0] != "other" {
 		t.Fatalf("schedule ls without a queue: %q", rows)
+	}
+	// A schedule in a zone shows its next fire in that zone's wall time as well (Tokyo: no
+	// clock changes, always 9 hours ahead of UTC).
+	zoned := jsonOf[subjects.ScheduleInfo](t, cli(t, url, "schedule", "set", "tokyo", "nine", "CRON_TZ=Asia/Tokyo 0 9 * * *", "--json"))
+	want := zoned.NextAt.UTC().Add(9*time.Hour).Format("2006-01-02") + " 09:00 JST)"
+	if out := cli(t, url, "schedule", "ls", "tokyo").ok(t); !strings.Contains(out, zoned.NextAt.UTC().Format("T00:00:00.000Z (in ")) || !strings.Contains(out, "; "+want) {
+		t.Fatalf("schedule ls of a schedule in Tokyo: no next fire at 00:00 UTC, %q:\n%s", want, out)
+	}
+	if out := cli(t, url, "schedule", "ls", "other").ok(t); strings.Contains(out, "; ") {
+		t.Fatalf("schedule ls of a schedule in UTC: a zone's time:\n%s", out)
 	}
 	fromStdin := jsonOf[subjects.ScheduleInfo](t, runCLI(t, cliOpts{stdin: "from stdin"}, "schedule", "set", "q", "daily", "@daily", "--file", "-", "--json", "--server", url))
 	if fromStdin.PayloadBytes != len("from stdin") {
