@@ -41,7 +41,7 @@ func TestEnqueueFailingAfterItsPayloadsWritesNothing(t *testing.T) {
 			if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "D", Payload: "stored before"}}); err != nil {
 				t.Fatal(err)
 			}
-			before, err := b.store.ReadBodies(ctx)
+			before, err := b.store.ReadBodies(ctx, true)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,7 +57,7 @@ func TestEnqueueFailingAfterItsPayloadsWritesNothing(t *testing.T) {
 			if !errors.Is(err, &subjects.Error{Code: tc.want}) {
 				t.Fatalf("enqueue: got %v, want %s", err, tc.want)
 			}
-			after, err := b.store.ReadBodies(ctx)
+			after, err := b.store.ReadBodies(ctx, true)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -127,8 +127,11 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 	if err != nil {
 		return 0, snapshot, err
 	}
-	// Read after the records: every loaded record's payload was stored before this state.
-	bodies, err := b.store.ReadBodies(ctx)
+	// Read after the records: every loaded record's payload was stored before this state. Records
+	// read from storage (a start after a crash) may be ones the server brought back, which only
+	// their payloads' absence tells: so the payloads held are listed when the stream has too many
+	// deleted sequences to list them. The snapshot's records were the broker's own at its stop.
+	bodies, err := b.store.ReadBodies(ctx, !snapshot)
 	if err != nil {
 		return 0, snapshot, err
 	}
@@ -202,7 +205,7 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 // could come back with the next enqueue of its id.
 func (b *Broker) dropCollected(ctx context.Context, bodies *kv.Bodies, loaded map[string]*recovering, n int) (int, error) {
 	if !bodies.Complete {
-		b.log.Warn("the bodies stream has too many deleted sequences to list: records of collected messages are only looked for before its first sequence")
+		b.log.Info("the bodies stream has too many deleted sequences to list at a start from the snapshot: its records' payloads are only looked for before the stream's first sequence")
 	}
 	removed := 0
 	for _, rq := range loaded {

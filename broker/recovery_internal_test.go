@@ -93,7 +93,7 @@ func TestDropOrphansAsksTheLeaders(t *testing.T) {
 	loaded := body("loaded")
 	last := body("last") // no record
 	after := body("after")
-	bodies, err := b.store.ReadBodies(ctx)
+	bodies, err := b.store.ReadBodies(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}

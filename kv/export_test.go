@@ -24,6 +24,9 @@ func (s *Store) SetScanLeaderLast(f func(last uint64) uint64) { s.scanLeaderLast
 // SetScanRead makes scan call f once it has read everything, before it checks with the leader.
 func (s *Store) SetScanRead(f func()) { s.scanRead = f }
 
+// SetMaxDeleted replaces how many deleted sequences of the bodies stream ReadBodies lists.
+func (s *Store) SetMaxDeleted(n uint64) { s.maxDeleted = n }
+
 // PurgeEach is purgeEach: how many subjects a purge left that it purges one by one.
 const PurgeEach = purgeEach
 

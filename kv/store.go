@@ -114,6 +114,7 @@ type Store struct {
 	scanFetching   func(batch uint64)
 	scanLeaderLast func(last uint64) uint64
 	scanRead       func()
+	maxDeleted     uint64               // replaces the const maxDeletedDetails
 	purged         func(subject string) // called after each purge, before purge checks what is left
 }
 
@@ -627,11 +628,41 @@ func unheardPause(ctx context.Context, n int) error {
 // (one catching up) may deliver an older value of a key and then skip or miss the newer one. In
 // either case scan returns ErrStale, after fn saw values that may be stale.
 func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string, fn func(key string, value []byte, rev uint64) error) error {
-	stream := "KV_" + bucket.Bucket()
 	prefix := "$KV." + bucket.Bucket() + "."
-	info, err := s.streams[bucket].Info(ctx) // the leader answers
+	read := scanRead{
+		name:   bucket.Bucket(),
+		stream: s.streams[bucket],
+		config: jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, FilterSubject: prefix + keys},
+	}
+	return s.scanStream(ctx, read, func(m jetstream.Msg, seq uint64) error {
+		if h := m.Headers(); len(h) > 0 {
+			if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
+				return nil
+			}
+		}
+		key, ok := strings.CutPrefix(m.Subject(), prefix)
+		if !ok {
+			return nil
+		}
+		return fn(key, m.Data(), seq)
+	})
+}
+
+// scanRead is what scanStream reads: the messages of stream that config's consumer delivers
+// (its filter, and its deliver policy: the last of each subject, or all), under a name for errors.
+type scanRead struct {
+	name   string
+	stream jetstream.Stream
+	config jetstream.ConsumerConfig
+}
+
+// scanStream calls fn with each message of what.stream that what.config delivers, with its stream
+// sequence, as scan describes (which reads a bucket's keys through it).
+func (s *Store) scanStream(ctx context.Context, what scanRead, fn func(m jetstream.Msg, seq uint64) error) error {
+	stream := what.stream.CachedInfo().Config.Name
+	info, err := what.stream.Info(ctx) // the leader answers
 	if err != nil {
-		return fmt.Errorf("kv: load %s: read the stream's state: %w", bucket.Bucket(), err)
+		return fmt.Errorf("kv: load %s: read the stream's state: %w", what.name, err)
 	}
 	check, leaderLast := info.Config.Replicas > 1, info.State.LastSeq
 	if check && (info.Cluster == nil || info.Cluster.Leader == "") {
@@ -640,12 +671,9 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	if s.scanLeaderLast != nil {
 		check, leaderLast = true, s.scanLeaderLast(leaderLast)
 	}
-	c, drop, err := readConsumer(ctx, s.js, stream, jetstream.ConsumerConfig{
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-		FilterSubject: prefix + keys,
-	})
+	c, drop, err := readConsumer(ctx, s.js, stream, what.config)
 	if err != nil {
-		return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+		return fmt.Errorf("kv: load %s: %w", what.name, err)
 	}
 	defer drop()
 	initial := c.CachedInfo().NumPending // what was stored when it started
@@ -676,7 +704,7 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 		}
 		var err error
 		if batch, err = c.FetchNoWait(int(want)); err != nil {
-			return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+			return fmt.Errorf("kv: load %s: %w", what.name, err)
 		}
 		n := 0
 		for m := range batch.Messages() {
@@ -684,12 +712,12 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 			size += uint64(len(m.Subject()) + len(m.Data()))
 			meta, err := m.Metadata()
 			if err != nil {
-				return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+				return fmt.Errorf("kv: load %s: %w", what.name, err)
 			}
 			// Without acknowledgements nothing is redelivered, so a gap in the consumer's sequence
 			// is a value the connection dropped: the load would be incomplete.
 			if meta.Sequence.Consumer != got+1 {
-				return fmt.Errorf("kv: load %s: value %d of the scan arrived as %d; some were dropped", bucket.Bucket(), got+1, meta.Sequence.Consumer)
+				return fmt.Errorf("kv: load %s: value %d of the scan arrived as %d; some were dropped", what.name, got+1, meta.Sequence.Consumer)
 			}
 			got++
 			lastSeen = max(lastSeen, meta.Sequence.Stream)
@@ -699,16 +727,7 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 				// writes: it was catching up).
 				return fmt.Errorf("%w: %s applied writes during the load", ErrStale, stream)
 			}
-			if h := m.Headers(); len(h) > 0 {
-				if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
-					continue
-				}
-			}
-			key, ok := strings.CutPrefix(m.Subject(), prefix)
-			if !ok {
-				continue
-			}
-			if err := fn(key, m.Data(), meta.Sequence.Stream); err != nil {
+			if err := fn(m, meta.Sequence.Stream); err != nil {
 				return err
 			}
 		}
@@ -723,7 +742,7 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 				}
 				continue
 			}
-			return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+			return fmt.Errorf("kv: load %s: %w", what.name, err)
 		}
 		if n == 0 {
 			// The rest went away (expired markers, deletions) before it was read; or not: nats.go
@@ -732,10 +751,10 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 			// this load. The consumer's own count tells the two apart.
 			ci, err := c.Info(ctx)
 			if err != nil {
-				return fmt.Errorf("kv: load %s: %w", bucket.Bucket(), err)
+				return fmt.Errorf("kv: load %s: %w", what.name, err)
 			}
 			if ci.NumPending > 0 || ci.Delivered.Consumer != got {
-				return fmt.Errorf("kv: load %s: a batch came back empty after %d of %d values, with %d pending and %d delivered", bucket.Bucket(), got, initial, ci.NumPending, ci.Delivered.Consumer)
+				return fmt.Errorf("kv: load %s: a batch came back empty after %d of %d values, with %d pending and %d delivered", what.name, got, initial, ci.NumPending, ci.Delivered.Consumer)
 			}
 			break
 		}
@@ -749,12 +768,12 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	// A replica applies its leader's messages in order, so one that delivered the message at
 	// lastSeen held every message before it as the leader had them. It missed nothing the leader
 	// held up to leaderLast if the leader holds no value of these keys between the two.
-	m, err := s.getFromLeader(ctx, stream, msgGetRequest{Seq: lastSeen + 1, NextFor: prefix + keys})
+	m, err := s.getFromLeader(ctx, stream, msgGetRequest{Seq: lastSeen + 1, NextFor: what.config.FilterSubject})
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return nil
 	case err != nil:
-		return fmt.Errorf("kv: load %s: check with the leader: %w", bucket.Bucket(), err)
+		return fmt.Errorf("kv: load %s: check with the leader: %w", what.name, err)
 	case m.Seq <= leaderLast:
 		return fmt.Errorf("%w: %s read to sequence %d, its leader holds %d", ErrStale, stream, lastSeen, m.Seq)
 	}
@@ -910,35 +929,59 @@ func (s *Store) BodyReferenced(ctx context.Context, seq uint64) (bool, error) {
 }
 
 // maxDeletedDetails bounds the deleted sequences ReadBodies asks the server to list (8 bytes and
-// a JSON number each): past it, only the payloads before the stream's first sequence are known to
-// be gone.
+// a JSON number each). Past it, ReadBodies lists the payloads the stream holds instead, when asked
+// to; otherwise only the payloads before the stream's first sequence are known to be gone. One
+// message that stays (a long delay, a long retention) keeps the first sequence where it is, and a
+// soak at 188 messages/s added a deleted sequence per message behind it: 2^20 of them in about
+// an hour and a half.
 const maxDeletedDetails = 1 << 20
 
 // Bodies is the bodies stream's state, read once (ReadBodies): which payloads it holds and which
 // are known to be gone. A server that answers with a state behind the leader's (a replica catching
-// up) knows of fewer deletions and fewer payloads, never of more, so what it says is gone is gone.
+// up) knows of fewer deletions and fewer payloads: what it says is gone is asked of the leader
+// again before anything is removed for it (BodyGone, BodyReferenced).
 type Bodies struct {
 	First, Last uint64 // the stream's first and last sequences
 	Msgs        uint64 // how many payloads it holds
-	// Complete reports whether every deleted sequence between First and Last is known (there are
-	// at most maxDeletedDetails); if not, only the payloads before First are known to be gone.
+	// Complete reports whether every payload between First and Last is known to be held or gone;
+	// if not, only the payloads before First are known to be gone.
 	Complete bool
-	deleted  []uint64 // sorted
+	deleted  []uint64 // sorted: the sequences gone between First and Last
+	stored   []uint64 // sorted, instead of deleted when listed: the sequences held up to Last
+	listed   bool
 }
 
-// ReadBodies reads the bodies stream's state.
-func (s *Store) ReadBodies(ctx context.Context) (*Bodies, error) {
+// ReadBodies reads the bodies stream's state. With list, a stream with more deleted sequences than
+// the server is asked to list (maxDeletedDetails) has the sequences it holds listed instead, read
+// through a consumer of their headers (as a load reads records); without it, its state is not
+// Complete.
+func (s *Store) ReadBodies(ctx context.Context, list bool) (*Bodies, error) {
 	info, err := s.bodies.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("kv: read the bodies stream's state: %w", err)
 	}
-	b := &Bodies{Complete: info.State.NumDeleted <= maxDeletedDetails}
-	if b.Complete && info.State.NumDeleted > 0 {
+	b := &Bodies{Complete: uint64(info.State.NumDeleted) <= cmp.Or(s.maxDeleted, maxDeletedDetails)}
+	switch {
+	case b.Complete && info.State.NumDeleted > 0:
 		if info, err = s.bodies.Info(ctx, jetstream.WithDeletedDetails(true)); err != nil {
 			return nil, fmt.Errorf("kv: read the bodies stream's deleted sequences: %w", err)
 		}
 		b.deleted = slices.Clone(info.State.Deleted)
 		slices.Sort(b.deleted)
+	case !b.Complete && list:
+		read := scanRead{
+			name:   info.Config.Name,
+			stream: s.bodies,
+			config: jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, FilterSubject: s.bodySubj + ">", HeadersOnly: true},
+		}
+		err := s.scanStream(ctx, read, func(_ jetstream.Msg, seq uint64) error {
+			b.stored = append(b.stored, seq) // those past Last (stored since) are not looked at
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		b.Complete, b.listed = true, true
 	}
 	b.First, b.Last, b.Msgs = info.State.FirstSeq, info.State.LastSeq, info.State.Msgs
 	return b, nil
@@ -948,11 +991,14 @@ func (s *Store) ReadBodies(ctx context.Context) (*Bodies, error) {
 // sequence, or deleted (when Complete). A sequence past Last, stored after the state was read, is
 // not known to be gone.
 func (b *Bodies) Gone(seq uint64) bool {
-	if seq < b.First {
+	switch {
+	case seq < b.First:
 		return true
-	}
-	if seq > b.Last {
+	case seq > b.Last || !b.Complete:
 		return false
+	case b.listed:
+		_, held := slices.BinarySearch(b.stored, seq)
+		return !held
 	}
 	_, found := slices.BinarySearch(b.deleted, seq)
 	return found
@@ -963,6 +1009,17 @@ func (b *Bodies) Gone(seq uint64) bool {
 func (b *Bodies) Stored(to uint64) iter.Seq[uint64] {
 	return func(yield func(uint64) bool) {
 		if !b.Complete || b.Msgs == 0 {
+			return
+		}
+		if b.listed {
+			for _, seq := range b.stored {
+				if seq > min(to, b.Last) {
+					return
+				}
+				if seq >= b.First && !yield(seq) {
+					return
+				}
+			}
 			return
 		}
 		deleted := b.deleted

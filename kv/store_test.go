@@ -754,53 +754,82 @@ func TestOpenAllowsTTLsOnAnOlderBucket(t *testing.T) {
 }
 
 // TestReadBodies: a payload is gone when it was deleted or is before the stream's first sequence;
-// the others are stored.
+// the others are stored. The stream's state says so alike whether its deleted sequences are
+// listed, or, past how many ReadBodies lists, the sequences it holds; and without either, only
+// what is before the first sequence is known to be gone.
 func TestReadBodies(t *testing.T) {
 	t.Parallel()
 	s, _ := open(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var seqs []uint64
-	for i := range 5 {
+	for i := range 6 {
 		seq, err := s.WriteBody("q", fmt.Sprint(i), []byte{byte(i)}).Wait(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		seqs = append(seqs, seq)
 	}
-	for _, seq := range []uint64{seqs[0], seqs[2]} { // the first moves the stream's first sequence
+	for _, seq := range []uint64{seqs[0], seqs[2], seqs[4]} { // the first moves the stream's first sequence
 		if err := s.DeleteBody(ctx, seq); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if last, err := s.LastBodySeq(ctx); err != nil || last != seqs[4] {
-		t.Fatalf("LastBodySeq = %d, %v; want %d", last, err, seqs[4])
+	if last, err := s.LastBodySeq(ctx); err != nil || last != seqs[5] {
+		t.Fatalf("LastBodySeq = %d, %v; want %d", last, err, seqs[5])
 	}
-	bodies, err := s.ReadBodies(ctx)
-	if err != nil || !bodies.Complete || bodies.Msgs != 3 {
-		t.Fatalf("ReadBodies: %+v, %v; want 3 payloads, complete", bodies, err)
-	}
-	// Past the last sequence is not known to be gone: a payload stored after the state was read.
-	want := map[uint64]bool{0: true, seqs[0]: true, seqs[1]: false, seqs[2]: true, seqs[3]: false, seqs[4]: false, seqs[4] + 1: false}
-	for seq, w := range want {
-		if bodies.Gone(seq) != w {
-			t.Errorf("Gone(%d) = %v, want %v", seq, !w, w)
-		}
-		if seq == 0 || seq > seqs[4] {
-			continue
-		}
-		if sure, err := s.BodyGone(ctx, seq); err != nil || sure != w {
-			t.Errorf("BodyGone(%d) = %v, %v; want %v", seq, sure, err, w)
-		}
-	}
-	for to, want := range map[uint64][]uint64{
-		seqs[4] + 10: {seqs[1], seqs[3], seqs[4]},
-		seqs[3]:      {seqs[1], seqs[3]},
-		seqs[2]:      {seqs[1]},
-		seqs[0]:      nil,
+	for _, tc := range []struct {
+		name       string
+		maxDeleted uint64 // 0: the default
+		list       bool
+		complete   bool
+	}{
+		{"deleted sequences listed", 0, false, true},
+		{"neither", 1, false, false},
+		{"payloads listed", 1, true, true}, // last: it stores another payload
 	} {
-		if got := slices.Collect(bodies.Stored(to)); !slices.Equal(got, want) {
-			t.Errorf("Stored(%d) = %v, want %v", to, got, want)
+		s.SetMaxDeleted(tc.maxDeleted)
+		if tc.list {
+			// A payload stored once the state is read, while the payloads are listed, is past
+			// Last: not listed.
+			s.SetScanStarted(func() {
+				if _, err := s.WriteBody("q", "late", []byte("late")).Wait(ctx); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		bodies, err := s.ReadBodies(ctx, tc.list)
+		if err != nil || bodies.Complete != tc.complete || bodies.Msgs != 3 {
+			t.Fatalf("%s: ReadBodies: %+v, %v; want 3 payloads, complete %v", tc.name, bodies, err, tc.complete)
+		}
+		// Past the last sequence is not known to be gone: a payload stored after the state was
+		// read.
+		gone := map[uint64]bool{0: true, seqs[0]: true, seqs[1]: false, seqs[2]: true, seqs[3]: false, seqs[4]: true, seqs[5]: false, seqs[5] + 1: false}
+		for seq, sure := range gone {
+			want := sure && (tc.complete || seq < seqs[1])
+			if bodies.Gone(seq) != want {
+				t.Errorf("%s: Gone(%d) = %v, want %v", tc.name, seq, !want, want)
+			}
+			if seq == 0 || seq > seqs[5] {
+				continue
+			}
+			if got, err := s.BodyGone(ctx, seq); err != nil || got != sure {
+				t.Errorf("BodyGone(%d) = %v, %v; want %v", seq, got, err, sure)
+			}
+		}
+		for to, want := range map[uint64][]uint64{
+			seqs[5] + 10: {seqs[1], seqs[3], seqs[5]},
+			seqs[4]:      {seqs[1], seqs[3]},
+			seqs[3]:      {seqs[1], seqs[3]},
+			seqs[2]:      {seqs[1]},
+			seqs[0]:      nil,
+		} {
+			if !tc.complete {
+				want = nil
+			}
+			if got := slices.Collect(bodies.Stored(to)); !slices.Equal(got, want) {
+				t.Errorf("%s: Stored(%d) = %v, want %v", tc.name, to, got, want)
+			}
 		}
 	}
 }
