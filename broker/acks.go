@@ -159,8 +159,9 @@ func (w *ackWatch) wait(ctx, lost context.Context, wr kv.Write) (uint64, error) 
 }
 
 // read runs get, a read of w's stream, until it is answered or ctx ends: a try unanswered after
-// try (a tick of checkLeaders), or when the stream elects a leader (told, or found by
-// checkLeaders, which counts the read among the waits it looks at), is made again. A read is
+// try (a tick of checkLeaders, doubled at each try unanswered), or when the stream elects a leader
+// (told, or found by checkLeaders, which counts the read among the waits it looks at: a try of
+// two ticks or more), is made again. A read is
 // idempotent, and one that a server took and lost with itself (the stream's leader, or the
 // replica a direct get went to), or that reached the cluster while the stream had no leader, is
 // answered by nobody: it waited out its timeout, the write timeout (seen in
@@ -176,10 +177,14 @@ func (w *ackWatch) read(ctx context.Context, try time.Duration, get func(context
 		err := get(rctx)
 		c.n.Add(-1)
 		stop()
-		again := err != nil && ctx.Err() == nil && (lost.Err() != nil || errors.Is(context.Cause(rctx), errReadUnanswered))
+		unanswered := errors.Is(context.Cause(rctx), errReadUnanswered)
+		again := err != nil && ctx.Err() == nil && (lost.Err() != nil || unanswered)
 		cancel()
 		if !again {
 			return err
+		}
+		if unanswered {
+			try *= 2 // a server slow to answer is not asked ever more often
 		}
 	}
 }
@@ -187,9 +192,9 @@ func (w *ackWatch) read(ctx context.Context, try time.Duration, get func(context
 // errReadUnanswered ends a try of a read that got no answer within its time (ackWatch.read).
 var errReadUnanswered = errors.New("no answer to the read in time: asking again")
 
-// asked makes get, a read of w's stream, as ackWatch.read does, bounded by the write timeout as
+// readAgain makes get, a read of w's stream, as ackWatch.read does, bounded by the write timeout as
 // well as by ctx: the payload reads of a dequeue, and the reads that settle a write's conflict.
-func (b *Broker) asked(ctx context.Context, w *ackWatch, get func(context.Context) error) error {
+func (b *Broker) readAgain(ctx context.Context, w *ackWatch, get func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
 	defer cancel()
 	return w.read(ctx, b.tick(), get)

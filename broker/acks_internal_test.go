@@ -544,17 +544,24 @@ func TestReadAskedAgainAtItsStreamsElection(t *testing.T) {
 		t.Fatalf("a read given up: %v after %d calls, want canceled after 1", err, n)
 	}
 
-	// Unanswered for its time, without an election: made again.
+	// Unanswered for its time, without an election: made again, with twice the time each time
+	// (a server slow to answer is not asked ever more often).
 	n = 0
+	var tries []time.Duration
 	err := w.read(context.Background(), 10*time.Millisecond, func(ctx context.Context) error {
-		if n++; n == 1 {
+		deadline, _ := ctx.Deadline()
+		tries = append(tries, time.Until(deadline))
+		if n++; n <= 2 {
 			<-ctx.Done()
 			return context.Cause(ctx)
 		}
 		data = "q"
 		return nil
 	})
-	if err != nil || data != "q" || n != 2 {
-		t.Fatalf("a read unanswered for its time: %q, %v after %d calls, want q after 2", data, err, n)
+	if err != nil || data != "q" || n != 3 {
+		t.Fatalf("a read unanswered for its time: %q, %v after %d calls, want q after 3", data, err, n)
+	}
+	if tries[1] <= 10*time.Millisecond || tries[2] <= 20*time.Millisecond {
+		t.Fatalf("tries of %v, want each unanswered try's time doubled from 10ms", tries)
 	}
 }

@@ -692,9 +692,9 @@ func (q *queue) readBodies(ctx context.Context, seqs []uint64) []chan bodyResult
 				data, err = q.b.store.GetBody(ctx, seq)
 				return err
 			}
-			err := q.b.asked(ctx, q.b.bodyAcks, get)
+			err := q.b.readAgain(ctx, q.b.bodyAcks, get)
 			if err != nil && q.b.ctx.Err() != nil {
-				err = q.b.asked(context.WithoutCancel(ctx), q.b.bodyAcks, get)
+				err = q.b.readAgain(context.WithoutCancel(ctx), q.b.bodyAcks, get)
 			}
 			ch <- bodyResult{data, err}
 		})

@@ -242,7 +242,7 @@ func (q *queue) resolve(c *change) {
 		}
 		var r kv.Record
 		var rev uint64
-		err := q.b.asked(ctx, q.b.msgAcks, func(ctx context.Context) (err error) {
+		err := q.b.readAgain(ctx, q.b.msgAcks, func(ctx context.Context) (err error) {
 			r, rev, err = q.b.store.GetMessage(ctx, q.name, c.next.ID)
 			return err
 		})
@@ -332,7 +332,7 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 		}
 		var l kv.Lock
 		var rev uint64
-		err := q.b.asked(ctx, q.b.lockAcks, func(ctx context.Context) (err error) {
+		err := q.b.readAgain(ctx, q.b.lockAcks, func(ctx context.Context) (err error) {
 			l, rev, err = q.b.store.GetSlot(ctx, q.name, w.value, w.slot)
 			return err
 		})
