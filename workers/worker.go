@@ -352,8 +352,10 @@ func (w *Worker) Stop(ctx context.Context) error {
 // message is settled together with the dequeue of the slot's next one (CompleteNext, ReleaseNext):
 // the slot long-polls only when that dequeue found nothing.
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
-	failures := 0            // consecutive polls that failed or came back suspiciously early
-	var down time.Time       // when the polls began to fail (zero: they work)
+	failures := 0            // consecutive polls that failed or came back suspiciously early: the backoff's
+	failed := 0              // consecutive polls that failed (an error other than a missing queue): the log's
+	missing := 0             // consecutive polls that found no queue: the log's
+	var down time.Time       // when they began to fail (zero: they work)
 	var uncertain requestTry // the last dequeue whose outcome is unknown: the next poll's
 	defer func() {
 		if uncertain.id != "" { // its leases, if any, are for no one now
@@ -362,11 +364,14 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	}()
 	for pollCtx.Err() == nil {
 		began := time.Now()
-		d, err := w.poll(pollCtx, uncertain, !down.IsZero())
+		d, err := w.poll(pollCtx, uncertain, failed > 0)
 		got := len(d.msgs) > 0
-		if err == nil && !down.IsZero() {
-			w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", failures, "after", time.Since(down).Round(time.Millisecond))
-			down = time.Time{}
+		if !errors.Is(err, ErrQueueNotFound) {
+			missing = 0
+		}
+		if err == nil && failed > 0 {
+			w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", failed, "after", time.Since(down).Round(time.Millisecond))
+			failed, down = 0, time.Time{}
 		}
 		stopped := got && w.work(pollCtx, jobCtx, &d)
 		uncertain = d.uncertain // what the poll, or the last settle's next, left unknown
@@ -381,17 +386,18 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			return
 		case errors.Is(err, ErrQueueNotFound):
 			failures++
+			missing++
 			level := slog.LevelDebug
-			if failures == 1 {
+			if missing == 1 {
 				level = slog.LevelWarn // said once, not every second while the queue is missing
 			}
-			w.log.Log(pollCtx, level, "queue not found; polling again every second until it exists", "queue", w.cfg.Queue, "failures", failures)
+			w.log.Log(pollCtx, level, "queue not found; polling again every second until it exists", "queue", w.cfg.Queue, "failures", missing)
 		case err != nil:
 			failures++
-			if down.IsZero() {
+			if failed++; failed == 1 {
 				down = began
 			}
-			w.log.Log(pollCtx, failureLevel(failures), "dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", failures)
+			w.log.Log(pollCtx, failureLevel(failed), "dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", failed)
 		case time.Since(began) < w.cfg.PollWait/2:
 			// An empty reply long before the wait was up: the queue was deleted, or the broker does
 			// not wait. Back off rather than spin.

@@ -1716,12 +1716,16 @@ func TestWorkerSettleRetriesEvery2sAtMost(t *testing.T) {
 
 // TestWorkerSaysLessOfEachFailedPoll: a worker whose polls fail (the broker unavailable) says so
 // at WARN for the 1st, 2nd and 4th failure in a row and at DEBUG between, without the line of
-// each poll's immediate retry once it is failing; it says at INFO when a poll works again.
+// each poll's immediate retry once it is failing; it says at INFO when a poll works again. A poll
+// that found no queue before is not one of those failures: it is said apart.
 func TestWorkerSaysLessOfEachFailedPoll(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
 	fake, _, _ := fakeDequeues(t, srv, func(n int32) []byte {
-		if n <= 7 {
+		switch {
+		case n == 1:
+			return []byte(`{"error":{"code":"queue_not_found","message":"no queue q"}}`)
+		case n <= 8:
 			return []byte(`{"error":{"code":"unavailable","message":"the broker is stopping"}}`)
 		}
 		return []byte(`{"messages":[]}`)
@@ -1738,6 +1742,9 @@ func TestWorkerSaysLessOfEachFailedPoll(t *testing.T) {
 	}
 	if got, want := logLevels(out, "dequeue's outcome unknown; retrying it"), []string{"WARN", "DEBUG", "DEBUG", "DEBUG"}; !slices.Equal(got, want) {
 		t.Fatalf("the polls' retries logged at %v, want %v:\n%s", got, want, out)
+	}
+	if got := logLevels(out, "queue not found; polling again every second until it exists"); !slices.Equal(got, []string{"WARN"}) {
+		t.Fatalf("the poll that found no queue logged at %v, want WARN:\n%s", got, out)
 	}
 	if !strings.Contains(out, `level=INFO msg="dequeue works again" queue=q failures=3 after=`) {
 		t.Fatalf("no INFO line of the polls working again after 3 failures in:\n%s", out)
