@@ -317,8 +317,9 @@ func (b *Broker) dropStrayLocks(ctx context.Context, stray map[string]int) {
 // candidate is asked of the streams' leaders (kv.Store.BodyReferenced: the record of the message
 // its header names) and deleted only if that record does not reference it. Only payloads stored
 // before the records were read (at or before lastBody) are candidates. Nothing is looked for when
-// every payload the stream holds is accounted for, the usual case, or when the stream's deleted
-// sequences are not all known. A payload that cannot be checked or deleted stays until the next
+// every payload the stream holds is accounted for, the usual case, or when the stream's state is
+// not all known (a start from the snapshot, past 2^20 deleted sequences: kv.Store.ReadBodies). A
+// payload that cannot be checked or deleted stays until the next
 // start; it does not fail this one.
 func (b *Broker) dropOrphans(ctx context.Context, bodies *kv.Bodies, lastBody uint64, loaded map[string]*recovering, unloaded []uint64) {
 	var referenced uint64

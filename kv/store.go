@@ -629,7 +629,7 @@ func unheardPause(ctx context.Context, n int) error {
 // either case scan returns ErrStale, after fn saw values that may be stale.
 func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string, fn func(key string, value []byte, rev uint64) error) error {
 	prefix := "$KV." + bucket.Bucket() + "."
-	read := scanRead{
+	read := scanSpec{
 		name:   bucket.Bucket(),
 		stream: s.streams[bucket],
 		config: jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, FilterSubject: prefix + keys},
@@ -648,9 +648,9 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 	})
 }
 
-// scanRead is what scanStream reads: the messages of stream that config's consumer delivers
+// scanSpec is what scanStream reads: the messages of stream that config's consumer delivers
 // (its filter, and its deliver policy: the last of each subject, or all), under a name for errors.
-type scanRead struct {
+type scanSpec struct {
 	name   string
 	stream jetstream.Stream
 	config jetstream.ConsumerConfig
@@ -658,7 +658,7 @@ type scanRead struct {
 
 // scanStream calls fn with each message of what.stream that what.config delivers, with its stream
 // sequence, as scan describes (which reads a bucket's keys through it).
-func (s *Store) scanStream(ctx context.Context, what scanRead, fn func(m jetstream.Msg, seq uint64) error) error {
+func (s *Store) scanStream(ctx context.Context, what scanSpec, fn func(m jetstream.Msg, seq uint64) error) error {
 	stream := what.stream.CachedInfo().Config.Name
 	info, err := what.stream.Info(ctx) // the leader answers
 	if err != nil {
@@ -969,18 +969,21 @@ func (s *Store) ReadBodies(ctx context.Context, list bool) (*Bodies, error) {
 		b.deleted = slices.Clone(info.State.Deleted)
 		slices.Sort(b.deleted)
 	case !b.Complete && list:
-		read := scanRead{
+		read := scanSpec{
 			name:   info.Config.Name,
 			stream: s.bodies,
 			config: jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, FilterSubject: s.bodySubj + ">", HeadersOnly: true},
 		}
+		b.stored = make([]uint64, 0, info.State.Msgs)
+		began := time.Now()
 		err := s.scanStream(ctx, read, func(_ jetstream.Msg, seq uint64) error {
 			b.stored = append(b.stored, seq) // those past Last (stored since) are not looked at
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("kv: list the bodies stream's payloads: %w", err)
 		}
+		s.log.Info("the bodies stream's payloads listed, as it has more deleted sequences than are listed", "payloads", len(b.stored), "deleted", info.State.NumDeleted, "took", time.Since(began).Round(time.Millisecond))
 		b.Complete, b.listed = true, true
 	}
 	b.First, b.Last, b.Msgs = info.State.FirstSeq, info.State.LastSeq, info.State.Msgs
@@ -988,7 +991,7 @@ func (s *Store) ReadBodies(ctx context.Context, list bool) (*Bodies, error) {
 }
 
 // Gone reports whether the payload at seq is known to be gone: before the stream's first
-// sequence, or deleted (when Complete). A sequence past Last, stored after the state was read, is
+// sequence, or, when Complete, deleted (or not held, when the payloads were listed). A sequence past Last, stored after the state was read, is
 // not known to be gone.
 func (b *Bodies) Gone(seq uint64) bool {
 	switch {

@@ -790,12 +790,13 @@ func TestReadBodies(t *testing.T) {
 	} {
 		s.SetMaxDeleted(tc.maxDeleted)
 		if tc.list {
-			// A payload stored once the state is read, while the payloads are listed, is past
-			// Last: not listed.
-			s.SetScanStarted(func() {
+			// A payload stored once the state is read, before the payloads are listed, is past
+			// Last: it is listed, and neither gone nor stored.
+			s.SetScanLeaderLast(func(last uint64) uint64 {
 				if _, err := s.WriteBody("q", "late", []byte("late")).Wait(ctx); err != nil {
 					t.Error(err)
 				}
+				return last
 			})
 		}
 		bodies, err := s.ReadBodies(ctx, tc.list)
