@@ -343,3 +343,26 @@ func TestValidateQueueNameEveryByte(t *testing.T) {
 		}
 	}
 }
+
+// TestCronZone: a cron's leading CRON_TZ= or TZ= is its zone, cut at the first space; without one
+// the cron is all expression.
+func TestCronZone(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cron, zone, expr string
+		zoned            bool
+	}{
+		{"CRON_TZ=Asia/Tokyo 0 9 * * *", "Asia/Tokyo", "0 9 * * *", true},
+		{"TZ=UTC @daily", "UTC", "@daily", true},
+		{"CRON_TZ=Europe/Paris", "Europe/Paris", "", true},
+		{"CRON_TZ= 0 9 * * *", "", "0 9 * * *", true},
+		{"0 9 * * *", "", "0 9 * * *", false},
+		{"@every 90s", "", "@every 90s", false},
+		{"0 9 * * * CRON_TZ=Asia/Tokyo", "", "0 9 * * * CRON_TZ=Asia/Tokyo", false},
+	} {
+		zone, expr, zoned := subjects.CronZone(tc.cron)
+		if zone != tc.zone || expr != tc.expr || zoned != tc.zoned {
+			t.Errorf("CronZone(%q) = %q, %q, %v; want %q, %q, %v", tc.cron, zone, expr, zoned, tc.zone, tc.expr, tc.zoned)
+		}
+	}
+}

@@ -260,7 +260,10 @@ func inZone(cron string, t time.Time) string {
 		return ""
 	}
 	loc, err := time.LoadLocation(zone)
-	if err != nil || loc == time.UTC {
+	if err != nil {
+		return ""
+	}
+	if name, offset := t.In(loc).Zone(); name == "UTC" && offset == 0 { // UTC, Etc/UTC, Zulu…
 		return ""
 	}
 	return "; " + t.In(loc).Format("2006-01-02 15:04 MST")
