@@ -134,7 +134,7 @@ func (q *queue) finish(cs []*change) {
 			}
 			q.transitioned(&pendingEvent{kind: kind, reason: reason, prev: c.prev, rec: c.next, worker: c.worker, err: c.failure, at: c.next.UpdatedAt})
 		case errors.Is(c.err, kv.ErrConflict) && c.truth != nil:
-			q.log().Warn("message changed in storage; reloaded", "message_id", e.ID)
+			q.log().Warn("message changed in storage; reloaded", "message_id", e.ID, "revision", c.rev, "expected", c.expect, "state", c.truth.State)
 			q.apply(e, *c.truth, c.rev)
 		case errors.Is(c.err, kv.ErrConflict):
 			q.log().Warn("message gone from storage", "message_id", e.ID)
@@ -246,6 +246,11 @@ func (q *queue) resolve(c *change) {
 			r, rev, err = q.b.store.GetMessage(ctx, q.name, c.next.ID)
 			return err
 		})
+		if err == nil && rev <= c.expect {
+			// The write conflicted, so storage holds a revision past the one it expected: a
+			// server that says otherwise has not applied it yet (a stream's leader just elected).
+			err = errStaleRead
+		}
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			c.truth = nil
@@ -271,6 +276,10 @@ func (q *queue) resolve(c *change) {
 		return
 	}
 }
+
+// errStaleRead is the outcome of a write whose conflict's read back found the revision the write
+// expected, or an older one: a read from a server behind the write's conflict, which says nothing.
+var errStaleRead = errors.New("natstone: the record read back after a conflict is not past the revision the write expected: read again")
 
 // bodyGone reports whether the payload at seq is known to be gone; a failed read says no.
 func (q *queue) bodyGone(ctx context.Context, seq uint64) bool {
@@ -336,6 +345,9 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 			l, rev, err = q.b.store.GetSlot(ctx, q.name, w.value, w.slot)
 			return err
 		})
+		if err == nil && rev <= w.expect {
+			err = errStaleRead // as in resolve
+		}
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			w.truth, w.rev = nil, 0

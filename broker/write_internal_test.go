@@ -326,6 +326,41 @@ func TestResolveReadAskedAgainWhenUnanswered(t *testing.T) {
 	}
 }
 
+// TestResolveTakesNoTruthFromAServerBehind: a write that conflicted proves storage holds a revision
+// past the one it expected, so a read back that finds that revision or an older one came from a
+// server behind (a stream's leader just elected, before it applied what it had committed: a run of
+// TestFaultsClusterServersUnannounced reloaded two messages so, dropping leases its dequeue had
+// taken). Such a read leaves the write's outcome unknown, to be asked again, rather than making
+// the record read the truth. Here the server is not behind: the write expects a revision storage
+// never had, which looks the same from the broker.
+func TestResolveTakesNoTruthFromAServerBehind(t *testing.T) {
+	t.Parallel()
+	b, _ := internalBroker(t)
+	ctx := context.Background()
+	q := queueQ(t, b)
+	rec := kv.Record{ID: "m", State: subjects.StatePending, Version: 1, UpdatedAt: 1}
+	rev, err := b.store.WriteMessage("q", &rec, 0).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := rec
+	next.State, next.Version, next.UpdatedAt, next.LeaseID = subjects.StateRunning, 2, 2, "L"
+	c := &change{next: next, expect: rev + 100, err: kv.ErrConflict}
+	q.resolve(c)
+	if !errors.Is(c.err, errStaleRead) || c.truth != nil {
+		t.Fatalf("resolve after a read of revision %d for a write expecting %d: err %v, truth %+v; want errStaleRead and no truth", rev, rev+100, c.err, c.truth)
+	}
+	slot, err := b.store.WriteSlot("q", "v", 1, kv.Lock{MessageID: "m", LeaseID: "L"}, 0).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &lockWrite{value: "v", slot: 1, want: kv.Lock{MessageID: "m", LeaseID: "L2"}, expect: slot + 100, err: kv.ErrConflict}
+	q.resolveLock(ctx, w)
+	if !errors.Is(w.err, errStaleRead) || w.truth != nil {
+		t.Fatalf("resolveLock after a read of revision %d for a write expecting %d: err %v, truth %+v; want errStaleRead and no truth", slot, slot+100, w.err, w.truth)
+	}
+}
+
 // TestConflictTakesOtherWritersRecord: another writer stored message x (its own payload and
 // priority) after this broker looked and before its create landed. The create conflicts, and the
 // broker must take the stored record whole — priority, payload and metadata included — rather than
