@@ -249,6 +249,7 @@ func (q *queue) resolve(c *change) {
 		if err == nil && rev <= c.expect {
 			// The write conflicted, so storage holds a revision past the one it expected: a
 			// server that says otherwise has not applied it yet (a stream's leader just elected).
+			q.log().Warn("message read back after a conflict from a server behind; asking again", "message_id", c.next.ID, "revision", rev, "expected", c.expect)
 			err = errStaleRead
 		}
 		switch {
@@ -346,6 +347,7 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 			return err
 		})
 		if err == nil && rev <= w.expect {
+			q.log().Warn("exclusivity lock read back after a conflict from a server behind; asking again", "value", w.value, "slot", w.slot, "revision", rev, "expected", w.expect)
 			err = errStaleRead // as in resolve
 		}
 		switch {

@@ -595,6 +595,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats.told = strings.Count(string(b), "a stream of the store elected a leader")
 	stats.asked = strings.Count(string(b), "whose election was not announced to the broker")
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
+	stats.behind = strings.Count(string(b), "read back after a conflict from a server behind")
 	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
 	stats.snapshotStarts = strings.Count(string(b), ` from=snapshot `)
 	if n := strings.Count(string(b), "no exclusivity lock slot names a message leaving running"); n > 0 {
@@ -717,6 +718,7 @@ type runStats struct {
 	kills, enqueued, leased, completed, ex int
 	orphans                                int    // payloads without a record that starts deleted
 	stale                                  int    // loads that starts read again (a replica behind)
+	behind                                 int    // conflicts' reads back that a server behind answered, asked again
 	told, asked                            int    // leader elections JetStream's advisories told, and natstone found by asking
 	paused                                 int    // brokers paused past their claim (standby runs)
 	pausedStarting                         int    // brokers paused in their start, once they took the claim
