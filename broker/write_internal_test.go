@@ -208,13 +208,7 @@ func TestResolveLearnsAWriteThatLanded(t *testing.T) {
 	b, _ := internalBrokerLogging(t, slog.New(logs))
 	ctx := context.Background()
 	q := queueQ(t, b)
-	rec := kv.Record{ID: "m", State: subjects.StatePending, Version: 1, UpdatedAt: 1}
-	rev, err := b.store.WriteMessage("q", &rec, 0).Wait(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	next := rec
-	next.State, next.Version, next.UpdatedAt, next.LeaseID = subjects.StateRunning, 2, 2, "L"
+	rev, next := pendingM(t, b)
 	landed, err := b.store.WriteMessage("q", &next, rev).Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -326,6 +320,19 @@ func TestResolveReadAskedAgainWhenUnanswered(t *testing.T) {
 	}
 }
 
+// pendingM stores message m of queue q pending, and returns its revision and the record of its
+// lease L, not stored.
+func pendingM(t *testing.T, b *Broker) (uint64, kv.Record) {
+	t.Helper()
+	rec := kv.Record{ID: "m", State: subjects.StatePending, Version: 1, UpdatedAt: 1}
+	rev, err := b.store.WriteMessage("q", &rec, 0).Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State, rec.Version, rec.UpdatedAt, rec.LeaseID = subjects.StateRunning, 2, 2, "L"
+	return rev, rec
+}
+
 // TestResolveTakesNoTruthFromAServerBehind: a write that conflicted proves storage holds a revision
 // past the one it expected, so a read back that finds that revision or an older one came from a
 // server behind (a stream's leader just elected, before it applied what it had committed: a run of
@@ -338,13 +345,7 @@ func TestResolveTakesNoTruthFromAServerBehind(t *testing.T) {
 	b, _ := internalBroker(t)
 	ctx := context.Background()
 	q := queueQ(t, b)
-	rec := kv.Record{ID: "m", State: subjects.StatePending, Version: 1, UpdatedAt: 1}
-	rev, err := b.store.WriteMessage("q", &rec, 0).Wait(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	next := rec
-	next.State, next.Version, next.UpdatedAt, next.LeaseID = subjects.StateRunning, 2, 2, "L"
+	rev, next := pendingM(t, b)
 	c := &change{next: next, expect: rev + 100, err: kv.ErrConflict}
 	q.resolve(c)
 	if !errors.Is(c.err, errStaleRead) || c.truth != nil {
