@@ -241,17 +241,10 @@ func (q *queue) resolve(c *change) {
 			continue
 		}
 		var r kv.Record
-		var rev uint64
-		err := q.b.readAgain(ctx, q.b.msgAcks, func(ctx context.Context) (err error) {
+		rev, err := q.readBack(ctx, q.b.msgAcks, c.expect, func(ctx context.Context) (rev uint64, err error) {
 			r, rev, err = q.b.store.GetMessage(ctx, q.name, c.next.ID)
-			return err
-		})
-		if err == nil && rev <= c.expect {
-			// The write conflicted, so storage holds a revision past the one it expected: a
-			// server that says otherwise has not applied it yet (a stream's leader just elected).
-			q.log().Warn("message read back after a conflict from a server behind; asking again", "message_id", c.next.ID, "revision", rev, "expected", c.expect)
-			err = errStaleRead
-		}
+			return rev, err
+		}, "message_id", c.next.ID)
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			c.truth = nil
@@ -276,6 +269,24 @@ func (q *queue) resolve(c *change) {
 		}
 		return
 	}
+}
+
+// readBack reads, with get, what storage holds of a record or lock whose write conflicted at
+// expect, and its revision, asking again as readAgain does (on w, its stream's watch). The conflict
+// proves storage is past expect: a read at expect or before came from a server behind (a stream's
+// leader just elected, before it applied what it had committed), says nothing, and is
+// errStaleRead, logged with what (the record's or lock's names).
+func (q *queue) readBack(ctx context.Context, w *ackWatch, expect uint64, get func(context.Context) (uint64, error), what ...any) (uint64, error) {
+	var rev uint64
+	err := q.b.readAgain(ctx, w, func(ctx context.Context) (err error) {
+		rev, err = get(ctx)
+		return err
+	})
+	if err == nil && rev <= expect {
+		q.log().Warn("read back after a conflict from a server behind; asking again", append(what, "revision", rev, "expected", expect)...)
+		return rev, errStaleRead
+	}
+	return rev, err
 }
 
 // errStaleRead is the outcome of a write whose conflict's read back found the revision the write
@@ -341,15 +352,10 @@ func (q *queue) resolveLock(ctx context.Context, w *lockWrite) {
 			continue
 		}
 		var l kv.Lock
-		var rev uint64
-		err := q.b.readAgain(ctx, q.b.lockAcks, func(ctx context.Context) (err error) {
+		rev, err := q.readBack(ctx, q.b.lockAcks, w.expect, func(ctx context.Context) (rev uint64, err error) {
 			l, rev, err = q.b.store.GetSlot(ctx, q.name, w.value, w.slot)
-			return err
-		})
-		if err == nil && rev <= w.expect {
-			q.log().Warn("exclusivity lock read back after a conflict from a server behind; asking again", "value", w.value, "slot", w.slot, "revision", rev, "expected", w.expect)
-			err = errStaleRead // as in resolve
-		}
+			return rev, err
+		}, "value", w.value, "slot", w.slot)
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			w.truth, w.rev = nil, 0
