@@ -63,10 +63,8 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 		config: jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, FilterSubject: prefix + keys},
 	}
 	return s.scanStream(ctx, read, func(m jetstream.Msg, seq uint64) error {
-		if h := m.Headers(); len(h) > 0 {
-			if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
-				return nil
-			}
+		if marker(m.Headers()) {
+			return nil
 		}
 		key, ok := strings.CutPrefix(m.Subject(), prefix)
 		if !ok {

@@ -421,7 +421,7 @@ func (s *Store) createOverMarker(ctx context.Context, st jetstream.Stream, subje
 		case errors.Is(gerr, jetstream.ErrMsgNotFound): // the marker is gone: create
 		case gerr != nil:
 			return 0, gerr
-		case m.Header.Get(kvOperationHeader) == kvPurge || m.Header.Get(kvOperationHeader) == kvDelete:
+		case marker(m.Header):
 			expect = m.Sequence
 		default:
 			return 0, err // a record: the conflict stands
@@ -448,7 +448,7 @@ func (s *Store) getKey(ctx context.Context, bucket jetstream.KeyValue, key strin
 		if err != nil {
 			return nil, 0, fmt.Errorf("kv: %s %q: %w", bucket.Bucket(), key, err)
 		}
-		if op := h.Get(kvOperationHeader); op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != "" {
+		if marker(h) {
 			return nil, 0, ErrNotFound
 		}
 	}
@@ -490,6 +490,13 @@ const (
 	kvPurge           = "PURGE"
 	kvDelete          = "DEL"
 )
+
+// marker reports whether a KV value's headers h make it a marker, not a value: a delete or purge,
+// or one the server wrote (a TTL's removal, say).
+func marker(h nats.Header) bool {
+	op := h.Get(kvOperationHeader)
+	return op == kvPurge || op == kvDelete || h.Get(jetstream.MarkerReasonHeader) != ""
+}
 
 // LoadMessages calls fn for every stored message of queue ("" for every queue), with its queue
 // name and revision, in key-update order. It reads a consistent snapshot: writes after it started
