@@ -802,8 +802,8 @@ func (s *Store) ReadBodies(ctx context.Context, list bool) (*Bodies, error) {
 }
 
 // Gone reports whether the payload at seq is known to be gone: before the stream's first
-// sequence, or, when Complete, deleted (or not held, when the payloads were listed). A sequence past Last, stored after the state was read, is
-// not known to be gone.
+// sequence, or, when Complete, deleted (or not held, when the payloads were listed). A sequence
+// past Last, stored after the state was read, is not known to be gone.
 func (b *Bodies) Gone(seq uint64) bool {
 	switch {
 	case seq < b.First:

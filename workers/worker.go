@@ -355,7 +355,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	failures := 0            // consecutive polls that failed or came back suspiciously early: the backoff's
 	failed := 0              // consecutive polls that failed (an error other than a missing queue): the log's
 	missing := 0             // consecutive polls that found no queue: the log's
-	var down time.Time       // when they began to fail (zero: they work)
+	var down time.Time       // when the failed polls began (while failed > 0)
 	var uncertain requestTry // the last dequeue whose outcome is unknown: the next poll's
 	defer func() {
 		if uncertain.id != "" { // its leases, if any, are for no one now
@@ -371,7 +371,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 		}
 		if err == nil && failed > 0 {
 			w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", failed, "after", time.Since(down).Round(time.Millisecond))
-			failed, down = 0, time.Time{}
+			failed = 0
 		}
 		stopped := got && w.work(pollCtx, jobCtx, &d)
 		uncertain = d.uncertain // what the poll, or the last settle's next, left unknown
