@@ -131,7 +131,7 @@ func Open(ctx context.Context, cfg *Config) (*Store, error) {
 	if s.messages, err = s.bucket(ctx, cfg, "messages", "natstone message records", true, true); err != nil {
 		return nil, err
 	}
-	if s.locks, err = s.bucket(ctx, cfg, "locks", "natstone exclusivity locks", false, true); err != nil {
+	if s.locks, err = s.bucket(ctx, cfg, "locks", "natstone exclusivity locks", true, true); err != nil {
 		return nil, err
 	}
 	if s.schedules, err = s.bucket(ctx, cfg, "schedules", "natstone schedules (recurring enqueues)", false, true); err != nil {
@@ -465,8 +465,8 @@ func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint6
 	return r, rev, err
 }
 
-// MarkerTTL is how long the marker CollectMessage leaves stays, and so how long the messages bucket
-// may hold a collected message's marker: JetStream's least TTL.
+// MarkerTTL is how long the marker CollectMessage (or CollectSlot) leaves stays, and so how long
+// the messages (or locks) bucket may hold a collected key's marker: JetStream's least TTL.
 const MarkerTTL = time.Second
 
 // CollectMessage removes message id of queue if the key's revision is still expect, with one
@@ -475,7 +475,13 @@ const MarkerTTL = time.Second
 // message nor an index entry behind. Until then, GetMessage says ErrNotFound, LoadMessages skips
 // it, and WriteMessage with expect 0 writes over it. It returns at once; Wait on the result.
 func (s *Store) CollectMessage(queue, id string, expect uint64) Write {
-	msg := &nats.Msg{Subject: s.msgSubj + MessageKey(queue, id), Header: nats.Header{}}
+	return s.collectKey(s.msgSubj+MessageKey(queue, id), expect)
+}
+
+// collectKey writes a purge marker over the KV key of subject if its revision is still expect,
+// which the server removes after MarkerTTL (the bucket allows message TTLs).
+func (s *Store) collectKey(subject string, expect uint64) Write {
+	msg := &nats.Msg{Subject: subject, Header: nats.Header{}}
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	msg.Header.Set(kvOperationHeader, kvPurge)
 	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
@@ -532,9 +538,25 @@ func SlotKey(queue, value string, slot int) string {
 	return key
 }
 
-// WriteSlot stores l as slot of value's lock in queue if its revision is still expect (0: new).
+// WriteSlot stores l as slot of value's lock in queue if its revision is still expect (0: the key
+// must hold no lock; it may hold the marker CollectSlot left).
 func (s *Store) WriteSlot(queue, value string, slot int, l Lock, expect uint64) Write {
-	return s.publish(s.lockSubj+SlotKey(queue, value, slot), EncodeLock(l), expect, brokerRetries)
+	subject, data := s.lockSubj+SlotKey(queue, value, slot), EncodeLock(l)
+	w := s.publish(subject, data, expect, brokerRetries)
+	if expect == 0 {
+		w.overMarker = func(ctx context.Context, conflict error) (uint64, error) {
+			return s.createOverMarker(ctx, s.streams[s.locks], subject, data, conflict)
+		}
+	}
+	return w
+}
+
+// CollectSlot removes slot of value's lock in queue if its revision is still expect, as
+// CollectMessage removes a record: a purge marker that the server drops after MarkerTTL. Until
+// then, GetSlot says ErrNotFound, LoadLocks skips it, and WriteSlot with expect 0 writes over it.
+// It returns at once; Wait on the result.
+func (s *Store) CollectSlot(queue, value string, slot int, expect uint64) Write {
+	return s.collectKey(s.lockSubj+SlotKey(queue, value, slot), expect)
 }
 
 // GetSlot reads slot of value's lock in queue with its revision.

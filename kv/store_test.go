@@ -196,6 +196,72 @@ func TestCollectLeavesNothing(t *testing.T) {
 	}
 }
 
+// TestCollectSlot: a lock slot is removed, at its revision only, by a marker that reads as no
+// lock, that a create (expect 0) writes over, and that goes by itself (its TTL).
+func TestCollectSlot(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := jsOn(t, srv).Stream(ctx, "KV_natstone-locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := kv.Lock{MessageID: "a", LeaseID: "L"}
+	rev, err := s.WriteSlot("q", "v", 1, held, 0).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CollectSlot("q", "v", 1, rev+1).Wait(ctx); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("collect at another revision: %v, want a conflict", err)
+	}
+	if l, got, err := s.GetSlot(ctx, "q", "v", 1); err != nil || l != held || got != rev {
+		t.Fatalf("after a refused collect: %+v at %d (%v), want %+v at %d", l, got, err, held, rev)
+	}
+	if _, err := s.CollectSlot("q", "v", 1, rev).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.GetSlot(ctx, "q", "v", 1); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("collected slot: %v, want ErrNotFound", err)
+	}
+	loaded := 0
+	if err := s.LoadLocks(ctx, "q", func(string, string, int, kv.Lock, uint64, error) error { loaded++; return nil }); err != nil || loaded != 0 {
+		t.Fatalf("LoadLocks over a collected slot: %d locks (%v)", loaded, err)
+	}
+	// A take of the value anew expects no lock, and writes over the marker while it stays.
+	again := kv.Lock{MessageID: "b", LeaseID: "M"}
+	rev, err = s.WriteSlot("q", "v", 1, again, 0).Wait(ctx)
+	if err != nil {
+		t.Fatalf("take over the marker: %v", err)
+	}
+	if l, _, err := s.GetSlot(ctx, "q", "v", 1); err != nil || l != again {
+		t.Fatalf("taken over the marker: %+v (%v)", l, err)
+	}
+	// Collected again, the marker goes by itself: the bucket keeps nothing of the slot.
+	if _, err := s.CollectSlot("q", "v", 1, rev).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 0 && info.State.NumSubjects == 0 {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("the marker stayed: %d messages on %d subjects", info.State.Msgs, info.State.NumSubjects)
+		}
+	}
+	if _, err := s.WriteSlot("q", "v", 1, held, 0).Wait(ctx); err != nil {
+		t.Fatalf("take after the marker went: %v", err)
+	}
+}
+
 func TestBodiesAndQueueDelete(t *testing.T) {
 	t.Parallel()
 	s, _ := open(t)
@@ -645,8 +711,8 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 	if _, err := kv.Open(ctx, &kv.Config{JS: js}); err != nil {
 		t.Fatal(err)
 	}
-	// Buckets changed behind natstone's back are set right, one update each (the messages bucket
-	// keeping its message TTLs, which JetStream would not let a rewrite turn off).
+	// Buckets changed behind natstone's back are set right, one update each (both keeping their
+	// message TTLs, which JetStream would not let a rewrite turn off).
 	var st jetstream.Stream
 	for _, name := range []string{"KV_natstone-locks", "KV_natstone-messages"} {
 		if st, err = js.Stream(ctx, name); err != nil {
@@ -678,7 +744,7 @@ func TestOpenAgainUpdatesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c := st.CachedInfo().Config; c.Description == "changed" || c.AllowMsgTTL != (name == "KV_natstone-messages") {
+		if c := st.CachedInfo().Config; c.Description == "changed" || !c.AllowMsgTTL {
 			t.Errorf("%s after Open: description %q, message TTLs %v", name, c.Description, c.AllowMsgTTL)
 		}
 	}
