@@ -278,7 +278,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 		}
 		e := &entry{ID: m.rec.ID, heapIdx: -1} // not stored yet (no state), and not placed until it is
 		q.setItem(e, &m.rec)
-		q.entries.put(e)
+		q.track(e)
 		m.e, m.create = e, &change{e: e, next: m.rec}
 		cs = append(cs, m.create)
 	}

@@ -183,7 +183,12 @@ func (q *queue) newEntry(r kv.Record, rev uint64) *entry {
 // record. e must be out of every index and heap.
 func (q *queue) setRecord(e *entry, r *kv.Record) {
 	if r.Priority != e.Priority || r.BodySeq != e.Seq || !maps.Equal(r.Metadata, e.extra().Metadata) {
+		old := e.Value()
 		q.setItem(e, r)
+		if e.Value() != old && q.entries.get(e.ID) == e { // another writer's record, read back
+			q.countValue(e.Value(), 1)
+			q.countValue(old, -1)
+		}
 	}
 	e.set(r)
 }

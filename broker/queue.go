@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -50,6 +51,8 @@ type queue struct {
 	collecting    bool          // a garbage collection is in flight; the gc timer waits for its end
 	idle          chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
 	locks         map[string][]*lock
+	values        map[string]int32 // an exclusive queue's messages in entries, by exclusivity value
+	idleValues    []string         // values whose last message left entries: their slots go at the next collection (collectLocks)
 	waiters       []*waiter
 	requests      map[string]*dequeueRecord // dequeue request id → its leases
 	doubtful      []*change                 // writes of unknown outcome, their entries kept busy
@@ -116,6 +119,7 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 		createdAt: rec.CreatedAt,
 		pending:   index.New[*entry](rec.Config.Type == subjects.Exclusive),
 		locks:     make(map[string][]*lock),
+		values:    make(map[string]int32),
 		requests:  make(map[string]*dequeueRecord),
 		ids:       nuid.New(),
 		waiting:   waitingAges{bySec: make(map[int64]int)},
@@ -440,12 +444,13 @@ func (q *queue) collect(es []*entry) {
 			q.gc.notBefore = max(q.gc.notBefore, q.now()+gcRetryMS)
 		} else {
 			q.unplace(e)
-			q.entries.remove(e.ID)
+			q.untrack(e)
 			r := e.record()
 			q.transitioned(&pendingEvent{kind: subjects.EventCollected, prev: r.State, rec: r, at: q.now()})
 		}
 		q.endWrite(e)
 	}
+	q.collectLocks(ctx)
 	q.unpark()
 }
 
@@ -454,6 +459,105 @@ func (q *queue) collectionEnded() {
 	q.collecting = false
 	if q.gc.armedAt == parked {
 		q.gc.armedAt = 0
+	}
+}
+
+// track puts e, not stored yet or just loaded, in entries, and counts it under its exclusivity
+// value. Called with q.mu held.
+func (q *queue) track(e *entry) {
+	q.entries.put(e)
+	q.countValue(e.Value(), 1)
+}
+
+// untrack takes e out of entries: collected, gone from storage, or never stored. Called with q.mu
+// held.
+func (q *queue) untrack(e *entry) {
+	q.entries.remove(e.ID)
+	q.countValue(e.Value(), -1)
+}
+
+// countValue adds d to the count of an exclusive queue's messages of value. A value left with none
+// waits in idleValues for its lock slots to be collected. Called with q.mu held.
+func (q *queue) countValue(value string, d int32) {
+	if !q.exclusive() {
+		return
+	}
+	if n := q.values[value] + d; n > 0 {
+		q.values[value] = n
+		return
+	}
+	delete(q.values, value)
+	if q.locks[value] != nil {
+		q.idleValues = append(q.idleValues, value)
+	}
+}
+
+// collectLocks removes the lock slots of values that the queue no longer has any message of
+// (idleValues, up to maxFire of them per call), so that an exclusive queue keeps a key and an entry
+// in memory only for the values of the messages it holds, not for every value it has seen. A slot
+// is removed at the revision known here, with a marker that the server drops a second later
+// (kv.Store.CollectSlot); a take of the value anew creates it again, over the marker if it is still
+// there. A slot held, or whose take is in flight or in doubt, is not removed: its value has a
+// running message, which keeps it counted anyway. While its removal is in flight a slot is not free
+// (taking) and holds its value in the index. A removal that conflicts (another writer's take) or
+// whose outcome is unknown leaves the slot as it was known: the next take's own conflict reads it
+// back. Called and returns with q.mu held; it releases it while the writes are in flight.
+func (q *queue) collectLocks(ctx context.Context) {
+	n := min(len(q.idleValues), maxFire)
+	if n == 0 || ctx.Err() != nil { // nothing to do, or the claim does not hold: nothing is written
+		return
+	}
+	values := q.idleValues[:n]
+	if q.idleValues = q.idleValues[n:]; len(q.idleValues) == 0 {
+		q.idleValues = nil
+	}
+	var ws []*lockWrite
+	for _, v := range values {
+		ls := q.locks[v]
+		if ls == nil || q.values[v] > 0 || slices.ContainsFunc(ls, func(l *lock) bool { return l.holder != "" || l.taking }) {
+			continue // collected already, or a message of the value came since
+		}
+		stored := false
+		for slot, l := range ls {
+			if l.rev != 0 {
+				l.taking = true
+				q.pending.Hold(v)
+				ws = append(ws, &lockWrite{value: v, slot: slot, expect: l.rev})
+				stored = true
+			}
+		}
+		if !stored {
+			delete(q.locks, v)
+		}
+	}
+	if len(ws) == 0 {
+		return
+	}
+	q.mu.Unlock()
+	acked := q.b.lockAcks.current()
+	writes := make([]kv.Write, len(ws))
+	for i, w := range ws {
+		writes[i] = q.b.store.CollectSlot(q.name, w.value, w.slot, w.expect)
+	}
+	for i, w := range ws {
+		w.rev, w.err = q.b.lockAcks.wait(ctx, acked, writes[i])
+	}
+	q.mu.Lock()
+	for _, w := range ws {
+		l := q.lockOf(w.value, w.slot)
+		l.taking = false
+		q.pending.Release(w.value)
+		if w.err != nil {
+			q.log().Warn("exclusivity lock slot not collected; the value's next take reads it back", "value", w.value, "slot", w.slot, "error", w.err)
+			continue
+		}
+		l.rev = 0
+	}
+	for _, w := range ws {
+		ls := q.locks[w.value]
+		if ls != nil && q.values[w.value] == 0 && !slices.ContainsFunc(ls, func(l *lock) bool { return l.holder != "" || l.taking || l.rev != 0 }) {
+			delete(q.locks, w.value)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -447,6 +448,86 @@ func TestExclusiveValueFreedWithoutLockWrite(t *testing.T) {
 	}
 	noLockWrite("the next restart", e.restartAll)
 	take("a4")
+}
+
+// TestExclusiveLockGoesWithItsValuesLastMessage: a value's lock key stays while the queue has a
+// message of the value, in any state, and goes with the collection of its last one, so that an
+// exclusive queue keeps keys only for the values of the messages it holds, not for every value it
+// has seen. The value taken again creates its key anew, over the marker the removal left. A key
+// of a value without messages found at a start (an earlier version kept them all) goes with the
+// first collection after it.
+func TestExclusiveLockGoesWithItsValuesLastMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", RetentionMS: ptr[int64](0)})
+	for i, id := range []string{"a1", "a2", "b1"} {
+		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": id[:1]}})
+	}
+	slot := func(value string) (kv.Lock, error) {
+		t.Helper()
+		l, _, err := e.store().GetSlot(ctx, "x", value, 0)
+		return l, err
+	}
+	run := func(ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			m := e.dequeueOne("x")
+			if m.ID != id {
+				t.Fatalf("dequeued %s, want %s", m.ID, id)
+			}
+			must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+		}
+		e.advance(time.Second)
+		for _, id := range ids {
+			fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "x", subjects.GetRequest{ID: id}) // collected
+		}
+	}
+
+	run("a1")
+	if l, err := slot("a"); err != nil || l.MessageID != "a1" {
+		t.Fatalf("a's lock once a1 is collected and a2 waits: %+v, %v; want it naming a1", l, err)
+	}
+	run("a2", "b1")
+	for _, v := range []string{"a", "b"} {
+		if l, err := slot(v); !errors.Is(err, kv.ErrNotFound) {
+			t.Fatalf("%s's lock once its last message is collected: %+v, %v; want none", v, l, err)
+		}
+	}
+
+	// Taken again at once, over the marker, and gone again with the value's last message.
+	e.enqueue("x", subjects.EnqueueRequest{ID: "a3", Metadata: map[string]string{"p": "a"}})
+	m := e.dequeueOne("x")
+	if l, err := slot("a"); err != nil || l.MessageID != "a3" || l.LeaseID != m.LeaseID {
+		t.Fatalf("a's lock taken again by %s under %s: %+v, %v", m.ID, m.LeaseID, l, err)
+	}
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	e.advance(time.Second)
+	if l, err := slot("a"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("a's lock once a3 is collected: %+v, %v; want none", l, err)
+	}
+
+	// A start counts the messages it loads: d's key stays while d2 waits. A key left behind for a
+	// value without messages goes with the first collection after the start.
+	e.enqueue("x", subjects.EnqueueRequest{ID: "d1", Priority: ptr[int64](0), Metadata: map[string]string{"p": "d"}})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "d2", Priority: ptr[int64](1), Metadata: map[string]string{"p": "d"}})
+	m = e.dequeueOne("x")
+	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("x", "z", 0), kv.EncodeLock(kv.Lock{MessageID: "z1", LeaseID: "earlier"}))
+	e.restartAll()
+	if l, err := slot("z"); err != nil || l.MessageID != "z1" {
+		t.Fatalf("z's lock before a collection: %+v, %v", l, err)
+	}
+	e.advance(time.Second)
+	fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "x", subjects.GetRequest{ID: "d1"}) // collected
+	if l, err := slot("d"); err != nil || l.MessageID != "d1" {
+		t.Fatalf("d's lock once d1 is collected after a start and d2 waits: %+v, %v; want it naming d1", l, err)
+	}
+	if l, err := slot("z"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("z's lock after the first collection: %+v, %v; want none", l, err)
+	}
+	run("d2")
+	e.waitNoKeys("KV_natstone-locks", "$KV.natstone-locks.x.>") // the markers go too
 }
 
 // TestDequeueReplyFitsMaxPayload: a batch whose payloads would make the reply larger than the

@@ -84,7 +84,7 @@ func (q *queue) commit(cs []*change) {
 			}
 			q.endWrite(c.e)
 			if c.create && q.entries.get(c.e.ID) == c.e {
-				q.entries.remove(c.e.ID) // never stored
+				q.untrack(c.e) // never stored
 			}
 		}
 		return
@@ -140,7 +140,7 @@ func (q *queue) finish(cs []*change) {
 			q.log().Warn("message gone from storage", "message_id", e.ID)
 			q.unplace(e)
 			if q.entries.get(e.ID) == e {
-				q.entries.remove(e.ID)
+				q.untrack(e)
 			}
 		default:
 			// A lease stays counted (leasing) while in doubt: it may have landed.
