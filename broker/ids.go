@@ -11,7 +11,8 @@ import (
 // is a pointer and a tag byte, 9 bytes, where a map[string]*entry slot holds the id's string header
 // too, 25 bytes: about 20 bytes less per message at the loads both keep (see docs/design.md,
 // "Memory"). The tag holds 7 bits of the id's hash, so a probe reads an entry only when they match.
-// The zero value is an empty table. Not safe for concurrent use.
+// It grows at 4/5 full and shrinks under 1/10. The zero value is an empty table. Not safe for
+// concurrent use.
 type idTable struct {
 	seed  maphash.Seed
 	tags  []uint8 // 0: empty; else 0x80 | the hash's low 7 bits
@@ -101,6 +102,11 @@ func (t *idTable) remove(id string) {
 	}
 	t.tags[i], t.slots[i] = 0, nil
 	t.n--
+	if len(t.slots) > idTableMinSize && t.n*10 < len(t.slots) {
+		// Under a tenth full, as after a peak's messages are collected: give the room back, down to
+		// a table at most 2/5 full, so that neither a shrink nor a growth follows the other soon.
+		t.resize(sizeFor(2 * t.n))
+	}
 }
 
 // len returns the number of entries.
@@ -120,13 +126,18 @@ func (t *idTable) all() iter.Seq[*entry] {
 
 // reserve makes room for n entries in all, without growing on the way.
 func (t *idTable) reserve(n int) {
+	if size := sizeFor(n); size > len(t.slots) {
+		t.resize(size)
+	}
+}
+
+// sizeFor is the fewest slots, a power of two, that hold n entries at most 4/5 full.
+func sizeFor(n int) int {
 	size := idTableMinSize
 	for n*5 > size*4 {
 		size *= 2
 	}
-	if size > len(t.slots) {
-		t.resize(size)
-	}
+	return size
 }
 
 // resize rehashes the table into size slots, a power of two.

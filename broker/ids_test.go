@@ -90,6 +90,41 @@ func TestIDTableReserve(t *testing.T) {
 	checkIDTable(t, &tab, model)
 }
 
+// TestIDTableShrinks: a table gives back the room a peak left once most of its entries are removed,
+// and holds what stays and what comes after.
+func TestIDTableShrinks(t *testing.T) {
+	var tab idTable
+	const n = 100_000
+	model := map[string]*entry{}
+	for i := range n {
+		e := &entry{ID: "id-" + strconv.Itoa(i)}
+		tab.put(e)
+		model[e.ID] = e
+	}
+	peak := len(tab.slots)
+	for i := 100; i < n; i++ {
+		id := "id-" + strconv.Itoa(i)
+		tab.remove(id)
+		delete(model, id)
+	}
+	if len(tab.slots) > 512 {
+		t.Fatalf("%d slots for 100 entries, %d at the peak", len(tab.slots), peak)
+	}
+	checkIDTable(t, &tab, model)
+	for i := n; i < 2*n; i++ {
+		e := &entry{ID: "id-" + strconv.Itoa(i)}
+		tab.put(e)
+		model[e.ID] = e
+	}
+	checkIDTable(t, &tab, model)
+	for id := range model {
+		tab.remove(id)
+	}
+	if tab.len() != 0 || len(tab.slots) != idTableMinSize {
+		t.Fatalf("emptied: %d entries in %d slots", tab.len(), len(tab.slots))
+	}
+}
+
 func FuzzIDTable(f *testing.F) {
 	f.Add([]byte{0, 4, 8, 2, 3, 7, 11}, uint8(3))
 	f.Add([]byte{0, 1, 4, 5, 8, 9, 12, 13, 2, 6, 10, 14, 3, 7, 11, 15}, uint8(8))
