@@ -38,9 +38,19 @@ func (d *deadlines) Pop() any {
 	n := len(d.items) - 1
 	e := d.items[n]
 	d.items[n] = nil
-	d.items = d.items[:n]
+	d.items = trimmed(d.items[:n])
 	e.heapIdx = -1
 	return e
+}
+
+// trimmed returns s, or a copy of it with half its capacity once it is under a quarter full: a
+// heap's array would otherwise keep the room of the largest backlog it held (a copy costs O(len(s))
+// once for every quarter of the capacity popped). Arrays under 2048 are left alone.
+func trimmed[T any](s []T) []T {
+	if c := cap(s); c < 2048 || len(s)*4 >= c {
+		return s
+	}
+	return append(make([]T, 0, cap(s)/2), s...)
 }
 
 func (d *deadlines) add(e *entry) { heap.Push(d, e) }

@@ -124,3 +124,37 @@ func BenchmarkDeadlinesFirst51(b *testing.B) {
 		}
 	})
 }
+
+// TestDeadlinesGiveBackTheirRoom: a heap that held a backlog gives its array's room back as it
+// drains, and keeps its order and its entries' places meanwhile.
+func TestDeadlinesGiveBackTheirRoom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	d := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
+	const n = 20_000
+	all := make([]*entry, n)
+	for i := range all {
+		all[i] = &entry{EnqueuedAt: int64(rng.IntN(n)), heapIdx: -1}
+		d.add(all[i])
+	}
+	peak := cap(d.items)
+	for _, e := range all[:n-100] { // removed out of order, as leases settle
+		d.remove(e)
+	}
+	if cap(d.items) >= 2048 {
+		t.Fatalf("%d entries left in an array of %d, %d at the peak", len(d.items), cap(d.items), peak)
+	}
+	for i, e := range d.items {
+		if int(e.heapIdx) != i {
+			t.Fatalf("entry at %d says it is at %d", i, e.heapIdx)
+		}
+	}
+	last := int64(-1)
+	for len(d.items) > 0 {
+		e := d.items[0]
+		d.remove(e)
+		if e.EnqueuedAt < last {
+			t.Fatalf("the heap gave %d after %d", e.EnqueuedAt, last)
+		}
+		last = e.EnqueuedAt
+	}
+}

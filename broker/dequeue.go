@@ -109,7 +109,7 @@ func (h *recordHeap) Pop() any {
 	old := *h
 	r := old[len(old)-1]
 	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
+	*h = trimmed(old[:len(old)-1])
 	r.slot = -1
 	return r
 }
@@ -126,6 +126,7 @@ func (q *queue) remember(id string, rec *dequeueRecord, until int64) {
 func (q *queue) forget(rec *dequeueRecord) {
 	if q.requests[rec.id] == rec {
 		delete(q.requests, rec.id)
+		q.requests = index.Trim(q.requests, &q.requestsMost)
 	}
 	if rec.slot >= 0 {
 		heap.Remove(&q.reqEnds, rec.slot)

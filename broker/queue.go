@@ -62,6 +62,9 @@ type queue struct {
 	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
 	reqEnds       recordHeap // the records of requests, by when they are forgotten
 	widest        int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
+	// locksMost, valuesMost and requestsMost are the most entries locks, values and requests held
+	// since index.Trim last copied them.
+	locksMost, valuesMost, requestsMost int
 
 	// leasing counts the leases being written or of unknown outcome (counted in commit, until
 	// finish applies a known outcome or takeLocks drops them) and reserved the messages popped for
@@ -487,6 +490,7 @@ func (q *queue) countValue(value string, d int32) {
 		return
 	}
 	delete(q.values, value)
+	q.values = index.Trim(q.values, &q.valuesMost)
 	if q.locks[value] != nil {
 		q.idleValues = append(q.idleValues, value)
 	}
@@ -528,6 +532,7 @@ func (q *queue) collectLocks(ctx context.Context) {
 		}
 		if !stored {
 			delete(q.locks, v)
+			q.locks = index.Trim(q.locks, &q.locksMost)
 		}
 	}
 	if len(ws) == 0 {
@@ -557,6 +562,7 @@ func (q *queue) collectLocks(ctx context.Context) {
 		ls := q.locks[w.value]
 		if ls != nil && q.values[w.value] == 0 && !slices.ContainsFunc(ls, func(l *lock) bool { return l.holder != "" || l.taking || l.rev != 0 }) {
 			delete(q.locks, w.value)
+			q.locks = index.Trim(q.locks, &q.locksMost)
 		}
 	}
 }

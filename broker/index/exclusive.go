@@ -84,6 +84,7 @@ func (x *Index[T]) removeFromGroup(e T, it *Item) {
 	}
 	if g.set.len() == 0 && g.held == 0 {
 		delete(x.groups, it.Value())
+		x.groups = Trim(x.groups, &x.groupsMost)
 	}
 }
 
@@ -136,6 +137,7 @@ func (x *Index[T]) Release(value string) {
 		x.free.insert(&x.cfg, head)
 	case !ok && g.held == 0:
 		delete(x.groups, value)
+		x.groups = Trim(x.groups, &x.groupsMost)
 	}
 }
 

@@ -14,6 +14,9 @@ type Index[T Elem] struct {
 	// messages carrying it. Empty sets are deleted so that a filter pair with
 	// no entry here matches nothing.
 	pairs map[Pair]*orderedSet[T]
+	// pairsMost and groupsMost are the most entries pairs and groups held since Trim last copied
+	// them.
+	pairsMost, groupsMost int
 
 	exclusive bool
 	// groups holds, per exclusivity value, its pending messages and how many
@@ -110,6 +113,7 @@ func (x *Index[T]) unlink(e T, it *Item) {
 	for _, p := range it.Meta() {
 		if s := x.pairs[p]; s != nil && s.delete(&x.cfg, e) && s.len() == 0 {
 			delete(x.pairs, p)
+			x.pairs = Trim(x.pairs, &x.pairsMost)
 		}
 	}
 	for _, fs := range x.filters {
