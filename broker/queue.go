@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"slices"
@@ -438,7 +439,6 @@ func (q *queue) collect(es []*entry) {
 		}
 	}
 	q.mu.Lock()
-	q.collectionEnded()
 	for i, e := range es {
 		if errs[i] != nil {
 			q.log().Warn("garbage collection failed; will retry", "message_id", e.ID, "error", errs[i])
@@ -454,6 +454,7 @@ func (q *queue) collect(es []*entry) {
 		q.endWrite(e)
 	}
 	q.collectLocks(ctx)
+	q.collectionEnded()
 	q.unpark()
 }
 
@@ -472,9 +473,13 @@ func (q *queue) track(e *entry) {
 	q.countValue(e.Value(), 1)
 }
 
-// untrack takes e out of entries: collected, gone from storage, or never stored. Called with q.mu
-// held.
+// untrack takes e out of entries: collected, gone from storage, or never stored. An entry the
+// table does not hold (the one of two loaded with one id that a start did not keep) is neither in
+// it nor counted. Called with q.mu held.
 func (q *queue) untrack(e *entry) {
+	if q.entries.get(e.ID) != e {
+		return
+	}
 	q.entries.remove(e.ID)
 	q.countValue(e.Value(), -1)
 }
@@ -519,7 +524,9 @@ func (q *queue) collectLocks(ctx context.Context) {
 	for _, v := range values {
 		ls := q.locks[v]
 		if ls == nil || q.values[v] > 0 || slices.ContainsFunc(ls, func(l *lock) bool { return l.holder != "" || l.taking }) {
-			continue // collected already, or a message of the value came since
+			// Collected already, or a message of the value came since; or a slot is taken or being
+			// taken, which dropLock queues the value again for once it frees the slot.
+			continue
 		}
 		stored := false
 		for slot, l := range ls {
@@ -538,6 +545,8 @@ func (q *queue) collectLocks(ctx context.Context) {
 	if len(ws) == 0 {
 		return
 	}
+	// Not free while their removals are in flight, these slots' values are skipped by a take and by
+	// another call meanwhile (a collection runs one at a time, but a queue's delete does not wait).
 	q.mu.Unlock()
 	acked := q.b.lockAcks.current()
 	writes := make([]kv.Write, len(ws))
@@ -552,8 +561,17 @@ func (q *queue) collectLocks(ctx context.Context) {
 		l := q.lockOf(w.value, w.slot)
 		l.taking = false
 		q.pending.Release(w.value)
-		if w.err != nil {
-			q.log().Warn("exclusivity lock slot not collected; the value's next take reads it back", "value", w.value, "slot", w.slot, "error", w.err)
+		switch {
+		case errors.Is(w.err, kv.ErrConflict):
+			// Written since (another broker's take, or an earlier try of this removal that
+			// landed): the value's next take reads it back.
+			q.log().Warn("exclusivity lock slot not collected: it changed in storage", "value", w.value, "slot", w.slot)
+			continue
+		case w.err != nil:
+			// Unknown, or not issued (the claim ended): the next collection tries again, and finds
+			// it conflicting if it landed, which the value's next take then reads back.
+			q.log().Warn("exclusivity lock slot not collected; will retry", "value", w.value, "slot", w.slot, "error", w.err)
+			q.idleValues = append(q.idleValues, w.value)
 			continue
 		}
 		l.rev = 0

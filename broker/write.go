@@ -462,6 +462,11 @@ func (q *queue) dropLock(w *lockWrite) {
 	l.taking = false
 	if l.holder == "" {
 		q.pending.Release(w.value) // the pop's hold for this take
+		if q.values[w.value] == 0 {
+			// The value's last message was collected while this take was in doubt, and
+			// collectLocks skipped its slots: they go with the next collection.
+			q.idleValues = append(q.idleValues, w.value)
+		}
 	}
 }
 

@@ -648,6 +648,64 @@ func TestUnknownLockWriteAskedAgain(t *testing.T) {
 	}
 }
 
+// TestIdleValuesSlotCollectedOnceItsDoubtEnds: a value whose last message is collected while a take
+// of its slot is in doubt keeps its slot (not free to remove); once the doubt ends, the slot is
+// removed with the next collection, as it would have been with the value's last message.
+func TestIdleValuesSlotCollectedOnceItsDoubtEnds(t *testing.T) {
+	b, clk := internalBroker(t)
+	ctx := context.Background()
+	zero := int64(0)
+	q, _, err := b.createQueue(ctx, "q", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g", RetentionMS: &zero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Metadata: map[string]string{"g": "v1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	putLock(t, b, "v1", []byte("not a lock")) // every read back fails: the take stays in doubt
+	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{}); !errors.Is(err, &subjects.Error{Code: subjects.CodeUnavailable}) {
+		t.Fatalf("dequeue: %+v, %v; want unavailable", ms, err)
+	}
+	if _, err := q.cancel(ctx, subjects.LeaseRequest{ID: "A"}); err != nil { // an operator's
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second) // A is collected; v1's slot, in doubt, stays
+	if q.holds("A") {
+		t.Fatal("A not collected")
+	}
+	q.mu.Lock()
+	doubtful := slices.Clone(q.doubtfulLocks)
+	q.mu.Unlock()
+	if len(doubtful) != 1 {
+		t.Fatalf("%d lock writes in doubt, want 1", len(doubtful))
+	}
+
+	putLock(t, b, "v1", kv.EncodeLock(doubtful[0].want)) // storage answers: the take landed
+	q.fireDoubt()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "B", Metadata: map[string]string{"g": "v2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue B: %+v, %v", ms, err)
+	}
+	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: "B", LeaseID: ms[0].LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second) // B's collection, which takes v1's slot with it, and v2's
+	for _, v := range []string{"v1", "v2"} {
+		if l, _, err := b.store.GetSlot(ctx, "q", v, 0); !errors.Is(err, kv.ErrNotFound) {
+			t.Errorf("%s's slot after the collection: %+v, %v; want none", v, l, err)
+		}
+	}
+	q.mu.Lock()
+	left := len(q.locks)
+	q.mu.Unlock()
+	if left != 0 {
+		t.Errorf("the broker still mirrors the slots of %d values", left)
+	}
+}
+
 // TestDeleteAsksAboutWritesInDoubt: a queue whose write's outcome is unknown can be deleted: the
 // delete asks storage about the write itself (the closed queue's timer no longer does) rather than
 // wait for the write's entry until it times out, at every retry.
