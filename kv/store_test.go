@@ -174,7 +174,16 @@ func TestCollectLeavesNothing(t *testing.T) {
 	if _, err := s.CollectMessage("q", "m", rev).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Wait (bounded by ctx) for the server to remove the marker: the stream then holds nothing.
+	waitMarkerGone(ctx, t, st)
+	if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
+		t.Fatalf("create after the marker went: %v", err)
+	}
+}
+
+// waitMarkerGone waits, as long as ctx lets it, for the server to remove a collected key's marker
+// (its TTL): st then holds nothing.
+func waitMarkerGone(ctx context.Context, t *testing.T, st jetstream.Stream) {
+	t.Helper()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -183,16 +192,13 @@ func TestCollectLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		if info.State.Msgs == 0 && info.State.NumSubjects == 0 {
-			break
+			return
 		}
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
 			t.Fatalf("the marker stayed: %d messages on %d subjects", info.State.Msgs, info.State.NumSubjects)
 		}
-	}
-	if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
-		t.Fatalf("create after the marker went: %v", err)
 	}
 }
 
@@ -241,22 +247,7 @@ func TestCollectSlot(t *testing.T) {
 	if _, err := s.CollectSlot("q", "v", 1, rev).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		info, err := st.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.State.Msgs == 0 && info.State.NumSubjects == 0 {
-			break
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			t.Fatalf("the marker stayed: %d messages on %d subjects", info.State.Msgs, info.State.NumSubjects)
-		}
-	}
+	waitMarkerGone(ctx, t, st)
 	if _, err := s.WriteSlot("q", "v", 1, held, 0).Wait(ctx); err != nil {
 		t.Fatalf("take after the marker went: %v", err)
 	}
