@@ -56,6 +56,9 @@ type QueueSnapshot struct {
 	Counts          subjects.Counts
 	OldestPendingMS int64           // how long the longest-waiting pending message has waited
 	Totals          subjects.Totals // transitions since the broker started
+	// ExclusivityValues is, in an exclusive queue, how many exclusivity values its messages carry
+	// (in any state, until collected): the values it keeps lock slots and memory for.
+	ExclusivityValues int
 }
 
 // EventsSnapshot is the events publisher's state.
@@ -92,11 +95,12 @@ func (b *Broker) Snapshot() Snapshot {
 		q.mu.Lock()
 		if q.closed == nil {
 			s.Queues = append(s.Queues, QueueSnapshot{
-				Name:            q.name,
-				Config:          q.cfg,
-				Counts:          q.countsLocked(),
-				OldestPendingMS: q.oldestPendingMS(q.now()),
-				Totals:          q.totals,
+				Name:              q.name,
+				Config:            q.cfg,
+				Counts:            q.countsLocked(),
+				OldestPendingMS:   q.oldestPendingMS(q.now()),
+				Totals:            q.totals,
+				ExclusivityValues: len(q.values),
 			})
 		}
 		q.mu.Unlock()

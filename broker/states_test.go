@@ -484,11 +484,26 @@ func TestExclusiveLockGoesWithItsValuesLastMessage(t *testing.T) {
 		}
 	}
 
+	values := func(want int) {
+		t.Helper()
+		for _, qs := range e.b.Snapshot().Queues {
+			if qs.Name == "x" {
+				if qs.ExclusivityValues != want {
+					t.Fatalf("the snapshot counts %d exclusivity values, want %d", qs.ExclusivityValues, want)
+				}
+				return
+			}
+		}
+		t.Fatal("x is not in the snapshot")
+	}
+	values(2)
 	run("a1")
+	values(2)
 	if l, err := slot("a"); err != nil || l.MessageID != "a1" {
 		t.Fatalf("a's lock once a1 is collected and a2 waits: %+v, %v; want it naming a1", l, err)
 	}
 	run("a2", "b1")
+	values(0)
 	for _, v := range []string{"a", "b"} {
 		if l, err := slot(v); !errors.Is(err, kv.ErrNotFound) {
 			t.Fatalf("%s's lock once its last message is collected: %+v, %v; want none", v, l, err)

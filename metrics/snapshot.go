@@ -17,6 +17,9 @@ var (
 	queueOldestPendingDesc = prometheus.NewDesc("natstone_queue_oldest_pending_seconds",
 		"How long the longest-waiting pending message of a queue has waited (0 if none is pending).",
 		[]string{"queue"}, nil)
+	queueValuesDesc = prometheus.NewDesc("natstone_queue_exclusivity_values",
+		"Exclusivity values the messages of an exclusive queue carry, in any state until collected: the values it keeps lock slots for.",
+		[]string{"queue"}, nil)
 	queueBlockedDesc = prometheus.NewDesc("natstone_queue_blocked",
 		"1 if a queue refuses enqueues (direction enqueue) or dequeues (direction dequeue), else 0.",
 		[]string{"queue", "direction"}, nil)
@@ -66,7 +69,7 @@ func (m *Metrics) Watch(snapshot func() broker.Snapshot) {
 // Describe implements prometheus.Collector.
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		queueMessagesDesc, queueOldestPendingDesc, queueBlockedDesc,
+		queueMessagesDesc, queueOldestPendingDesc, queueBlockedDesc, queueValuesDesc,
 		eventsPublishedDesc, eventsDroppedDesc, eventsBufferedDesc, eventsEnabledDesc, servingDesc,
 		scheduleNextDesc, scheduleLastDesc, scheduleFailingDesc, scheduleSkippedDesc, scheduleOverlapDesc, schedulePausedDesc,
 	} {
@@ -108,7 +111,8 @@ func collectSchedule(ch chan<- prometheus.Metric, sc *subjects.ScheduleInfo) {
 // unixSeconds is t in Unix seconds, to the millisecond.
 func unixSeconds(t time.Time) float64 { return float64(t.UnixMilli()) / 1000 }
 
-// collectQueue sends one queue's gauges: every state, even when 0, and both directions.
+// collectQueue sends one queue's gauges: every state, even when 0, and both directions; an
+// exclusive queue's values.
 func collectQueue(ch chan<- prometheus.Metric, q *broker.QueueSnapshot) {
 	for _, st := range subjects.States {
 		ch <- constMetric(queueMessagesDesc, prometheus.GaugeValue, float64(count(q.Counts, st)), q.Name, string(st))
@@ -116,6 +120,9 @@ func collectQueue(ch chan<- prometheus.Metric, q *broker.QueueSnapshot) {
 	ch <- constMetric(queueOldestPendingDesc, prometheus.GaugeValue, float64(q.OldestPendingMS)/1000, q.Name)
 	ch <- constMetric(queueBlockedDesc, prometheus.GaugeValue, flag(q.Config.EnqueueBlocked), q.Name, "enqueue")
 	ch <- constMetric(queueBlockedDesc, prometheus.GaugeValue, flag(q.Config.DequeueBlocked), q.Name, "dequeue")
+	if q.Config.Type == subjects.Exclusive {
+		ch <- constMetric(queueValuesDesc, prometheus.GaugeValue, float64(q.ExclusivityValues), q.Name)
+	}
 }
 
 // collectEvents sends the events publisher's metrics.

@@ -22,10 +22,11 @@ func TestWatch(t *testing.T) {
 		return broker.Snapshot{
 			Queues: []broker.QueueSnapshot{
 				{
-					Name:            "encode",
-					Config:          subjects.QueueConfig{DequeueBlocked: true},
-					Counts:          subjects.Counts{Invisible: 1, Pending: 2, Running: 3, Completed: 4, Canceled: 5, Errored: 6},
-					OldestPendingMS: 1500,
+					Name:              "encode",
+					Config:            subjects.QueueConfig{Type: subjects.Exclusive, DequeueBlocked: true},
+					Counts:            subjects.Counts{Invisible: 1, Pending: 2, Running: 3, Completed: 4, Canceled: 5, Errored: 6},
+					OldestPendingMS:   1500,
+					ExclusivityValues: 3,
 				},
 				{Name: "mail", Config: subjects.QueueConfig{EnqueueBlocked: true}},
 			},
@@ -87,6 +88,13 @@ func TestWatch(t *testing.T) {
 		if got := f.gauge(t, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
+	}
+	// Only the exclusive queue has values.
+	if got := f.labelSets(t, "natstone_queue_exclusivity_values", dto.MetricType_GAUGE); !slices.Equal(got, []string{labelSet([]string{"queue=encode"})}) {
+		t.Errorf("natstone_queue_exclusivity_values label sets: %v, want encode's alone", got)
+	}
+	if got := f.gauge(t, "natstone_queue_exclusivity_values", "queue=encode"); got != 3 {
+		t.Errorf("natstone_queue_exclusivity_values{queue=encode} = %v, want 3", got)
 	}
 	if got := f.counter(t, "natstone_schedule_skipped_total", "queue=encode", "schedule=nightly"); got != 4 {
 		t.Errorf("natstone_schedule_skipped_total{encode,nightly} = %v, want 4", got)
