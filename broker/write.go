@@ -122,6 +122,7 @@ func (q *queue) finish(cs []*change) {
 	var free []*entry
 	for _, c := range cs {
 		e := c.e
+		gone := false
 		switch {
 		case c.err == nil:
 			q.apply(e, c.next, c.rev)
@@ -138,6 +139,7 @@ func (q *queue) finish(cs []*change) {
 			q.apply(e, *c.truth, c.rev)
 		case errors.Is(c.err, kv.ErrConflict):
 			q.log().Warn("message gone from storage", "message_id", e.ID)
+			gone = true
 			q.unplace(e)
 			if q.entries.get(e.ID) == e {
 				q.untrack(e)
@@ -149,9 +151,11 @@ func (q *queue) finish(cs []*change) {
 			continue
 		}
 		q.leased(c)
-		if q.exclusive() && e.State() != subjects.StateRunning &&
+		if q.exclusive() && (e.State() != subjects.StateRunning || gone) &&
 			(c.prev == subjects.StateRunning || c.next.State == subjects.StateRunning) {
-			free = append(free, e) // it left running, or its lease did not happen after its lock was taken
+			// It left running (or, gone, runs no more), or its lease did not happen after its
+			// lock was taken.
+			free = append(free, e)
 		}
 		q.endWrite(e)
 	}

@@ -405,6 +405,46 @@ func TestConflictTakesOtherWritersRecord(t *testing.T) {
 	}
 }
 
+// TestRunningMessageGoneFreesItsValue: a running message whose settle finds its record gone from
+// storage (removed behind the broker's back) no longer runs, so its exclusivity value is free: the
+// next message of the value is leased. It stayed held until a restart.
+func TestRunningMessageGoneFreesItsValue(t *testing.T) {
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "g"})
+	ctx := context.Background()
+	one, two := int64(1), int64(2)
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{
+		{ID: "A", Priority: &one, Metadata: map[string]string{"g": "v"}},
+		{ID: "B", Priority: &two, Metadata: map[string]string{"g": "v"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(ms) != 1 || ms[0].ID != "A" {
+		t.Fatalf("dequeue: %+v, %v; want A", ms, err)
+	}
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	messages, err := js.KeyValue(ctx, kv.DefaultPrefix+"-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := messages.Purge(ctx, kv.MessageKey("q", "A")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: "A", LeaseID: ms[0].LeaseID}); err == nil {
+		t.Fatal("A's complete succeeded over a record that is gone")
+	}
+	if q.holds("A") {
+		t.Fatal("A is still in the queue after its record was found gone")
+	}
+	ms, err = q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(ms) != 1 || ms[0].ID != "B" {
+		t.Fatalf("dequeue after A went: %+v, %v; want B, its value free", ms, err)
+	}
+}
+
 // zeroRetentionQueue creates queue q, which collects what ends at once (retention 0), and enqueues
 // messages of ids into it.
 func zeroRetentionQueue(t *testing.T, b *Broker, ids ...string) *queue {
