@@ -506,11 +506,12 @@ func (q *queue) countValue(value string, d int32) {
 // in memory only for the values of the messages it holds, not for every value it has seen. A slot
 // is removed at the revision known here, with a marker that the server drops a second later
 // (kv.Store.CollectSlot); a take of the value anew creates it again, over the marker if it is still
-// there. A slot held, or whose take is in flight or in doubt, is not removed: its value has a
-// running message, which keeps it counted anyway. While its removal is in flight a slot is not free
-// (taking) and holds its value in the index. A removal that conflicts (another writer's take) or
-// whose outcome is unknown leaves the slot as it was known: the next take's own conflict reads it
-// back. Called and returns with q.mu held; it releases it while the writes are in flight.
+// there. A value with a slot held, or whose take is in flight or in doubt, is skipped (dropLock
+// queues it again once it frees the slot). While its removal is in flight a slot is not free
+// (taking) and holds its value in the index. A removal that conflicts (another writer's take)
+// leaves the slot as it was known, for the value's next take to read back when it conflicts too;
+// one whose outcome is unknown, or not issued for want of the claim, is tried again with the next
+// collection. Called and returns with q.mu held; it releases it while the writes are in flight.
 func (q *queue) collectLocks(ctx context.Context) {
 	n := min(len(q.idleValues), maxFire)
 	if n == 0 || ctx.Err() != nil { // nothing to do, or the claim does not hold: nothing is written
