@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nuid"
 
@@ -53,7 +54,9 @@ type queue struct {
 	idle          chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
 	locks         map[string][]*lock
 	values        map[string]int32 // an exclusive queue's messages in entries, by exclusivity value
-	idleValues    []string         // values whose last message left entries: their slots go at the next collection (collectLocks)
+	idleValues    []string         // values whose last message left entries: their slots go at the next sweep (collectLocks)
+	sweep         clock.Timer      // runs collectLocks, gcGapMS after a value became idle
+	sweepArmed    bool             // sweep is armed or running
 	waiters       []*waiter
 	requests      map[string]*dequeueRecord // dequeue request id → its leases
 	doubtful      []*change                 // writes of unknown outcome, their entries kept busy
@@ -252,6 +255,15 @@ func (q *queue) settle() {
 			q.doubt = q.b.clock.AfterFunc(doubtRetry, q.fireDoubt)
 		} else {
 			q.doubt.Reset(doubtRetry)
+		}
+	}
+	if len(q.idleValues) > 0 && !q.sweepArmed {
+		// Values that empty within gcGapMS are swept together.
+		q.sweepArmed = true
+		if q.sweep == nil {
+			q.sweep = q.b.clock.AfterFunc(gcGapMS*time.Millisecond, q.fireSweep)
+		} else {
+			q.sweep.Reset(gcGapMS * time.Millisecond)
 		}
 	}
 	q.arm()
@@ -453,7 +465,6 @@ func (q *queue) collect(es []*entry) {
 		}
 		q.endWrite(e)
 	}
-	q.collectLocks(ctx)
 	q.collectionEnded()
 	q.unpark()
 }
@@ -485,7 +496,8 @@ func (q *queue) untrack(e *entry) {
 }
 
 // countValue adds d to the count of an exclusive queue's messages of value. A value left with none
-// waits in idleValues for its lock slots to be collected. Called with q.mu held.
+// waits in idleValues for the sweep to collect its lock slots (settle arms it). Called with q.mu
+// held.
 func (q *queue) countValue(value string, d int32) {
 	if !q.exclusive() {
 		return
@@ -501,6 +513,24 @@ func (q *queue) countValue(value string, d int32) {
 	}
 }
 
+// fireSweep runs collectLocks when the sweep timer fires, then lets settle arm it again while
+// values wait.
+func (q *queue) fireSweep() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed != nil || !q.b.track() {
+		return
+	}
+	defer q.b.wg.Done()
+	// The removals carry revisions, but none is issued once another broker may serve the store.
+	if ctx, cancel, err := q.b.claim.bound(context.Background()); err == nil {
+		q.collectLocks(ctx)
+		cancel()
+	}
+	q.sweepArmed = false
+	q.settle()
+}
+
 // collectLocks removes the lock slots of values that the queue no longer has any message of
 // (idleValues, up to maxFire of them per call), so that an exclusive queue keeps a key and an entry
 // in memory only for the values of the messages it holds, not for every value it has seen. A slot
@@ -510,8 +540,8 @@ func (q *queue) countValue(value string, d int32) {
 // queues it again once it frees the slot). While its removal is in flight a slot is not free
 // (taking) and holds its value in the index. A removal that conflicts (another writer's take)
 // leaves the slot as it was known, for the value's next take to read back when it conflicts too;
-// one whose outcome is unknown, or not issued for want of the claim, is tried again with the next
-// collection. Called and returns with q.mu held; it releases it while the writes are in flight.
+// one whose outcome is unknown, or not issued for want of the claim, is tried again at the next
+// sweep. Called and returns with q.mu held; it releases it while the writes are in flight.
 func (q *queue) collectLocks(ctx context.Context) {
 	n := min(len(q.idleValues), maxFire)
 	if n == 0 || ctx.Err() != nil { // nothing to do, or the claim does not hold: nothing is written
@@ -569,8 +599,8 @@ func (q *queue) collectLocks(ctx context.Context) {
 			q.log().Warn("exclusivity lock slot not collected: it changed in storage", "value", w.value, "slot", w.slot)
 			continue
 		case w.err != nil:
-			// Unknown, or not issued (the claim ended): the next collection tries again, and finds
-			// it conflicting if it landed, which the value's next take then reads back.
+			// Unknown, or not issued (the claim ended): the next sweep tries again, and finds it
+			// conflicting if it landed, which the value's next take then reads back.
 			q.log().Warn("exclusivity lock slot not collected; will retry", "value", w.value, "slot", w.slot, "error", w.err)
 			q.idleValues = append(q.idleValues, w.value)
 			continue
@@ -659,6 +689,9 @@ func (q *queue) close(why error) {
 	q.gc.stop()
 	if q.doubt != nil {
 		q.doubt.Stop()
+	}
+	if q.sweep != nil {
+		q.sweep.Stop()
 	}
 	for _, w := range q.waiters {
 		close(w.gone)

@@ -468,7 +468,7 @@ func (q *queue) dropLock(w *lockWrite) {
 		q.pending.Release(w.value) // the pop's hold for this take
 		if q.values[w.value] == 0 {
 			// The value's last message was collected while this take was in doubt, and
-			// collectLocks skipped its slots: they go with the next collection.
+			// collectLocks skipped its slots: they go with the next sweep.
 			q.idleValues = append(q.idleValues, w.value)
 		}
 	}
