@@ -837,11 +837,13 @@ func produce(c *client, stop <-chan struct{}, stats *runStats, enqueued chan<- e
 		}
 		reqs := make([]subjects.EnqueueRequest, size)
 		for i := range reqs {
-			// Most messages share six exclusivity values, busy throughout; a quarter have one of
-			// forty others, each rare enough that its messages all end and are collected now and
-			// then (with retention 0), its lock slots with them, before it comes back.
+			// Most messages share six exclusivity values, busy throughout. A quarter of those of
+			// the exclusive queue have one of forty others, each rare enough that its messages all
+			// end and are collected now and then (with retention 0), its lock slots with them,
+			// before it comes back. The pairs queue keeps to the six, so that two of a value run
+			// at once often enough for its check to check something in a short run.
 			value := fmt.Sprintf("v%d", rng.IntN(6))
-			if rng.IntN(4) == 0 {
+			if queue == "exclusive" && rng.IntN(4) == 0 {
 				value = fmt.Sprintf("w%d", rng.IntN(40))
 			}
 			reqs[i] = subjects.EnqueueRequest{
