@@ -399,11 +399,16 @@ func (s *Store) WriteMessage(queue string, r *Record, expect uint64) Write {
 	if err != nil {
 		return Write{err: err}
 	}
-	subject := s.msgSubj + MessageKey(queue, r.ID)
+	return s.writeKey(s.messages, s.msgSubj+MessageKey(queue, r.ID), data, expect)
+}
+
+// writeKey publishes data to the KV key of subject in bucket if its revision is still expect; a
+// create (expect 0) writes over the marker a collection (or a KV delete or purge) left there.
+func (s *Store) writeKey(bucket jetstream.KeyValue, subject string, data []byte, expect uint64) Write {
 	w := s.publish(subject, data, expect, brokerRetries)
 	if expect == 0 {
 		w.overMarker = func(ctx context.Context, conflict error) (uint64, error) {
-			return s.createOverMarker(ctx, s.streams[s.messages], subject, data, conflict)
+			return s.createOverMarker(ctx, s.streams[bucket], subject, data, conflict)
 		}
 	}
 	return w
@@ -541,14 +546,7 @@ func SlotKey(queue, value string, slot int) string {
 // WriteSlot stores l as slot of value's lock in queue if its revision is still expect (0: the key
 // must hold no lock; it may hold the marker CollectSlot left).
 func (s *Store) WriteSlot(queue, value string, slot int, l Lock, expect uint64) Write {
-	subject, data := s.lockSubj+SlotKey(queue, value, slot), EncodeLock(l)
-	w := s.publish(subject, data, expect, brokerRetries)
-	if expect == 0 {
-		w.overMarker = func(ctx context.Context, conflict error) (uint64, error) {
-			return s.createOverMarker(ctx, s.streams[s.locks], subject, data, conflict)
-		}
-	}
-	return w
+	return s.writeKey(s.locks, s.lockSubj+SlotKey(queue, value, slot), EncodeLock(l), expect)
 }
 
 // CollectSlot removes slot of value's lock in queue if its revision is still expect, as
