@@ -24,10 +24,13 @@ import (
 type lock struct {
 	rev    uint64
 	holder string // message id; "" if free
-	// taking: a take's write is in flight, or of unknown outcome (doubtfulLocks): the slot is not
-	// free, whoever holder names.
+	// taking: a take's write is in flight, or of unknown outcome (doubtfulLocks), or a removal's
+	// (collectLocks): the slot is not free, whoever holder names.
 	taking bool
 }
+
+// free reports whether no message holds l and no write of it is in flight.
+func (l *lock) free() bool { return l.holder == "" && !l.taking }
 
 // queue is one queue's engine. Its mutex serialises every decision on the queue; the KV writes
 // decided under it are published and awaited outside it, so a queue's writes are pipelined.
@@ -451,6 +454,7 @@ func (q *queue) collect(es []*entry) {
 		}
 	}
 	q.mu.Lock()
+	q.collectionEnded()
 	for i, e := range es {
 		if errs[i] != nil {
 			q.log().Warn("garbage collection failed; will retry", "message_id", e.ID, "error", errs[i])
@@ -465,7 +469,6 @@ func (q *queue) collect(es []*entry) {
 		}
 		q.endWrite(e)
 	}
-	q.collectionEnded()
 	q.unpark()
 }
 
@@ -554,30 +557,28 @@ func (q *queue) collectLocks(ctx context.Context) {
 	var ws []*lockWrite
 	for _, v := range values {
 		ls := q.locks[v]
-		if ls == nil || q.values[v] > 0 || slices.ContainsFunc(ls, func(l *lock) bool { return l.holder != "" || l.taking }) {
+		if ls == nil || q.values[v] > 0 || !allLocks(ls, (*lock).free) {
 			// Collected already, or a message of the value came since; or a slot is taken or being
 			// taken, which dropLock queues the value again for once it frees the slot.
 			continue
 		}
-		stored := false
+		before := len(ws)
 		for slot, l := range ls {
 			if l.rev != 0 {
 				l.taking = true
 				q.pending.Hold(v)
 				ws = append(ws, &lockWrite{value: v, slot: slot, expect: l.rev})
-				stored = true
 			}
 		}
-		if !stored {
-			delete(q.locks, v)
-			q.locks = index.Trim(q.locks, &q.locksMost)
+		if len(ws) == before { // nothing stored: only the mirror to drop
+			q.dropValue(v)
 		}
 	}
 	if len(ws) == 0 {
 		return
 	}
-	// Not free while their removals are in flight, these slots' values are skipped by a take and by
-	// another call meanwhile (a collection runs one at a time, but a queue's delete does not wait).
+	// Not free while their removals are in flight, these slots are skipped by a take meanwhile (one
+	// sweep runs at a time, but a queue's delete does not wait for it).
 	q.mu.Unlock()
 	acked := q.b.lockAcks.current()
 	writes := make([]kv.Write, len(ws))
@@ -609,11 +610,21 @@ func (q *queue) collectLocks(ctx context.Context) {
 	}
 	for _, w := range ws {
 		ls := q.locks[w.value]
-		if ls != nil && q.values[w.value] == 0 && !slices.ContainsFunc(ls, func(l *lock) bool { return l.holder != "" || l.taking || l.rev != 0 }) {
-			delete(q.locks, w.value)
-			q.locks = index.Trim(q.locks, &q.locksMost)
+		if ls != nil && q.values[w.value] == 0 && allLocks(ls, func(l *lock) bool { return l.free() && l.rev == 0 }) {
+			q.dropValue(w.value)
 		}
 	}
+}
+
+// dropValue forgets value's lock mirror, which holds nothing storage has. Called with q.mu held.
+func (q *queue) dropValue(value string) {
+	delete(q.locks, value)
+	q.locks = index.Trim(q.locks, &q.locksMost)
+}
+
+// allLocks reports whether every lock of ls satisfies f.
+func allLocks(ls []*lock, f func(*lock) bool) bool {
+	return !slices.ContainsFunc(ls, func(l *lock) bool { return !f(l) })
 }
 
 // lockOf returns slot of value's lock mirror, made (with the slots below it) on first use.
@@ -633,7 +644,7 @@ func (q *queue) lockOf(value string, slot int) *lock {
 // no take is writing, or -1 and nil if there is none. Called with q.mu held.
 func (q *queue) freeSlot(value string) (int, *lock) {
 	for slot := range q.cfg.MaxRunningPerValue {
-		if l := q.lockOf(value, slot); l.holder == "" && !l.taking {
+		if l := q.lockOf(value, slot); l.free() {
 			return slot, l
 		}
 	}

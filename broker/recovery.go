@@ -517,9 +517,11 @@ func (rq *recovering) index() (running []*entry) {
 		q.place(k.e)
 	}
 	wg.Wait()
-	for _, e := range rq.entries {
-		if q.entries.get(e.ID) == e { // the one the table kept for its id
-			q.countValue(e.Value(), 1)
+	if q.exclusive() {
+		for _, e := range rq.entries {
+			if q.entries.get(e.ID) == e { // the one the table kept for its id
+				q.countValue(e.Value(), 1)
+			}
 		}
 	}
 	// Only the entry the table kept for an id counts as running (the others are a corruption).
@@ -665,7 +667,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		held[e] = true
 	}
 	// The slots of values the queue has no message of (their last one collected before this start,
-	// or by a version that kept every value's slots) go with the next collections.
+	// or by a version that kept every value's slots) go with the sweeps after it.
 	for v := range q.locks {
 		if q.values[v] == 0 {
 			q.idleValues = append(q.idleValues, v)

@@ -83,7 +83,7 @@ func (q *queue) commit(cs []*change) {
 				q.pending.Release(c.e.Value()) // held by the pop for this lease, free before it
 			}
 			q.endWrite(c.e)
-			if c.create && q.entries.get(c.e.ID) == c.e {
+			if c.create {
 				q.untrack(c.e) // never stored
 			}
 		}
@@ -141,9 +141,7 @@ func (q *queue) finish(cs []*change) {
 			q.log().Warn("message gone from storage", "message_id", e.ID)
 			gone = true
 			q.unplace(e)
-			if q.entries.get(e.ID) == e {
-				q.untrack(e)
-			}
+			q.untrack(e)
 		default:
 			// A lease stays counted (leasing) while in doubt: it may have landed.
 			q.log().Warn("message write outcome unknown; will ask storage again", "message_id", e.ID, "error", c.err)

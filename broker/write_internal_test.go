@@ -690,7 +690,7 @@ func TestUnknownLockWriteAskedAgain(t *testing.T) {
 
 // TestIdleValuesSlotCollectedOnceItsDoubtEnds: a value whose last message is collected while a take
 // of its slot is in doubt keeps its slot (not free to remove); once the doubt ends, the slot is
-// removed with the next collection, as it would have been with the value's last message.
+// removed by the next sweep, as it would have been after the value's last message.
 func TestIdleValuesSlotCollectedOnceItsDoubtEnds(t *testing.T) {
 	b, clk := internalBroker(t)
 	ctx := context.Background()
@@ -732,10 +732,10 @@ func TestIdleValuesSlotCollectedOnceItsDoubtEnds(t *testing.T) {
 	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: "B", LeaseID: ms[0].LeaseID}); err != nil {
 		t.Fatal(err)
 	}
-	clk.Advance(time.Second) // B's collection, which takes v1's slot with it, and v2's
+	clk.Advance(time.Second) // B's collection, then the sweep, which takes v1's slot, and v2's
 	for _, v := range []string{"v1", "v2"} {
 		if l, _, err := b.store.GetSlot(ctx, "q", v, 0); !errors.Is(err, kv.ErrNotFound) {
-			t.Errorf("%s's slot after the collection: %+v, %v; want none", v, l, err)
+			t.Errorf("%s's slot after the sweep: %+v, %v; want none", v, l, err)
 		}
 	}
 	q.mu.Lock()
