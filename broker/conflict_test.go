@@ -46,45 +46,73 @@ func TestLockConflictIsRecovered(t *testing.T) {
 
 // TestLockConflictWithAnotherWritersHolder: another writer wrote a value's lock behind the broker's
 // back. A lock that names a message which has ended here holds nothing, so after the conflict the
-// value is free at once. A lock that names a message the broker does not know may be a running
-// message of another writer's, so the value stays held until a restart reconciles the locks with
-// the messages in storage.
+// value is free at once. A lock that names a message the broker does not know holds the value until
+// the doubt timer has read that message's record: gone (collected) or ended, it can never run under
+// the lock's lease, and the value is free; stored and not ended, it may be a running message of
+// another writer's, and the value stays held until a restart reconciles the locks with the messages
+// in storage.
 func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
-	for i, id := range []string{"a", "b", "c"} {
+	for i, id := range []string{"a", "b", "c", "d", "f"} {
 		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": "foo"}})
 	}
-	a := e.dequeueOne("x")
-	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: a.ID, LeaseID: a.LeaseID})
-	overwrite := func(lock string) {
+	overwrite := func(holder string) {
 		t.Helper()
-		locks, err := e.jetStream().KeyValue(context.Background(), "natstone-locks")
+		e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: holder, LeaseID: "elsewhere"}))
+	}
+	// stranger stores a record of another writer's, in state, that this broker never loaded.
+	stranger := func(id string, state subjects.State) {
+		t.Helper()
+		rec, err := kv.EncodeRecord(&kv.Record{ID: id, State: state, Priority: 100, Metadata: map[string]string{"p": "foo"}, Version: 2, MaxAttempts: 3, LeaseID: "elsewhere"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := locks.Put(context.Background(), kv.LockKey("x", "foo"), []byte(lock)); err != nil {
-			t.Fatal(err)
+		e.storeRaw("$KV.natstone-messages."+kv.MessageKey("x", id), rec)
+	}
+	next := func(want string) {
+		t.Helper()
+		m := e.dequeueOne("x")
+		if m.ID != want {
+			t.Fatalf("dequeued %s, want %s", m.ID, want)
+		}
+		must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
+	}
+	held := func(why string) {
+		t.Helper()
+		if got := e.dequeue("x", subjects.DequeueRequest{}); len(got) != 0 {
+			t.Fatalf("foo is held (%s), yet dequeued %v", why, ids(got))
 		}
 	}
 
-	overwrite(`{"message_id":"a","lease_id":"elsewhere"}`)
+	next("a")
+	overwrite("a")
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
-	b := e.dequeueOne("x")
-	if b.ID != "b" {
-		t.Fatalf("after the conflict with ended a's lock: dequeued %s, want b", b.ID)
-	}
-	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: b.ID, LeaseID: b.LeaseID})
+	next("b") // a has ended here: its lock held nothing
 
-	overwrite(`{"message_id":"unknown","lease_id":"elsewhere"}`)
+	overwrite("gone") // a message that has no record: collected
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
-	if got := e.dequeue("x", subjects.DequeueRequest{}); len(got) != 0 {
-		t.Fatalf("foo is held by another writer's message, yet dequeued %v", ids(got))
+	held("until the record of gone is read")
+	e.advance(2 * time.Second) // the doubt timer
+	next("c")
+
+	stranger("done", subjects.StateCompleted)
+	overwrite("done")
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	e.advance(2 * time.Second)
+	next("d")
+
+	stranger("running", subjects.StateRunning)
+	overwrite("running")
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	for range 2 { // its record read: held all the same
+		e.advance(2 * time.Second)
+		held("by another writer's running message")
 	}
 	e.restartAll()
-	if got := e.dequeueOne("x"); got.ID != "c" {
-		t.Fatalf("after the restart: dequeued %s, want c", got.ID)
+	if got := e.dequeueOne("x"); got.ID != "f" {
+		t.Fatalf("after the restart: dequeued %s, want f", got.ID)
 	}
 }
 

@@ -64,6 +64,7 @@ type queue struct {
 	requests      map[string]*dequeueRecord // dequeue request id → its leases
 	doubtful      []*change                 // writes of unknown outcome, their entries kept busy
 	doubtfulLocks []*lockWrite              // lock writes of unknown outcome, for leases not written; their values kept held
+	strangers     []*lockWrite              // slots another writer took for a message not known here (dropLock): their values held until askHolder says the message has ended
 	doubt         clock.Timer               // issues the doubtful writes again
 	doubtArmed    bool
 	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
@@ -252,7 +253,7 @@ func (q *queue) settle() {
 	if q.closed != nil {
 		return
 	}
-	if q.doubts() > 0 && !q.doubtArmed {
+	if q.doubting() && !q.doubtArmed {
 		q.doubtArmed = true
 		if q.doubt == nil {
 			q.doubt = q.b.clock.AfterFunc(doubtRetry, q.fireDoubt)

@@ -173,12 +173,12 @@ var errNotServing = subjects.Errorf(subjects.CodeUnavailable, "the broker has no
 const doubtRetry = 2 * time.Second
 
 // fireDoubt issues the doubtful writes again (same record, same expected revision) and applies
-// whatever storage now says.
+// whatever storage now says; it asks, too, about the messages the strangers' slots name.
 func (q *queue) fireDoubt() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.doubtArmed = false
-	if q.closed != nil || q.doubts() == 0 {
+	if q.closed != nil || !q.doubting() {
 		return
 	}
 	if !q.b.claim.held() {
@@ -198,11 +198,16 @@ func (q *queue) fireDoubt() {
 // doubts returns how many writes of unknown outcome wait to be issued again. Called with q.mu held.
 func (q *queue) doubts() int { return len(q.doubtful) + len(q.doubtfulLocks) }
 
+// doubting reports whether the doubt timer has work: writes of unknown outcome, or strangers'
+// holders to ask about. Called with q.mu held.
+func (q *queue) doubting() bool { return q.doubts() > 0 || len(q.strangers) > 0 }
+
 // resolveDoubts issues the doubtful writes again and applies what storage says; those whose
-// outcome is still unknown stay doubtful. Called and returns with q.mu held, released meanwhile.
+// outcome is still unknown stay doubtful. It also asks storage about the holders of the strangers'
+// slots. Called and returns with q.mu held, released meanwhile.
 func (q *queue) resolveDoubts() {
-	cs, ws := q.doubtful, q.doubtfulLocks
-	q.doubtful, q.doubtfulLocks = nil, nil
+	cs, ws, ss := q.doubtful, q.doubtfulLocks, q.strangers
+	q.doubtful, q.doubtfulLocks, q.strangers = nil, nil, nil
 	q.mu.Unlock()
 	ctx := context.Background()
 	for _, c := range cs {
@@ -211,11 +216,73 @@ func (q *queue) resolveDoubts() {
 	for _, w := range ws {
 		q.resolveLock(ctx, w)
 	}
+	asked := make([]holderSays, len(ss))
+	for i, w := range ss {
+		asked[i] = q.askHolder(ctx, w)
+	}
 	q.mu.Lock()
 	for _, w := range ws {
 		q.dropLock(w)
 	}
+	for i, w := range ss {
+		q.settleStranger(w, asked[i])
+	}
 	q.finish(cs)
+}
+
+// holderSays is what storage says of the message a stranger's slot names (askHolder).
+type holderSays int
+
+const (
+	holderUnknown holderSays = iota // the read failed: ask again
+	holderEnded                     // collected, or ended: it can never run under the slot's lease
+	holderMayRun                    // stored and not ended (or not decodable): the slot holds its value
+)
+
+// askHolder reads, from the messages bucket's leader, the record of the message that another
+// writer's take of w's slot names. The take wrote the slot after the message's create was stored
+// (a broker indexes a message only then), so a leader's "not found" means it was collected. A
+// message gone or ended can never run under the slot's lease: that lease's write expects the
+// revision its writer read the message pending at, and every write since (the end, the
+// collection's marker) moved the key past it. Called without q.mu.
+func (q *queue) askHolder(ctx context.Context, w *lockWrite) holderSays {
+	r, rev, err := q.b.store.GetMessage(ctx, q.name, w.truth.MessageID)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		return holderEnded
+	case err == nil && r.State.Terminal():
+		return holderEnded
+	case err == nil || rev != 0: // a record that does not decode is stored all the same
+		return holderMayRun
+	}
+	q.log().Debug("exclusivity lock slot's holder not read; asking again", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID, "error", err)
+	return holderUnknown
+}
+
+// settleStranger frees w's slot if its holder has ended in storage, and the slot is as dropLock
+// left it; a holder that may run keeps it until a restart reconciles the slots with the messages
+// (recovery), and one not read yet is asked about again at the next doubt. Called with q.mu held.
+func (q *queue) settleStranger(w *lockWrite, says holderSays) {
+	if q.closed != nil {
+		return
+	}
+	switch says {
+	case holderUnknown:
+		q.strangers = append(q.strangers, w)
+		return
+	case holderMayRun:
+		q.log().Warn("exclusivity lock slot held by another writer's message, which may run: the value is held until a restart", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
+		return
+	}
+	ls := q.locks[w.value]
+	if w.slot >= len(ls) {
+		return
+	}
+	if l := ls[w.slot]; l.rev == w.rev && l.holder == w.truth.MessageID && !l.taking {
+		q.log().Info("exclusivity lock slot freed: the message another writer took it for has ended", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
+		l.holder = ""
+		q.releaseSlot(w.value)
+	}
 }
 
 // resolve learns the outcome of a write that failed. An unknown outcome (a timeout) is resolved by
@@ -440,11 +507,13 @@ func (q *queue) takeLocks(cs []*change) []*change {
 // dropLock settles the slot of a take whose lease is not written, from what its lock write did.
 // A lock that landed names a lease that never ran, so it holds nothing. A lock another writer wrote
 // holds nothing if it names a message that has ended here, since an ended message runs again only
-// once retried, and a retry, like a lease, reaches a client only from the broker holding the claim;
-// otherwise whether its holder runs is known only from storage's messages, which a restart's
-// reconcile reads, and until then the slot stays taken (the value held once more in the index).
-// While the write's outcome is unknown the slot stays taken and the write is doubtful: the doubt
-// timer asks storage again. Called with q.mu held.
+// once retried, and a retry, like a lease, reaches a client only from the broker holding the claim.
+// One that names a message this broker does not know (collected here, or another writer's) is a
+// stranger: the slot stays taken, the value held once more in the index, until the doubt timer
+// has read that message's record (askHolder). A message known here and not ended keeps it until a
+// restart's reconcile, which reads storage's messages. While the write's outcome is unknown the
+// slot stays taken and the write is doubtful: the doubt timer asks storage again. Called with q.mu
+// held.
 func (q *queue) dropLock(w *lockWrite) {
 	l := q.lockOf(w.value, w.slot)
 	switch {
@@ -454,7 +523,10 @@ func (q *queue) dropLock(w *lockWrite) {
 		l.rev, l.holder = 0, ""
 	case errors.Is(w.err, kv.ErrConflict):
 		l.rev, l.holder = w.rev, w.truth.MessageID
-		if h := q.entries.get(l.holder); h != nil && h.State().Terminal() {
+		switch h := q.entries.get(l.holder); {
+		case h == nil:
+			q.strangers = append(q.strangers, w) // storage says whether it can run (askHolder)
+		case h.State().Terminal():
 			l.holder = ""
 		}
 	default:
@@ -463,12 +535,18 @@ func (q *queue) dropLock(w *lockWrite) {
 	}
 	l.taking = false
 	if l.holder == "" {
-		q.pending.Release(w.value) // the pop's hold for this take
-		if q.values[w.value] == 0 {
-			// The value's last message was collected while this take was in doubt, and
-			// collectLocks skipped its slots: they go with the next sweep.
-			q.idleValues = append(q.idleValues, w.value)
-		}
+		q.releaseSlot(w.value) // the pop's hold for this take
+	}
+}
+
+// releaseSlot releases value's hold in the index for a slot just freed that no message had held
+// here. Called with q.mu held.
+func (q *queue) releaseSlot(value string) {
+	q.pending.Release(value)
+	if q.values[value] == 0 {
+		// The value's last message was collected while its slot was taken (a take in doubt, or
+		// another writer's), and collectLocks skipped its slots: they go with the next sweep.
+		q.idleValues = append(q.idleValues, value)
 	}
 }
 
