@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -47,29 +48,33 @@ func TestLockConflictIsRecovered(t *testing.T) {
 // TestLockConflictWithAnotherWritersHolder: another writer wrote a value's lock behind the broker's
 // back. A lock that names a message which has ended here holds nothing, so after the conflict the
 // value is free at once. A lock that names a message the broker does not know holds the value until
-// the doubt timer has read that message's record: gone (collected) or ended, it can never run under
-// the lock's lease, and the value is free; stored and not ended, it may be a running message of
-// another writer's, and the value stays held until a restart reconciles the locks with the messages
-// in storage.
+// the doubt timer has read that message's record and fenced it with a write at the revision read
+// (the other writer's lease, expecting an older one, then cannot land): gone, ended or pending, the
+// message can no longer run under the lock's lease, and the value is free; running, it may be
+// another writer's, and the value stays held until a restart reconciles the locks with the
+// messages in storage.
 func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	ctx := context.Background()
 	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
-	for i, id := range []string{"a", "b", "c", "d", "f"} {
+	for i, id := range []string{"a", "b", "c", "d", "f", "g"} {
 		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": "foo"}})
 	}
 	overwrite := func(holder string) {
 		t.Helper()
 		e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: holder, LeaseID: "elsewhere"}))
 	}
-	// stranger stores a record of another writer's, in state, that this broker never loaded.
-	stranger := func(id string, state subjects.State) {
+	// stranger stores a record of another writer's, in state, that this broker never loaded, and
+	// returns it with its revision.
+	stranger := func(id string, state subjects.State) (kv.Record, uint64) {
 		t.Helper()
-		rec, err := kv.EncodeRecord(&kv.Record{ID: id, State: state, Priority: 100, Metadata: map[string]string{"p": "foo"}, Version: 2, MaxAttempts: 3, LeaseID: "elsewhere"})
+		r := kv.Record{ID: id, State: state, Priority: 100, Metadata: map[string]string{"p": "foo"}, Version: 2, MaxAttempts: 3}
+		rev, err := e.store().WriteMessage("x", &r, 0).Wait(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.storeRaw("$KV.natstone-messages."+kv.MessageKey("x", id), rec)
+		return r, rev
 	}
 	next := func(want string) {
 		t.Helper()
@@ -85,34 +90,85 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 			t.Fatalf("foo is held (%s), yet dequeued %v", why, ids(got))
 		}
 	}
+	conflict := func(holder string) {
+		t.Helper()
+		overwrite(holder)
+		fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+		held("until the record of " + holder + " is fenced")
+	}
 
 	next("a")
 	overwrite("a")
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
 	next("b") // a has ended here: its lock held nothing
 
-	overwrite("gone") // a message that has no record: collected
-	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
-	held("until the record of gone is read")
-	e.advance(2 * time.Second) // the doubt timer
+	conflict("gone") // a message without a record
+	e.advance(2 * time.Second)
+	if _, _, err := e.store().GetMessage(ctx, "x", "gone"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("gone after its fence: %v, want not found", err)
+	}
 	next("c")
 
 	stranger("done", subjects.StateCompleted)
-	overwrite("done")
-	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	conflict("done")
 	e.advance(2 * time.Second)
 	next("d")
 
+	// A pending message, whose lease the other writer may be writing: the fence makes that write
+	// conflict.
+	waiting, rev := stranger("waiting", subjects.StatePending)
+	conflict("waiting")
+	e.advance(2 * time.Second)
+	waiting.State, waiting.LeaseID, waiting.Version = subjects.StateRunning, "elsewhere", 3
+	if _, err := e.store().WriteMessage("x", &waiting, rev).Wait(ctx); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("the other writer's lease of waiting after the fence: %v, want a conflict", err)
+	}
+	next("f")
+
 	stranger("running", subjects.StateRunning)
-	overwrite("running")
-	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
-	for range 2 { // its record read: held all the same
+	conflict("running")
+	for range 2 {
 		e.advance(2 * time.Second)
 		held("by another writer's running message")
 	}
 	e.restartAll()
-	if got := e.dequeueOne("x"); got.ID != "f" {
-		t.Fatalf("after the restart: dequeued %s, want f", got.ID)
+	if got := e.dequeueOne("x"); got.ID != "g" {
+		t.Fatalf("after the restart: dequeued %s, want g", got.ID)
+	}
+}
+
+// TestLockConflictWithAHolderBeingCollected: another writer's lock names a message whose key holds a
+// collection's marker. The fence, a marker expecting no message, conflicts with it, so the value
+// stays held and the holder is asked about again at each doubt timer, until the key is empty.
+func TestLockConflictWithAHolderBeingCollected(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "b", Metadata: map[string]string{"p": "foo"}})
+	key := "$KV.natstone-messages." + kv.MessageKey("x", "a")
+	// A marker without a TTL: it stays until purged.
+	if _, err := e.jetStream().PublishMsg(ctx, natsMsg(key, nil, map[string]string{"KV-Operation": "PURGE"})); err != nil {
+		t.Fatal(err)
+	}
+	e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: "a", LeaseID: "elsewhere"}))
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	for range 2 {
+		e.advance(2 * time.Second)
+		if got := e.dequeue("x", subjects.DequeueRequest{}); len(got) != 0 {
+			t.Fatalf("foo is held while a's key holds a marker, yet dequeued %v", ids(got))
+		}
+	}
+	st, err := e.jetStream().Stream(ctx, "KV_natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(key)); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(2 * time.Second)
+	if got := e.dequeueOne("x"); got.ID != "b" {
+		t.Fatalf("once a's key is empty: dequeued %s, want b", got.ID)
 	}
 }
 

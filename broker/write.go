@@ -192,7 +192,12 @@ func (q *queue) fireDoubt() {
 		return
 	}
 	defer q.b.wg.Done()
-	q.resolveDoubts()
+	if q.doubts() > 0 {
+		q.resolveDoubts()
+	}
+	if len(q.strangers) > 0 {
+		q.askStrangers()
+	}
 }
 
 // doubts returns how many writes of unknown outcome wait to be issued again. Called with q.mu held.
@@ -203,11 +208,10 @@ func (q *queue) doubts() int { return len(q.doubtful) + len(q.doubtfulLocks) }
 func (q *queue) doubting() bool { return q.doubts() > 0 || len(q.strangers) > 0 }
 
 // resolveDoubts issues the doubtful writes again and applies what storage says; those whose
-// outcome is still unknown stay doubtful. It also asks storage about the holders of the strangers'
-// slots. Called and returns with q.mu held, released meanwhile.
+// outcome is still unknown stay doubtful. Called and returns with q.mu held, released meanwhile.
 func (q *queue) resolveDoubts() {
-	cs, ws, ss := q.doubtful, q.doubtfulLocks, q.strangers
-	q.doubtful, q.doubtfulLocks, q.strangers = nil, nil, nil
+	cs, ws := q.doubtful, q.doubtfulLocks
+	q.doubtful, q.doubtfulLocks = nil, nil
 	q.mu.Unlock()
 	ctx := context.Background()
 	for _, c := range cs {
@@ -216,61 +220,98 @@ func (q *queue) resolveDoubts() {
 	for _, w := range ws {
 		q.resolveLock(ctx, w)
 	}
-	asked := make([]holderSays, len(ss))
-	for i, w := range ss {
-		asked[i] = q.askHolder(ctx, w)
-	}
 	q.mu.Lock()
 	for _, w := range ws {
 		q.dropLock(w)
 	}
-	for i, w := range ss {
-		q.settleStranger(w, asked[i])
-	}
 	q.finish(cs)
+}
+
+// askStrangers asks storage whether the messages the strangers' slots name can still run under
+// the slots' leases (askHolder), frees the slots of those that cannot, and hands what that frees
+// to waiting dequeues. Called and returns with q.mu held, released meanwhile.
+func (q *queue) askStrangers() {
+	ss := q.strangers
+	q.strangers = nil
+	q.mu.Unlock()
+	said := make([]holderSays, len(ss))
+	for i, w := range ss {
+		said[i] = q.askHolder(w)
+	}
+	q.mu.Lock()
+	for i, w := range ss {
+		q.settleStranger(w, said[i])
+	}
+	q.settle()
 }
 
 // holderSays is what storage says of the message a stranger's slot names (askHolder).
 type holderSays int
 
 const (
-	holderUnknown holderSays = iota // the read failed: ask again
-	holderEnded                     // collected, or ended: it can never run under the slot's lease
-	holderMayRun                    // stored and not ended (or not decodable): the slot holds its value
+	holderUnknown holderSays = iota // no answer yet: ask again
+	holderFenced                    // it can never run under the slot's lease
+	holderRuns                      // it is running (or its record does not decode): it may hold the slot
 )
 
-// askHolder reads, from the messages bucket's leader, the record of the message that another
-// writer's take of w's slot names. The take wrote the slot after the message's create was stored
-// (a broker indexes a message only then), so a leader's "not found" means it was collected. A
-// message gone or ended can never run under the slot's lease: that lease's write expects the
-// revision its writer read the message pending at, and every write since (the end, the
-// collection's marker) moved the key past it. Called without q.mu.
-func (q *queue) askHolder(ctx context.Context, w *lockWrite) holderSays {
-	r, rev, err := q.b.store.GetMessage(ctx, q.name, w.truth.MessageID)
+// maxStrangerAsks bounds how many doubt timers in a row ask about a stranger's holder without an
+// answer (a minute's worth); the slot then stays taken until a restart.
+const maxStrangerAsks = 30
+
+// askHolder learns whether the message another writer's take of w's slot names can still run under
+// the slot's lease. It reads the message's record, then fences it with a write at the revision read:
+// a record not running is written again as it is, and a key without one gets a purge marker
+// (expecting no message; the server drops it a second later). Either write makes every write of the
+// message expecting an older revision conflict, the other writer's lease among them, so the message
+// can never run under that lease: a lease needs a new take of the slot, which moves the slot's
+// revision. The write, not the read, decides: a read may come from a stream's leader just elected,
+// before it has applied what it committed. A conflict (the key changed since the read, or a
+// collection's marker is still there) is asked about again at the next doubt. Called without q.mu.
+func (q *queue) askHolder(w *lockWrite) holderSays {
+	id := w.truth.MessageID
+	var r kv.Record
+	var rev uint64
+	err := q.b.readAgain(context.Background(), q.b.msgAcks, func(ctx context.Context) (err error) {
+		r, rev, err = q.b.store.GetMessage(ctx, q.name, id)
+		return err
+	})
+	var fence func() kv.Write
 	switch {
 	case errors.Is(err, kv.ErrNotFound):
-		return holderEnded
-	case err == nil && r.State.Terminal():
-		return holderEnded
+		fence = func() kv.Write { return q.b.store.CollectMessage(q.name, id, 0) }
+	case err == nil && r.State != subjects.StateRunning:
+		fence = func() kv.Write { return q.b.store.WriteMessage(q.name, &r, rev) }
 	case err == nil || rev != 0: // a record that does not decode is stored all the same
-		return holderMayRun
+		return holderRuns
+	default:
+		q.log().Debug("exclusivity lock slot's holder not read; asking again", "value", w.value, "slot", w.slot, "message_id", id, "error", err)
+		return holderUnknown
 	}
-	q.log().Debug("exclusivity lock slot's holder not read; asking again", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID, "error", err)
-	return holderUnknown
+	ctx, cancel := context.WithTimeout(context.Background(), q.b.cfg.WriteTimeout)
+	defer cancel()
+	if _, err := q.b.msgAcks.issue(ctx, fence); err != nil {
+		q.log().Debug("exclusivity lock slot's holder not fenced; asking again", "value", w.value, "slot", w.slot, "message_id", id, "error", err)
+		return holderUnknown
+	}
+	return holderFenced
 }
 
-// settleStranger frees w's slot if its holder has ended in storage, and the slot is as dropLock
-// left it; a holder that may run keeps it until a restart reconciles the slots with the messages
-// (recovery), and one not read yet is asked about again at the next doubt. Called with q.mu held.
-func (q *queue) settleStranger(w *lockWrite, says holderSays) {
+// settleStranger frees w's slot if its holder can no longer run under the slot's lease and the slot
+// is as dropLock left it. A holder that runs keeps it until a restart reconciles the slots with the
+// messages (recovery), and one without an answer is asked about again at the next doubt, up to
+// maxStrangerAsks times. Called with q.mu held.
+func (q *queue) settleStranger(w *lockWrite, said holderSays) {
 	if q.closed != nil {
 		return
 	}
-	switch says {
+	switch said {
 	case holderUnknown:
-		q.strangers = append(q.strangers, w)
-		return
-	case holderMayRun:
+		if w.asks++; w.asks < maxStrangerAsks {
+			q.strangers = append(q.strangers, w)
+			return
+		}
+		fallthrough
+	case holderRuns:
 		q.log().Warn("exclusivity lock slot held by another writer's message, which may run: the value is held until a restart", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
 		return
 	}
@@ -279,7 +320,7 @@ func (q *queue) settleStranger(w *lockWrite, says holderSays) {
 		return
 	}
 	if l := ls[w.slot]; l.rev == w.rev && l.holder == w.truth.MessageID && !l.taking {
-		q.log().Info("exclusivity lock slot freed: the message another writer took it for has ended", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
+		q.log().Info("exclusivity lock slot freed: the message another writer took it for cannot run", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
 		l.holder = ""
 		q.releaseSlot(w.value)
 	}
@@ -385,6 +426,7 @@ type lockWrite struct {
 	rev    uint64
 	err    error
 	truth  *kv.Lock // on a conflict: what storage holds (nil: no key)
+	asks   int      // a stranger's (dropLock): the doubt timers that asked about its holder without an answer
 	// reissued: issued again for an unknown outcome at least once (and logged so)
 	reissued bool
 }
@@ -510,8 +552,8 @@ func (q *queue) takeLocks(cs []*change) []*change {
 // once retried, and a retry, like a lease, reaches a client only from the broker holding the claim.
 // One that names a message this broker does not know (collected here, or another writer's) is a
 // stranger: the slot stays taken, the value held once more in the index, until the doubt timer
-// has read that message's record (askHolder). A message known here and not ended keeps it until a
-// restart's reconcile, which reads storage's messages. While the write's outcome is unknown the
+// has fenced that message's record (askHolder). A message known here and not ended keeps it until
+// a restart's reconcile, which reads storage's messages. While the write's outcome is unknown the
 // slot stays taken and the write is doubtful: the doubt timer asks storage again. Called with q.mu
 // held.
 func (q *queue) dropLock(w *lockWrite) {
@@ -525,7 +567,7 @@ func (q *queue) dropLock(w *lockWrite) {
 		l.rev, l.holder = w.rev, w.truth.MessageID
 		switch h := q.entries.get(l.holder); {
 		case h == nil:
-			q.strangers = append(q.strangers, w) // storage says whether it can run (askHolder)
+			q.strangers = append(q.strangers, w) // storage says whether it can still run (askHolder)
 		case h.State().Terminal():
 			l.holder = ""
 		}
