@@ -49,16 +49,16 @@ func TestLockConflictIsRecovered(t *testing.T) {
 // back. A lock that names a message which has ended here holds nothing, so after the conflict the
 // value is free at once. A lock that names a message the broker does not know holds the value until
 // the doubt timer has read that message's record and fenced it with a write at the revision read
-// (the other writer's lease, expecting an older one, then cannot land): gone, ended or pending, the
-// message can no longer run under the lock's lease, and the value is free; running, it may be
-// another writer's, and the value stays held until a restart reconciles the locks with the
-// messages in storage.
+// (the other writer's lease, expecting an older one, then cannot land): gone, ended or pending (a
+// message known here too), the message can no longer run under the lock's lease, and the value is
+// free; running, it may be another writer's, and the value stays held until a restart reconciles
+// the locks with the messages in storage.
 func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
 	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
-	for i, id := range []string{"a", "b", "c", "d", "f", "g"} {
+	for i, id := range []string{"a", "b", "c", "d", "f", "g", "h", "k"} {
 		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": "foo"}})
 	}
 	overwrite := func(holder string) {
@@ -125,6 +125,14 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	}
 	next("f")
 
+	// A message pending here, which another writer may be leasing: fenced the same way. This
+	// broker's first lease of it then conflicts, and it is reloaded.
+	conflict("h")
+	e.advance(2 * time.Second)
+	next("g")
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	next("h")
+
 	stranger("running", subjects.StateRunning)
 	conflict("running")
 	for range 2 {
@@ -132,8 +140,8 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 		held("by another writer's running message")
 	}
 	e.restartAll()
-	if got := e.dequeueOne("x"); got.ID != "g" {
-		t.Fatalf("after the restart: dequeued %s, want g", got.ID)
+	if got := e.dequeueOne("x"); got.ID != "k" {
+		t.Fatalf("after the restart: dequeued %s, want k", got.ID)
 	}
 }
 

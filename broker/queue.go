@@ -64,7 +64,7 @@ type queue struct {
 	requests      map[string]*dequeueRecord // dequeue request id → its leases
 	doubtful      []*change                 // writes of unknown outcome, their entries kept busy
 	doubtfulLocks []*lockWrite              // lock writes of unknown outcome, for leases not written; their values kept held
-	strangers     []*lockWrite              // slots another writer took for a message not known here (dropLock): their values held until askHolder says the message has ended
+	strangers     []*lockWrite              // slots another writer took for a message not running here (dropLock): their values held until askHolder has fenced it
 	doubt         clock.Timer               // issues the doubtful writes again
 	doubtArmed    bool
 	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock

@@ -550,10 +550,10 @@ func (q *queue) takeLocks(cs []*change) []*change {
 // A lock that landed names a lease that never ran, so it holds nothing. A lock another writer wrote
 // holds nothing if it names a message that has ended here, since an ended message runs again only
 // once retried, and a retry, like a lease, reaches a client only from the broker holding the claim.
-// One that names a message this broker does not know (collected here, or another writer's) is a
-// stranger: the slot stays taken, the value held once more in the index, until the doubt timer
-// has fenced that message's record (askHolder). A message known here and not ended keeps it until
-// a restart's reconcile, which reads storage's messages. While the write's outcome is unknown the
+// One that names a message this broker does not know (collected here, or another writer's), or one
+// it knows not to be running, is a stranger: the slot stays taken, the value held once more in the
+// index, until the doubt timer has fenced that message's record (askHolder). One that names a
+// message running here (under another lease) is freed with it (freeLocks). While the write's outcome is unknown the
 // slot stays taken and the write is doubtful: the doubt timer asks storage again. Called with q.mu
 // held.
 func (q *queue) dropLock(w *lockWrite) {
@@ -566,10 +566,10 @@ func (q *queue) dropLock(w *lockWrite) {
 	case errors.Is(w.err, kv.ErrConflict):
 		l.rev, l.holder = w.rev, w.truth.MessageID
 		switch h := q.entries.get(l.holder); {
-		case h == nil:
-			q.strangers = append(q.strangers, w) // storage says whether it can still run (askHolder)
-		case h.State().Terminal():
+		case h != nil && h.State().Terminal():
 			l.holder = ""
+		case h == nil || h.State() != subjects.StateRunning:
+			q.strangers = append(q.strangers, w) // storage says whether it can still run (askHolder)
 		}
 	default:
 		q.doubtfulLocks = append(q.doubtfulLocks, w)
