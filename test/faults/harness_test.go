@@ -596,6 +596,8 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats.asked = strings.Count(string(b), "whose election was not announced to the broker")
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
 	stats.behind = strings.Count(string(b), "read back after a conflict from a server behind")
+	stats.fenced = strings.Count(string(b), "the message another writer took it for cannot run")
+	stats.heldByOthers = strings.Count(string(b), "exclusivity lock slot held by another writer's message")
 	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
 	stats.snapshotStarts = strings.Count(string(b), ` from=snapshot `)
 	if n := strings.Count(string(b), "no exclusivity lock slot names a message leaving running"); n > 0 {
@@ -719,6 +721,8 @@ type runStats struct {
 	orphans                                int    // payloads without a record that starts deleted
 	stale                                  int    // loads that starts read again (a replica behind)
 	behind                                 int    // conflicts' reads back that a server behind answered, asked again
+	fenced                                 int    // lock slots another writer took, freed once their holders were fenced
+	heldByOthers                           int    // lock slots another writer took for a message running in storage, held until a restart
 	told, asked                            int    // leader elections JetStream's advisories told, and natstone found by asking
 	paused                                 int    // brokers paused past their claim (standby runs)
 	pausedStarting                         int    // brokers paused in their start, once they took the claim
