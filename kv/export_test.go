@@ -24,6 +24,10 @@ func (s *Store) SetScanLeaderLast(f func(last uint64) uint64) { s.scanLeaderLast
 // SetScanRead makes scan call f once it has read everything, before it checks with the leader.
 func (s *Store) SetScanRead(f func()) { s.scanRead = f }
 
+// SetMarkerGrace replaces how long past its TTL a collection's marker may stay before a scan writes
+// it again.
+func (s *Store) SetMarkerGrace(d time.Duration) { s.markerGrace = d }
+
 // SetMaxDeleted replaces how many deleted sequences of the bodies stream ReadBodies lists.
 func (s *Store) SetMaxDeleted(n uint64) { s.maxDeleted = n }
 

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,6 +57,9 @@ func unheardPause(ctx context.Context, n int) error {
 // the replica missed a value up to it; and a replica that applies writes while the load reads it
 // (one catching up) may deliver an older value of a key and then skip or miss the newer one. In
 // either case scan returns ErrStale, after fn saw values that may be stale.
+//
+// A collection's marker that the server did not remove in its time (staleMarker) is written again
+// once the scan has read everything, so that it goes.
 func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string, fn func(key string, value []byte, rev uint64) error) error {
 	prefix := "$KV." + bucket.Bucket() + "."
 	read := scanSpec{
@@ -62,8 +67,12 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 		stream: s.streams[bucket],
 		config: jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, FilterSubject: prefix + keys},
 	}
-	return s.scanStream(ctx, read, func(m jetstream.Msg, seq uint64) error {
-		if marker(m.Headers()) {
+	var stale []Write
+	err := s.scanStream(ctx, read, func(m jetstream.Msg, seq uint64) error {
+		if h := m.Headers(); marker(h) {
+			if s.staleMarker(m, h) {
+				stale = append(stale, s.collectKey(m.Subject(), seq))
+			}
 			return nil
 		}
 		key, ok := strings.CutPrefix(m.Subject(), prefix)
@@ -72,6 +81,66 @@ func (s *Store) scan(ctx context.Context, bucket jetstream.KeyValue, keys string
 		}
 		return fn(key, m.Data(), seq)
 	})
+	if len(stale) > 0 {
+		s.collectedAgain(ctx, bucket.Bucket(), stale)
+	}
+	return err
+}
+
+// markerGrace is how long past its TTL a collection's marker may stay before a scan takes it for one
+// the server will not remove: far more than the server's expiry takes, and than the clocks of the
+// server and the broker are likely to differ by.
+const markerGrace = time.Minute
+
+// staleMarker reports whether m, a marker with headers h, is a collection's marker (one with a TTL)
+// that has outlived its TTL by markerGrace: one the server no longer means to remove. After an
+// unclean stop, nats-server (2.15.2) was seen keeping thousands of them for good, each a message
+// and an index entry of its stream, and making a start's snapshot useless (snapshotCurrent's
+// counts differ).
+func (s *Store) staleMarker(m jetstream.Msg, h nats.Header) bool {
+	ttl, ok := parseTTL(h.Get(jetstream.MsgTTLHeader))
+	if !ok {
+		return false // not a collection's marker, or one meant to stay
+	}
+	meta, err := m.Metadata()
+	if err != nil {
+		return false
+	}
+	return time.Since(meta.Timestamp) > ttl+cmp.Or(s.markerGrace, markerGrace)
+}
+
+// parseTTL reads a Nats-TTL header: a Go duration, or whole seconds; "never" and anything else
+// that does not parse to a positive time is not a TTL.
+func parseTTL(v string) (time.Duration, bool) {
+	if d, err := time.ParseDuration(v); err == nil {
+		return d, d > 0
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 && n < math.MaxInt64/int64(time.Second) {
+		return time.Duration(n) * time.Second, true
+	}
+	return 0, false
+}
+
+// collectedAgain waits for the writes of stale markers' replacements, each a marker at the stale
+// one's revision with a TTL the server now tracks, and logs how many landed. One that conflicts
+// was replaced already; one that fails is left for the next start.
+func (s *Store) collectedAgain(ctx context.Context, bucket string, writes []Write) {
+	landed, failed := 0, 0
+	var last error
+	for _, w := range writes {
+		switch _, err := w.Wait(ctx); {
+		case err == nil:
+			landed++
+		case !errors.Is(err, ErrConflict):
+			failed++
+			last = err
+		}
+	}
+	attrs := []any{"bucket", bucket, "markers", len(writes), "written", landed}
+	if failed > 0 {
+		attrs = append(attrs, "failed", failed, "error", last)
+	}
+	s.log.Warn("collection markers the server kept past their TTL written again, to go", attrs...)
 }
 
 // scanSpec is what scanStream reads: the messages of stream that config's consumer delivers

@@ -114,6 +114,7 @@ type Store struct {
 	scanFetching   func(batch uint64)
 	scanLeaderLast func(last uint64) uint64
 	scanRead       func()
+	markerGrace    time.Duration        // replaces the const markerGrace (a negative one too)
 	maxDeleted     uint64               // replaces the const maxDeletedDetails
 	purged         func(subject string) // called after each purge, before purge checks what is left
 }

@@ -253,6 +253,53 @@ func TestCollectSlot(t *testing.T) {
 	}
 }
 
+// TestScanWritesStaleMarkersAgain: a collection's marker that outlived its TTL (as nats-server was
+// seen to keep thousands after an unclean stop) is written again by the load that finds it, with a
+// TTL the server tracks, and goes; one within its time is left as it is.
+func TestScanWritesStaleMarkersAgain(t *testing.T) {
+	t.Parallel()
+	s, srv := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js := jsOn(t, srv)
+	st, err := js.Stream(ctx, "KV_natstone-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := kv.Record{ID: "m", State: subjects.StateCompleted, Version: 1}
+	rev, err := s.WriteMessage("q", &r, 0).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A marker the server keeps an hour stands in for one it forgot: within its time until the
+	// grace is made to end an hour early.
+	msg := nats.NewMsg("$KV.natstone-messages." + kv.MessageKey("q", "m"))
+	msg.Header.Set("KV-Operation", "PURGE")
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	msg.Header.Set(jetstream.MsgTTLHeader, "1h")
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	ack, err := js.PublishMsg(ctx, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func() {
+		t.Helper()
+		if err := s.LoadMessages(ctx, "", func(string, kv.Record, uint64, error) error {
+			t.Fatal("a marker loaded as a record")
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load()
+	if info, err := st.Info(ctx); err != nil || info.State.LastSeq != ack.Sequence || info.State.Msgs != 1 {
+		t.Fatalf("a marker within its time after a load: %+v (%v), want it alone, at %d", info.State, err, ack.Sequence)
+	}
+	s.SetMarkerGrace(-time.Hour)
+	load()
+	waitMarkerGone(ctx, t, st)
+}
+
 func TestBodiesAndQueueDelete(t *testing.T) {
 	t.Parallel()
 	s, _ := open(t)
