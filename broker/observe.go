@@ -57,7 +57,8 @@ type QueueSnapshot struct {
 	OldestPendingMS int64           // how long the longest-waiting pending message has waited
 	Totals          subjects.Totals // transitions since the broker started
 	// ExclusivityValues is, in an exclusive queue, how many exclusivity values its messages carry
-	// (in any state, until collected): the values it keeps lock slots and memory for.
+	// (in any state, until collected): the values it keeps memory for, and lock slots once taken (a
+	// value none of whose messages has run yet has none).
 	ExclusivityValues int
 }
 

@@ -2,10 +2,14 @@ package broker_test
 
 import (
 	"context"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 )
@@ -101,6 +105,61 @@ func TestMaxRunningPerValueAcrossRestarts(t *testing.T) {
 		e.complete("x", "a1")
 		e.complete("x", "a3")
 	})
+}
+
+// TestLoweredMaxRunningPerValueAcrossARestart: a start that finds more running messages of a value
+// than a lowered max_running_per_value, each under a slot of its own, says so at INFO: that is
+// what the lowering leaves. One of them under no slot (another take overwrote it) is an ERROR.
+func TestLoweredMaxRunningPerValueAcrossARestart(t *testing.T) {
+	t.Parallel()
+	logs := &levels{}
+	e := setup(t, func(c *broker.Config) { c.Logger = slog.New(logs) })
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2, LeaseMS: time.Hour.Milliseconds()})
+	e.enqueueValues("x", "a1", "a2")
+	e.dequeue("x", subjects.DequeueRequest{Batch: 2})
+	must[subjects.QueueInfo](e, subjects.OpUpdate, "x", subjects.UpdateQueueRequest{MaxRunningPerValue: ptr(1)})
+	over := "more running messages share an exclusivity value than max_running_per_value"
+	e.restartAll()
+	if got := logs.of(over); !slices.Equal(got, []slog.Level{slog.LevelInfo}) {
+		t.Fatalf("a restart after the lowering logged %v, want one INFO", got)
+	}
+	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("x", "a", 1), kv.EncodeLock(kv.Lock{MessageID: "a3", LeaseID: "elsewhere"}))
+	e.restartAll()
+	if got := logs.of(over); !slices.Equal(got, []slog.Level{slog.LevelInfo, slog.LevelError}) {
+		t.Fatalf("a restart with a running message under no slot logged %v, want an ERROR after the INFO", got)
+	}
+}
+
+// levels records the level of every message logged.
+type levels struct {
+	mu   sync.Mutex
+	msgs []string
+	lvls []slog.Level
+}
+
+func (h *levels) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *levels) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs, h.lvls = append(h.msgs, r.Message), append(h.lvls, r.Level)
+	return nil
+}
+
+func (h *levels) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *levels) WithGroup(string) slog.Handler      { return h }
+
+// of returns the levels of the messages logged so far that begin with prefix.
+func (h *levels) of(prefix string) []slog.Level {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var got []slog.Level
+	for i, m := range h.msgs {
+		if strings.HasPrefix(m, prefix) {
+			got = append(got, h.lvls[i])
+		}
+	}
+	return got
 }
 
 // TestMaxRunningPerValueBadConfig: max_running_per_value is 1 to MaxPerValueLimit, for exclusive

@@ -612,9 +612,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 	}
 	byValue := make(map[string]int)
 	for _, e := range runningEntries {
-		if byValue[e.Value()]++; byValue[e.Value()] == q.cfg.MaxRunningPerValue+1 {
-			q.log().Error("more running messages share an exclusivity value than max_running_per_value", "value", e.Value(), "message_id", e.ID, "max_running_per_value", q.cfg.MaxRunningPerValue)
-		}
+		byValue[e.Value()]++
 		q.pending.Hold(e.Value())
 	}
 	held := make(map[*entry]bool) // running messages that a slot names under their lease
@@ -651,6 +649,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		// it is until the next take overwrites it.
 		q.lockOf(k.value, k.slot).holder = ""
 	}
+	q.reportOverLimit(runningEntries, byValue, held)
 	for _, e := range runningEntries {
 		if held[e] {
 			continue
@@ -674,6 +673,30 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		}
 	}
 	return nil
+}
+
+// reportOverLimit logs the values that more running messages share than max_running_per_value
+// (byValue counts them). When each of them runs under a slot of its own (held), that is what a
+// lowered limit leaves until they end, which design.md describes; when one runs under no slot,
+// another take overwrote its slot (two brokers at once), or storage brought an older revision of
+// it back.
+func (q *queue) reportOverLimit(running []*entry, byValue map[string]int, held map[*entry]bool) {
+	unheld := make(map[string]string) // value → a running message no slot names
+	for _, e := range running {
+		if byValue[e.Value()] > q.cfg.MaxRunningPerValue && !held[e] {
+			unheld[e.Value()] = e.ID
+		}
+	}
+	for _, v := range slices.Sorted(maps.Keys(byValue)) {
+		n := byValue[v]
+		switch id, ok := unheld[v]; {
+		case n <= q.cfg.MaxRunningPerValue:
+		case ok:
+			q.log().Error("more running messages share an exclusivity value than max_running_per_value, one of them under no lock slot", "value", v, "running", n, "message_id", id, "max_running_per_value", q.cfg.MaxRunningPerValue)
+		default:
+			q.log().Info("more running messages share an exclusivity value than max_running_per_value, each under a lock slot of its own (the limit was lowered while they ran): none more runs until they are fewer", "value", v, "running", n, "max_running_per_value", q.cfg.MaxRunningPerValue)
+		}
+	}
 }
 
 // fenceRecord rewrites e's record as it was loaded, at its revision, so that a write of it still on

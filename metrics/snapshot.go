@@ -18,7 +18,7 @@ var (
 		"How long the longest-waiting pending message of a queue has waited (0 if none is pending).",
 		[]string{"queue"}, nil)
 	queueValuesDesc = prometheus.NewDesc("natstone_queue_exclusivity_values",
-		"Exclusivity values the messages of an exclusive queue carry, in any state until collected: the values it keeps lock slots for.",
+		"Exclusivity values the messages of an exclusive queue carry, in any state until collected: the values whose lock slots it keeps once taken.",
 		[]string{"queue"}, nil)
 	queueBlockedDesc = prometheus.NewDesc("natstone_queue_blocked",
 		"1 if a queue refuses enqueues (direction enqueue) or dequeues (direction dequeue), else 0.",
