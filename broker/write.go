@@ -312,7 +312,7 @@ func (q *queue) settleStranger(w *lockWrite, said holderSays) {
 		}
 		fallthrough
 	case holderRuns:
-		q.log().Warn("exclusivity lock slot held by another writer's message, which may run: the value is held until a restart", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
+		q.log().Warn("exclusivity lock slot held for a message that may run elsewhere: the value is held until it ends here or a restart", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
 		return
 	}
 	ls := q.locks[w.value]
@@ -546,16 +546,16 @@ func (q *queue) takeLocks(cs []*change) []*change {
 	return kept
 }
 
-// dropLock settles the slot of a take whose lease is not written, from what its lock write did.
-// A lock that landed names a lease that never ran, so it holds nothing. A lock another writer wrote
+// dropLock settles the slot of a take whose lease is not written, from what its lock write did. A
+// lock that landed names a lease that never ran, so it holds nothing. A lock another writer wrote
 // holds nothing if it names a message that has ended here, since an ended message runs again only
 // once retried, and a retry, like a lease, reaches a client only from the broker holding the claim.
 // One that names a message this broker does not know (collected here, or another writer's), or one
 // it knows not to be running, is a stranger: the slot stays taken, the value held once more in the
 // index, until the doubt timer has fenced that message's record (askHolder). One that names a
-// message running here (under another lease) is freed with it (freeLocks). While the write's outcome is unknown the
-// slot stays taken and the write is doubtful: the doubt timer asks storage again. Called with q.mu
-// held.
+// message running here (under another lease) is freed with it (freeLocks). While the write's
+// outcome is unknown the slot stays taken and the write is doubtful: the doubt timer asks storage
+// again. Called with q.mu held.
 func (q *queue) dropLock(w *lockWrite) {
 	l := q.lockOf(w.value, w.slot)
 	switch {

@@ -597,7 +597,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
 	stats.behind = strings.Count(string(b), "read back after a conflict from a server behind")
 	stats.fenced = strings.Count(string(b), "the message another writer took it for cannot run")
-	stats.heldByOthers = strings.Count(string(b), "exclusivity lock slot held by another writer's message")
+	stats.heldByOthers = strings.Count(string(b), "exclusivity lock slot held for a message that may run elsewhere")
 	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
 	stats.snapshotStarts = strings.Count(string(b), ` from=snapshot `)
 	if n := strings.Count(string(b), "no exclusivity lock slot names a message leaving running"); n > 0 {
