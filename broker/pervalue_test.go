@@ -162,6 +162,37 @@ func (h *levels) of(prefix string) []slog.Level {
 	return got
 }
 
+// TestForeignSlotOutlivesAConflictingLease: another writer moved a message's record and took a slot
+// of its value for it, its lease on the way. This broker's take of that slot conflicts, and so does
+// its own lease of the message, on another slot: that frees its own slot, not the other writer's,
+// whose lease could still land, so the value (two running at most) has room for one message, not
+// two. The message's complete here, a write that lands, frees both.
+func TestForeignSlotOutlivesAConflictingLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2, LeaseMS: time.Hour.Milliseconds()})
+	e.enqueueValues("x", "a1", "a2", "a3")
+	st := e.store()
+	r, rev, err := st.GetMessage(ctx, "x", "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.WriteMessage("x", &r, rev).Wait(ctx); err != nil { // the other writer's read of a1, moved on
+		t.Fatal(err)
+	}
+	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("x", "a", 0), kv.EncodeLock(kv.Lock{MessageID: "a1", LeaseID: "elsewhere"}))
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{}) // slot 0's take conflicts
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{}) // a1's lease, on slot 1, conflicts
+	if got := ids(e.dequeue("x", subjects.DequeueRequest{Batch: 3})); !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("with slot 0 still the other writer's: leased %v, want a1 alone", got)
+	}
+	e.complete("x", "a1")
+	if got := ids(e.dequeue("x", subjects.DequeueRequest{Batch: 3})); !slices.Equal(got, []string{"a2", "a3"}) {
+		t.Fatalf("once a1 completed here: leased %v, want a2 and a3", got)
+	}
+}
+
 // TestMaxRunningPerValueBadConfig: max_running_per_value is 1 to MaxPerValueLimit, for exclusive
 // queues only; an exclusive queue created without it has 1, a simple queue none.
 func TestMaxRunningPerValueBadConfig(t *testing.T) {

@@ -27,6 +27,10 @@ type lock struct {
 	// taking: a take's write is in flight, or of unknown outcome (doubtfulLocks), or a removal's
 	// (collectLocks): the slot is not free, whoever holder names.
 	taking bool
+	// foreign: holder is another writer's take, read back after a conflict (dropLock): only a
+	// fence of the holder's record frees it (askHolder), or the holder's own write out of running
+	// here (freeLocks).
+	foreign bool
 }
 
 // free reports whether no message holds l and no write of it is in flight.

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/natstone/natstone/kv"
@@ -119,7 +120,7 @@ func (q *queue) commit(cs []*change) {
 // busy — reserved, out of the index, untouched — and goes to the doubtful list, whose timer issues
 // it again until storage tells what happened; nothing is guessed. Called with q.mu held.
 func (q *queue) finish(cs []*change) {
-	var free []*entry
+	var free, unfenced []*entry
 	for _, c := range cs {
 		e := c.e
 		gone := false
@@ -152,13 +153,20 @@ func (q *queue) finish(cs []*change) {
 		if q.exclusive() && (e.State() != subjects.StateRunning || gone) &&
 			(c.prev == subjects.StateRunning || c.next.State == subjects.StateRunning) {
 			// It left running (or, gone, runs no more), or its lease did not happen after its
-			// lock was taken.
-			free = append(free, e)
+			// lock was taken. Only a write that landed fences every other write of the message.
+			if c.err == nil {
+				free = append(free, e)
+			} else {
+				unfenced = append(unfenced, e)
+			}
 		}
 		q.endWrite(e)
 	}
 	if len(free) > 0 {
-		q.freeLocks(free)
+		q.freeLocks(free, true)
+	}
+	if len(unfenced) > 0 {
+		q.freeLocks(unfenced, false)
 	}
 	q.unpark()
 	q.settle()
@@ -261,24 +269,28 @@ const maxStrangerAsks = 30
 // askHolder learns whether the message another writer's take of w's slot names can still run under
 // the slot's lease. It reads the message's record, then fences it with a write at the revision read:
 // a record not running is written again as it is, and a key without one gets a purge marker
-// (expecting no message; the server drops it a second later). Either write makes every write of the
+// (expecting the marker there, or no message; the server drops it a second later). Either write makes every write of the
 // message expecting an older revision conflict, the other writer's lease among them, so the message
 // can never run under that lease: a lease needs a new take of the slot, which moves the slot's
 // revision. The write, not the read, decides: a read may come from a stream's leader just elected,
 // before it has applied what it committed. A conflict (the key changed since the read, or a
 // collection's marker is still there) is asked about again at the next doubt. Called without q.mu.
+//
+// A message that runs in storage keeps the slot, also one pending in this broker's memory: with
+// max_running_per_value 1 this broker cannot lease it to learn better, and the value stays held
+// until a restart reads the record.
 func (q *queue) askHolder(w *lockWrite) holderSays {
 	id := w.truth.MessageID
 	var r kv.Record
 	var rev uint64
 	err := q.b.readAgain(context.Background(), q.b.msgAcks, func(ctx context.Context) (err error) {
-		r, rev, err = q.b.store.GetMessage(ctx, q.name, id)
+		r, rev, err = q.b.store.GetMessageOrMarker(ctx, q.name, id)
 		return err
 	})
 	var fence func() kv.Write
 	switch {
-	case errors.Is(err, kv.ErrNotFound):
-		fence = func() kv.Write { return q.b.store.CollectMessage(q.name, id, 0) }
+	case errors.Is(err, kv.ErrNotFound): // rev: the marker's, or 0
+		fence = func() kv.Write { return q.b.store.CollectMessage(q.name, id, rev) }
 	case err == nil && r.State != subjects.StateRunning:
 		fence = func() kv.Write { return q.b.store.WriteMessage(q.name, &r, rev) }
 	case err == nil || rev != 0: // a record that does not decode is stored all the same
@@ -287,8 +299,15 @@ func (q *queue) askHolder(w *lockWrite) holderSays {
 		q.log().Debug("exclusivity lock slot's holder not read; asking again", "value", w.value, "slot", w.slot, "message_id", id, "error", err)
 		return holderUnknown
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), q.b.cfg.WriteTimeout)
+	// Not issued once another broker may serve the store: it would make that broker's next write
+	// of the message conflict.
+	ctx, cancel, err := q.b.claim.bound(context.Background())
+	if err != nil {
+		return holderUnknown
+	}
 	defer cancel()
+	ctx, stop := context.WithTimeout(ctx, q.b.cfg.WriteTimeout)
+	defer stop()
 	if _, err := q.b.msgAcks.issue(ctx, fence); err != nil {
 		q.log().Debug("exclusivity lock slot's holder not fenced; asking again", "value", w.value, "slot", w.slot, "message_id", id, "error", err)
 		return holderUnknown
@@ -307,7 +326,7 @@ func (q *queue) settleStranger(w *lockWrite, said holderSays) {
 	switch said {
 	case holderUnknown:
 		if w.asks++; w.asks < maxStrangerAsks {
-			q.strangers = append(q.strangers, w)
+			q.addStranger(w)
 			return
 		}
 		fallthrough
@@ -321,7 +340,7 @@ func (q *queue) settleStranger(w *lockWrite, said holderSays) {
 	}
 	if l := ls[w.slot]; l.rev == w.rev && l.holder == w.truth.MessageID && !l.taking {
 		q.log().Info("exclusivity lock slot freed: the message another writer took it for cannot run", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
-		l.holder = ""
+		l.holder, l.foreign = "", false
 		q.releaseSlot(w.value)
 	}
 }
@@ -527,7 +546,7 @@ func (q *queue) takeLocks(cs []*change) []*change {
 	for i, c := range takes {
 		w, l := ws[i], q.lockOf(ws[i].value, ws[i].slot)
 		if w.err == nil {
-			l.rev, l.holder, l.taking = w.rev, c.next.ID, false
+			l.rev, l.holder, l.taking, l.foreign = w.rev, c.next.ID, false, false
 			continue
 		}
 		q.log().Warn("exclusivity lock not taken", "value", c.e.Value(), "slot", w.slot, "message_id", c.next.ID, "error", w.err)
@@ -564,12 +583,12 @@ func (q *queue) dropLock(w *lockWrite) {
 	case errors.Is(w.err, kv.ErrConflict) && w.truth == nil:
 		l.rev, l.holder = 0, ""
 	case errors.Is(w.err, kv.ErrConflict):
-		l.rev, l.holder = w.rev, w.truth.MessageID
+		l.rev, l.holder, l.foreign = w.rev, w.truth.MessageID, true
 		switch h := q.entries.get(l.holder); {
 		case h != nil && h.State().Terminal():
-			l.holder = ""
+			l.holder, l.foreign = "", false
 		case h == nil || h.State() != subjects.StateRunning:
-			q.strangers = append(q.strangers, w) // storage says whether it can still run (askHolder)
+			q.addStranger(w) // storage says whether it can still run (askHolder)
 		}
 	default:
 		q.doubtfulLocks = append(q.doubtfulLocks, w)
@@ -578,6 +597,14 @@ func (q *queue) dropLock(w *lockWrite) {
 	l.taking = false
 	if l.holder == "" {
 		q.releaseSlot(w.value) // the pop's hold for this take
+	}
+}
+
+// addStranger adds w to the strangers, unless they have its slot at its revision already. Called
+// with q.mu held.
+func (q *queue) addStranger(w *lockWrite) {
+	if !slices.ContainsFunc(q.strangers, func(s *lockWrite) bool { return s.value == w.value && s.slot == w.slot && s.rev == w.rev }) {
+		q.strangers = append(q.strangers, w)
 	}
 }
 
@@ -596,15 +623,22 @@ func (q *queue) releaseSlot(value string) {
 // index, once for each slot freed. It writes nothing: a slot's key names the message and lease that
 // took it, and it holds the slot only while that message is running under that lease, so the
 // message's own write out of running is what freed it. The next take overwrites the key, expecting
-// the revision known here. Every slot naming the entry is freed: besides its own, one that a take
-// found taken for it by another writer (dropLock), which holds nothing once it has ended. Called
-// with q.mu held.
-func (q *queue) freeLocks(es []*entry) {
+// the revision known here. When that write landed (fenced), every slot naming the entry is freed:
+// besides its own, one that a take found taken for it by another writer (dropLock, a foreign slot),
+// whose lease can no longer land either. When it did not (it conflicted, or the record is gone: a
+// lease of this broker's that did not happen, say), a foreign slot's holder is fenced first, as a
+// stranger's. Called with q.mu held.
+func (q *queue) freeLocks(es []*entry, fenced bool) {
 	for _, e := range es {
 		freed := false
-		for _, l := range q.locks[e.Value()] {
-			if l.holder == e.ID && !l.taking {
-				l.holder = ""
+		for slot, l := range q.locks[e.Value()] {
+			switch {
+			case l.holder != e.ID || l.taking:
+			case l.foreign && !fenced:
+				q.addStranger(&lockWrite{value: e.Value(), slot: slot, rev: l.rev, truth: &kv.Lock{MessageID: e.ID}})
+				freed = true // held still, as a stranger's
+			default:
+				l.holder, l.foreign = "", false
 				q.pending.Release(e.Value())
 				freed = true
 			}

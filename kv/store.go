@@ -445,6 +445,16 @@ func (s *Store) createOverMarker(ctx context.Context, st jetstream.Stream, subje
 // replica behind it, as a KV get (a direct get) may be, with an older value or none. A deleted or
 // purged key is ErrNotFound.
 func (s *Store) getKey(ctx context.Context, bucket jetstream.KeyValue, key string) ([]byte, uint64, error) {
+	data, rev, err := s.getKeyOrMarker(ctx, bucket, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	return data, rev, nil
+}
+
+// getKeyOrMarker is getKey, except that a key whose last value is a marker is ErrNotFound with the
+// marker's revision.
+func (s *Store) getKeyOrMarker(ctx context.Context, bucket jetstream.KeyValue, key string) ([]byte, uint64, error) {
 	m, err := s.getFromLeader(ctx, "KV_"+bucket.Bucket(), msgGetRequest{LastFor: "$KV." + bucket.Bucket() + "." + key})
 	if err != nil {
 		return nil, 0, err
@@ -455,7 +465,7 @@ func (s *Store) getKey(ctx context.Context, bucket jetstream.KeyValue, key strin
 			return nil, 0, fmt.Errorf("kv: %s %q: %w", bucket.Bucket(), key, err)
 		}
 		if marker(h) {
-			return nil, 0, ErrNotFound
+			return nil, m.Seq, ErrNotFound
 		}
 	}
 	return m.Data, m.Seq, nil
@@ -466,6 +476,18 @@ func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint6
 	data, rev, err := s.getKey(ctx, s.messages, MessageKey(queue, id))
 	if err != nil {
 		return Record{}, 0, err
+	}
+	r, err := DecodeRecord(data)
+	return r, rev, err
+}
+
+// GetMessageOrMarker is GetMessage, except that a key whose last value is a marker (a collection's,
+// say) is ErrNotFound with the marker's revision: a write expecting it replaces the marker. A key
+// with nothing is ErrNotFound at revision 0.
+func (s *Store) GetMessageOrMarker(ctx context.Context, queue, id string) (Record, uint64, error) {
+	data, rev, err := s.getKeyOrMarker(ctx, s.messages, MessageKey(queue, id))
+	if err != nil {
+		return Record{}, rev, err
 	}
 	r, err := DecodeRecord(data)
 	return r, rev, err
