@@ -51,14 +51,14 @@ func TestLockConflictIsRecovered(t *testing.T) {
 // the doubt timer has read that message's record and fenced it with a write at the revision read
 // (the other writer's lease, expecting an older one, then cannot land): gone, ended or pending (a
 // message known here too), the message can no longer run under the lock's lease, and the value is
-// free; running, it may be another writer's, and the value stays held until a restart reconciles
-// the locks with the messages in storage.
+// free; running with the lock's value, it may be another writer's, and the value stays held until a
+// restart reconciles the locks with the messages in storage.
 func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
 	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
-	for i, id := range []string{"a", "b", "c", "d", "f", "g", "h", "k"} {
+	for i, id := range []string{"a", "b", "c", "d", "f", "g", "h", "j", "k"} {
 		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": "foo"}})
 	}
 	overwrite := func(holder string) {
@@ -67,9 +67,9 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	}
 	// stranger stores a record of another writer's, in state, that this broker never loaded, and
 	// returns it with its revision.
-	stranger := func(id string, state subjects.State) (kv.Record, uint64) {
+	stranger := func(id string, state subjects.State, value string) (kv.Record, uint64) {
 		t.Helper()
-		r := kv.Record{ID: id, State: state, Priority: 100, Metadata: map[string]string{"p": "foo"}, Version: 2, MaxAttempts: 3}
+		r := kv.Record{ID: id, State: state, Priority: 100, Metadata: map[string]string{"p": value}, Version: 2, MaxAttempts: 3}
 		rev, err := e.store().WriteMessage("x", &r, 0).Wait(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -109,14 +109,14 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	}
 	next("c")
 
-	stranger("done", subjects.StateCompleted)
+	stranger("done", subjects.StateCompleted, "foo")
 	conflict("done")
 	e.advance(2 * time.Second)
 	next("d")
 
 	// A pending message, whose lease the other writer may be writing: the fence makes that write
 	// conflict.
-	waiting, rev := stranger("waiting", subjects.StatePending)
+	waiting, rev := stranger("waiting", subjects.StatePending, "foo")
 	conflict("waiting")
 	e.advance(2 * time.Second)
 	waiting.State, waiting.LeaseID, waiting.Version = subjects.StateRunning, "elsewhere", 3
@@ -133,7 +133,13 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
 	next("h")
 
-	stranger("running", subjects.StateRunning)
+	// Running with another value: its id was enqueued again since the lock's take, which it fences.
+	stranger("reused", subjects.StateRunning, "bar")
+	conflict("reused")
+	e.advance(2 * time.Second)
+	next("j")
+
+	stranger("running", subjects.StateRunning, "foo")
 	conflict("running")
 	for range 2 {
 		e.advance(2 * time.Second)

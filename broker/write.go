@@ -153,7 +153,8 @@ func (q *queue) finish(cs []*change) {
 		if q.exclusive() && (e.State() != subjects.StateRunning || gone) &&
 			(c.prev == subjects.StateRunning || c.next.State == subjects.StateRunning) {
 			// It left running (or, gone, runs no more), or its lease did not happen after its
-			// lock was taken. Only a write that landed fences every other write of the message.
+			// lock was taken. Only a write that landed fences every other write of the message
+			// (every one expecting an older revision: under the claim, every other writer's).
 			if c.err == nil {
 				free = append(free, e)
 			} else {
@@ -239,12 +240,12 @@ func (q *queue) resolveDoubts() {
 // the slots' leases (askHolder), frees the slots of those that cannot, and hands what that frees
 // to waiting dequeues. Called and returns with q.mu held, released meanwhile.
 func (q *queue) askStrangers() {
-	ss := q.strangers
+	ss, key := q.strangers, q.cfg.ExclusivityKey
 	q.strangers = nil
 	q.mu.Unlock()
 	said := make([]holderSays, len(ss))
 	for i, w := range ss {
-		said[i] = q.askHolder(w)
+		said[i] = q.askHolder(w, key)
 	}
 	q.mu.Lock()
 	for i, w := range ss {
@@ -262,24 +263,25 @@ const (
 	holderRuns                      // it is running (or its record does not decode): it may hold the slot
 )
 
-// maxStrangerAsks bounds how many doubt timers in a row ask about a stranger's holder without an
-// answer (a minute's worth); the slot then stays taken until a restart.
-const maxStrangerAsks = 30
+// strangerAsksWarned is how many doubt timers in a row ask about a stranger's holder without an
+// answer (a minute's worth) before that is logged at WARN, once; they go on asking.
+const strangerAsksWarned = 30
 
 // askHolder learns whether the message another writer's take of w's slot names can still run under
-// the slot's lease. It reads the message's record, then fences it with a write at the revision read:
-// a record not running is written again as it is, and a key without one gets a purge marker
-// (expecting the marker there, or no message; the server drops it a second later). Either write makes every write of the
-// message expecting an older revision conflict, the other writer's lease among them, so the message
-// can never run under that lease: a lease needs a new take of the slot, which moves the slot's
-// revision. The write, not the read, decides: a read may come from a stream's leader just elected,
-// before it has applied what it committed. A conflict (the key changed since the read, or a
-// collection's marker is still there) is asked about again at the next doubt. Called without q.mu.
+// the slot's lease. It reads the message's record, then fences it with a write at the revision
+// read: a record not running, or running with another value of key than the slot's (its id enqueued
+// again since), is written again as it is, and a key without one gets a purge marker (expecting the
+// marker there, or no message; the server drops it a second later). Either write makes every write
+// of the message expecting an older revision conflict, the other writer's lease among them, so the
+// message can never run under that lease: a lease needs a new take of the slot, which moves the
+// slot's revision. The write, not the read, decides: a read may come from a stream's leader just
+// elected, before it has applied what it committed. A conflict (the key changed since the read) or
+// a failure is asked about again at the next doubt. Called without q.mu.
 //
-// A message that runs in storage keeps the slot, also one pending in this broker's memory: with
-// max_running_per_value 1 this broker cannot lease it to learn better, and the value stays held
-// until a restart reads the record.
-func (q *queue) askHolder(w *lockWrite) holderSays {
+// A message that runs in storage with the slot's value keeps the slot, also one pending in this
+// broker's memory: with max_running_per_value 1 this broker cannot lease it to learn better, and
+// the value stays held until a restart reads the record.
+func (q *queue) askHolder(w *lockWrite, key string) holderSays {
 	id := w.truth.MessageID
 	var r kv.Record
 	var rev uint64
@@ -291,7 +293,7 @@ func (q *queue) askHolder(w *lockWrite) holderSays {
 	switch {
 	case errors.Is(err, kv.ErrNotFound): // rev: the marker's, or 0
 		fence = func() kv.Write { return q.b.store.CollectMessage(q.name, id, rev) }
-	case err == nil && r.State != subjects.StateRunning:
+	case err == nil && (r.State != subjects.StateRunning || r.Metadata[key] != w.value):
 		fence = func() kv.Write { return q.b.store.WriteMessage(q.name, &r, rev) }
 	case err == nil || rev != 0: // a record that does not decode is stored all the same
 		return holderRuns
@@ -316,20 +318,20 @@ func (q *queue) askHolder(w *lockWrite) holderSays {
 }
 
 // settleStranger frees w's slot if its holder can no longer run under the slot's lease and the slot
-// is as dropLock left it. A holder that runs keeps it until a restart reconciles the slots with the
-// messages (recovery), and one without an answer is asked about again at the next doubt, up to
-// maxStrangerAsks times. Called with q.mu held.
+// is as dropLock left it. A holder that runs keeps it until it ends here or a restart reconciles the
+// slots with the messages (recovery), and one without an answer is asked about again at the next
+// doubt. Called with q.mu held.
 func (q *queue) settleStranger(w *lockWrite, said holderSays) {
 	if q.closed != nil {
 		return
 	}
 	switch said {
 	case holderUnknown:
-		if w.asks++; w.asks < maxStrangerAsks {
-			q.addStranger(w)
-			return
+		if w.asks++; w.asks == strangerAsksWarned {
+			q.log().Warn("exclusivity lock slot held for another writer's message that storage has not told of for a minute; still asking", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
 		}
-		fallthrough
+		q.addStranger(w)
+		return
 	case holderRuns:
 		q.log().Warn("exclusivity lock slot held for a message that may run elsewhere: the value is held until it ends here or a restart", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
 		return
@@ -587,8 +589,10 @@ func (q *queue) dropLock(w *lockWrite) {
 		switch h := q.entries.get(l.holder); {
 		case h != nil && h.State().Terminal():
 			l.holder, l.foreign = "", false
-		case h == nil || h.State() != subjects.StateRunning:
-			q.addStranger(w) // storage says whether it can still run (askHolder)
+		case h == nil || h.State() != subjects.StateRunning || h.Value() != w.value:
+			// Unknown here, not running here, or running with another value (its id enqueued
+			// again since): storage says whether it can still run (askHolder).
+			q.addStranger(w)
 		}
 	default:
 		q.doubtfulLocks = append(q.doubtfulLocks, w)
