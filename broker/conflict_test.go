@@ -151,6 +151,31 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	}
 }
 
+// TestLockConflictNamingAnIDReusedWithAnotherValue: another writer's lock of value foo names x, an
+// id that has since come back with value bar and runs here. Its end here would free bar's slot, not
+// foo's: x is fenced as a stranger (its running record written again as it is), which frees foo,
+// and x's complete, whose expected revision the fence moved, is refused once (unavailable: retry)
+// and then taken.
+func TestLockConflictNamingAnIDReusedWithAnotherValue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: time.Hour.Milliseconds()})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "x", Priority: ptr(int64(0)), Metadata: map[string]string{"p": "bar"}})
+	x := e.dequeueOne("x")
+	e.enqueue("x", subjects.EnqueueRequest{ID: "y", Priority: ptr(int64(1)), Metadata: map[string]string{"p": "foo"}})
+	e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: "x", LeaseID: "elsewhere"}))
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	e.advance(2 * time.Second)
+	if got := e.dequeueOne("x"); got.ID != "y" {
+		t.Fatalf("once x was fenced: dequeued %s, want y", got.ID)
+	}
+	complete := subjects.LeaseRequest{ID: x.ID, LeaseID: x.LeaseID}
+	fails(e, subjects.CodeUnavailable, subjects.OpComplete, "x", complete) // its record reloaded
+	if m := must[subjects.Message](e, subjects.OpComplete, "x", complete); m.State != subjects.StateCompleted {
+		t.Fatalf("x after its complete: %s", m.State)
+	}
+}
+
 // TestLockConflictWithAHolderBeingCollected: another writer's lock names a message whose key holds a
 // marker, here one the server keeps (as it was seen to after unclean stops). The fence is a marker
 // at that marker's revision: until it lands (here: while the stream refuses roll-ups) the value
