@@ -176,6 +176,43 @@ func TestLockConflictNamingAnIDReusedWithAnotherValue(t *testing.T) {
 	}
 }
 
+// TestLockConflictWithAMessageRunningElsewhere: another writer leased m, which this broker has
+// pending, and took the lock of its value for it. The take here conflicts; the doubt timer reads m
+// running under the other writer's lease and takes that record in, as a restart would: the value
+// stays held while the lease runs, and its expiry here, a write at m's revision, frees it.
+func TestLockConflictWithAMessageRunningElsewhere(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
+	for i, id := range []string{"m", "n"} {
+		e.enqueue("x", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"p": "foo"}})
+	}
+	st := e.store()
+	r, rev, err := st.GetMessage(ctx, "x", "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.State, r.LeaseID, r.Attempts, r.Version = subjects.StateRunning, "elsewhere", r.Attempts+1, r.Version+1
+	r.LeaseExpires = e.clk.Now().Add(10 * time.Second).UnixMilli()
+	if _, err := st.WriteMessage("x", &r, rev).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: "m", LeaseID: "elsewhere"}))
+	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
+	e.advance(2 * time.Second)
+	if m := e.get("x", "m"); m.State != subjects.StateRunning || m.LeaseID != "elsewhere" {
+		t.Fatalf("m once its record was read: %s under %q, want running under the other writer's lease", m.State, m.LeaseID)
+	}
+	if got := e.dequeue("x", subjects.DequeueRequest{}); len(got) != 0 {
+		t.Fatalf("foo is held by m's lease elsewhere, yet dequeued %v", ids(got))
+	}
+	e.advance(10 * time.Second) // m's lease runs out here
+	if got := e.dequeueOne("x"); got.ID != "m" {
+		t.Fatalf("once m's lease ran out: dequeued %s, want m", got.ID)
+	}
+}
+
 // TestLockConflictWithAHolderBeingCollected: another writer's lock names a message whose key holds a
 // marker, here one the server keeps (as it was seen to after unclean stops). The fence is a marker
 // at that marker's revision: until it lands (here: while the stream refuses roll-ups) the value

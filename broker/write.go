@@ -244,12 +244,17 @@ func (q *queue) askStrangers() {
 	q.strangers = nil
 	q.mu.Unlock()
 	said := make([]holderSays, len(ss))
+	runs := make([]*kv.Record, len(ss))
+	revs := make([]uint64, len(ss))
 	for i, w := range ss {
-		said[i] = q.askHolder(w, key)
+		said[i], runs[i], revs[i] = q.askHolder(w, key)
 	}
 	q.mu.Lock()
 	for i, w := range ss {
 		q.settleStranger(w, said[i])
+		if runs[i] != nil {
+			q.adoptRunning(runs[i], revs[i])
+		}
 	}
 	q.settle()
 }
@@ -278,10 +283,9 @@ const strangerAsksWarned = 30
 // elected, before it has applied what it committed. A conflict (the key changed since the read) or
 // a failure is asked about again at the next doubt. Called without q.mu.
 //
-// A message that runs in storage with the slot's value keeps the slot, also one pending in this
-// broker's memory: with max_running_per_value 1 this broker cannot lease it to learn better, and
-// the value stays held until a restart reads the record.
-func (q *queue) askHolder(w *lockWrite, key string) holderSays {
+// A message that runs in storage with the slot's value keeps the slot; its record is returned, with
+// its revision, for adoptRunning.
+func (q *queue) askHolder(w *lockWrite, key string) (holderSays, *kv.Record, uint64) {
 	id := w.truth.MessageID
 	var r kv.Record
 	var rev uint64
@@ -295,26 +299,42 @@ func (q *queue) askHolder(w *lockWrite, key string) holderSays {
 		fence = func() kv.Write { return q.b.store.CollectMessage(q.name, id, rev) }
 	case err == nil && (r.State != subjects.StateRunning || r.Metadata[key] != w.value):
 		fence = func() kv.Write { return q.b.store.WriteMessage(q.name, &r, rev) }
-	case err == nil || rev != 0: // a record that does not decode is stored all the same
-		return holderRuns
+	case err == nil:
+		return holderRuns, &r, rev
+	case rev != 0: // a record that does not decode is stored all the same
+		return holderRuns, nil, 0
 	default:
 		q.log().Debug("exclusivity lock slot's holder not read; asking again", "value", w.value, "slot", w.slot, "message_id", id, "error", err)
-		return holderUnknown
+		return holderUnknown, nil, 0
 	}
 	// Not issued once another broker may serve the store: it would make that broker's next write
 	// of the message conflict.
 	ctx, cancel, err := q.b.claim.bound(context.Background())
 	if err != nil {
-		return holderUnknown
+		return holderUnknown, nil, 0
 	}
 	defer cancel()
 	ctx, stop := context.WithTimeout(ctx, q.b.cfg.WriteTimeout)
 	defer stop()
 	if _, err := q.b.msgAcks.issue(ctx, fence); err != nil {
 		q.log().Debug("exclusivity lock slot's holder not fenced; asking again", "value", w.value, "slot", w.slot, "message_id", id, "error", err)
-		return holderUnknown
+		return holderUnknown, nil, 0
 	}
-	return holderFenced
+	return holderFenced, nil, 0
+}
+
+// adoptRunning takes r, the record at rev of a message that runs in storage under another
+// writer's lease, into the entry of a message this broker has waiting (pending or invisible, with
+// no write in flight), as a restart's load would: the lease's end here, its expiry written at rev,
+// then frees the value, where the broker could otherwise not lease the message to learn better (a
+// value of one slot, held by that lease). Called with q.mu held.
+func (q *queue) adoptRunning(r *kv.Record, rev uint64) {
+	e := q.entries.get(r.ID)
+	if e == nil || e.busy() || e.rev >= rev || (e.State() != subjects.StatePending && e.State() != subjects.StateInvisible) {
+		return
+	}
+	q.log().Warn("message running in storage under another writer's lease; reloaded", "message_id", e.ID, "revision", rev, "lease_id", r.LeaseID)
+	q.apply(e, *r, rev)
 }
 
 // settleStranger frees w's slot if its holder can no longer run under the slot's lease and the slot
