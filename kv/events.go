@@ -43,6 +43,7 @@ type Events struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	subj   string // "<prefix>.events."
+	behind int    // set by tests only: how many reads to come find nothing, as from a server behind
 }
 
 // OpenEvents creates (or updates) the events stream. On file storage with one replica the stream
@@ -142,25 +143,65 @@ func (ev *Events) PublishBatch(subjects []string, datas [][]byte) Write {
 // kind, it reads from the last stored event of that kind on, if the stream holds one: an id
 // enqueued again after its message was collected names a new message, whose events start at its
 // last enqueued event, however many the earlier messages left before it.
+//
+// The read's consumer has one replica, which the server places on any server of a replicated
+// stream, one behind the stream's leader among them: it would miss the latest events, or all of
+// them. So Read asks the leader for the last event of the message and reads again (up to
+// readBehindTries times, a little later each time) until it has read that far.
 func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (events [][]byte, more bool, err error) {
-	cfg := jetstream.ConsumerConfig{FilterSubject: ev.subj + queue + ".*." + encodeToken(id)}
+	filter := ev.subj + queue + ".*." + encodeToken(id)
+	for try := 1; ; try++ {
+		var last uint64
+		events, more, last, err = ev.read(ctx, queue, id, from, filter, limit)
+		if (err != nil && !errors.Is(err, ErrNotFound)) || more {
+			return events, more, err
+		}
+		lead, lerr := getFromLeader(ctx, ev.js, ev.stream.CachedInfo().Config.Name, msgGetRequest{LastFor: filter})
+		switch {
+		case errors.Is(lerr, ErrNotFound):
+			return nil, false, ErrNotFound // none stored, or none left
+		case lerr != nil:
+			return nil, false, fmt.Errorf("kv: read events: ask the stream's leader: %w", lerr)
+		case lead.Seq <= last:
+			return events, false, nil
+		case try == readBehindTries:
+			return nil, false, fmt.Errorf("%w: the events read stop at %d, the stream's leader holds %d", ErrStale, last, lead.Seq)
+		}
+		if err := unheardPause(ctx, 10*try); err != nil {
+			return nil, false, fmt.Errorf("kv: read events: %w", err)
+		}
+	}
+}
+
+// readBehindTries bounds the reads of Events.Read from a server behind the stream's leader: with
+// 10, 20, 30… ms between them, about 4.5 s in all.
+const readBehindTries = 30
+
+// read is one read of Read, through a consumer of its own; last is the stream sequence of the
+// last event it read (0 if none).
+func (ev *Events) read(ctx context.Context, queue, id, from, filter string, limit int) (events [][]byte, more bool, last uint64, err error) {
+	if ev.behind > 0 {
+		ev.behind--
+		return nil, false, 0, ErrNotFound
+	}
+	cfg := jetstream.ConsumerConfig{FilterSubject: filter}
 	if from != "" {
 		last, err := ev.stream.GetLastMsgForSubject(ctx, ev.Subject(queue, from, id))
 		switch {
 		case err == nil:
 			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last.Sequence
 		case !errors.Is(err, jetstream.ErrMsgNotFound): // none: it left the stream, read them all
-			return nil, false, fmt.Errorf("kv: read events: %w", err)
+			return nil, false, 0, fmt.Errorf("kv: read events: %w", err)
 		}
 	}
 	c, drop, err := readConsumer(ctx, ev.js, ev.stream.CachedInfo().Config.Name, cfg)
 	if err != nil {
-		return nil, false, fmt.Errorf("kv: read events: %w", err)
+		return nil, false, 0, fmt.Errorf("kv: read events: %w", err)
 	}
 	defer drop()
 	pending := int(c.CachedInfo().NumPending)
 	if pending == 0 {
-		return nil, false, ErrNotFound
+		return nil, false, 0, ErrNotFound
 	}
 	want := min(pending, limit)
 	unheard := 0 // pulls that found no responders
@@ -172,36 +213,39 @@ func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (
 		batch, err := c.Fetch(want-len(events), jetstream.FetchContext(fctx))
 		if err != nil {
 			cancel()
-			return nil, false, fmt.Errorf("kv: read events: %w", err)
+			return nil, false, 0, fmt.Errorf("kv: read events: %w", err)
 		}
 		got := 0
 		for m := range batch.Messages() {
 			events = append(events, m.Data())
 			got++
+			if meta, err := m.Metadata(); err == nil {
+				last = max(last, meta.Sequence.Stream)
+			}
 		}
 		berr := batch.Error()
 		cancel()
 		switch {
 		case ctx.Err() != nil:
-			return nil, false, fmt.Errorf("kv: read events: %w", ctx.Err())
+			return nil, false, 0, fmt.Errorf("kv: read events: %w", ctx.Err())
 		case got == 0 && errors.Is(berr, nats.ErrNoResponders) && unheard < scanUnheard:
 			// In a cluster the consumer may live on another server, whose interest in its pull
 			// requests reaches this connection's server a moment after the consumer was made (as
 			// in scan): the events are there, the pull is made again.
 			unheard++
 			if err := unheardPause(ctx, unheard); err != nil {
-				return nil, false, fmt.Errorf("kv: read events: %w", err)
+				return nil, false, 0, fmt.Errorf("kv: read events: %w", err)
 			}
 			continue
 		case got == 0 && len(events) == 0:
-			return nil, false, ErrNotFound
+			return nil, false, 0, ErrNotFound
 		case got == 0:
-			return events, false, nil // the rest left the stream
+			return events, false, last, nil // the rest left the stream
 		case berr != nil && fctx.Err() == nil:
-			return nil, false, fmt.Errorf("kv: read events: %w", berr)
+			return nil, false, 0, fmt.Errorf("kv: read events: %w", berr)
 		}
 	}
-	return events, pending > limit, nil
+	return events, pending > limit, last, nil
 }
 
 // readFetchWait bounds each fetch of Read.

@@ -66,3 +66,32 @@ func TestOpenEventsPersistMode(t *testing.T) {
 		t.Errorf("3 replicas of an asynchronous stream: %v, want ErrEventsNotReplicable naming the stream", err)
 	}
 }
+
+// TestReadAsksTheLeader: a read whose consumer finds fewer events than the stream's leader holds
+// (placed on a server behind it) reads again until it has them; one that never does is ErrStale,
+// not "no events". A message without events is ErrNotFound.
+func TestReadAsksTheLeader(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ev, err := kv.OpenEvents(ctx, &kv.EventsConfig{JS: jsOn(t, srv), Prefix: "p", MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ev.Publish(ev.Subject("q", "enqueued", "m"), []byte(`{}`)).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ev.SetBehind(2)
+	if got, more, err := ev.Read(ctx, "q", "m", "", 10); err != nil || len(got) != 1 || more {
+		t.Fatalf("after two reads behind: %d events (more %v), %v; want the one", len(got), more, err)
+	}
+	ev.SetBehind(1 << 20)
+	if _, _, err := ev.Read(ctx, "q", "m", "", 10); !errors.Is(err, kv.ErrStale) {
+		t.Fatalf("reads behind to the end: %v, want ErrStale", err)
+	}
+	ev.SetBehind(0)
+	if _, _, err := ev.Read(ctx, "q", "z", "", 10); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("a message without events: %v, want ErrNotFound", err)
+	}
+}

@@ -28,6 +28,10 @@ func (s *Store) SetScanRead(f func()) { s.scanRead = f }
 // it again.
 func (s *Store) SetMarkerGrace(d time.Duration) { s.markerGrace = d }
 
+// SetBehind makes the next n reads of Read find nothing, as through a consumer on a server behind
+// the stream's leader.
+func (ev *Events) SetBehind(n int) { ev.behind = n }
+
 // SetMaxDeleted replaces how many deleted sequences of the bodies stream ReadBodies lists.
 func (s *Store) SetMaxDeleted(n uint64) { s.maxDeleted = n }
 

@@ -705,13 +705,18 @@ type storedMsg struct {
 // getFromLeader reads a message of stream through the JetStream API ($JS.API.STREAM.MSG.GET), which
 // the stream's leader answers, unlike a direct get. A message that is not there is ErrNotFound.
 func (s *Store) getFromLeader(ctx context.Context, stream string, req msgGetRequest) (*storedMsg, error) {
+	return getFromLeader(ctx, s.js, stream, req)
+}
+
+// getFromLeader is Store.getFromLeader on js.
+func getFromLeader(ctx context.Context, js jetstream.JetStream, stream string, req msgGetRequest) (*storedMsg, error) {
 	body, _ := json.Marshal(req)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	msg, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
+	msg, err := js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
 	if err != nil {
 		return nil, err
 	}
