@@ -63,7 +63,7 @@ func TestLockConflictWithAnotherWritersHolder(t *testing.T) {
 	}
 	overwrite := func(holder string) {
 		t.Helper()
-		e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: holder, LeaseID: "elsewhere"}))
+		e.storeLock("x", "foo", 0, holder, "elsewhere")
 	}
 	// stranger stores a record of another writer's, in state, that this broker never loaded, and
 	// returns it with its revision.
@@ -163,7 +163,7 @@ func TestLockConflictNamingAnIDReusedWithAnotherValue(t *testing.T) {
 	e.enqueue("x", subjects.EnqueueRequest{ID: "x", Priority: ptr(int64(0)), Metadata: map[string]string{"p": "bar"}})
 	x := e.dequeueOne("x")
 	e.enqueue("x", subjects.EnqueueRequest{ID: "y", Priority: ptr(int64(1)), Metadata: map[string]string{"p": "foo"}})
-	e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: "x", LeaseID: "elsewhere"}))
+	e.storeLock("x", "foo", 0, "x", "elsewhere")
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
 	e.advance(2 * time.Second)
 	if got := e.dequeueOne("x"); got.ID != "y" {
@@ -198,7 +198,7 @@ func TestLockConflictWithAMessageRunningElsewhere(t *testing.T) {
 	if _, err := st.WriteMessage("x", &r, rev).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: "m", LeaseID: "elsewhere"}))
+	e.storeLock("x", "foo", 0, "m", "elsewhere")
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
 	e.advance(2 * time.Second)
 	if m := e.get("x", "m"); m.State != subjects.StateRunning || m.LeaseID != "elsewhere" {
@@ -241,7 +241,7 @@ func TestLockConflictWithAHolderBeingCollected(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.storeRaw("$KV.natstone-locks."+kv.LockKey("x", "foo"), kv.EncodeLock(kv.Lock{MessageID: "a", LeaseID: "elsewhere"}))
+	e.storeLock("x", "foo", 0, "a", "elsewhere")
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{})
 	rollups(false)
 	for range 2 {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/natstone/natstone/broker"
 	"github.com/natstone/natstone/broker/clock"
+	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/test/natstest"
 )
@@ -137,6 +138,13 @@ func (e *env) storeRaw(subject string, data []byte) {
 	if _, err := e.jetStream().Publish(ctx, subject, data); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+// storeLock writes slot of value's lock in queue behind the broker's back, naming holder under
+// lease, as another writer (a broker that lost the store) would.
+func (e *env) storeLock(queue, value string, slot int, holder, lease string) {
+	e.t.Helper()
+	e.storeRaw("$KV.natstone-locks."+kv.SlotKey(queue, value, slot), kv.EncodeLock(kv.Lock{MessageID: holder, LeaseID: lease}))
 }
 
 // waitNoKeys waits, up to 10 s, until stream holds no subject matching filter: a removed record's

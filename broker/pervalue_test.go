@@ -123,7 +123,7 @@ func TestLoweredMaxRunningPerValueAcrossARestart(t *testing.T) {
 	if got := logs.of(over); !slices.Equal(got, []slog.Level{slog.LevelInfo}) {
 		t.Fatalf("a restart after the lowering logged %v, want one INFO", got)
 	}
-	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("x", "a", 1), kv.EncodeLock(kv.Lock{MessageID: "a3", LeaseID: "elsewhere"}))
+	e.storeLock("x", "a", 1, "a3", "elsewhere")
 	e.restartAll()
 	if got := logs.of(over); !slices.Equal(got, []slog.Level{slog.LevelInfo, slog.LevelError}) {
 		t.Fatalf("a restart with a running message under no slot logged %v, want an ERROR after the INFO", got)
@@ -181,7 +181,7 @@ func TestForeignSlotOutlivesAConflictingLease(t *testing.T) {
 	if _, err := st.WriteMessage("x", &r, rev).Wait(ctx); err != nil { // the other writer's read of a1, moved on
 		t.Fatal(err)
 	}
-	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("x", "a", 0), kv.EncodeLock(kv.Lock{MessageID: "a1", LeaseID: "elsewhere"}))
+	e.storeLock("x", "a", 0, "a1", "elsewhere")
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{}) // slot 0's take conflicts
 	fails(e, subjects.CodeUnavailable, subjects.OpDequeue, "x", subjects.DequeueRequest{}) // a1's lease, on slot 1, conflicts
 	if got := ids(e.dequeue("x", subjects.DequeueRequest{Batch: 3})); !slices.Equal(got, []string{"a1"}) {

@@ -177,7 +177,7 @@ func TestDeletedQueuesLocksGoAtStart(t *testing.T) {
 	e.enqueue("r", subjects.EnqueueRequest{ID: "c", Metadata: map[string]string{"p": "v"}})
 	e.dequeueOne("r") // r's lock, which must stay
 	must[subjects.DeleteReply](e, subjects.OpDelete, "q", nil)
-	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("q", "v", 0), kv.EncodeLock(kv.Lock{MessageID: "a", LeaseID: "earlier"}))
+	e.storeLock("q", "v", 0, "a", "earlier")
 
 	e.restartBroker()
 	e.waitNoKeys("KV_natstone-locks", "$KV.natstone-locks.q.>")

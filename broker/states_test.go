@@ -528,7 +528,7 @@ func TestExclusiveLockGoesWithItsValuesLastMessage(t *testing.T) {
 	e.enqueue("x", subjects.EnqueueRequest{ID: "d2", Priority: ptr[int64](1), Metadata: map[string]string{"p": "d"}})
 	m = e.dequeueOne("x")
 	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: m.ID, LeaseID: m.LeaseID})
-	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("x", "z", 0), kv.EncodeLock(kv.Lock{MessageID: "z1", LeaseID: "earlier"}))
+	e.storeLock("x", "z", 0, "z1", "earlier")
 	e.restartAll()
 	if l, err := slot("z"); err != nil || l.MessageID != "z1" {
 		t.Fatalf("z's lock right after the start: %+v, %v", l, err)
@@ -545,7 +545,7 @@ func TestExclusiveLockGoesWithItsValuesLastMessage(t *testing.T) {
 	e.waitNoKeys("KV_natstone-locks", "$KV.natstone-locks.x.>") // the markers go too
 
 	// A queue with nothing to collect sweeps such keys too.
-	e.storeRaw("$KV.natstone-locks."+kv.SlotKey("x", "y", 0), kv.EncodeLock(kv.Lock{MessageID: "y1", LeaseID: "earlier"}))
+	e.storeLock("x", "y", 0, "y1", "earlier")
 	e.restartAll()
 	e.advance(time.Second)
 	if l, err := slot("y"); !errors.Is(err, kv.ErrNotFound) {
