@@ -146,30 +146,51 @@ func (ev *Events) PublishBatch(subjects []string, datas [][]byte) Write {
 //
 // The read's consumer has one replica, which the server places on any server of a replicated
 // stream, one behind the stream's leader among them: it would miss the latest events, or all of
-// them. So Read asks the leader for the last event of the message and reads again (up to
-// readBehindTries times, a little later each time) until it has read that far.
+// them. So Read first asks the leader where to start (the last event of the from kind) and how far
+// to read (the message's last event), then reads again (up to readBehindTries times, a little later
+// each time) while a read stops short of that, asking the leader again after each short read (its
+// last event may have left the stream meanwhile). Events published after the leader's answer may
+// be read or not.
 func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (events [][]byte, more bool, err error) {
-	filter := ev.subj + queue + ".*." + encodeToken(id)
-	for try := 1; ; try++ {
-		var last uint64
-		events, more, last, err = ev.read(ctx, queue, id, from, filter, limit)
-		if (err != nil && !errors.Is(err, ErrNotFound)) || more {
-			return events, more, err
-		}
-		lead, lerr := getFromLeader(ctx, ev.js, ev.stream.CachedInfo().Config.Name, msgGetRequest{LastFor: filter})
+	stream, filter := ev.stream.CachedInfo().Config.Name, ev.subj+queue+".*."+encodeToken(id)
+	lastOf := func(subject string) (uint64, error) { // 0: none
+		m, err := getFromLeader(ctx, ev.js, stream, msgGetRequest{LastFor: subject})
 		switch {
-		case errors.Is(lerr, ErrNotFound):
+		case errors.Is(err, ErrNotFound):
+			return 0, nil
+		case err != nil:
+			return 0, fmt.Errorf("kv: read events: ask the stream's leader: %w", err)
+		}
+		return m.Seq, nil
+	}
+	var start uint64 // 0: from the first
+	if from != "" {
+		if start, err = lastOf(ev.Subject(queue, from, id)); err != nil {
+			return nil, false, err
+		}
+	}
+	target, err := lastOf(filter)
+	for try := 1; ; try++ {
+		switch {
+		case err != nil:
+			return nil, false, err
+		case target == 0:
 			return nil, false, ErrNotFound // none stored, or none left
-		case lerr != nil:
-			return nil, false, fmt.Errorf("kv: read events: ask the stream's leader: %w", lerr)
-		case lead.Seq <= last:
-			return events, false, nil
+		}
+		var last uint64
+		events, more, last, err = ev.read(ctx, filter, start, limit)
+		switch {
+		case err != nil && !errors.Is(err, ErrNotFound):
+			return nil, false, err
+		case more || last >= target:
+			return events, more, nil
 		case try == readBehindTries:
-			return nil, false, fmt.Errorf("%w: the events read stop at %d, the stream's leader holds %d", ErrStale, last, lead.Seq)
+			return nil, false, fmt.Errorf("%w: the events read stop at %d, the stream's leader holds %d", ErrStale, last, target)
 		}
 		if err := unheardPause(ctx, 10*try); err != nil {
 			return nil, false, fmt.Errorf("kv: read events: %w", err)
 		}
+		target, err = lastOf(filter)
 	}
 }
 
@@ -177,22 +198,17 @@ func (ev *Events) Read(ctx context.Context, queue, id, from string, limit int) (
 // 10, 20, 30… ms between them, about 4.5 s in all.
 const readBehindTries = 30
 
-// read is one read of Read, through a consumer of its own; last is the stream sequence of the
-// last event it read (0 if none).
-func (ev *Events) read(ctx context.Context, queue, id, from, filter string, limit int) (events [][]byte, more bool, last uint64, err error) {
+// read is one read of Read, through a consumer of its own, of the events matching filter from
+// stream sequence start on (0: from the first); last is the stream sequence of the last event it
+// read (0 if none).
+func (ev *Events) read(ctx context.Context, filter string, start uint64, limit int) (events [][]byte, more bool, last uint64, err error) {
 	if ev.behind > 0 {
 		ev.behind--
 		return nil, false, 0, ErrNotFound
 	}
 	cfg := jetstream.ConsumerConfig{FilterSubject: filter}
-	if from != "" {
-		last, err := ev.stream.GetLastMsgForSubject(ctx, ev.Subject(queue, from, id))
-		switch {
-		case err == nil:
-			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last.Sequence
-		case !errors.Is(err, jetstream.ErrMsgNotFound): // none: it left the stream, read them all
-			return nil, false, 0, fmt.Errorf("kv: read events: %w", err)
-		}
+	if start > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
 	}
 	c, drop, err := readConsumer(ctx, ev.js, ev.stream.CachedInfo().Config.Name, cfg)
 	if err != nil {
