@@ -290,7 +290,7 @@ func (q *queue) askHolder(w *lockWrite, key string) (holderSays, *kv.Record, uin
 	var r kv.Record
 	var rev uint64
 	err := q.b.readAgain(context.Background(), q.b.msgAcks, func(ctx context.Context) (err error) {
-		r, rev, err = q.b.store.GetMessageOrMarker(ctx, q.name, id)
+		r, rev, err = q.b.store.GetMessage(ctx, q.name, id)
 		return err
 	})
 	var fence func() kv.Write

@@ -443,18 +443,9 @@ func (s *Store) createOverMarker(ctx context.Context, st jetstream.Stream, subje
 // getKey reads key's value in bucket, with its revision, from the bucket's leader: the reads that
 // learn what a conflicting write found (GetMessage, GetSlot, GetQueue) must not be answered by a
 // replica behind it, as a KV get (a direct get) may be, with an older value or none. A deleted or
-// purged key is ErrNotFound.
+// purged key is ErrNotFound, with the revision of its marker (0 for a key without any message): a
+// write expecting that revision replaces the marker.
 func (s *Store) getKey(ctx context.Context, bucket jetstream.KeyValue, key string) ([]byte, uint64, error) {
-	data, rev, err := s.getKeyOrMarker(ctx, bucket, key)
-	if err != nil {
-		return nil, 0, err
-	}
-	return data, rev, nil
-}
-
-// getKeyOrMarker is getKey, except that a key whose last value is a marker is ErrNotFound with the
-// marker's revision.
-func (s *Store) getKeyOrMarker(ctx context.Context, bucket jetstream.KeyValue, key string) ([]byte, uint64, error) {
 	m, err := s.getFromLeader(ctx, "KV_"+bucket.Bucket(), msgGetRequest{LastFor: "$KV." + bucket.Bucket() + "." + key})
 	if err != nil {
 		return nil, 0, err
@@ -471,21 +462,11 @@ func (s *Store) getKeyOrMarker(ctx context.Context, bucket jetstream.KeyValue, k
 	return m.Data, m.Seq, nil
 }
 
-// GetMessage reads message id of queue with its revision, from the leader.
+// GetMessage reads message id of queue with its revision, from the leader. A collected one is
+// ErrNotFound, with its marker's revision while the marker stays (0 after). A record that does not
+// decode is an error with its revision.
 func (s *Store) GetMessage(ctx context.Context, queue, id string) (Record, uint64, error) {
 	data, rev, err := s.getKey(ctx, s.messages, MessageKey(queue, id))
-	if err != nil {
-		return Record{}, 0, err
-	}
-	r, err := DecodeRecord(data)
-	return r, rev, err
-}
-
-// GetMessageOrMarker is GetMessage, except that a key whose last value is a marker (a collection's,
-// say) is ErrNotFound with the marker's revision: a write expecting it replaces the marker. A key
-// with nothing is ErrNotFound at revision 0.
-func (s *Store) GetMessageOrMarker(ctx context.Context, queue, id string) (Record, uint64, error) {
-	data, rev, err := s.getKeyOrMarker(ctx, s.messages, MessageKey(queue, id))
 	if err != nil {
 		return Record{}, rev, err
 	}
