@@ -244,28 +244,30 @@ func (q *queue) askStrangers() {
 	q.strangers = nil
 	q.mu.Unlock()
 	said := make([]holderSays, len(ss))
-	runs := make([]*kv.Record, len(ss))
-	revs := make([]uint64, len(ss))
 	for i, w := range ss {
-		said[i], runs[i], revs[i] = q.askHolder(w, key)
+		said[i] = q.askHolder(w, key)
 	}
 	q.mu.Lock()
 	for i, w := range ss {
 		q.settleStranger(w, said[i])
-		if runs[i] != nil {
-			q.adoptRunning(runs[i], revs[i])
-		}
 	}
 	q.settle()
 }
 
 // holderSays is what storage says of the message a stranger's slot names (askHolder).
-type holderSays int
+type holderSays struct {
+	state holderState
+	run   *kv.Record // holderRuns: the running record, if it decodes
+	rev   uint64     // run's revision
+}
+
+// holderState is what holderSays says of the message.
+type holderState int
 
 const (
-	holderUnknown holderSays = iota // no answer yet: ask again
-	holderFenced                    // it can never run under the slot's lease
-	holderRuns                      // it is running (or its record does not decode): it may hold the slot
+	holderUnknown holderState = iota // no answer yet: ask again
+	holderFenced                     // it can never run under the slot's lease
+	holderRuns                       // it is running (or its record does not decode): it may hold the slot
 )
 
 // strangerAsksWarned is how many doubt timers in a row ask about a stranger's holder without an
@@ -283,9 +285,9 @@ const strangerAsksWarned = 30
 // elected, before it has applied what it committed. A conflict (the key changed since the read) or
 // a failure is asked about again at the next doubt. Called without q.mu.
 //
-// A message that runs in storage with the slot's value keeps the slot; its record is returned, with
-// its revision, for adoptRunning.
-func (q *queue) askHolder(w *lockWrite, key string) (holderSays, *kv.Record, uint64) {
+// A message that runs in storage with the slot's value keeps the slot; its record comes with the
+// answer, for adoptRunning.
+func (q *queue) askHolder(w *lockWrite, key string) holderSays {
 	id := w.truth.MessageID
 	var r kv.Record
 	var rev uint64
@@ -300,52 +302,53 @@ func (q *queue) askHolder(w *lockWrite, key string) (holderSays, *kv.Record, uin
 	case err == nil && (r.State != subjects.StateRunning || r.Metadata[key] != w.value):
 		fence = func() kv.Write { return q.b.store.WriteMessage(q.name, &r, rev) }
 	case err == nil:
-		return holderRuns, &r, rev
+		return holderSays{state: holderRuns, run: &r, rev: rev}
 	case rev != 0: // a record that does not decode is stored all the same
-		return holderRuns, nil, 0
+		return holderSays{state: holderRuns}
 	default:
 		q.log().Debug("exclusivity lock slot's holder not read; asking again", "value", w.value, "slot", w.slot, "message_id", id, "error", err)
-		return holderUnknown, nil, 0
+		return holderSays{state: holderUnknown}
 	}
 	// Not issued once another broker may serve the store: it would make that broker's next write
 	// of the message conflict.
 	ctx, cancel, err := q.b.claim.bound(context.Background())
 	if err != nil {
-		return holderUnknown, nil, 0
+		return holderSays{state: holderUnknown}
 	}
 	defer cancel()
 	ctx, stop := context.WithTimeout(ctx, q.b.cfg.WriteTimeout)
 	defer stop()
 	if _, err := q.b.msgAcks.issue(ctx, fence); err != nil {
 		q.log().Debug("exclusivity lock slot's holder not fenced; asking again", "value", w.value, "slot", w.slot, "message_id", id, "error", err)
-		return holderUnknown, nil, 0
+		return holderSays{state: holderUnknown}
 	}
-	return holderFenced, nil, 0
+	return holderSays{state: holderFenced}
 }
 
 // adoptRunning takes r, the record at rev of a message that runs in storage under another
 // writer's lease, into the entry of a message this broker has waiting (pending or invisible, with
 // no write in flight), as a restart's load would: the lease's end here, its expiry written at rev,
 // then frees the value, where the broker could otherwise not lease the message to learn better (a
-// value of one slot, held by that lease). Called with q.mu held.
-func (q *queue) adoptRunning(r *kv.Record, rev uint64) {
+// value of one slot, held by that lease). It reports whether it did. Called with q.mu held.
+func (q *queue) adoptRunning(r *kv.Record, rev uint64) bool {
 	e := q.entries.get(r.ID)
 	if e == nil || e.busy() || e.rev >= rev || (e.State() != subjects.StatePending && e.State() != subjects.StateInvisible) {
-		return
+		return false
 	}
-	q.log().Warn("message running in storage under another writer's lease; reloaded", "message_id", e.ID, "revision", rev, "lease_id", r.LeaseID)
+	q.log().Warn("message running in storage under another writer's lease; reloaded: its lease's end here frees its exclusivity value", "message_id", e.ID, "revision", rev, "lease_id", r.LeaseID)
 	q.apply(e, *r, rev)
+	return true
 }
 
 // settleStranger frees w's slot if its holder can no longer run under the slot's lease and the slot
-// is as dropLock left it. A holder that runs keeps it until it ends here or a restart reconciles the
-// slots with the messages (recovery), and one without an answer is asked about again at the next
-// doubt. Called with q.mu held.
+// is as dropLock left it. A holder that runs keeps it until it ends here (adoptRunning, for one this
+// broker has waiting) or a restart reconciles the slots with the messages (recovery), and one
+// without an answer is asked about again at the next doubt. Called with q.mu held.
 func (q *queue) settleStranger(w *lockWrite, said holderSays) {
 	if q.closed != nil {
 		return
 	}
-	switch said {
+	switch said.state {
 	case holderUnknown:
 		if w.asks++; w.asks == strangerAsksWarned {
 			q.log().Warn("exclusivity lock slot held for another writer's message that storage has not told of for a minute; still asking", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
@@ -353,6 +356,9 @@ func (q *queue) settleStranger(w *lockWrite, said holderSays) {
 		q.addStranger(w)
 		return
 	case holderRuns:
+		if said.run != nil && q.adoptRunning(said.run, said.rev) {
+			return
+		}
 		q.log().Warn("exclusivity lock slot held for a message that may run elsewhere: the value is held until it ends here or a restart", "value", w.value, "slot", w.slot, "message_id", w.truth.MessageID)
 		return
 	}
