@@ -116,6 +116,9 @@ type Broker struct {
 	lockAcks *ackWatch // the same for lock writes
 	bodyAcks *ackWatch // and for payload writes
 
+	storePrefix string  // the store's subject prefix (Config.StorePrefix, defaulted), for replyRefusal
+	refused     refused // requests refused for their reply subject
+
 	ctx    context.Context // cancelled by Stop, or when the claim is lost: ends long polls and a recovery
 	cancel context.CancelFunc
 	done   chan struct{}  // closed when Stop has ended
@@ -196,6 +199,7 @@ func New(cfg *Config) (*Broker, error) {
 		lockAcks: newAckWatch(),
 		bodyAcks: newAckWatch(),
 	}
+	b.storePrefix = cmp.Or(c.StorePrefix, kv.DefaultPrefix)
 	b.waits, _ = c.Observer.(WaitObserver)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.claim = newClaimer(b)

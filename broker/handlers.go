@@ -23,6 +23,10 @@ const requestTimeout = subjects.MaxWait + 30*time.Second
 // The endpoint's statistics are recorded when the reply is sent, so they count the real processing
 // time and every error reply.
 func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
+	if why := b.replyRefusal(ep.op, msg.Reply); why != "" {
+		b.refuse(ep, msg.Subject, msg.Reply, why)
+		return
+	}
 	received := time.Now()
 	if !b.track() {
 		_, out := b.errorReply(msg, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
@@ -242,7 +246,7 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if r.Error != "" {
 			return nil, subjects.Errorf(subjects.CodeBadRequest, "complete takes no error: a release or a cancel says why")
 		}
-		return q.andNext(ctx, settleKey{op: subjects.OpComplete, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.complete(ctx, r) })
+		return q.andNext(ctx, settleKey{op: subjects.OpComplete, id: r.ID, leaseID: r.LeaseID}, nextFor(req, r.Next), func() (subjects.Message, error) { return q.complete(ctx, r) })
 	case subjects.OpExtend:
 		var r subjects.ExtendRequest
 		if err := subjects.Decode(data, &r); err != nil {
@@ -254,13 +258,13 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if err := subjects.Decode(data, &r); err != nil {
 			return nil, err
 		}
-		return q.andNext(ctx, settleKey{op: subjects.OpRelease, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.release(ctx, r) })
+		return q.andNext(ctx, settleKey{op: subjects.OpRelease, id: r.ID, leaseID: r.LeaseID}, nextFor(req, r.Next), func() (subjects.Message, error) { return q.release(ctx, r) })
 	case subjects.OpCancel:
 		r, err := subjects.DecodeLease(data)
 		if err != nil {
 			return nil, err
 		}
-		return q.andNext(ctx, settleKey{op: subjects.OpCancel, id: r.ID, leaseID: r.LeaseID}, r.Next, func() (subjects.Message, error) { return q.cancel(ctx, r) })
+		return q.andNext(ctx, settleKey{op: subjects.OpCancel, id: r.ID, leaseID: r.LeaseID}, nextFor(req, r.Next), func() (subjects.Message, error) { return q.cancel(ctx, r) })
 	case subjects.OpRetry:
 		var r subjects.RetryRequest
 		if err := subjects.Decode(data, &r); err != nil {

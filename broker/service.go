@@ -108,6 +108,10 @@ func (b *Broker) serve() error {
 
 // discover answers one discovery request.
 func (b *Broker) discover(verb micro.Verb, m *nats.Msg) {
+	if why := b.replyRefusal("", m.Reply); why != "" {
+		b.refuse(nil, m.Subject, m.Reply, why)
+		return
+	}
 	s := b.svc
 	var body any
 	switch verb {

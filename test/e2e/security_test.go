@@ -292,6 +292,22 @@ func TestDocumentedPermissions(t *testing.T) {
 		watcher.refused(t, subject)
 	}
 
+	// Nor through the broker's rights: NATS does not check a request's reply subject, so a request
+	// naming one of the broker's own subjects as its reply is neither run nor answered.
+	forgedByReply := "natstone.events.jobs.completed.cmVwbHk"
+	for _, reply := range []string{"natstone.v1.enqueue_raw.jobs", forgedByReply, "$KV.natstone-messages.jobs.am9iLTE"} {
+		if err := watcher.nc.PublishRequest("natstone.v1.get.jobs", reply, []byte(`{"id":"job-1"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Taken after those by the same endpoint of the one broker.
+	if got, err := r.Get(ctx, "jobs", "job-1"); err != nil || got.State != "completed" {
+		t.Fatalf("job-1 after gets answered to the broker's subjects: %+v, %v", got, err)
+	}
+	if counts, err := r.Depth(ctx, "jobs", nil); err != nil || counts.Pending != 0 || counts.Completed != 3 {
+		t.Fatalf("the depth after gets answered to the broker's subjects: %+v, %v; want nothing enqueued", counts, err)
+	}
+
 	js, err := jetstream.New(owner.nc)
 	if err != nil {
 		t.Fatal(err)
@@ -300,8 +316,10 @@ func TestDocumentedPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, err := stream.GetLastMsgForSubject(ctx, forged); !errors.Is(err, jetstream.ErrMsgNotFound) {
-		t.Fatalf("the forged event: %v, %v; want none stored", m, err)
+	for _, subject := range []string{forged, forgedByReply} {
+		if m, err := stream.GetLastMsgForSubject(ctx, subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatalf("the forged event %s: %v, %v; want none stored", subject, m, err)
+		}
 	}
 }
 
