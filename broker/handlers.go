@@ -56,7 +56,7 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		if err == nil {
 			var data []byte
 			if data, err = encodeReply(reply); err == nil {
-				out = &nats.Msg{Data: data}
+				out = &nats.Msg{Data: data, Reply: b.unheard.replyTo(msg.Subject, reply)}
 			}
 		}
 		var failed *subjects.Error

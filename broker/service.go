@@ -76,6 +76,11 @@ func (s *service) identity(b *Broker) micro.ServiceIdentity {
 func (b *Broker) serve() error {
 	s := &service{id: nuid.Next(), started: time.Now().UTC()}
 	b.svc = s
+	sub, err := b.listen()
+	if err != nil {
+		return fmt.Errorf("subscribe the inbox of unheard replies: %w", err)
+	}
+	s.subs = append(s.subs, sub)
 	for _, op := range subjects.Ops {
 		subj := b.space.Wildcard(op)
 		if op == subjects.OpList {

@@ -1,0 +1,198 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/natstone/natstone/subjects"
+)
+
+// A reply that leases messages can reach nobody: its requester's connection closed (a worker
+// killed while its long poll was parked), or it unsubscribed its inbox when its request timed out
+// (as the nats CLI does). Its messages would then run nowhere until their leases ran out, each with
+// an attempt spent: on a queue of one attempt, errored without ever running. So such a reply is
+// published as a request of the broker's own, to an inbox of the broker's: when no subscriber takes
+// it, the server says so there at once (NATS's "no responders" status, as it does to any request),
+// and the reply's leases are given back with their attempts refunded, as an abandon would.
+//
+// The server answers a publish that reached nobody before it reads what the broker sent next, so
+// once a round trip to the server (a flush) has come back, a reply sent before it that has not been
+// answered was taken: it is forgotten. A requester whose connection lives on after its request timed
+// out, with its inbox still subscribed (nats.go's and nats.js's requests share one inbox
+// subscription per connection), takes the reply and does not read it; for those, abandon.
+
+// unheardFlushEvery is how often the replies sent are checked with a flush, while there are any.
+const unheardFlushEvery = 250 * time.Millisecond
+
+// unheardBuffer bounds the statuses waiting to be read. One the buffer cannot take is dropped by
+// the client (a slow consumer), and its leases then run out as before.
+const unheardBuffer = 4096
+
+// heardLease is a lease a reply carried.
+type heardLease struct{ id, leaseID string }
+
+// sentReply is a reply that carried leases, until it is known to have been taken.
+type sentReply struct {
+	n      uint64 // the how-manyth tracked
+	queue  string
+	leases []heardLease
+}
+
+// unheard tracks the replies sent with leases, to give back those of any that reached nobody.
+type unheard struct {
+	b      *Broker
+	prefix string // the broker's inbox for the statuses, with a trailing "."
+	sub    *nats.Subscription
+	status chan *nats.Msg
+
+	mu   sync.Mutex
+	last uint64               // the last sentReply.n given
+	sent map[string]sentReply // by the reply subject's last token: unguessable, so that only the
+	// requester, which sees the subject, could forge a status for it (and release its own leases)
+}
+
+// listen subscribes the inbox the server answers unheard replies on, and starts checking them.
+func (b *Broker) listen() (*nats.Subscription, error) {
+	u := &unheard{
+		b:      b,
+		prefix: b.cfg.Conn.NewInbox() + ".",
+		status: make(chan *nats.Msg, unheardBuffer),
+		sent:   make(map[string]sentReply),
+	}
+	sub, err := b.cfg.Conn.ChanSubscribe(u.prefix+"*", u.status)
+	if err != nil {
+		return nil, err
+	}
+	u.sub = sub
+	b.unheard = u
+	go u.run(b.ctx)
+	return sub, nil
+}
+
+// replyTo returns the subject that reply, the answer to a request to subject, is to be published
+// with to hear whether it reached anybody, when it carries leases; else "".
+func (u *unheard) replyTo(subject string, reply any) string {
+	var ms []subjects.Message
+	switch r := reply.(type) {
+	case subjects.DequeueReply:
+		ms = r.Messages
+	case subjects.SettleReply:
+		if r.Next != nil {
+			ms = r.Next.Messages
+		}
+	}
+	if len(ms) == 0 {
+		return ""
+	}
+	_, queue, err := u.b.space.Parse(subject)
+	if err != nil {
+		return ""
+	}
+	leases := make([]heardLease, len(ms))
+	for i := range ms {
+		leases[i] = heardLease{id: ms[i].ID, leaseID: ms[i].LeaseID}
+	}
+	token := nuid.Next()
+	u.mu.Lock()
+	u.last++
+	u.sent[token] = sentReply{n: u.last, queue: queue, leases: leases}
+	u.mu.Unlock()
+	return u.prefix + token
+}
+
+// run reads the statuses of replies that reached nobody, and forgets, after each flush, the replies
+// sent before it that were taken. It ends with ctx.
+func (u *unheard) run(ctx context.Context) {
+	tick := time.NewTicker(unheardFlushEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-u.status:
+			u.heard(m)
+		case <-tick.C:
+			u.mu.Lock()
+			mark, idle := u.last, len(u.sent) == 0
+			u.mu.Unlock()
+			if idle {
+				continue
+			}
+			fctx, cancel := context.WithTimeout(ctx, u.b.cfg.WriteTimeout)
+			err := u.b.cfg.Conn.FlushWithContext(fctx)
+			cancel()
+			if err != nil {
+				continue // tried again at the next tick; the replies are kept meanwhile
+			}
+			// Every status for a reply before the flush is in the channel now: the client reads
+			// them before the flush's answer.
+			for len(u.status) > 0 {
+				u.heard(<-u.status)
+			}
+			u.mu.Lock()
+			for token, r := range u.sent {
+				if r.n <= mark {
+					delete(u.sent, token)
+				}
+			}
+			u.mu.Unlock()
+		}
+	}
+}
+
+// heard handles a status from the server: a reply that reached nobody has its leases given back.
+func (u *unheard) heard(m *nats.Msg) {
+	if m.Header.Get("Status") != "503" {
+		return
+	}
+	token := strings.TrimPrefix(m.Subject, u.prefix)
+	u.mu.Lock()
+	r, ok := u.sent[token]
+	delete(u.sent, token)
+	u.mu.Unlock()
+	if !ok || !u.b.track() {
+		return
+	}
+	go func() {
+		defer u.b.wg.Done()
+		u.b.giveBack(r)
+	}()
+}
+
+// unheardLease is the error of the released events of the leases a reply that reached nobody gives
+// back.
+const unheardLease = "the dequeue's reply reached nobody: its requester was gone"
+
+// giveBack releases the leases of a reply that reached nobody, their attempts refunded, where they
+// are still held.
+func (b *Broker) giveBack(r sentReply) {
+	ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
+	defer cancel()
+	q, err := b.lookup(ctx, r.queue, false)
+	if err != nil {
+		return // deleted since: its messages went with it
+	}
+	released := 0
+	for _, l := range r.leases {
+		_, err := q.release(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: unheardLease})
+		var se *subjects.Error
+		switch {
+		case err == nil:
+			released++
+		case errors.As(err, &se) && slices.Contains([]subjects.Code{subjects.CodeLeaseMismatch, subjects.CodeLeaseExpired, subjects.CodeInvalidState, subjects.CodeMessageNotFound}, se.Code):
+			// No longer held: settled, canceled or run out meanwhile.
+		default:
+			q.log().Warn("lease of a reply that reached nobody not given back; it runs out instead", "id", l.id, "error", err)
+		}
+	}
+	if released > 0 {
+		q.log().Info("a dequeue's reply reached nobody: its leases given back", "released", released)
+	}
+}
