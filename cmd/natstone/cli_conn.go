@@ -217,6 +217,10 @@ func exitCodeOf(err error) int {
 
 // describeError returns the line that reports err on stderr. A broker's refusal reads
 // "natstone: <code>: <message>"; a missing broker or reply says what that means.
+// retrySafety says which commands a retry after an unknown outcome may repeat the effect of
+// (docs/cli.md, exit code 5).
+const retrySafety = "a retry is safe, but for an enqueue or a schedule fire without --id, a dequeue without --request-id, and a reschedule with a --delay over 0"
+
 func describeError(err error, conn *cliConn) string {
 	var apiErr *workers.APIError
 	if errors.As(err, &apiErr) {
@@ -230,9 +234,9 @@ func describeError(err error, conn *cliConn) string {
 	case errors.Is(err, nats.ErrNoResponders):
 		return fmt.Sprintf("natstone: no natstone broker answers%s (%v)", where, nats.ErrNoResponders)
 	case errors.Is(err, nats.ErrTimeout):
-		return fmt.Sprintf("natstone: no reply in time%s; a write may still have been carried out (a retry is safe, but for an enqueue without --id or a dequeue without --request-id) (%v)", where, nats.ErrTimeout)
+		return fmt.Sprintf("natstone: no reply in time%s; a write may still have been carried out (%s) (%v)", where, retrySafety, nats.ErrTimeout)
 	case errors.Is(err, context.Canceled):
-		return "natstone: interrupted before the reply came; a write may still have been carried out (a retry is safe, but for an enqueue without --id or a dequeue without --request-id)"
+		return "natstone: interrupted before the reply came; a write may still have been carried out (" + retrySafety + ")"
 	}
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "natstone: ") {
