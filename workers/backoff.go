@@ -10,10 +10,11 @@ import (
 // backoffMax caps the default retry schedule of failed messages (DefaultBackoff).
 const backoffMax = 24 * time.Hour
 
-// The retry schedule of failed dequeues (no broker, broker unavailable, queue blocked): 100 ms
-// doubling up to 10 s, each ±25 %, so a worker never spins on a failing broker. A queue that does not
-// exist (yet: a worker started before the producer that creates it, say) is asked for again every
-// second at most, so that the worker starts within a second of its queue.
+// The retry schedule of failed dequeues (no broker, broker unavailable): 100 ms doubling up to 10 s,
+// each ±25 %, so a worker never spins on a failing broker. A queue that does not exist (yet: a
+// worker started before the producer that creates it, say), or whose dequeues an operator blocked,
+// is asked for again every second at most, so that the worker starts within a second of its queue,
+// or of the unblock.
 const (
 	pollRetryBase    = 100 * time.Millisecond
 	pollRetryMax     = 10 * time.Second
@@ -29,7 +30,7 @@ const settleRetryMax = 2 * time.Second
 // pollRetry returns how long a slot waits before it polls again, after failures polls in a row
 // that failed, the last with err (nil: it came back empty too early).
 func pollRetry(failures int, err error) time.Duration {
-	if errors.Is(err, ErrQueueNotFound) {
+	if errors.Is(err, ErrQueueNotFound) || errors.Is(err, ErrQueueBlocked) {
 		return exponential(failures, pollRetryBase, pollRetryMissing)
 	}
 	return exponential(failures, pollRetryBase, pollRetryMax)

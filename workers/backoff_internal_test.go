@@ -9,12 +9,17 @@ import (
 	"github.com/natstone/natstone/subjects"
 )
 
-// TestPollRetry holds the slots' retry schedule to its bounds: a missing queue is asked for again
-// within a second however long it has been missing, any other failure backs off up to 10 s.
+// TestPollRetry holds the slots' retry schedule to its bounds: a missing queue, or one whose
+// dequeues are blocked, is asked for again within a second however long it has been so, any other
+// failure backs off up to 10 s.
 func TestPollRetry(t *testing.T) {
 	missing := fmt.Errorf("natstone: dequeue q: %w", &APIError{Code: subjects.CodeQueueNotFound})
 	if !errors.Is(missing, ErrQueueNotFound) {
 		t.Fatal("the test's error is not ErrQueueNotFound")
+	}
+	blocked := fmt.Errorf("natstone: dequeue q: %w", &APIError{Code: subjects.CodeQueueBlocked})
+	if !errors.Is(blocked, ErrQueueBlocked) {
+		t.Fatal("the test's error is not ErrQueueBlocked")
 	}
 	other := ErrUnavailable
 	var longest time.Duration
@@ -22,6 +27,9 @@ func TestPollRetry(t *testing.T) {
 		for range 50 {
 			if d := pollRetry(failures, missing); d <= 0 || d > pollRetryMissing {
 				t.Fatalf("after %d polls of a missing queue: %v, want within (0, %v]", failures, d, pollRetryMissing)
+			}
+			if d := pollRetry(failures, blocked); d <= 0 || d > pollRetryMissing {
+				t.Fatalf("after %d polls of a blocked queue: %v, want within (0, %v]", failures, d, pollRetryMissing)
 			}
 			d := pollRetry(failures, other)
 			if d <= 0 || d > pollRetryMax {

@@ -353,8 +353,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 // the slot long-polls only when that dequeue found nothing.
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	failures := 0            // consecutive polls that failed or came back suspiciously early: the backoff's
-	failed := 0              // consecutive polls that failed (an error other than a missing queue): the log's
+	failed := 0              // consecutive polls that failed (an error other than a missing or blocked queue): the log's
 	missing := 0             // consecutive polls that found no queue: the log's
+	blocked := 0             // consecutive polls that found the queue's dequeues blocked: the log's
 	var down time.Time       // when the failed polls began (while failed > 0)
 	var uncertain requestTry // the last dequeue whose outcome is unknown: the next poll's
 	defer func() {
@@ -368,6 +369,12 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 		got := len(d.msgs) > 0
 		if !errors.Is(err, ErrQueueNotFound) {
 			missing = 0
+		}
+		if !errors.Is(err, ErrQueueBlocked) && blocked > 0 {
+			if err == nil {
+				w.log.Info("queue unblocked: dequeueing again", "queue", w.cfg.Queue)
+			}
+			blocked = 0
 		}
 		if err == nil && failed > 0 {
 			w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", failed, "after", time.Since(down).Round(time.Millisecond))
@@ -392,6 +399,12 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 				level = slog.LevelWarn // said once, not every second while the queue is missing
 			}
 			w.log.Log(pollCtx, level, "queue not found; polling again every second until it exists", "queue", w.cfg.Queue, "failures", missing)
+		case errors.Is(err, ErrQueueBlocked):
+			// An operator's pause, not a failure: said once, and asked again every second.
+			failures++
+			if blocked++; blocked == 1 {
+				w.log.Info("queue's dequeues blocked; polling again every second until they are unblocked", "queue", w.cfg.Queue)
+			}
 		case err != nil:
 			failures++
 			if failed++; failed == 1 {
