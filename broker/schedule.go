@@ -42,8 +42,13 @@ var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month 
 // maxCronLen, white space around it or other than spaces in it, an empty zone, a zone without an
 // expression, CRON_TZ=Local (the machine's
 // zone: a cron without a zone is in UTC), an "@every" shorter than subjects.MinScheduleEvery or
-// not in whole seconds (the cron library would round it), and an expression with no time within
+// not in whole seconds (the cron library would round it), a field with an empty list element or a
+// sign (",1", "+1": the library reads them as "1"), and an expression with no time within
 // maxFirstFire of now (such as February 30).
+//
+// Day of month and day of week combine as in Vixie cron (cronie, the crontab of most systems): a
+// day matches both when either field begins with "*", and either of them otherwise. The library
+// takes "*/2" as a list of days, which either field then matches alone.
 func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	if spec == "" {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron is required")
@@ -75,10 +80,28 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 			s, err = nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q is not a cron expression", spec)
 		}
 	}()
+	fields := strings.Fields(expr)
+	if !strings.HasPrefix(expr, "@") {
+		for _, f := range fields {
+			for elem := range strings.SplitSeq(f, ",") {
+				if elem == "" || strings.Contains(elem, "+") {
+					return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: field %q has an empty list element or a sign", spec, f)
+				}
+			}
+		}
+	}
 	if s, err = cronParser.Parse(full); err != nil {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, err)
 	}
 	if ss, ok := s.(*cron.SpecSchedule); ok {
+		if len(fields) == 5 { // minute hour day-of-month month day-of-week
+			if strings.HasPrefix(fields[2], "*") {
+				ss.Dom |= cronStar
+			}
+			if strings.HasPrefix(fields[4], "*") {
+				ss.Dow |= cronStar
+			}
+		}
 		s = forward{ss}
 	}
 	if every, ok := strings.CutPrefix(expr, "@every "); ok {
@@ -92,6 +115,10 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	}
 	return s, nil
 }
+
+// cronStar is the cron library's mark of a field given as "*" (its starBit): a day-of-month or
+// day-of-week with it makes the other field's days match only along with it.
+const cronStar = 1 << 63
 
 // maxFirstFire is how soon a schedule must fire: the cron library looks five years ahead.
 const maxFirstFire = 5 * 365 * 24 * time.Hour

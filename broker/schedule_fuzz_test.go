@@ -118,3 +118,30 @@ func TestForwardFindsEveryTime(t *testing.T) {
 		}
 	}
 }
+
+// TestParseCronAsVixieCron: what the cron library reads differently from Vixie cron (cronie) is
+// read as Vixie cron does, or refused: "*/2" in the day of month combines with the day of week as
+// "*" does (both must match), and a list with an empty element or a signed number is refused.
+func TestParseCronAsVixieCron(t *testing.T) {
+	now := time.Date(2026, 11, 27, 17, 0, 0, 0, time.UTC) // a Friday, the 27th
+	for spec, want := range map[string]time.Time{
+		"0 0 */2 * 1": time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC),  // a Monday on an odd day: not Sunday the 29th
+		"0 0 1 * */3": time.Date(2027, 5, 1, 0, 0, 0, 0, time.UTC),   // a 1st on a Sunday, Wednesday or Saturday: not Tuesday 1 December
+		"0 0 13 * 5":  time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC),  // neither field a star: Friday the 4th, or the 13th
+		"0 0 * * 1":   time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), // as before
+		"0 0 3-5 * *": time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
+	} {
+		c, err := parseCron(spec, now)
+		if err != nil {
+			t.Fatalf("%q: %v", spec, err)
+		}
+		if got := c.Next(now); !got.Equal(want) {
+			t.Errorf("%q: next %v, want %v", spec, got, want)
+		}
+	}
+	for _, spec := range []string{",1 * * * *", "1, * * * *", "1,,2 * * * *", "+1 * * * *", "0 0 * * 1-+5"} {
+		if _, err := parseCron(spec, now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
+			t.Errorf("%q: %v, want invalid_schedule", spec, err)
+		}
+	}
+}
