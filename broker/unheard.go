@@ -56,6 +56,7 @@ type unheard struct {
 	last uint64               // the last sentReply.n given
 	sent map[string]sentReply // by the reply subject's last token: unguessable, so that only the
 	// requester, which sees the subject, could forge a status for it (and release its own leases)
+	swept func() // a test's: called after each flush's forgetting
 }
 
 // listen subscribes the inbox the server answers unheard replies on, and starts checking them.
@@ -142,7 +143,11 @@ func (u *unheard) run(ctx context.Context) {
 					delete(u.sent, token)
 				}
 			}
+			swept := u.swept
 			u.mu.Unlock()
+			if swept != nil {
+				swept()
+			}
 		}
 	}
 }
