@@ -118,6 +118,22 @@ func (e *env) restartAll() {
 	e.startBroker()
 }
 
+// events subscribes to the events on subject (a filter such as "natstone.events.q.released.>")
+// until the test ends, and returns the channel they arrive on.
+func (e *env) events(subject string) <-chan *nats.Msg {
+	e.t.Helper()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := e.nc.ChanSubscribe(subject, ch)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := e.nc.Flush(); err != nil {
+		e.t.Fatal(err)
+	}
+	return ch
+}
+
 // jetStream returns a JetStream context on the test's own connection.
 func (e *env) jetStream() jetstream.JetStream {
 	e.t.Helper()

@@ -116,15 +116,7 @@ func TestNoLeasesForNobody(t *testing.T) {
 		t.Fatalf("depth after a dequeue without a reply subject: %+v", c)
 	}
 
-	completed := make(chan *nats.Msg, 4)
-	sub, err := e.nc.ChanSubscribe("natstone.events.q.completed.>", completed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := e.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	completed := e.events("natstone.events.q.completed.>")
 	a := e.dequeueOne("q")
 	body := mustJSON(t, subjects.LeaseRequest{ID: a.ID, LeaseID: a.LeaseID, Next: &subjects.DequeueRequest{}})
 	if err := e.nc.Publish(e.space.Subject(subjects.OpComplete, "q"), body); err != nil {

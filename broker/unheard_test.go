@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/natstone/natstone/subjects"
 )
 
@@ -25,15 +23,7 @@ func TestRepliesThatReachNobodyGiveTheirLeasesBack(t *testing.T) {
 	for i, id := range []string{"a", "b"} {
 		e.enqueue("q", subjects.EnqueueRequest{ID: id, Priority: ptr(int64(i)), Metadata: map[string]string{"project": "foo"}})
 	}
-	released := make(chan *nats.Msg, 4)
-	sub, err := e.nc.ChanSubscribe("natstone.events.q.released.>", released)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := e.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	released := e.events("natstone.events.q.released.>")
 	waitReleased := func(id string) {
 		t.Helper()
 		select {
