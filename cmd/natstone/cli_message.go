@@ -200,7 +200,7 @@ func abandonPoll(ctx context.Context, stderr io.Writer, client *workers.Client, 
 	released, err := client.Abandon(ctx, queue, id)
 	switch {
 	case err != nil:
-		fmt.Fprintf(stderr, "natstone dequeue: interrupted, and the abandon of the broker's wait was not confirmed (%v): should it not have landed, the wait goes on, and a message it leases before the wait ends is leased to nobody until its lease runs out; natstone dequeue %s --request-id %s --wait %v returns that lease while it holds (within 5 minutes; it answers once the wait is over)\n", err, queue, id, wait)
+		fmt.Fprintf(stderr, "natstone dequeue: interrupted, and the abandon of the broker's wait was not confirmed (%v): should it not have landed, the wait goes on, and a message it leases before the wait ends reaches nobody, which the broker gives back once it hears so (else when its lease runs out); natstone dequeue %s --request-id %s --wait %v returns that lease while it holds (within 5 minutes; it answers once the wait is over)\n", err, queue, id, wait)
 	case len(released) > 0:
 		fmt.Fprintf(stderr, "natstone dequeue: interrupted: the broker's wait was abandoned, and the messages it had leased are pending again: %s\n", strings.Join(released, ", "))
 	default:
