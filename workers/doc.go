@@ -17,7 +17,9 @@
 // message's lease is extended at once. A complete, release or cancel is sent again, with backoff
 // (100 ms doubling to 2 s), for as long as the lease may hold, or until Stop's ctx is done (then once more, briefly). Stop
 // abandons the long polls it leaves ([Client.Abandon]), so that the broker leases nothing to a
-// worker that stopped.
+// worker that stopped. A worker killed without Stop leaves nothing leased either, once its
+// connection is gone: the replies its polls get reach nobody, and the broker gives their leases
+// back, their attempts refunded.
 //
 //	nc, _ := nats.Connect(nats.DefaultURL)
 //	c, _ := workers.NewClient(nc, nil)
