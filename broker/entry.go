@@ -48,6 +48,10 @@ const (
 	// collectingFlag is set once a collection of the (finished) entry began: its payload may be
 	// deleted, so it is never retried; it leaves memory when a collection removes its record.
 	collectingFlag = 1 << 30
+	// replayedFlag is set once the entry's current lease went out again, in the reply of a retry
+	// with the first dequeue's request id: a reply of it that reached nobody does not give it back
+	// (unheard). It stays while the lease does.
+	replayedFlag = 1 << 31
 )
 
 // IndexItem implements index.Elem.
@@ -78,6 +82,9 @@ func (e *entry) UpdatedAt() int64 { return e.EnqueuedAt + e.extra().UpdatedDelta
 // busy reports whether a write on e is in flight.
 func (e *entry) busy() bool { return e.bits&busyFlag != 0 }
 
+// replayed reports whether e's current lease went out in more than one reply (replayedFlag).
+func (e *entry) replayed() bool { return e.bits&replayedFlag != 0 }
+
 // collecting reports whether a collection of e began (its payload may be gone).
 func (e *entry) collecting() bool { return e.bits&collectingFlag != 0 }
 
@@ -106,8 +113,10 @@ type storedMore struct {
 }
 
 // set makes r e's record, as stored (its Priority and BodySeq are e's Item already). It keeps e's
-// busy flag, which belongs to e, not to its record.
+// busy and collecting flags, which belong to e, not to its record, and its replayed flag while the
+// lease is the same.
 func (e *entry) set(r *kv.Record) {
+	replayed := e.bits&replayedFlag != 0 && r.LeaseID != "" && r.LeaseID == e.extra().LeaseID
 	e.ID = r.ID
 	e.EnqueuedAt = r.EnqueuedAt
 	e.version = uint32(r.Version)
@@ -116,6 +125,9 @@ func (e *entry) set(r *kv.Record) {
 	bits := uint32(min(max(r.PayloadSize, 0), maxSize)) | uint32(1+stateIndex(r.State))<<stateShift | e.bits&(busyFlag|collectingFlag)
 	if r.Released {
 		bits |= releasedFlag
+	}
+	if replayed {
+		bits |= replayedFlag
 	}
 	e.bits = bits // kv.DecodeRecord and the broker only make known states
 	e.more = nil

@@ -56,7 +56,7 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		if err == nil {
 			var data []byte
 			if data, err = encodeReply(reply); err == nil {
-				out = &nats.Msg{Data: data, Reply: b.unheard.replyTo(msg.Subject, reply)}
+				out = &nats.Msg{Data: data, Reply: b.unheard.replyTo(msg, reply)}
 			}
 		}
 		var failed *subjects.Error
@@ -130,7 +130,11 @@ func (b *Broker) respond(req *nats.Msg, reply *nats.Msg) {
 	if reply.Subject == "" {
 		return // a publish, not a request: nobody to answer
 	}
-	if err := b.cfg.Conn.PublishMsg(reply); err != nil {
+	err := b.cfg.Conn.PublishMsg(reply)
+	if reply.Reply != "" {
+		b.unheard.published(reply.Reply, err)
+	}
+	if err != nil {
 		level := slog.LevelDebug // the connection is closing, or down: nothing the operator can mend
 		if errors.Is(err, nats.ErrMaxPayload) {
 			level = slog.LevelError // the request's effect stands, unseen: a dequeue's leases run out

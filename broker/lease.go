@@ -170,6 +170,15 @@ func usedLease(r *kv.Record) { r.RequestID = "" }
 // is errored. Its event (released or errored) carries req.Error. Releasing it again with the same
 // lease succeeds and writes nothing (its error is not kept).
 func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subjects.Message, error) {
+	return q.releaseUnless(ctx, req, nil)
+}
+
+// errLeaseKept is releaseUnless's answer when kept said to keep the lease.
+var errLeaseKept = errors.New("the lease is kept")
+
+// releaseUnless is release, unless kept, asked under q.mu once the lease is found current, says to
+// keep it (errLeaseKept).
+func (q *queue) releaseUnless(ctx context.Context, req subjects.ReleaseRequest, kept func(*entry) bool) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := checkRange("delay_ms", req.DelayMS, 0, subjects.MaxInvisible); err != nil {
@@ -184,6 +193,9 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 	}
 	if done, err := q.fence(e, req.LeaseID, subjects.OpRelease); err != nil || done {
 		return q.view(e), err
+	}
+	if kept != nil && kept(e) {
+		return q.view(e), errLeaseKept
 	}
 	return q.transitionWith(&change{e: e, failure: req.Error, refund: req.Refund}, func(r *kv.Record, now int64) {
 		r.Released = true

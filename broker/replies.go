@@ -21,8 +21,8 @@ const refusedLogEvery = 10 * time.Second
 // with reply subject reply must not be run, or "" when it may:
 //   - a reply subject under "$" (the JetStream and KV APIs and their storage subjects, the
 //     system's, service discovery's: no client's inbox);
-//   - under the broker's own request subjects, or the store's prefix (the payloads and the
-//     events);
+//   - under the broker's own request subjects, or the store's payloads' or events' (the store's
+//     only subjects outside "$");
 //   - with a wildcard token, which names no inbox;
 //   - none, for a dequeue: what it leased would go to nobody and run nowhere until its lease ran out.
 //
@@ -39,7 +39,7 @@ func (b *Broker) replyRefusal(op subjects.Op, reply string) string {
 		return "the reply subject is a system subject ($…)"
 	case strings.HasPrefix(reply, b.space.Prefix()+"."):
 		return "the reply subject is one of natstone's request subjects"
-	case strings.HasPrefix(reply, b.storePrefix+"."):
+	case strings.HasPrefix(reply, b.storePrefix+".body.") || strings.HasPrefix(reply, b.storePrefix+".events."):
 		return "the reply subject is one of natstone's storage subjects"
 	case strings.ContainsAny(reply, "*>") && hasWildcard(reply):
 		return "the reply subject has a wildcard"

@@ -3,15 +3,23 @@ package broker_test
 import (
 	"encoding/base64"
 	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/natstone/natstone/broker"
+	"github.com/natstone/natstone/broker/clock"
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 )
 
 // endpointStats returns the discovery statistics of op's endpoint.
@@ -129,5 +137,49 @@ func TestNoLeasesForNobody(t *testing.T) {
 	}
 	if b := e.dequeueOne("q"); b.ID != "b" || b.Attempts != 1 {
 		t.Fatalf("dequeued %s at attempt %d, want b at its first", b.ID, b.Attempts)
+	}
+}
+
+// TestRepliesAcrossAccountsAreNotTracked: a requester in another account, through a service import,
+// names a reply subject the server made ("_R_."), which the server takes on the requester's behalf
+// whether anybody listens or not. A leasing reply published to it with a reply subject of the
+// broker's (to hear that it reached nobody) would make the server keep a response import for it,
+// for as long as the broker runs; it is published without one.
+func TestRepliesAcrossAccountsAreNotTracked(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "accounts.conf")
+	if err := os.WriteFile(conf, []byte(`accounts {
+  SVC { jetstream: enabled, users: [{user: svc, password: svc}], exports: [{service: "natstone.v1.>"}] }
+  APP { users: [{user: app, password: app}], imports: [{service: {account: SVC, subject: "natstone.v1.>"}}] }
+}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartOptions(t, opts)
+	e := &env{t: t, srv: srv, clk: clock.NewFake(t0), nc: srv.Connect(t, nats.UserInfo("app", "app"))}
+	e.cfg = broker.Config{Conn: srv.Connect(t, nats.UserInfo("svc", "svc")), Clock: e.clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if e.space, err = subjects.NewSpace(""); err != nil {
+		t.Fatal(err)
+	}
+	e.startBroker()
+	e.create("q", subjects.CreateQueueRequest{})
+	for range 20 {
+		e.enqueue("q", subjects.EnqueueRequest{})
+		if ms := e.dequeue("q", subjects.DequeueRequest{}); len(ms) != 1 {
+			t.Fatalf("dequeued %d messages, want 1", len(ms))
+		}
+	}
+	for _, name := range []string{"SVC", "APP"} {
+		acc, err := srv.NATS().LookupAccount(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, r := acc.NumPendingAllResponses(), acc.NumPendingReverseResponses(); n != 0 || r != 0 {
+			t.Errorf("account %s keeps %d response imports and %d reverse ones after 20 leasing replies, want none", name, n, r)
+		}
 	}
 }

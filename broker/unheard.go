@@ -2,6 +2,8 @@ package broker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"slices"
 	"strings"
@@ -9,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nuid"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -27,6 +28,15 @@ import (
 // answered was taken: it is forgotten. A requester whose connection lives on after its request timed
 // out, with its inbox still subscribed (nats.go's and nats.js's requests share one inbox
 // subscription per connection), takes the reply and does not read it; for those, abandon.
+//
+// A lease can go out in more than one reply: a dequeue retried with its request id gets the leases
+// of the first again (replay). Such a lease is marked (replayedFlag) and never given back: the
+// retry's reply may have reached its requester while the first's did not. The mark and the give
+// back's check are under the queue's lock, so that one of the two sees the other.
+//
+// A reply to a subject the server made for another account (a service import's "_R_.", a gateway's
+// "_GR_.") is not tracked: the server takes it on the requester's behalf whether or not anybody
+// listens, and keeps state for each reply that asks for an answer in return.
 
 // unheardFlushEvery is how often the replies sent are checked with a flush, while there are any.
 const unheardFlushEvery = 250 * time.Millisecond
@@ -40,7 +50,7 @@ type heardLease struct{ id, leaseID string }
 
 // sentReply is a reply that carried leases, until it is known to have been taken.
 type sentReply struct {
-	n      uint64 // the how-manyth tracked
+	n      uint64 // the how-manyth published; 0 until it is (a flush before then proves nothing)
 	queue  string
 	leases []heardLease
 }
@@ -54,9 +64,11 @@ type unheard struct {
 
 	mu   sync.Mutex
 	last uint64               // the last sentReply.n given
-	sent map[string]sentReply // by the reply subject's last token: unguessable, so that only the
-	// requester, which sees the subject, could forge a status for it (and release its own leases)
-	swept func() // a test's: called after each flush's forgetting
+	sent map[string]sentReply // by the reply subject's last token, 128 random bits: only the
+	// requester, which sees the subject, could forge a status for it (and give back its own leases)
+	swept    func() // a test's: called after each flush's forgetting,
+	hearing  func() // as a status for a tracked reply is read, before its leases are given back,
+	gaveBack func() // and once they are
 }
 
 // listen subscribes the inbox the server answers unheard replies on, and starts checking them.
@@ -77,9 +89,10 @@ func (b *Broker) listen() (*nats.Subscription, error) {
 	return sub, nil
 }
 
-// replyTo returns the subject that reply, the answer to a request to subject, is to be published
-// with to hear whether it reached anybody, when it carries leases; else "".
-func (u *unheard) replyTo(subject string, reply any) string {
+// replyTo returns the subject that reply, the answer to req, is to be published with to hear
+// whether it reached anybody, when it carries leases; else "". Once the reply is published, published
+// says so (or gives its leases back, if it could not be).
+func (u *unheard) replyTo(req *nats.Msg, reply any) string {
 	var ms []subjects.Message
 	switch r := reply.(type) {
 	case subjects.DequeueReply:
@@ -89,10 +102,10 @@ func (u *unheard) replyTo(subject string, reply any) string {
 			ms = r.Next.Messages
 		}
 	}
-	if len(ms) == 0 {
+	if len(ms) == 0 || strings.HasPrefix(req.Reply, "_R_.") || strings.HasPrefix(req.Reply, "_GR_.") {
 		return ""
 	}
-	_, queue, err := u.b.space.Parse(subject)
+	_, queue, err := u.b.space.Parse(req.Subject)
 	if err != nil {
 		return ""
 	}
@@ -100,12 +113,32 @@ func (u *unheard) replyTo(subject string, reply any) string {
 	for i := range ms {
 		leases[i] = heardLease{id: ms[i].ID, leaseID: ms[i].LeaseID}
 	}
-	token := nuid.Next()
+	var random [16]byte
+	_, _ = rand.Read(random[:]) // never fails (crypto/rand)
+	token := base64.RawURLEncoding.EncodeToString(random[:])
 	u.mu.Lock()
-	u.last++
-	u.sent[token] = sentReply{n: u.last, queue: queue, leases: leases}
+	u.sent[token] = sentReply{queue: queue, leases: leases}
 	u.mu.Unlock()
 	return u.prefix + token
+}
+
+// published records that the reply with reply subject replyTo gave was published, or, with a
+// failure, was not: its leases then reach nobody, and are given back.
+func (u *unheard) published(replyTo string, failed error) {
+	token := strings.TrimPrefix(replyTo, u.prefix)
+	u.mu.Lock()
+	r, ok := u.sent[token]
+	if ok && failed == nil {
+		u.last++
+		r.n = u.last
+		u.sent[token] = r
+	} else if ok {
+		delete(u.sent, token)
+	}
+	u.mu.Unlock()
+	if ok && failed != nil {
+		u.giveBackLater(r)
+	}
 }
 
 // run reads the statuses of replies that reached nobody, and forgets, after each flush, the replies
@@ -139,7 +172,7 @@ func (u *unheard) run(ctx context.Context) {
 			}
 			u.mu.Lock()
 			for token, r := range u.sent {
-				if r.n <= mark {
+				if r.n != 0 && r.n <= mark {
 					delete(u.sent, token)
 				}
 			}
@@ -161,13 +194,30 @@ func (u *unheard) heard(m *nats.Msg) {
 	u.mu.Lock()
 	r, ok := u.sent[token]
 	delete(u.sent, token)
+	hook := u.hearing
 	u.mu.Unlock()
-	if !ok || !u.b.track() {
+	if ok && hook != nil {
+		hook()
+	}
+	if ok {
+		u.giveBackLater(r)
+	}
+}
+
+// giveBackLater gives r's leases back on a goroutine of its own: it waits on storage.
+func (u *unheard) giveBackLater(r sentReply) {
+	if !u.b.track() {
 		return
 	}
+	u.mu.Lock()
+	hook := u.gaveBack
+	u.mu.Unlock()
 	go func() {
 		defer u.b.wg.Done()
 		u.b.giveBack(r)
+		if hook != nil {
+			hook()
+		}
 	}()
 }
 
@@ -178,6 +228,9 @@ const unheardLease = "the dequeue's reply reached nobody: its requester was gone
 // giveBack releases the leases of a reply that reached nobody, their attempts refunded, where they
 // are still held.
 func (b *Broker) giveBack(r sentReply) {
+	if !b.claim.held() {
+		return // another broker may serve the store: its leases are its own
+	}
 	ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
 	defer cancel()
 	q, err := b.lookup(ctx, r.queue, false)
@@ -186,11 +239,13 @@ func (b *Broker) giveBack(r sentReply) {
 	}
 	released := 0
 	for _, l := range r.leases {
-		_, err := q.release(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: unheardLease})
+		_, err := q.releaseUnless(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: unheardLease}, (*entry).replayed)
 		var se *subjects.Error
 		switch {
 		case err == nil:
 			released++
+		case errors.Is(err, errLeaseKept):
+			// Sent again in a retry's reply, which may have reached its requester.
 		case errors.As(err, &se) && slices.Contains([]subjects.Code{subjects.CodeLeaseMismatch, subjects.CodeLeaseExpired, subjects.CodeInvalidState, subjects.CodeMessageNotFound}, se.Code):
 			// No longer held: settled, canceled or run out meanwhile.
 		default:
