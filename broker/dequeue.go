@@ -651,14 +651,19 @@ func (q *queue) forgetRequest(e *entry) {
 	}
 }
 
-// withPayloads builds the replies of held leases with their payloads.
+// withPayloads builds the replies of held leases with their payloads, leaving out those that ended
+// since they were found held (replay let go of q.mu): a message leased again meanwhile would
+// otherwise go out with its new holder's lease.
 func (q *queue) withPayloads(ctx context.Context, held []leaseRef) ([]subjects.Message, error) {
 	q.mu.Lock()
-	views := make([]subjects.Message, len(held))
-	seqs := make([]uint64, len(held))
-	for i, h := range held {
-		views[i] = q.view(h.e)
-		seqs[i] = h.e.Seq
+	views := make([]subjects.Message, 0, len(held))
+	seqs := make([]uint64, 0, len(held))
+	for _, h := range held {
+		if q.entries.get(h.e.ID) != h.e || h.e.State() != subjects.StateRunning || h.e.extra().LeaseID != h.leaseID {
+			continue
+		}
+		views = append(views, q.view(h.e))
+		seqs = append(seqs, h.e.Seq)
 	}
 	q.mu.Unlock()
 	for i, ch := range q.readBodies(ctx, seqs) {

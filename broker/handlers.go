@@ -137,7 +137,7 @@ func (b *Broker) respond(req *nats.Msg, reply *nats.Msg) {
 	if err != nil {
 		level := slog.LevelDebug // the connection is closing, or down: nothing the operator can mend
 		if errors.Is(err, nats.ErrMaxPayload) {
-			level = slog.LevelError // the request's effect stands, unseen: a dequeue's leases run out
+			level = slog.LevelError // the request's effect stands, unseen (a dequeue's leases are given back: unheard)
 		}
 		b.log.Log(context.Background(), level, "reply not sent", "subject", req.Subject, "size", len(reply.Data), "error", err)
 	}

@@ -176,8 +176,8 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 // errLeaseKept is releaseUnless's answer when kept said to keep the lease.
 var errLeaseKept = errors.New("the lease is kept")
 
-// releaseUnless is release, unless kept, asked under q.mu once the lease is found current, says to
-// keep it (errLeaseKept).
+// releaseUnless is release, unless kept, asked under q.mu of a current lease, says to keep it
+// (errLeaseKept, with nothing written or forgotten).
 func (q *queue) releaseUnless(ctx context.Context, req subjects.ReleaseRequest, kept func(*entry) bool) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -191,11 +191,13 @@ func (q *queue) releaseUnless(ctx context.Context, req subjects.ReleaseRequest, 
 	if err != nil {
 		return subjects.Message{}, err
 	}
+	if kept != nil && e.State() == subjects.StateRunning && e.extra().LeaseID == req.LeaseID && kept(e) {
+		// Before fence, which would forget the lease's request id: a retry with it must still get
+		// the lease back.
+		return q.view(e), errLeaseKept
+	}
 	if done, err := q.fence(e, req.LeaseID, subjects.OpRelease); err != nil || done {
 		return q.view(e), err
-	}
-	if kept != nil && kept(e) {
-		return q.view(e), errLeaseKept
 	}
 	return q.transitionWith(&change{e: e, failure: req.Error, refund: req.Refund}, func(r *kv.Record, now int64) {
 		r.Released = true

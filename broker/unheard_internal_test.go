@@ -15,9 +15,19 @@ import (
 // with the same request id. When the first reaches nobody (its requester gave up on it, and retried
 // from another inbox) and the retry's reaches its requester, the lease is kept: given back, it
 // would be leased to another worker while the retry's requester runs the message. So it is when
-// the retry's requester extended the lease before the first's status is read.
+// the retry's requester extended the lease before the first's status is read; and when it did not,
+// a further retry with the id still gets the lease (the give back forgot nothing).
 func TestAReplayedLeaseIsNotGivenBack(t *testing.T) {
 	t.Parallel()
+	for _, extend := range []bool{true, false} {
+		t.Run(map[bool]string{true: "extended", false: "retried again"}[extend], func(t *testing.T) {
+			t.Parallel()
+			replayedLeaseKept(t, extend)
+		})
+	}
+}
+
+func replayedLeaseKept(t *testing.T, extend bool) {
 	b, _, q := internalQueue(t, subjects.CreateQueueRequest{LeaseMS: 600_000})
 	connect := func() *nats.Conn {
 		nc, err := nats.Connect(b.cfg.Conn.ConnectedUrl())
@@ -31,10 +41,10 @@ func TestAReplayedLeaseIsNotGivenBack(t *testing.T) {
 	q.mu.Lock()
 	q.testRetryWaits = func() { close(retrying) }
 	q.mu.Unlock()
-	extended := make(chan struct{})
+	proceed := make(chan struct{})
 	gaveBack := make(chan struct{}, 1)
 	b.unheard.mu.Lock()
-	b.unheard.hearing = func() { <-extended } // the first's status read once the retry's lease is extended
+	b.unheard.hearing = func() { <-proceed } // the first's status read once the retry has its lease
 	b.unheard.gaveBack = func() { gaveBack <- struct{}{} }
 	b.unheard.mu.Unlock()
 
@@ -48,15 +58,23 @@ func TestAReplayedLeaseIsNotGivenBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	live := connect()
-	retried := make(chan *nats.Msg, 1)
-	go func() {
-		m, err := live.Request(dequeue, poll, 30*time.Second)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		retried <- m
-	}()
+	retry := func() <-chan subjects.DequeueReply {
+		replied := make(chan subjects.DequeueReply, 1)
+		go func() {
+			m, err := live.Request(dequeue, poll, 30*time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			var reply subjects.DequeueReply
+			if err := json.Unmarshal(m.Data, &reply); err != nil {
+				t.Error(err)
+			}
+			replied <- reply
+		}()
+		return replied
+	}
+	replied := retry()
 	select {
 	case <-retrying: // the retry waits for the first dequeue with its id, which long-polls
 	case <-time.After(10 * time.Second):
@@ -67,24 +85,79 @@ func TestAReplayedLeaseIsNotGivenBack(t *testing.T) {
 	}
 	var reply subjects.DequeueReply
 	select {
-	case m := <-retried:
-		if err := json.Unmarshal(m.Data, &reply); err != nil || len(reply.Messages) != 1 {
-			t.Fatalf("the retry's reply %s: %v", m.Data, err)
+	case reply = <-replied:
+		if len(reply.Messages) != 1 {
+			t.Fatalf("the retry's reply %+v, want a", reply)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no reply to the retry")
 	}
 	a := reply.Messages[0]
-	if _, err := q.extend(context.Background(), subjects.ExtendRequest{ID: a.ID, LeaseID: a.LeaseID, LeaseMS: 600_000}); err != nil {
-		t.Fatal(err)
+	if extend {
+		if _, err := q.extend(context.Background(), subjects.ExtendRequest{ID: a.ID, LeaseID: a.LeaseID, LeaseMS: 600_000}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	close(extended)
+	close(proceed)
 	select {
 	case <-gaveBack:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the first reply, which reached nobody, was not heard of")
 	}
+	if !extend {
+		if _, err := q.enqueue(context.Background(), []subjects.EnqueueRequest{{ID: "b"}}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case again := <-retry():
+			if len(again.Messages) != 1 || again.Messages[0].LeaseID != a.LeaseID {
+				t.Fatalf("a further retry got %+v, want a's lease %s again", again.Messages, a.LeaseID)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no reply to the further retry")
+		}
+	}
 	if _, err := q.complete(context.Background(), subjects.LeaseRequest{ID: a.ID, LeaseID: a.LeaseID}); err != nil {
 		t.Fatalf("the retry's lease of a, after the first reply reached nobody: %v", err)
+	}
+}
+
+// TestReplayLeavesOutLeasesEndedMeanwhile: a retry finds the first dequeue's leases held under the
+// queue's lock, then lets go of it to read their payloads. A lease that ends in between, its
+// message leased again, is left out of the retry's reply: it would otherwise go out with the new
+// holder's lease, which two requesters would then hold.
+func TestReplayLeavesOutLeasesEndedMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, _, q := internalQueue(t, subjects.CreateQueueRequest{LeaseMS: 600_000})
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r"})
+	if err != nil || len(ms) != 1 {
+		t.Fatal(ms, err)
+	}
+	q.mu.Lock()
+	prior := q.requests["r"]
+	q.mu.Unlock()
+	held, err := q.heldBy(ctx, prior) // the retry's check
+	if err != nil || len(held) != 1 {
+		t.Fatal(held, err)
+	}
+	// Between the check and the payloads, the lease ends (a release, as an expiry would) and
+	// another dequeue leases a.
+	if _, err := q.release(ctx, subjects.ReleaseRequest{ID: "a", LeaseID: ms[0].LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(other) != 1 {
+		t.Fatal(other, err)
+	}
+	views, err := q.withPayloads(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(views) != 0 {
+		t.Fatalf("the retry's reply carries %s with lease %s (the other dequeue's: %s), want nothing", views[0].ID, views[0].LeaseID, other[0].LeaseID)
 	}
 }
