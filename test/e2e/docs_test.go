@@ -49,11 +49,12 @@ type natsReq struct {
 	subject string
 	body    string
 	headers map[string]string
-	comment string // what the docs say the reply is, after '#'
+	timeout time.Duration // --timeout, else the nats CLI's default, 5 s
+	comment string        // what the docs say the reply is, after '#'
 }
 
-// reqLine matches `nats req SUBJECT [--header K:V]... 'BODY'  # comment`.
-var reqLine = regexp.MustCompile(`^nats req (\S+)((?: --header \S+?:'[^']*')*) '([^']*)'\s*(?:#\s*(.*))?$`)
+// reqLine matches `nats req [--timeout D] SUBJECT [--header K:V]... 'BODY'  # comment`.
+var reqLine = regexp.MustCompile(`^nats req (?:--timeout (\S+) )?(\S+)((?: --header \S+?:'[^']*')*) '([^']*)'\s*(?:#\s*(.*))?$`)
 var headerArg = regexp.MustCompile(`--header (\S+?):'([^']*)'`)
 
 // docRequests returns the `nats req` lines of the ```sh blocks of a Markdown file.
@@ -79,8 +80,13 @@ func docRequests(t *testing.T, path string) []natsReq {
 			if m == nil {
 				t.Fatalf("%s: cannot parse %q", path, line)
 			}
-			r := natsReq{line: line, subject: m[1], body: m[3], comment: m[4], headers: map[string]string{}}
-			for _, h := range headerArg.FindAllStringSubmatch(m[2], -1) {
+			r := natsReq{line: line, subject: m[2], body: m[4], comment: m[5], headers: map[string]string{}, timeout: 5 * time.Second}
+			if m[1] != "" {
+				if r.timeout, err = time.ParseDuration(m[1]); err != nil {
+					t.Fatalf("%s: %q: %v", path, line, err)
+				}
+			}
+			for _, h := range headerArg.FindAllStringSubmatch(m[3], -1) {
 				r.headers[h[1]] = h[2]
 			}
 			out = append(out, r)
@@ -112,7 +118,7 @@ func runDoc(t *testing.T, path string) {
 		for k, v := range r.headers {
 			msg.Header.Set(k, v)
 		}
-		reply, err := nc.RequestMsg(msg, 5*time.Second)
+		reply, err := nc.RequestMsg(msg, r.timeout)
 		if err != nil {
 			t.Fatalf("%s: %v", r.line, err)
 		}
