@@ -183,3 +183,26 @@ func TestRepliesAcrossAccountsAreNotTracked(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedRepliesAreLoggedSparingly: a client that sends requests with refused reply subjects in
+// a loop must not fill the log: one WARN, then none for 10 s, each counting the refusals since.
+func TestRefusedRepliesAreLoggedSparingly(t *testing.T) {
+	t.Parallel()
+	logs := &natstest.LogBuffer{}
+	e := setup(t, func(c *broker.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	get := e.space.Subject(subjects.OpGet, "q")
+	for range 5 {
+		if err := e.nc.PublishRequest(get, "$KV.natstone-claims.broker", []byte(`{"id":"m"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fails(e, subjects.CodeQueueNotFound, subjects.OpGet, "q", subjects.GetRequest{ID: "m"}) // taken after them
+	if n := strings.Count(logs.String(), "request refused and not answered"); n != 1 {
+		t.Fatalf("%d log lines for 5 refused requests, want 1:\n%s", n, logs)
+	}
+	if !strings.Contains(logs.String(), "refused=1") {
+		t.Fatalf("the first refusal's line does not count it:\n%s", logs)
+	}
+}

@@ -59,7 +59,6 @@ type sentReply struct {
 type unheard struct {
 	b      *Broker
 	prefix string // the broker's inbox for the statuses, with a trailing "."
-	sub    *nats.Subscription
 	status chan *nats.Msg
 
 	mu   sync.Mutex
@@ -83,7 +82,6 @@ func (b *Broker) listen() (*nats.Subscription, error) {
 	if err != nil {
 		return nil, err
 	}
-	u.sub = sub
 	b.unheard = u
 	go u.run(b.ctx)
 	return sub, nil
