@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"net"
@@ -588,6 +589,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 		t.Fatal(err)
 	}
 	stats.orphans = logged(string(b), orphanLine)
+	stats.givenBack = logged(string(b), givenBackLine)
 	stats.ghosts = logged(string(b), ghostLine)
 	stats.ghostLocks = logged(string(b), ghostLockLine)
 	stats.repurged = logged(string(b), repurgeLine)
@@ -621,6 +623,10 @@ var ghostLockLine = regexp.MustCompile(`msg="exclusivity locks of deleted queues
 // repurgeLine matches the line the store logs when a purge (a queue's delete) left messages that it
 // then purged again (kv.Store.purge).
 var repurgeLine = regexp.MustCompile(`msg="a purge left part of what it purges[^"]*".*? left="(\d+) messages? `)
+
+// givenBackLine matches the line the broker logs when it gave back the leases of a reply that
+// reached nobody (unheard).
+var givenBackLine = regexp.MustCompile(`msg="a dequeue's reply reached nobody: its leases given back".*? released=(\d+)`)
 
 // orphanLine matches the line a start logs when it deleted payloads that no record referenced.
 var orphanLine = regexp.MustCompile(`msg="payloads without a record deleted[^"]*".*? payloads=(\d+)`)
@@ -719,6 +725,7 @@ type runStats struct {
 	mu                                     sync.Mutex
 	kills, enqueued, leased, completed, ex int
 	orphans                                int    // payloads without a record that starts deleted
+	givenBack                              int    // leases of replies that reached nobody, given back
 	stale                                  int    // loads that starts read again (a replica behind)
 	behind                                 int    // conflicts' reads back that a server behind answered, asked again
 	fenced                                 int    // lock slots another writer took, freed once their holders were fenced
@@ -1096,4 +1103,16 @@ func fatalWithLog(t *testing.T, logPath, format string, args ...any) {
 func tail(s string, lines int) string {
 	all := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
+
+// TestGivenBackLine: the report's count of leases given back reads the broker's log line as slog
+// writes it, queue attribute and all.
+func TestGivenBackLine(t *testing.T) {
+	var out strings.Builder
+	log := slog.New(slog.NewTextHandler(&out, nil)).With("queue", "q")
+	log.Info("a dequeue's reply reached nobody: its leases given back", "released", 2)
+	log.Info("a dequeue's reply reached nobody: its leases given back", "released", 1)
+	if n := logged(out.String(), givenBackLine); n != 3 {
+		t.Fatalf("counted %d leases given back in\n%s\nwant 3", n, out.String())
+	}
 }
