@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 )
 
 // lockName is the file in a data directory that a running natstone holds locked.
@@ -16,6 +17,15 @@ var ErrDataDirInUse = errors.New("natstone: the data directory is in use by anot
 
 // errLocked is what lockFile returns when another process holds the lock.
 var errLocked = errors.New("locked by another process")
+
+// held keeps the lock files this process holds reachable until they are unlocked. A file the
+// program no longer reaches is closed by its finalizer, which releases its lock: a natstone that a
+// program starts and then drops without a Stop, its server running on, would leave its directory
+// free for a second natstone on the same store.
+var held struct {
+	sync.Mutex
+	files map[*os.File]bool
+}
 
 // lockDir takes dir for this process: an exclusive lock on its lock file, held until unlock (or
 // until the process ends, whatever way it ends). nats-server does not lock its store, and two servers
@@ -36,7 +46,18 @@ func lockDir(dir string) (unlock func(), err error) {
 		}
 		return nil, fmt.Errorf("natstone: lock %s: %w", path, err)
 	}
-	return func() { release(f) }, nil
+	held.Lock()
+	if held.files == nil {
+		held.files = make(map[*os.File]bool)
+	}
+	held.files[f] = true
+	held.Unlock()
+	return func() {
+		held.Lock()
+		delete(held.files, f)
+		held.Unlock()
+		release(f)
+	}, nil
 }
 
 // release unlocks the lock file f and closes it. Closing alone would not release the lock while a

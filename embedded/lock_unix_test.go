@@ -3,8 +3,10 @@
 package embedded
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -34,4 +36,34 @@ func TestReleaseWhileACopyOfTheDescriptorLives(t *testing.T) {
 		t.Fatalf("lock after release, a copy of the descriptor open: %v", err)
 	}
 	unlock()
+}
+
+// TestLockHeldWhileUnreachable: a program that starts natstone and keeps no reference to it (it
+// never stops it) still holds its data directory: the lock file is not left to the collector,
+// whose finalizer would close it and so release the lock while the server runs on.
+func TestLockHeldWhileUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := lockDir(dir); err != nil { // its unlock dropped at once
+		t.Fatal(err)
+	}
+	for range 5 {
+		runtime.GC()
+		runtime.Gosched() // the finalizers' goroutine runs what a collection queued
+	}
+	unlock, err := lockDir(dir)
+	if err == nil {
+		unlock()
+		t.Fatal("a second lock of the directory was taken once the first was unreachable")
+	}
+	if !errors.Is(err, ErrDataDirInUse) {
+		t.Fatalf("second lock: %v, want ErrDataDirInUse", err)
+	}
+	held.Lock()
+	for f := range held.files {
+		if filepath.Dir(f.Name()) == dir {
+			delete(held.files, f)
+			release(f)
+		}
+	}
+	held.Unlock()
 }
