@@ -27,6 +27,15 @@ const (
 // served, their leases of 20 s nearly spent.
 const settleRetryMax = 2 * time.Second
 
+// extendRetry returns how long a failed lease extension waits before it is tried again, left before
+// the lease ends: half of that, so that a few tries fit before the end, but not more than the
+// extensions' interval every, nor less than pollRetryBase. A request that fails at once (a closed
+// connection) would otherwise be tried again sooner each time, some twenty times in its lease's last
+// second.
+func extendRetry(every, left time.Duration) time.Duration {
+	return max(min(every, left/2), pollRetryBase)
+}
+
 // pollRetry returns how long a slot waits before it polls again, after failures polls in a row
 // that failed, the last with err (nil: it came back empty too early).
 func pollRetry(failures int, err error) time.Duration {

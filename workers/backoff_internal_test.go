@@ -71,3 +71,20 @@ func TestDefaultBackoff(t *testing.T) {
 		t.Fatalf("the first 4 retries wait %v in all, want minutes", budget)
 	}
 }
+
+// TestExtendRetry: a failed extension is tried again in half the time left, within the extensions'
+// interval, and never sooner than 100 ms, however little is left.
+func TestExtendRetry(t *testing.T) {
+	for _, c := range []struct{ every, left, want time.Duration }{
+		{10 * time.Second, 30 * time.Second, 10 * time.Second},
+		{10 * time.Second, 8 * time.Second, 4 * time.Second},
+		{10 * time.Second, 300 * time.Millisecond, 150 * time.Millisecond},
+		{10 * time.Second, 150 * time.Millisecond, pollRetryBase},
+		{10 * time.Second, time.Millisecond, pollRetryBase},
+		{50 * time.Millisecond, time.Second, pollRetryBase},
+	} {
+		if got := extendRetry(c.every, c.left); got != c.want {
+			t.Errorf("extendRetry(%v, %v) = %v, want %v", c.every, c.left, got, c.want)
+		}
+	}
+}

@@ -1065,3 +1065,25 @@ func TestWorkerStartsOnlyAsMade(t *testing.T) {
 		t.Fatalf("Start after Stop: %v, want it refused as stopped", err)
 	}
 }
+
+// TestEnqueueDurationsAtTheirEdges: a negative Lease is refused, as every other lease of the client
+// is, rather than dropped for the queue's (in the raw form and as JSON); a positive Invisible under a
+// millisecond asks for one, rather than for none, which would override the queue's invisibility.
+func TestEnqueueDurationsAtTheirEdges(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	e.createQueue("q", &workers.QueueOpts{Invisible: time.Hour})
+	for _, id := range []string{"raw", " json "} { // an id a header would change goes as JSON
+		if _, err := e.c.Enqueue(c, "q", []byte("p"), &workers.EnqueueOpts{ID: id, Lease: -5 * time.Second}); !errors.Is(err, workers.ErrOutOfRange) {
+			t.Errorf("%q with a negative Lease: %v, want ErrOutOfRange", id, err)
+		}
+	}
+	r := e.enqueue("q", "p", &workers.EnqueueOpts{ID: "soon", Invisible: 500 * time.Microsecond})
+	if m := e.get("q", "soon"); m.VisibleAt.Sub(m.EnqueuedAt) != time.Millisecond {
+		t.Fatalf("Invisible 500µs: %+v visible %v after its enqueue, want 1ms", r, m.VisibleAt.Sub(m.EnqueuedAt))
+	}
+	if d, err := e.c.Depth(c, "q", nil); err != nil || d.Pending+d.Invisible != 1 {
+		t.Fatalf("depth %+v, %v; want only soon, nothing of the refused enqueues", d, err)
+	}
+}

@@ -75,7 +75,8 @@ type EnqueueOpts struct {
 	// VisibleAt or Invisible (ErrBadRequest for both); at most subjects.MaxInvisible ahead
 	// (ErrOutOfRange).
 	VisibleAt time.Time
-	// Lease is this message's lease when a dequeue does not ask for one.
+	// Lease is this message's lease when a dequeue does not ask for one (subjects.MinLease to
+	// subjects.MaxLease, else ErrOutOfRange). Default (0) the queue's.
 	Lease time.Duration
 	// MaxAttempts is how many times this message may be leased (1 to subjects.MaxAttemptsLimit).
 	// Default (0) the queue's max_attempts.
@@ -96,7 +97,12 @@ func (o *EnqueueOpts) priority() *int64 {
 
 // invisibleMS returns the invisibility to send, in milliseconds, and false for the queue's.
 func (o *EnqueueOpts) invisibleMS() (int64, bool) {
-	return max(ms(o.Invisible), 0), o.Invisible != 0
+	if o.Invisible > 0 {
+		// A fraction of a millisecond up, not down to 0, which would say "pending at once" and
+		// override the queue's invisibility instead of asking for some.
+		return (o.Invisible + time.Millisecond - 1).Milliseconds(), true
+	}
+	return 0, o.Invisible != 0
 }
 
 // wireVisibleAt returns a visible_at to send, in UTC, and false for none (the zero time). RFC 3339
@@ -135,7 +141,7 @@ func (o *EnqueueOpts) request(payload []byte) subjects.EnqueueRequest {
 	if at, ok := wireVisibleAt(o.VisibleAt); ok {
 		r.VisibleAt = &at
 	}
-	if o.Lease > 0 {
+	if o.Lease != 0 {
 		r.LeaseMS = msPtr(&o.Lease)
 	}
 	if o.MaxAttempts != 0 {
@@ -188,7 +194,7 @@ func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts
 	if at, ok := wireVisibleAt(o.VisibleAt); ok {
 		msg.Header.Set(subjects.HeaderVisibleAt, at.Format(time.RFC3339Nano))
 	}
-	if o.Lease > 0 {
+	if o.Lease != 0 {
 		msg.Header.Set(subjects.HeaderLeaseMS, strconv.FormatInt(ms(o.Lease), 10))
 	}
 	if o.MaxAttempts != 0 {

@@ -724,9 +724,9 @@ func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Dura
 		log.Warn("lease lost: not extended before its end", "error", err)
 		return 0, true
 	}
-	retry := min(every, left/2)
+	retry := extendRetry(every, left)
 	log.Warn("lease extension failed; retrying", "error", err, "retry_in", retry)
-	return max(retry, time.Millisecond), false
+	return retry, false
 }
 
 // settle completes, cancels or releases job by the handler's result err. A complete, and the release
