@@ -41,18 +41,29 @@ type QueueOpts struct {
 // update a compare-and-swap on the config's revision (QueueInfo.Revision): it fails with
 // ErrRevisionMismatch if the config changed since. The type and exclusivity key cannot change.
 type QueueUpdate struct {
-	Revision         uint64
-	Lease            *time.Duration
-	Invisible        *time.Duration
-	MaxAttempts      *int
-	Retention        *time.Duration
+	// Revision, if not 0, is the config's revision the update expects.
+	Revision uint64
+	// Lease is the lease of a dequeue that does not ask for one (subjects.MinLease to
+	// subjects.MaxLease).
+	Lease *time.Duration
+	// Invisible is the invisibility of an enqueue that does not ask for one (0: none).
+	Invisible *time.Duration
+	// MaxAttempts is how many times a message may be dequeued; messages keep the count they were
+	// enqueued with.
+	MaxAttempts *int
+	// Retention is how long finished messages are kept; a pointer to 0 collects them at once, as in
+	// QueueOpts.
+	Retention *time.Duration
+	// MaxPayloadBytes and MaxMetadataPairs bound the messages enqueued from then on.
 	MaxPayloadBytes  *int
 	MaxMetadataPairs *int
-	MaxRunning       *int // 0: no limit
-	// MaxRunningPerValue: an exclusive queue's, 1 or more.
+	// MaxRunning is the most messages that may run at once (0: no limit).
+	MaxRunning *int
+	// MaxRunningPerValue is an exclusive queue's most running messages of one value, 1 or more.
 	MaxRunningPerValue *int
-	EnqueueBlocked     *bool
-	DequeueBlocked     *bool
+	// EnqueueBlocked and DequeueBlocked pause the queue's intake and its dequeues, or resume them.
+	EnqueueBlocked *bool
+	DequeueBlocked *bool
 }
 
 // CreateQueue creates the queue name with opts (nil for the defaults). Creating an existing queue
