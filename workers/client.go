@@ -82,6 +82,14 @@ func (c *Client) request(ctx context.Context, op subjects.Op, queue string, body
 	return c.send(ctx, op, queue, &nats.Msg{Data: data}, 0, out)
 }
 
+// opOn names op on queue in an error: "get q", or "list" alone.
+func opOn(op subjects.Op, queue string) string {
+	if queue == "" {
+		return string(op)
+	}
+	return string(op) + " " + queue
+}
+
 // encodeRequest returns the JSON of v, for op on queue. A string of v that is not valid UTF-8 is
 // an *APIError as the broker's would be (bad_request): json.Marshal would send each invalid byte as
 // U+FFFD, so that the broker would get another id, key or value than the caller's, and two ids
@@ -89,7 +97,7 @@ func (c *Client) request(ctx context.Context, op subjects.Op, queue string, body
 func encodeRequest(op subjects.Op, queue string, v any) ([]byte, error) {
 	data, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("natstone: %s %s: encode request: %w", op, queue, err)
+		return nil, fmt.Errorf("natstone: %s: encode request: %w", opOn(op, queue), err)
 	}
 	// json.Marshal writes a U+FFFD it was given as is, and one it made as this escape (which a
 	// string's own backslash, escaped as \\, can also end in: then the walk finds nothing).
@@ -160,19 +168,19 @@ func (c *Client) send(ctx context.Context, op subjects.Op, queue string, msg *na
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Not sent: the server takes no message this large, whatever the queue would.
-			return apiError(subjects.Errorf(subjects.CodePayloadTooLarge, "%s %s: the request of %d bytes is larger than the NATS server takes (max_payload, %d bytes)",
-				op, queue, len(msg.Data), c.nc.MaxPayload()))
+			return apiError(subjects.Errorf(subjects.CodePayloadTooLarge, "%s: the request of %d bytes is larger than the NATS server takes (max_payload, %d bytes)",
+				opOn(op, queue), len(msg.Data), c.nc.MaxPayload()))
 		}
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			err = nats.ErrTimeout // our own timeout, not the caller's context
 		}
-		return fmt.Errorf("natstone: %s %s: %w", op, queue, err)
+		return fmt.Errorf("natstone: %s: %w", opOn(op, queue), err)
 	}
 	if e := decodeError(reply); e != nil {
 		return e
 	}
 	if err := json.Unmarshal(reply.Data, out); err != nil {
-		return fmt.Errorf("natstone: %s %s: decode reply: %w", op, queue, err)
+		return fmt.Errorf("natstone: %s: decode reply: %w", opOn(op, queue), err)
 	}
 	return nil
 }
