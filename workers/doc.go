@@ -19,7 +19,9 @@
 // abandons the long polls it leaves ([Client.Abandon]), so that the broker leases nothing to a
 // worker that stopped. A worker killed without Stop leaves nothing leased either, once its
 // connection is gone: the replies its polls get reach nobody, and the broker gives their leases
-// back, their attempts refunded.
+// back, their attempts refunded. A Worker does not give up on a connection closed for good
+// ([nats.Conn.Close], or the Stop of an embedded natstone whose Connect it uses): it polls on, each
+// failure logged with backoff. Stop the workers before their connection.
 //
 //	nc, _ := nats.Connect(nats.DefaultURL)
 //	c, _ := workers.NewClient(nc, nil)
