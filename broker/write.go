@@ -121,6 +121,7 @@ func (q *queue) commit(cs []*change) {
 // it again until storage tells what happened; nothing is guessed. Called with q.mu held.
 func (q *queue) finish(cs []*change) {
 	var free, unfenced []*entry
+	var unknown []*change
 	for _, c := range cs {
 		e := c.e
 		gone := false
@@ -145,7 +146,7 @@ func (q *queue) finish(cs []*change) {
 			q.untrack(e)
 		default:
 			// A lease stays counted (leasing) while in doubt: it may have landed.
-			q.log().Warn("message write outcome unknown; will ask storage again", "message_id", e.ID, "error", c.err)
+			unknown = append(unknown, c)
 			q.doubtful = append(q.doubtful, c)
 			continue
 		}
@@ -162,6 +163,11 @@ func (q *queue) finish(cs []*change) {
 			}
 		}
 		q.endWrite(e)
+	}
+	if len(unknown) > 0 {
+		// One line for them all: a storage that refuses every write (full, say) leaves hundreds in
+		// doubt, asked again every doubtRetry.
+		q.log().Warn("message writes' outcome unknown; will ask storage again", "messages", len(unknown), "message_id", unknown[0].e.ID, "error", unknown[0].err)
 	}
 	if len(free) > 0 {
 		q.freeLocks(free, true)
@@ -394,7 +400,9 @@ func (q *queue) resolve(c *change) {
 				c.reissued = true
 				q.log().Warn("message write outcome not known yet; issuing it again", "message_id", c.next.ID, "error", c.err)
 			}
+			issued := time.Now()
 			c.rev, c.err = q.b.msgAcks.issue(ctx, func() kv.Write { return q.b.store.WriteMessage(q.name, &c.next, c.expect) })
+			q.b.observer.Write(time.Since(issued), c.err) // a storage that keeps refusing keeps counting
 			continue
 		}
 		var r kv.Record

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1003,5 +1004,68 @@ func TestOpenWaitsForServersToPlaceOn(t *testing.T) {
 	})
 	if !errors.Is(err, offline) || tries < 2 || tries > 4 {
 		t.Fatalf("placed refused throughout: %v after %d tries, want the refusal after the second to fourth", err, tries)
+	}
+}
+
+// writeErrors is an Observer that counts the message writes that failed.
+type writeErrors struct {
+	nopObserver
+	n atomic.Int64
+}
+
+func (w *writeErrors) Write(_ time.Duration, err error) {
+	if err != nil {
+		w.n.Add(1)
+	}
+}
+
+// TestWritesIssuedAgainAreObserved: a write of unknown outcome is issued again, at once and then at
+// every doubt timer, and each issue is a write the observer hears of. With only the first counted,
+// natstone_kv_write_errors_total stood still while storage refused every write (a full bucket), and
+// an alert on its rate cleared while the queue stayed stuck.
+func TestWritesIssuedAgainAreObserved(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	obs := &writeErrors{}
+	b := startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Observer: obs})
+	q := queueQ(t, b)
+	ctx := context.Background()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %+v, %v", ms, err)
+	}
+	// The messages bucket refuses every write from now on: it is full.
+	js, err := jetstream.New(b.cfg.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "KV_"+kv.DefaultPrefix+"-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxBytes = int64(st.CachedInfo().State.Bytes)
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: "M", LeaseID: ms[0].LeaseID}); err == nil {
+		t.Fatal("a complete into a full bucket succeeded")
+	}
+	first := obs.n.Load()
+	if first < 2 {
+		t.Fatalf("%d failed writes observed for a complete issued and issued again, want 2 or more", first)
+	}
+	q.mu.Lock()
+	doubts := q.doubts()
+	q.mu.Unlock()
+	if doubts != 1 {
+		t.Fatalf("%d writes in doubt, want M's complete", doubts)
+	}
+	q.fireDoubt() // what the timer does when it fires
+	if n := obs.n.Load(); n <= first {
+		t.Fatalf("%d failed writes observed after the doubt timer issued M's complete again, as before it", n)
 	}
 }
