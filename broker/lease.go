@@ -374,10 +374,18 @@ func (q *queue) reschedule(ctx context.Context, req subjects.RescheduleRequest) 
 
 // get returns a message with its payload.
 func (q *queue) get(ctx context.Context, id string) (subjects.Message, error) {
+	// A write of the message in flight is waited for, but not for longer than a write is: one of
+	// unknown outcome waits for storage to answer it (the doubt timer asks every 2 s), which a
+	// storage that refuses every write never does.
+	wctx, cancel := context.WithTimeout(ctx, q.b.cfg.WriteTimeout)
+	defer cancel()
 	q.mu.Lock()
-	e, err := q.find(ctx, id)
+	e, err := q.find(wctx, id)
 	if err != nil {
 		q.mu.Unlock()
+		if ctx.Err() == nil && wctx.Err() != nil {
+			err = subjects.Errorf(subjects.CodeUnavailable, "message %q has a write whose outcome storage has not told yet: retry", id)
+		}
 		return subjects.Message{}, err
 	}
 	m := q.view(e)

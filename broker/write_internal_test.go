@@ -1069,3 +1069,34 @@ func TestWritesIssuedAgainAreObserved(t *testing.T) {
 		t.Fatalf("%d failed writes observed after the doubt timer issued M's complete again, as before it", n)
 	}
 }
+
+// TestGetOfAMessageInDoubt: a get waits for a write of its message in flight, but not past the
+// write timeout: a write whose outcome is unknown waits for storage, which may refuse every write
+// for as long as it is full. It answered after the request timeout (minutes) instead.
+func TestGetOfAMessageInDoubt(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	b := startedBroker(t, &Config{Conn: srv.Connect(t), Clock: clock.NewFake(time.UnixMilli(1_700_000_000_000)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WriteTimeout: 200 * time.Millisecond})
+	q := queueQ(t, b)
+	ctx := context.Background()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
+		t.Fatal(err)
+	}
+	// A write of M whose outcome is unknown, as finish leaves it.
+	q.mu.Lock()
+	e := q.entries.get("M")
+	next := e.record()
+	next.State, next.EndedAt = subjects.StateCanceled, next.UpdatedAt
+	next.Version++
+	e.setBusy(true)
+	q.doubtful = append(q.doubtful, &change{e: e, next: next, prev: subjects.StatePending, expect: e.rev, err: errors.New("nats: timeout")})
+	q.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := q.get(rctx, "M"); subjects.CodeOf(err) != subjects.CodeUnavailable {
+		t.Fatalf("get of a message in doubt: %v, want unavailable", err)
+	}
+	if rctx.Err() != nil {
+		t.Fatal("the get waited for its request's whole time")
+	}
+}
