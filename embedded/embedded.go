@@ -38,6 +38,12 @@ type Config struct {
 	// Logger receives natstone's and the server's logs (the server's notices at debug level).
 	// Default: discard.
 	Logger *slog.Logger
+	// Starting, if set, is called once the server runs and the broker is made, before the broker
+	// starts: its recovery reads every pending message, which can take minutes. What is to answer
+	// meanwhile (a liveness check, a readiness check that says "not yet") starts there, and may
+	// use the Natstone's Broker and Connect. An error from it fails the Start; what it started is
+	// the caller's to stop when the Start fails.
+	Starting func(*Natstone) error
 }
 
 // Natstone is a running embedded natstone.
@@ -115,6 +121,12 @@ func Start(ctx context.Context, cfg *Config) (*Natstone, error) {
 	if n.broker, err = broker.New(&bcfg); err != nil {
 		n.shutdown()
 		return nil, err
+	}
+	if cfg.Starting != nil {
+		if err := cfg.Starting(n); err != nil {
+			n.shutdown()
+			return nil, err
+		}
 	}
 	if err := n.broker.Start(ctx); err != nil {
 		n.shutdown()

@@ -233,3 +233,42 @@ func TestStopRunsOnce(t *testing.T) {
 		t.Fatalf("second Stop: %v, want the first's %v", again, first)
 	}
 }
+
+// TestStartingRunsBeforeTheBrokerServes: Config.Starting is called with the server up and the
+// broker made but not serving (its recovery, which can take minutes, yet to come), so that a health
+// endpoint answers meanwhile; a connection made there works once the broker serves. An error from
+// it fails the Start and frees the directory.
+func TestStartingRunsBeforeTheBrokerServes(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	var early *nats.Conn
+	servingEarly := true
+	n, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true, Starting: func(n *embedded.Natstone) (err error) {
+		servingEarly = n.Broker().Serving()
+		early, err = n.Connect()
+		return err
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if servingEarly {
+		t.Error("the broker served already when Starting was called")
+	}
+	if _, err := early.Request("natstone.v1.list", nil, 5*time.Second); err != nil {
+		t.Errorf("a request on Starting's connection once started: %v", err)
+	}
+	if err := n.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	refused := errors.New("refused")
+	if _, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true, Starting: func(*embedded.Natstone) error { return refused }}); !errors.Is(err, refused) {
+		t.Fatalf("Start with a failing Starting: %v, want its error", err)
+	}
+	again, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true})
+	if err != nil {
+		t.Fatalf("start after a failed Start: %v", err)
+	}
+	if err := again.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

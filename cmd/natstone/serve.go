@@ -387,23 +387,27 @@ func waitStop(ctx context.Context, b *broker.Broker, log *slog.Logger) error {
 func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, m *metrics.Metrics, log *slog.Logger) error {
 	startCtx, cancel := withBound(ctx, cfg.startTimeout)
 	defer cancel()
+	var httpAttrs []any
+	stopHTTP := func(context.Context) error { return nil }
 	n, err := embedded.Start(startCtx, &embedded.Config{
 		DataDir:    cfg.dataDir,
 		Listen:     net.JoinHostPort(cfg.host, strconv.Itoa(cfg.port)),
 		SyncAlways: cfg.syncAlways,
 		Broker:     bcfg,
 		Logger:     log,
+		// The HTTP side answers during the recovery, as with --nats-url: /healthz 200, /readyz 503
+		// until the broker serves (a liveness probe must not kill a long recovery).
+		Starting: func(n *embedded.Natstone) (err error) {
+			httpAttrs, stopHTTP, err = startHTTP(cfg, n.Broker(), m, func() (*nats.Conn, error) {
+				return n.Connect(nats.Name(connName + "-http"))
+			}, nil, log)
+			return err
+		},
 	})
-	if err != nil {
-		return interrupted(ctx, log, timedOut(startCtx, cfg.startTimeout, err))
-	}
-	httpAttrs, stopHTTP, err := startHTTP(cfg, n.Broker(), m, func() (*nats.Conn, error) {
-		return n.Connect(nats.Name(connName + "-http"))
-	}, nil, log)
 	if err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 		defer cancel()
-		return errors.Join(err, n.Stop(stopCtx))
+		return errors.Join(interrupted(ctx, log, timedOut(startCtx, cfg.startTimeout, err)), stopHTTP(stopCtx))
 	}
 	syncMode := "default"
 	if cfg.syncAlways {
