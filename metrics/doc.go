@@ -20,7 +20,7 @@
 //
 //	| name                                  | type      | labels           | meaning                                                                  |
 //	|---------------------------------------|-----------|------------------|--------------------------------------------------------------------------|
-//	| natstone_requests_total               | counter   | op, code         | requests answered                                                        |
+//	| natstone_requests_total               | counter   | op, code         | requests taken (answered, or refused for their reply subject)            |
 //	| natstone_request_duration_seconds     | histogram | op               | time from a request's arrival to its reply; dequeue includes long polls  |
 //	| natstone_kv_write_duration_seconds    | histogram |                  | message record writes, from publish to acknowledgement or failure        |
 //	| natstone_kv_write_errors_total        | counter   |                  | message record writes that failed                                        |

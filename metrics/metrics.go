@@ -71,7 +71,7 @@ var (
 	_ broker.WaitObserver  = (*Metrics)(nil)
 )
 
-// waitBuckets (seconds) span 1 ms to about 68 minutes, by fours: a busy queue's messages wait
+// waitBuckets (seconds) span 1 ms to about 70 minutes (4,194 s), by fours: a busy queue's messages wait
 // milliseconds, a backlog's minutes or hours.
 var waitBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
 
@@ -82,7 +82,7 @@ func New() *Metrics {
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "natstone_requests_total",
-			Help: "Requests answered, by operation and code (ok, or the error reply's code).",
+			Help: "Requests taken, by operation and code (ok, or the error reply's code; bad_request too for one refused unanswered for its reply subject).",
 		}, []string{"op", "code"}),
 		durations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "natstone_request_duration_seconds",

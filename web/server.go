@@ -107,7 +107,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("natstone: web: embedded files: %w", err)
 	}
 	for _, f := range entries {
-		if f.Name() != "index.html" { // served at "/": the file server redirects /index.html there
+		if f.Name() != "index.html" { // served at "/" only: /index.html is a 404
 			mux.Handle("GET /"+f.Name(), dash)
 		}
 	}
