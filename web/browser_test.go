@@ -351,6 +351,17 @@ func TestDashboard(t *testing.T) {
 	}
 	b.noError()
 
+	// Priorities past 2^53 are shown as stored, not rounded to a float's nearest: two that differ
+	// by one stay apart.
+	e.enqueue("exact", "near", 1795802017397123457, "", nil)
+	e.enqueue("exact", "next", 1795802017397123458, "", nil)
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/exact"))
+	b.waitLoaded(`[data-view="queue"][data-queue="exact"]`)
+	if got := evaluate[[]string](b, `[...document.querySelectorAll('#messages tr[data-message-id]')].map(r => r.dataset.messageId + '=' + r.dataset.priority)`); !slices.Equal(got, []string{"near=1795802017397123457", "next=1795802017397123458"}) {
+		t.Errorf("priorities past 2^53: %v", got)
+	}
+	b.noError()
+
 	// The refresh can be paused.
 	b.click(`#refresh-toggle`)
 	if got := evaluate[string](b, `document.getElementById('refresh-toggle').getAttribute('aria-pressed') + ' ' + document.getElementById('refresh-toggle').textContent`); got != "true Resume" {

@@ -132,11 +132,18 @@ function facts(rows) {
 
 // ---- the API ----
 
+// exactInts quotes the priorities of a JSON text that a JavaScript number cannot hold exactly (16
+// digits or more: past 2^53), so that they are shown as stored, not rounded. A payload's text cannot
+// match: its quotes are escaped.
+function exactInts(text) {
+  return text.replace(/"priority":(-?\d{16,})/g, '"priority":"$1"');
+}
+
 async function api(path, init) {
   const res = await fetch(path, Object.assign({ headers: { Accept: 'application/json' }, cache: 'no-store' }, init));
   let body = null;
   try {
-    body = await res.json();
+    body = JSON.parse(exactInts(await res.text()));
   } catch (_) {
     // Not JSON: the status says enough.
   }
