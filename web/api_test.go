@@ -858,16 +858,5 @@ func TestHostsOfAnExposedListener(t *testing.T) {
 		if rec.Code != http.StatusOK {
 			t.Errorf("GET %s by a service name: status %d, want 200", path, rec.Code)
 		}
-		// A browser's, from a page of a rebound name: refused as any other path's.
-		for _, header := range []string{"Sec-Fetch-Site", "Origin"} {
-			req := httptest.NewRequest(http.MethodGet, path, nil)
-			req.Host = "attacker.example:8080"
-			req.Header.Set(header, "same-origin")
-			rec := httptest.NewRecorder()
-			s.Handler().ServeHTTP(rec, req)
-			if rec.Code != http.StatusMisdirectedRequest {
-				t.Errorf("GET %s by a rebound name, with %s: status %d, want 421", path, header, rec.Code)
-			}
-		}
 	}
 }

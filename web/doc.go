@@ -97,8 +97,7 @@
 // to the browser and would otherwise read the API and toggle the flags. natstone serve sets the
 // loopback names when --http is a loopback address; else localhost, the --http name and the
 // --http-host names, with [Config.AnyIP] (a Host that is an IP address is no rebinding). /metrics,
-// /healthz, /readyz and requests without a Host are answered whatever the name, unless a browser
-// sends them (Sec-Fetch-Site or Origin).
+// /healthz, /readyz and requests without a Host are answered whatever the name.
 //
 // # Errors
 //

@@ -125,9 +125,7 @@ func New(cfg Config) (*Server, error) {
 // allowHosts answers only requests whose Host names one of hosts, or with anyIP is an IP address
 // (all of them if hosts is empty). A request without a Host (HTTP/1.0, a load balancer's health
 // check) comes from no browser, and /metrics, /healthz and /readyz are for machines that scrape them by
-// whatever name they know the listener by: those are answered whatever the Host, unless a browser
-// sent them (Sec-Fetch-Site or Origin, which scrapers and probes do not send): a page of a rebound
-// name would read the queues' names and counts in /metrics.
+// whatever name they know the listener by: those are answered whatever the Host.
 func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 	if len(hosts) == 0 {
 		return next
@@ -139,9 +137,7 @@ func allowHosts(hosts []string, anyIP bool, next http.Handler) http.Handler {
 		}
 		host = strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ".")
 		_, ipErr := netip.ParseAddr(host) // zones (fe80::1%eth0) included
-		machine := (r.URL.Path == "/metrics" || r.URL.Path == "/healthz" || r.URL.Path == "/readyz") &&
-			r.Header.Get("Sec-Fetch-Site") == "" && r.Header.Get("Origin") == ""
-		if host == "" || anyIP && ipErr == nil || machine {
+		if host == "" || anyIP && ipErr == nil || r.URL.Path == "/metrics" || r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
 			next.ServeHTTP(w, r)
 			return
 		}
