@@ -498,7 +498,7 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 			return nil, unavailable("wait for the leases of the first dequeue with this request_id", err)
 		}
 		if q.entries.get(l.e.ID) == l.e && l.e.State() == subjects.StateRunning && l.e.extra().LeaseID == l.leaseID {
-			l.e.bits |= replayedFlag // in this reply too: see unheard
+			l.e.bits |= replayedFlag // in this reply too (or an abandon's release, which needs none): see unheard
 			held = append(held, l)
 		}
 	}

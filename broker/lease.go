@@ -383,7 +383,7 @@ func (q *queue) get(ctx context.Context, id string) (subjects.Message, error) {
 	e, err := q.find(wctx, id)
 	if err != nil {
 		q.mu.Unlock()
-		if ctx.Err() == nil && wctx.Err() != nil {
+		if ctx.Err() == nil && wctx.Err() != nil && subjects.CodeOf(err) == subjects.CodeUnavailable { // the wait's, not another answer
 			err = subjects.Errorf(subjects.CodeUnavailable, "message %q has a write whose outcome storage has not told yet: retry", id)
 		}
 		return subjects.Message{}, err

@@ -95,10 +95,11 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	}
 	if ss, ok := s.(*cron.SpecSchedule); ok {
 		if len(fields) == 5 { // minute hour day-of-month month day-of-week
-			if strings.HasPrefix(fields[2], "*") {
+			// "?" is the library's "*" (Quartz's "no specific value"), so "?/2" is "*/2".
+			if strings.HasPrefix(fields[2], "*") || strings.HasPrefix(fields[2], "?") {
 				ss.Dom |= cronStar
 			}
-			if strings.HasPrefix(fields[4], "*") {
+			if strings.HasPrefix(fields[4], "*") || strings.HasPrefix(fields[4], "?") {
 				ss.Dow |= cronStar
 			}
 		}

@@ -126,6 +126,7 @@ func TestParseCronAsVixieCron(t *testing.T) {
 	now := time.Date(2026, 11, 27, 17, 0, 0, 0, time.UTC) // a Friday, the 27th
 	for spec, want := range map[string]time.Time{
 		"0 0 */2 * 1": time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC),  // a Monday on an odd day: not Sunday the 29th
+		"0 0 ?/2 * 1": time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC),  // "?" is "*"
 		"0 0 1 * */3": time.Date(2027, 5, 1, 0, 0, 0, 0, time.UTC),   // a 1st on a Sunday, Wednesday or Saturday: not Tuesday 1 December
 		"0 0 13 * 5":  time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC),  // neither field a star: Friday the 4th, or the 13th
 		"0 0 * * 1":   time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), // as before

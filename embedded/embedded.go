@@ -41,8 +41,8 @@ type Config struct {
 	// Starting, if set, is called once the server runs and the broker is made, before the broker
 	// starts: its recovery reads every pending message, which can take minutes. What is to answer
 	// meanwhile (a liveness check, a readiness check that says "not yet") starts there, and may
-	// use the Natstone's Broker and Connect. An error from it fails the Start; what it started is
-	// the caller's to stop when the Start fails.
+	// use the Natstone's Broker and Connect. An error from it fails the Start. A failed Start
+	// closes the connections Connect made; anything else Starting started is the caller's to stop.
 	Starting func(*Natstone) error
 }
 
@@ -224,6 +224,12 @@ func (n *Natstone) shutdown() {
 	for _, nc := range n.conns {
 		nc.Close()
 	}
+	n.mu.Lock()
+	for _, nc := range n.clients { // Connect's, as Stop closes them: made in a Starting, say
+		nc.Close()
+	}
+	n.clients = nil
+	n.mu.Unlock()
 	n.server.Shutdown()
 	n.server.WaitForShutdown()
 	n.unlock()

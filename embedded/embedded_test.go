@@ -237,7 +237,7 @@ func TestStopRunsOnce(t *testing.T) {
 // TestStartingRunsBeforeTheBrokerServes: Config.Starting is called with the server up and the
 // broker made but not serving (its recovery, which can take minutes, yet to come), so that a health
 // endpoint answers meanwhile; a connection made there works once the broker serves. An error from
-// it fails the Start and frees the directory.
+// it fails the Start, closes what Starting connected, and frees the directory.
 func TestStartingRunsBeforeTheBrokerServes(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
@@ -261,8 +261,17 @@ func TestStartingRunsBeforeTheBrokerServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused := errors.New("refused")
-	if _, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true, Starting: func(*embedded.Natstone) error { return refused }}); !errors.Is(err, refused) {
+	var left *nats.Conn
+	if _, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true, Starting: func(n *embedded.Natstone) (err error) {
+		if left, err = n.Connect(); err != nil {
+			return err
+		}
+		return refused
+	}}); !errors.Is(err, refused) {
 		t.Fatalf("Start with a failing Starting: %v, want its error", err)
+	}
+	if !left.IsClosed() {
+		t.Error("a connection Starting made is left open by the failed Start, retrying a server that is gone")
 	}
 	again, err := embedded.Start(ctx, &embedded.Config{DataDir: dir, NoListen: true})
 	if err != nil {

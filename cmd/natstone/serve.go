@@ -397,10 +397,13 @@ func serveEmbedded(ctx context.Context, cfg *serveConfig, bcfg *broker.Config, m
 		Logger:     log,
 		// The HTTP side answers during the recovery, as with --nats-url: /healthz 200, /readyz 503
 		// until the broker serves (a liveness probe must not kill a long recovery).
-		Starting: func(n *embedded.Natstone) (err error) {
-			httpAttrs, stopHTTP, err = startHTTP(cfg, n.Broker(), m, func() (*nats.Conn, error) {
+		Starting: func(n *embedded.Natstone) error {
+			attrs, stop, err := startHTTP(cfg, n.Broker(), m, func() (*nats.Conn, error) {
 				return n.Connect(nats.Name(connName + "-http"))
 			}, nil, log)
+			if err == nil { // on an error startHTTP has nothing to stop, and returns no stop
+				httpAttrs, stopHTTP = attrs, stop
+			}
 			return err
 		},
 	})
