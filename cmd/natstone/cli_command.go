@@ -194,11 +194,19 @@ func (c *clientCommand) run(ctx context.Context, do func(ctx context.Context, co
 	return exitOK
 }
 
-// fail reports err on stderr and returns its exit code.
+// fail reports err on stderr, unless the command told its story already (errTold), and returns its
+// exit code.
 func (c *clientCommand) fail(err error, conn *cliConn) int {
-	fmt.Fprintln(c.stderr, describeError(err, conn))
+	if !errors.As(err, new(errTold)) {
+		fmt.Fprintln(c.stderr, describeError(err, conn))
+	}
 	return exitCodeOf(err)
 }
+
+// errTold is an error that its command has said all there is to say of on stderr.
+type errTold struct{ error }
+
+func (e errTold) Unwrap() error { return e.error }
 
 // output prints v as JSON with --json, else calls human to print it for people.
 func (c *clientCommand) output(v any, human func(w io.Writer)) error {

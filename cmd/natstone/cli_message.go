@@ -174,6 +174,7 @@ the protocol's reply, {"messages": [...]}.
 		if err != nil {
 			if ctx.Err() != nil && *wait > 0 {
 				abandonPoll(ctx, stderr, conn.client, pos[0], *requestID, *wait)
+				return errTold{err} // what the abandon said is the whole story
 			}
 			return err
 		}

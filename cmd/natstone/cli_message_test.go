@@ -351,8 +351,8 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 		t.Fatalf("interrupted dequeue: %v; want exit %d\n%s", err, exitError, stderr.String())
 	}
 	if !strings.Contains(stderr.String(), "interrupted: the broker's wait was abandoned; it leased nothing") ||
-		!strings.Contains(stderr.String(), "natstone: interrupted before the reply came") || strings.Contains(stderr.String(), "context canceled") {
-		t.Fatalf("stderr does not say the wait was abandoned, and that the command was interrupted, in words:\n%s", stderr.String())
+		strings.Contains(stderr.String(), "a write may still have been carried out") || strings.Contains(stderr.String(), "context canceled") {
+		t.Fatalf("stderr does not say the wait was abandoned, in words and alone:\n%s", stderr.String())
 	}
 
 	// The abandoned poll leases nothing: the message is the next dequeue's.
