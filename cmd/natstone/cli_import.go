@@ -194,9 +194,11 @@ func (im *importer) run(ctx context.Context, in io.Reader) {
 	slices.SortFunc(im.sum.Failed, func(a, b importFailure) int { return cmp.Compare(a.Line, b.Line) })
 }
 
-// nextBatch reads lines until a batch is full: subjects.MaxEnqueueBatch messages, or maxBytes. A
-// line that is not a message is recorded as failed and skipped. It returns the batch, the number
-// of the last line read, and io.EOF at the end of the input.
+// nextBatch reads lines until a batch is full (subjects.MaxEnqueueBatch messages, or maxBytes), or
+// until the input has nothing more to read at once: a producer that writes to a pipe now and then
+// has each line sent as it comes, not held until a thousand have. A line that is not a message is
+// recorded as failed and skipped. It returns the batch, the number of the last line read, and
+// io.EOF at the end of the input.
 func (im *importer) nextBatch(r *bufio.Reader, lineNo int) ([]importLine, int, error) {
 	var batch []importLine
 	size := 0
@@ -221,6 +223,9 @@ func (im *importer) nextBatch(r *bufio.Reader, lineNo int) ([]importLine, int, e
 		}
 		if err != nil {
 			return batch, lineNo, err
+		}
+		if len(batch) > 0 && r.Buffered() == 0 {
+			return batch, lineNo, nil // the next read would wait for the producer
 		}
 	}
 	return batch, lineNo, nil

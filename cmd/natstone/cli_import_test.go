@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/workers"
@@ -244,5 +247,50 @@ func TestCountLines(t *testing.T) {
 		if got, err := countLines(path); err != nil || got != want {
 			t.Errorf("countLines(%q) = %d, %v; want %d", content, got, err, want)
 		}
+	}
+}
+
+// TestCLIImportFromAProducerThatPauses: lines written to --import - by a producer that keeps its
+// end open are enqueued as they come, not held until a batch of a thousand fills or the input ends.
+func TestCLIImportFromAProducerThatPauses(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	enqueued, err := nc.SubscribeSync("natstone.events.slow.enqueued.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "enqueue", "slow", "--import", "-", "--server", url)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := fmt.Fprintf(in, `{"id": "m%d", "payload": "x"}`+"\n", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 { // the producer's end still open
+		if _, err := enqueued.NextMsg(deadline); err != nil {
+			t.Fatalf("%d of 10 lines enqueued while the producer paused: %v\n%s", i, err, stderr.String())
+		}
+	}
+	if err := in.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("import: %v\n%s", err, stderr.String())
 	}
 }
