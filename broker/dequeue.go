@@ -90,6 +90,19 @@ type leaseRef struct {
 	leaseID string
 }
 
+// stillHeld reports whether l is still held: its entry is the queue's, running under that lease.
+// Called with q.mu held.
+func (q *queue) stillHeld(l leaseRef) bool {
+	return q.entries.get(l.e.ID) == l.e && l.e.State() == subjects.StateRunning && l.e.extra().LeaseID == l.leaseID
+}
+
+// noLongerHeld reports whether err, a release's, says the lease was no longer there to release:
+// settled, canceled or run out meanwhile, or the message gone.
+func noLongerHeld(err error) bool {
+	var se *subjects.Error
+	return errors.As(err, &se) && slices.Contains([]subjects.Code{subjects.CodeLeaseMismatch, subjects.CodeLeaseExpired, subjects.CodeInvalidState, subjects.CodeMessageNotFound}, se.Code)
+}
+
 // recordHeap holds a queue's dequeue records by until, earliest first (container/heap): those a
 // lease's use or a settle forgets early leave it at once, so it holds the remembered records only.
 type recordHeap []*dequeueRecord
@@ -497,7 +510,7 @@ func (q *queue) replay(ctx context.Context, r *dequeueRecord) ([]leaseRef, error
 		if err := q.waitIdle(ctx, l.e); err != nil {
 			return nil, unavailable("wait for the leases of the first dequeue with this request_id", err)
 		}
-		if q.entries.get(l.e.ID) == l.e && l.e.State() == subjects.StateRunning && l.e.extra().LeaseID == l.leaseID {
+		if q.stillHeld(l) {
 			l.e.bits |= replayedFlag // in this reply too (or an abandon's release, which needs none): see unheard
 			held = append(held, l)
 		}
@@ -537,9 +550,8 @@ func (q *queue) abandon(ctx context.Context, r subjects.AbandonRequest) (subject
 	}
 	for _, h := range held {
 		_, err := q.release(ctx, subjects.ReleaseRequest{ID: h.e.ID, LeaseID: h.leaseID, Refund: true, Error: abandonedLease})
-		var se *subjects.Error
-		if errors.As(err, &se) && slices.Contains([]subjects.Code{subjects.CodeLeaseMismatch, subjects.CodeLeaseExpired, subjects.CodeInvalidState, subjects.CodeMessageNotFound}, se.Code) {
-			continue // no longer held: settled, canceled or run out meanwhile
+		if noLongerHeld(err) {
+			continue
 		}
 		if err != nil {
 			return subjects.AbandonReply{}, err
@@ -659,7 +671,7 @@ func (q *queue) withPayloads(ctx context.Context, held []leaseRef) ([]subjects.M
 	views := make([]subjects.Message, 0, len(held))
 	seqs := make([]uint64, 0, len(held))
 	for _, h := range held {
-		if q.entries.get(h.e.ID) != h.e || h.e.State() != subjects.StateRunning || h.e.extra().LeaseID != h.leaseID {
+		if !q.stillHeld(h) {
 			continue
 		}
 		views = append(views, q.view(h.e))

@@ -170,15 +170,16 @@ func usedLease(r *kv.Record) { r.RequestID = "" }
 // is errored. Its event (released or errored) carries req.Error. Releasing it again with the same
 // lease succeeds and writes nothing (its error is not kept).
 func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subjects.Message, error) {
-	return q.releaseUnless(ctx, req, nil)
+	return q.releaseUnlessReplayed(ctx, req, false)
 }
 
-// errLeaseKept is releaseUnless's answer when kept said to keep the lease.
+// errLeaseKept is releaseUnlessReplayed's answer for a lease it keeps.
 var errLeaseKept = errors.New("the lease is kept")
 
-// releaseUnless is release, unless kept, asked under q.mu of a current lease, says to keep it
-// (errLeaseKept, with nothing written or forgotten).
-func (q *queue) releaseUnless(ctx context.Context, req subjects.ReleaseRequest, kept func(*entry) bool) (subjects.Message, error) {
+// releaseUnlessReplayed is release, but with keepReplayed a current lease that went out again in a
+// retry's reply (entry.replayed, looked at under q.mu) is kept: errLeaseKept, with nothing written
+// or forgotten.
+func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseRequest, keepReplayed bool) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := checkRange("delay_ms", req.DelayMS, 0, subjects.MaxInvisible); err != nil {
@@ -191,7 +192,7 @@ func (q *queue) releaseUnless(ctx context.Context, req subjects.ReleaseRequest, 
 	if err != nil {
 		return subjects.Message{}, err
 	}
-	if kept != nil && e.State() == subjects.StateRunning && e.extra().LeaseID == req.LeaseID && kept(e) {
+	if keepReplayed && e.replayed() && q.stillHeld(leaseRef{e, req.LeaseID}) {
 		// Before fence, which would forget the lease's request id: a retry with it must still get
 		// the lease back.
 		return q.view(e), errLeaseKept

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -237,15 +236,12 @@ func (b *Broker) giveBack(r sentReply) {
 	}
 	released := 0
 	for _, l := range r.leases {
-		_, err := q.releaseUnless(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: unheardLease}, (*entry).replayed)
-		var se *subjects.Error
+		_, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: unheardLease}, true)
 		switch {
 		case err == nil:
 			released++
-		case errors.Is(err, errLeaseKept):
-			// Sent again in a retry's reply, which may have reached its requester.
-		case errors.As(err, &se) && slices.Contains([]subjects.Code{subjects.CodeLeaseMismatch, subjects.CodeLeaseExpired, subjects.CodeInvalidState, subjects.CodeMessageNotFound}, se.Code):
-			// No longer held: settled, canceled or run out meanwhile.
+		case errors.Is(err, errLeaseKept): // sent again in a retry's reply, which may have reached its requester
+		case noLongerHeld(err):
 		default:
 			q.log().Warn("lease of a reply that reached nobody not given back; it runs out instead", "id", l.id, "error", err)
 		}
