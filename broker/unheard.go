@@ -102,10 +102,6 @@ func (u *unheard) replyTo(req *nats.Msg, reply any) string {
 	if len(ms) == 0 || strings.HasPrefix(req.Reply, "_R_.") || strings.HasPrefix(req.Reply, "_GR_.") {
 		return ""
 	}
-	_, queue, err := u.b.space.Parse(req.Subject)
-	if err != nil {
-		return ""
-	}
 	leases := make([]heardLease, len(ms))
 	for i := range ms {
 		leases[i] = heardLease{id: ms[i].ID, leaseID: ms[i].LeaseID}
@@ -114,7 +110,7 @@ func (u *unheard) replyTo(req *nats.Msg, reply any) string {
 	_, _ = rand.Read(random[:]) // never fails (crypto/rand)
 	token := base64.RawURLEncoding.EncodeToString(random[:])
 	u.mu.Lock()
-	u.sent[token] = sentReply{queue: queue, leases: leases}
+	u.sent[token] = sentReply{queue: ms[0].Queue, leases: leases}
 	u.mu.Unlock()
 	return u.prefix + token
 }
