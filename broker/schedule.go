@@ -43,7 +43,8 @@ var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month 
 // expression, CRON_TZ=Local (the machine's
 // zone: a cron without a zone is in UTC), an "@every" shorter than subjects.MinScheduleEvery or
 // not in whole seconds (the cron library would round it), a field with an empty list element or a
-// sign (",1", "+1": the library reads them as "1"), and an expression with no time within
+// sign (",1", "+1": the library reads them as "1"), a range from a star ("*-5": the library reads
+// it as "*"), and an expression with no time within
 // maxFirstFire of now (such as February 30).
 //
 // Day of month and day of week combine as in Vixie cron (cronie, the crontab of most systems): a
@@ -86,6 +87,9 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 			for elem := range strings.SplitSeq(f, ",") {
 				if elem == "" || strings.Contains(elem, "+") {
 					return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: field %q has an empty list element or a sign", spec, f)
+				}
+				if r, _, _ := strings.Cut(elem, "/"); len(r) > 1 && (r[0] == '*' || r[0] == '?') {
+					return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: field %q has a range from %q (%q is every value already)", spec, f, r[:1], r[:1])
 				}
 			}
 		}
