@@ -82,7 +82,11 @@ func (b *Broker) listen() (*nats.Subscription, error) {
 		return nil, err
 	}
 	b.unheard = u
-	go u.run(b.ctx)
+	b.wg.Add(1) // a Stop, or a start that fails, waits for it after ending b.ctx
+	go func() {
+		defer b.wg.Done()
+		u.run(b.ctx)
+	}()
 	return sub, nil
 }
 
