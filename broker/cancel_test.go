@@ -33,3 +33,26 @@ func TestCancelAtVersion(t *testing.T) {
 	// The holder's lease no longer completes it.
 	fails(e, subjects.CodeInvalidState, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "m", LeaseID: leased.LeaseID})
 }
+
+// TestCancelWithAnEmptyLeaseID: a cancel whose lease_id is given empty is refused, as a complete's
+// is, and writes nothing: left out, the cancel is an operator's, which ends the message whoever
+// holds it, and a holder that lost its lease id must not get that by mistake.
+func TestCancelWithAnEmptyLeaseID(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "m"})
+	leased := e.dequeueOne("q")
+
+	before := e.snap()
+	for _, body := range []string{`{"id":"m","lease_id":""}`, `{"id":"m","lease_id":"","version":2}`, `{"id":"m","error":"gone","lease_id":""}`} {
+		fails(e, subjects.CodeBadRequest, subjects.OpCancel, "q", body)
+	}
+	e.unchanged(before)
+	if got := e.get("q", "m"); got.State != subjects.StateRunning || got.LeaseID != leased.LeaseID {
+		t.Fatalf("after the cancels with an empty lease id: %+v, want it running under %s", got, leased.LeaseID)
+	}
+	// Left out or null, it is the operator's cancel.
+	if got := must[subjects.Message](e, subjects.OpCancel, "q", `{"id":"m","lease_id":null}`); got.State != subjects.StateCanceled {
+		t.Fatalf("an operator's cancel: %+v, want canceled", got)
+	}
+}

@@ -268,6 +268,10 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 		if err != nil {
 			return nil, err
 		}
+		if r.LeaseID == "" && subjects.EmptyLeaseID(data) {
+			// A holder whose lease id went missing: its cancel would be an operator's, unfenced.
+			return nil, subjects.Errorf(subjects.CodeBadRequest, "cancel: lease_id is empty: give the lease_id the dequeue returned, or leave it out for an operator's cancel")
+		}
 		return q.andNext(ctx, settleKey{op: subjects.OpCancel, id: r.ID, leaseID: r.LeaseID}, nextFor(req, r.Next), func() (subjects.Message, error) { return q.cancel(ctx, r) })
 	case subjects.OpRetry:
 		var r subjects.RetryRequest
