@@ -254,7 +254,8 @@ type DequeueOpts struct {
 	Filter map[string]string
 	// RequestID makes the dequeue retry-safe: a dequeue with the same id within 5 minutes returns the
 	// leases the first one took that are still held, and never leases more, until one of those
-	// leases is used (extended or settled), which shows the reply arrived. Use a fresh id per
+	// leases is used (extended or settled), which shows the reply arrived. A first dequeue that
+	// leased nothing is not remembered: its retry leases as a new dequeue would. Use a fresh id per
 	// dequeue, and the same one to retry it after a timeout.
 	RequestID string
 	// Worker names who dequeues (at most subjects.MaxWorkerLen bytes); the leased events carry it.
