@@ -534,6 +534,37 @@ func TestHistoryOfAnIdEnqueuedAgain(t *testing.T) {
 	}
 }
 
+// TestHistoryOfAMessageInADeletedQueue: a delete publishes no event for the messages it removes, so
+// the last event of a message in a deleted queue was shown current, its time in state growing for
+// as long as the events were kept: a pending message that no longer exists.
+func TestHistoryOfAMessageInADeletedQueue(t *testing.T) {
+	e := setup(t)
+	e.create("q", subjects.CreateQueueRequest{})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "k"})
+	e.enqueue("q", subjects.EnqueueRequest{ID: "r"})
+	e.dequeueOne("q")
+	e.advance(time.Second)
+	for _, id := range []string{"k", "r"} {
+		if h := e.history("q", id); !h.Events[len(h.Events)-1].Current || h.Events[len(h.Events)-1].StateMS == 0 {
+			t.Fatalf("%s before the delete: %+v, want its last event current, a second in its state", id, h)
+		}
+	}
+	must[subjects.DeleteReply](e, subjects.OpDelete, "q", nil)
+	e.advance(time.Minute)
+	for _, id := range []string{"k", "r"} {
+		h := e.history("q", id)
+		last := h.Events[len(h.Events)-1]
+		if last.Current || last.StateMS != 0 || h.StateMS[last.State] != 0 {
+			t.Fatalf("%s after its queue was deleted: %+v, want no current event, its last state's time not known (0)", id, h)
+		}
+	}
+	// A queue of the same name made again does not hold the message either.
+	e.create("q", subjects.CreateQueueRequest{})
+	if h := e.history("q", "k"); h.Events[len(h.Events)-1].Current {
+		t.Fatalf("k in a queue made again: %+v, want no current event", h)
+	}
+}
+
 // TestHistoryWithACopyAtItsLimit: an event stored twice (a batch of events published again, its
 // acknowledgement lost) just past the limit is not one more event: the history is whole, its last
 // event current, not truncated with that event's time cut to 0.

@@ -392,7 +392,33 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 		kept[k] = true
 		events = append(events, e)
 	}
-	return buildHistory(queue, r.ID, events, more, after, b.clock.Now()), nil
+	reply := buildHistory(queue, r.ID, events, more, after, b.clock.Now())
+	if n := len(reply.Events); n > 0 && reply.Events[n-1].Current && !b.holds(queue, r.ID, reply.Events[n-1].Version) {
+		// The message left its queue without an event: its queue was deleted (a delete publishes
+		// none). Its last state ended then, at a time no event gives.
+		last := &reply.Events[n-1]
+		reply.StateMS[last.State] -= last.StateMS
+		last.StateMS, last.Current = 0, false
+	}
+	return reply, nil
+}
+
+// holds reports whether queue holds message id at version, or a write of it is in flight (whose
+// event is still to come): then its last event is current.
+func (b *Broker) holds(queue, id string, version uint64) bool {
+	b.mu.Lock()
+	q := b.queues[queue]
+	b.mu.Unlock()
+	if q == nil {
+		return false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.usable() != nil {
+		return false // being deleted
+	}
+	e := q.entries.get(id)
+	return e != nil && (e.busy() || e.rev != 0 && e.Version() == version)
 }
 
 // historyCopies is how many copies of events (a batch of events published twice) history reads

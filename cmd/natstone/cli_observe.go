@@ -213,6 +213,7 @@ func printHistory(w io.Writer, r *subjects.HistoryReply) {
 		inState := "-"
 		switch {
 		case e.Kind == subjects.EventCollected:
+		case i == len(r.Events)-1 && !e.Current && !r.Truncated: // its queue deleted: when it ended is not known
 		case e.Current:
 			inState = fmtAge(e.StateMS) + " so far"
 		default:

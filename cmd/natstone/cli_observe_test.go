@@ -427,6 +427,12 @@ func TestCLIHistory(t *testing.T) {
 		strings.Contains(out, "(collected)") {
 		t.Fatalf("history of a running message:\n%s", out)
 	}
+	// Its queue deleted: its last state ended, when is not known.
+	cli(t, url, "queue", "rm", "hist").ok(t)
+	out = cli(t, url, "history", "hist", "h2").ok(t)
+	if rows = tableRows(sections(out)[0]); len(rows) != 3 || !strings.HasSuffix(strings.Join(rows[2], " "), "running - 1/3 w3 "+got.Events[1].LeaseID+" -") {
+		t.Fatalf("history of a running message whose queue was deleted:\n%s", out)
+	}
 
 	r := cli(t, url, "history", "hist", "nope")
 	r.fails(t, exitNotFound, "natstone: message_not_found: ")
