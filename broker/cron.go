@@ -43,7 +43,6 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 		// The library splits at any white space, and the zone is cut at a space: one rule for both.
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: its fields are separated by spaces, not by other white space", spec)
 	}
-	full := spec
 	zone, expr, zoned := subjects.CronZone(spec)
 	switch {
 	case zoned && zone == "":
@@ -53,7 +52,7 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	case zoned && zone == "Local":
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: CRON_TZ=Local names the broker's zone, not one", spec)
 	case !zoned:
-		full = "CRON_TZ=UTC " + spec // no zone: UTC, as documented, not the machine's time.Local
+		zone = "UTC" // no zone: UTC, as documented, not the machine's time.Local
 	}
 	defer func() {
 		if r := recover(); r != nil { // the library has panicked on malformed zones
@@ -73,6 +72,9 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 			}
 		}
 	}
+	// Fields may be apart by more than one space, as in a crontab; the library's "@every" reads
+	// what follows its first space as the duration.
+	full := "CRON_TZ=" + zone + " " + strings.Join(fields, " ")
 	if s, err = cronParser.Parse(full); err != nil {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, err)
 	}

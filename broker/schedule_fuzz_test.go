@@ -131,6 +131,11 @@ func TestParseCronAsVixieCron(t *testing.T) {
 		"0 0 13 * 5":  time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC),  // neither field a star: Friday the 4th, or the 13th
 		"0 0 * * 1":   time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), // as before
 		"0 0 3-5 * *": time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
+		// Fields apart by more than a space, as a crontab aligns them, the "@every" and the zone's too.
+		"0  0 3-5 *  *":                      time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
+		"@every  90s":                        now.Add(90 * time.Second),
+		"CRON_TZ=Europe/Paris  0 2 * * *":    time.Date(2026, 11, 28, 1, 0, 0, 0, time.UTC),
+		"TZ=America/New_York   @every    2h": now.Add(2 * time.Hour),
 	} {
 		c, err := parseCron(spec, now)
 		if err != nil {
