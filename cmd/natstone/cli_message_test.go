@@ -456,6 +456,10 @@ func TestCLIReschedule(t *testing.T) {
 	if out := cli(t, url, "history", "q", "b").ok(t); !strings.Contains(out, " rescheduled(priority 5) ") {
 		t.Fatalf("history of b: no rescheduled(priority 5) event:\n%s", out)
 	}
+	// A reschedule that moved only when a runs: the history says when.
+	if out, want := cli(t, url, "history", "q", "a").ok(t), " rescheduled(priority 10, visible at "+fmtTime(hidden.VisibleAt)+") "; !strings.Contains(out, want) {
+		t.Fatalf("history of a: no%s event:\n%s", want, out)
+	}
 	d := dequeueOne(t, url, "q")
 	if d.ID != "b" {
 		t.Fatalf("dequeued %s, want b", d.ID)

@@ -207,6 +207,8 @@ func printHistory(w io.Writer, r *subjects.HistoryReply) {
 		switch {
 		case e.Reason != "":
 			kind += "(" + e.Reason + ")"
+		case e.Kind == subjects.EventRescheduled && e.State == subjects.StateInvisible && e.VisibleAt != nil:
+			kind += "(priority " + strconv.FormatInt(e.Priority, 10) + ", visible at " + fmtTime(*e.VisibleAt) + ")"
 		case e.Kind == subjects.EventRescheduled:
 			kind += "(priority " + strconv.FormatInt(e.Priority, 10) + ")"
 		}
