@@ -345,6 +345,33 @@ func TestRequestIDOfABatchAcrossARestart(t *testing.T) {
 	}
 }
 
+// TestRequestIDUsedAgainAcrossARestart: an id used again once one of its leases was used is a new
+// dequeue, and stays so across a restart. The records of the first dequeue's other leases still name
+// the id, and a restart gave a retry the leases of both dequeues: three for a batch of one.
+func TestRequestIDUsedAgainAcrossARestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueueInOrder("q", "a", "b", "c", "d", "e")
+	first := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 3})
+	must[subjects.Message](e, subjects.OpComplete, "q", subjects.LeaseRequest{ID: "a", LeaseID: first[0].LeaseID})
+	e.advance(time.Millisecond)
+	second := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 1})
+	if got := ids(second); !slices.Equal(got, []string{"d"}) {
+		t.Fatalf("r used again after a's complete leased %v, want d", got)
+	}
+	e.restartBroker()
+	got := e.dequeue("q", subjects.DequeueRequest{RequestID: "r", Batch: 1})
+	if !slices.Equal(ids(got), []string{"d"}) || got[0].LeaseID != second[0].LeaseID {
+		t.Fatalf("the retry of r after a restart got %v, want d's lease %s alone", got, second[0].LeaseID)
+	}
+	// b and c still run under the first dequeue's leases, and nothing else leased them.
+	for i, id := range []string{"b", "c"} {
+		if m := e.get("q", id); m.State != subjects.StateRunning || m.LeaseID != first[i+1].LeaseID {
+			t.Fatalf("%s: %+v, want it running under %s", id, m, first[i+1].LeaseID)
+		}
+	}
+}
+
 // TestEmptyDequeueDoesNotPinItsRequestID: a dequeue that leased nothing must not make its retries
 // return nothing for the rest of the window.
 func TestEmptyDequeueDoesNotPinItsRequestID(t *testing.T) {

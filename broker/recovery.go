@@ -723,10 +723,15 @@ func (q *queue) fenceRecord(ctx context.Context, e *entry) error {
 // A running record that names one was therefore last written by that dequeue, at its updated_at,
 // which is when the id is remembered from; an id whose records all left running since (their leases
 // ran out) is remembered for a window from their last write, and its retries lease nothing.
+//
+// An id used again once one of its leases was used names the leases of two dequeues: the records
+// of the first's other leases still name it (only the used lease's record was written). The latest
+// dequeue is the id's: its leases are those of the latest lease time, the time of all the leases of
+// one dequeue (one now). Without that a retry got both dequeues' leases, more than its batch.
 // Called with q.mu held, before the queue serves.
 func (q *queue) rebuildRequests() {
 	cut := q.now() - RequestIDWindow.Milliseconds()
-	leased := make(map[string]int64) // each id's lease time, read off its running records
+	leased := make(map[string]int64) // each id's latest lease time, read off its running records
 	last := make(map[string]int64)   // the latest write of each id's records
 	for e := range q.entries.all() {
 		id, at := e.extra().RequestID, e.UpdatedAt()
@@ -741,14 +746,15 @@ func (q *queue) rebuildRequests() {
 		last[id] = max(last[id], at)
 		if e.State() == subjects.StateRunning {
 			r.leases = append(r.leases, leaseRef{e: e, leaseID: e.extra().LeaseID})
-			leased[id] = at
+			leased[id] = max(leased[id], at)
 		}
 	}
 	for id, at := range last {
+		r := q.requests[id]
 		if t, ok := leased[id]; ok {
 			at = t // the dequeue's own time: another of its messages left running later (its lease ran out)
+			r.leases = slices.DeleteFunc(r.leases, func(l leaseRef) bool { return l.e.UpdatedAt() != t })
 		}
-		r := q.requests[id]
 		// In the order the dequeue gave them, EDF, as its retry must: not the entries' (a map's).
 		slices.SortFunc(r.leases, func(a, b leaseRef) int { return index.Compare(a.e, b.e) })
 		q.remember(id, r, at+RequestIDWindow.Milliseconds())
