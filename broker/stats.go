@@ -403,8 +403,9 @@ func (b *Broker) history(ctx context.Context, queue string, r subjects.HistoryRe
 	return reply, nil
 }
 
-// holds reports whether queue holds message id at version, or a write of it is in flight (whose
-// event is still to come): then its last event is current.
+// holds reports whether queue holds message id at version or later (a crash may lose the events
+// of its last writes, and a recovery's fence moves its version without one), or a write of it is
+// in flight, whose event is still to come: then its last event stays current.
 func (b *Broker) holds(queue, id string, version uint64) bool {
 	b.mu.Lock()
 	q := b.queues[queue]
@@ -418,7 +419,7 @@ func (b *Broker) holds(queue, id string, version uint64) bool {
 		return false // being deleted
 	}
 	e := q.entries.get(id)
-	return e != nil && (e.busy() || e.rev != 0 && e.Version() == version)
+	return e != nil && (e.busy() || e.rev != 0 && e.Version() >= version)
 }
 
 // historyCopies is how many copies of events (a batch of events published twice) history reads
