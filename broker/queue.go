@@ -103,6 +103,9 @@ type queue struct {
 	// testParked, when a test sets it, runs when a long poll parks to wait for messages, with mu
 	// held. Nil outside tests.
 	testParked func()
+	// testCounting, when a test sets it, runs between two steps of a filtered count, without mu.
+	// Nil outside tests.
+	testCounting func()
 }
 
 const numStates = 6

@@ -191,6 +191,15 @@ func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
 	if err := q.usable(); err != nil {
 		return subjects.StatsReply{}, err
 	}
+	var matched subjects.Counts
+	var oldest int64
+	if len(r.Filter) > 0 {
+		// First: the walk lets go of the lock between its steps, and the rest is of after it.
+		var err error
+		if matched, oldest, err = q.countMatching(r.Filter); err != nil {
+			return subjects.StatsReply{}, err
+		}
+	}
 	now := q.now()
 	reply := subjects.StatsReply{
 		Queue:    q.name,
@@ -204,8 +213,7 @@ func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
 		reply.Counts = q.countsLocked()
 		reply.OldestPendingMS = q.oldestPendingMS(now)
 	} else {
-		var oldest int64
-		reply.Counts, oldest = q.countMatching(r.Filter)
+		reply.Counts = matched
 		if oldest != 0 {
 			reply.OldestPendingMS = max(now-oldest, 0)
 		}
