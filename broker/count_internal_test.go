@@ -47,3 +47,57 @@ func TestFilteredCountsLetOthersIn(t *testing.T) {
 		t.Fatalf("the two walks paused %d times, %d of them with the queue's lock held; want 2 or more, none held", steps, held)
 	}
 }
+
+// TestFilteredCountOfSlotsEmptiedMeanwhile: a slot that empties while a filtered count lets go of
+// the lock (a collection landing removes its entry) is skipped. The walk read the slot's tag before
+// its pause and its entry after, and a nil entry crashed the broker.
+func TestFilteredCountOfSlotsEmptiedMeanwhile(t *testing.T) {
+	b, _ := internalBroker(t)
+	q := queueQ(t, b)
+	ctx := context.Background()
+	const n = 3 * countStep / 2
+	for i := 0; i < n; i += subjects.MaxEnqueueBatch {
+		var reqs []subjects.EnqueueRequest
+		for j := i; j < min(i+subjects.MaxEnqueueBatch, n); j++ {
+			reqs = append(reqs, subjects.EnqueueRequest{ID: fmt.Sprint(j)})
+		}
+		if _, err := q.enqueue(ctx, reqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed := 0
+	q.testCounting = func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if removed > 0 {
+			return
+		}
+		// Empty the first slot of the next step, and those its entries move back into, as the
+		// removals of collections landing meanwhile would; once, at the first pause.
+		for ; q.entries.slots[countStep] != nil && removed < 200; removed++ {
+			q.untrack(q.entries.slots[countStep])
+		}
+	}
+	for i := 0; ; i++ { // the slot the test empties must hold an entry
+		q.mu.Lock()
+		held := q.entries.tags[countStep] != 0
+		q.mu.Unlock()
+		if held {
+			break
+		}
+		if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: fmt.Sprint("fill-", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := q.depth(map[string]string{}) // no filter: no walk
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := c.Pending
+	if c, err = q.depth(map[string]string{"absent": "x"}); err != nil || c.Pending != 0 {
+		t.Fatalf("depth with a filter nothing matches, entries removed during it: %+v, %v", c, err)
+	}
+	if removed == 0 {
+		t.Fatalf("the walk made no pause in which to remove entries (%d messages)", total)
+	}
+}

@@ -436,7 +436,7 @@ const countStep = 4096
 // Called with q.mu held, which it releases and takes again.
 func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, oldestPending int64, err error) {
 	tags, slots := q.entries.tags, q.entries.slots
-	for i, tag := range tags {
+	for i := range tags {
 		if i > 0 && i%countStep == 0 {
 			q.mu.Unlock()
 			if q.testCounting != nil {
@@ -448,7 +448,7 @@ func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, olde
 				return subjects.Counts{}, 0, err
 			}
 		}
-		if tag == 0 {
+		if tags[i] == 0 { // read after the pause: the slot may have emptied during it
 			continue
 		}
 		e := slots[i]
