@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 	_ "time/tzdata" // CRON_TZ= names a zone, which a machine without a zoneinfo database must find too
+	"unicode"
 
 	"github.com/robfig/cron/v3"
 
@@ -39,8 +40,9 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	if len(spec) > maxCronLen {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron of %d bytes, at most %d", len(spec), maxCronLen)
 	}
-	if strings.ContainsAny(spec, "\t\n\v\f\r") {
-		// The library splits at any white space, and the zone is cut at a space: one rule for both.
+	if strings.ContainsFunc(spec, func(r rune) bool { return r != ' ' && unicode.IsSpace(r) }) {
+		// The library splits at any white space (and the fields below are split as it does), the
+		// zone is cut at a space, and @every's check reads what follows "@every ": one rule for all.
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: its fields are separated by spaces, not by other white space", spec)
 	}
 	zone, expr, zoned := subjects.CronZone(spec)
