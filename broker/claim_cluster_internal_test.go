@@ -32,8 +32,8 @@ func TestStandbyTakesOverAtAStopInACluster(t *testing.T) {
 		if err := a.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if round == 0 && routedTo(t, srvs[0], a.claim.claims.Subject()) {
-			t.Fatal("a's server knows of a subscription to the claim from another server before any standby")
+		if round == 0 && routedTo(t, srvs[0], srvs[1], a.claim.claims.Subject()) {
+			t.Fatal("a's server knows of a subscription to the claim from the standby's before any standby")
 		}
 		cb := clock.NewFake(time.Unix(0, 0))
 		b := claimBroker(t, srvs[(round+1)%3], cb, replicated)
@@ -43,7 +43,7 @@ func TestStandbyTakesOverAtAStopInACluster(t *testing.T) {
 		// from b's over a route, in its own time: a release published before that reaches nobody,
 		// and the standby finds it at its next look, which its claim clock never brings here.
 		eventually(t, "a's server to know of the standby's subscription", func() bool {
-			return routedTo(t, srvs[round%3], b.claim.claims.Subject())
+			return routedTo(t, srvs[round%3], srvs[(round+1)%3], b.claim.claims.Subject())
 		})
 		if err := a.Stop(context.Background()); err != nil {
 			t.Fatal(err)
@@ -55,16 +55,17 @@ func TestStandbyTakesOverAtAStopInACluster(t *testing.T) {
 	}
 }
 
-// routedTo reports whether srv has a subscription to subject from another server of its cluster.
-// (The account's interest alone says nothing: the KV stream's own subscription covers subject.)
-func routedTo(t *testing.T, srv *natstest.Server, subject string) bool {
+// routedTo reports whether srv knows of a subscription to subject on from, another server of its
+// cluster. (The account's interest alone says nothing: the KV stream's own subscription covers
+// subject.)
+func routedTo(t *testing.T, srv, from *natstest.Server, subject string) bool {
 	t.Helper()
 	rz, err := srv.NATS().Routez(&server.RoutezOptions{Subscriptions: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rz.Routes {
-		if slices.Contains(r.Subs, subject) {
+		if r.RemoteID == from.NATS().ID() && slices.Contains(r.Subs, subject) {
 			return true
 		}
 	}

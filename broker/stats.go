@@ -423,8 +423,8 @@ func (b *Broker) holds(queue, id string, version uint64) bool {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.usable() != nil {
-		return false // being deleted
+	if q.deleting {
+		return false // its messages go with it (a broker stopping still holds them)
 	}
 	e := q.entries.get(id)
 	return e != nil && (e.busy() || e.rev != 0 && e.Version() >= version)
