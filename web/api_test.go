@@ -34,6 +34,9 @@ type (
 	}
 	queueList struct {
 		Queues []queueRow `json:"queues"`
+		Limit  int        `json:"limit"`
+		More   bool       `json:"more"`
+		Next   string     `json:"next"`
 	}
 	queueDetail struct {
 		Name            string                   `json:"name"`
@@ -143,8 +146,54 @@ func TestQueues(t *testing.T) {
 		t.Errorf("beta %+v: want dequeue blocked only", got.Queues[1])
 	}
 
+	if got.Limit != web.QueuesPage || got.More || got.Next != "" {
+		t.Errorf("the list of two queues: limit %d, more %v, next %q; want the default page, whole", got.Limit, got.More, got.Next)
+	}
+
 	status, h, body := e.do(http.MethodGet, "/api/queues?x=1", "", "")
 	wantError(t, "unknown parameter", status, h, body, http.StatusBadRequest, subjects.CodeBadRequest)
+	for _, q := range []string{"limit=0", fmt.Sprintf("limit=%d", web.MaxQueuesPage+1)} {
+		status, h, body := e.do(http.MethodGet, "/api/queues?"+q, "", "")
+		wantError(t, q, status, h, body, http.StatusBadRequest, subjects.CodeOutOfRange)
+	}
+	status, h, body = e.do(http.MethodGet, "/api/queues?limit=two", "", "")
+	wantError(t, "limit=two", status, h, body, http.StatusBadRequest, subjects.CodeBadRequest)
+	status, h, body = e.do(http.MethodGet, "/api/queues?after=bad.name", "", "")
+	wantError(t, "after=bad.name", status, h, body, http.StatusBadRequest, subjects.CodeInvalidQueueName)
+}
+
+// TestQueuesPages: the list comes in pages, each after the last queue of the one before, so that a
+// broker of thousands of queues is not asked the stats of every one at each refresh.
+func TestQueuesPages(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, name := range []string{"a", "b", "c", "d", "e"} {
+		e.createQueue(name, nil)
+	}
+	var names []string
+	for after, pages := "", 0; ; pages++ {
+		var page queueList
+		e.get("/api/queues?limit=2&after="+after, &page)
+		if page.Limit != 2 || len(page.Queues) > 2 || pages > 3 {
+			t.Fatalf("page %d after %q: %+v, want at most 2 queues", pages, after, page)
+		}
+		for _, q := range page.Queues {
+			names = append(names, q.Name)
+		}
+		if !page.More {
+			if page.Next != "" {
+				t.Fatalf("the last page says next %q", page.Next)
+			}
+			break
+		}
+		if page.Next != page.Queues[len(page.Queues)-1].Name {
+			t.Fatalf("page %d: next %q, want its last queue", pages, page.Next)
+		}
+		after = page.Next
+	}
+	if !slices.Equal(names, []string{"a", "b", "c", "d", "e"}) {
+		t.Fatalf("the pages listed %v, want a to e once each", names)
+	}
 }
 
 func TestQueue(t *testing.T) {

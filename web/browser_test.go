@@ -86,6 +86,21 @@ func TestDashboard(t *testing.T) {
 	b.poll(`document.querySelector('td[data-queue="mail"][data-state="pending"]').textContent === "2"`)
 	b.noError()
 	b.screenshot(shots, "dashboard-queues.png")
+	// In pages (of 100 by default): each after the last queue of the one before.
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues?limit=2"))
+	b.waitLoaded(`[data-view="queues"]`)
+	queueRows := `[...document.querySelectorAll('#queues tbody tr')].map(r => r.dataset.queue)`
+	if got := evaluate[[]string](b, queueRows); !slices.Equal(got, []string{"mail", "orders"}) || evaluate[bool](b, `document.querySelector('#queues-first') !== null`) {
+		t.Errorf("queues page of 2: %v, want mail and orders, and no link to the first page", got)
+	}
+	b.click(`#queues-next`)
+	b.poll(`document.querySelector('#queues tbody tr[data-queue="reports"]') !== null`)
+	if got := evaluate[[]string](b, queueRows); !slices.Equal(got, []string{"reports"}) || evaluate[bool](b, `document.querySelector('#queues-next') !== null`) {
+		t.Errorf("the next page: %v, want reports alone, and no next link", got)
+	}
+	b.click(`#queues-first`)
+	b.poll(`document.querySelector('#queues tbody tr[data-queue="mail"]') !== null`)
+	b.noError()
 
 	// The queue page, reached by its link: counts, the pending messages in EDF order, the lease
 	// about to expire.

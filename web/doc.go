@@ -8,12 +8,14 @@
 // milliseconds (…_ms), as on the wire (docs/protocol.md). Every reply carries
 // Cache-Control: no-store.
 //
-//	GET  /api/queues
-//	     Every queue, sorted by name: {"queues": [{"name", "type", "exclusivity_key",
-//	     "enqueue_blocked", "dequeue_blocked", "counts": {<state>: n, …}, "oldest_pending_ms",
-//	     "rates": {"enqueued", "dequeued", "completed", "errored"}}, …]}. Rates are transitions per
-//	     second over the last minute; oldest_pending_ms is how long the longest-waiting pending
-//	     message has waited (0 if none).
+//	GET  /api/queues?limit=100&after=…
+//	     Up to limit (1 to MaxQueuesPage, default QueuesPage) queues sorted by name, those after
+//	     after if given: {"queues": [{"name", "type", "exclusivity_key", "enqueue_blocked",
+//	     "dequeue_blocked", "counts": {<state>: n, …}, "oldest_pending_ms", "rates": {"enqueued",
+//	     "dequeued", "completed", "errored"}}, …], "limit", "more", "next"}; with more, next is the
+//	     after of the next page. Rates are transitions per second over the last minute;
+//	     oldest_pending_ms is how long the longest-waiting pending message has waited (0 if none).
+//	     Each queue listed costs the broker a stats request.
 //
 //	GET  /api/queues/{name}[?filter=k=v…]
 //	     One queue: {"name", "revision", "created_at", "config": {…}, "at", "counts",

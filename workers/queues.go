@@ -132,6 +132,31 @@ func (c *Client) DeleteQueue(ctx context.Context, name string) (subjects.DeleteR
 	return r, err
 }
 
+// ListOpts are the options of ListQueues.
+type ListOpts struct {
+	// After lists the queues whose names sort after it (byte order): the last name of the page
+	// before. It need not be a queue's, but must be a valid name.
+	After string
+	// Limit is the most queues of the page, 1 to subjects.MaxListLimit; 0: as many as one reply
+	// carries.
+	Limit int
+}
+
+// ListQueues returns one page of the queues, sorted by name: those after opts.After, at most
+// opts.Limit of them. more says that queues after the last were left out: ask for the next page
+// with After its name. Errors: ErrInvalidQueueName (After), ErrOutOfRange (Limit).
+func (c *Client) ListQueues(ctx context.Context, opts *ListOpts) (queues []subjects.QueueInfo, more bool, err error) {
+	var req any // without options, no body, which a broker of any version takes
+	if opts != nil && (opts.After != "" || opts.Limit != 0) {
+		req = subjects.ListRequest{After: opts.After, Limit: opts.Limit}
+	}
+	var r subjects.ListReply
+	if err := c.request(ctx, subjects.OpList, "", req, &r); err != nil {
+		return nil, false, err
+	}
+	return r.Queues, r.More && len(r.Queues) > 0, nil
+}
+
 // Queues returns every queue, sorted by name: as many list requests as the replies need (each
 // carries what fits in the server's max_payload).
 func (c *Client) Queues(ctx context.Context) ([]subjects.QueueInfo, error) {

@@ -231,7 +231,7 @@ function parseRoute() {
   } catch (_) {
     return { view: 'notFound' };
   }
-  if (parts.length === 0 || (parts.length === 1 && parts[0] === 'queues')) return { view: 'queues' };
+  if (parts.length === 0 || (parts.length === 1 && parts[0] === 'queues')) return { view: 'queues', after: params.get('after') || '', limit: params.get('limit') || '' };
   if (parts[0] !== 'queues') return { view: 'notFound' };
   if (parts.length === 2) {
     const state = params.get('state') || 'pending';
@@ -341,10 +341,12 @@ function notFoundView() {
   return { root: h('section', { 'data-view': 'not-found' }, h('h1', {}, 'Not found'), h('p', {}, h('a', { href: '#/' }, 'Back to the queues'))), update: async () => {} };
 }
 
-// queuesView: every queue with its counts per state, rates and oldest pending message.
-function queuesView() {
+// queuesView: the queues, a page at a time (the stats of each are asked at every refresh), with
+// their counts per state, rates and oldest pending message.
+function queuesView(r) {
   const body = h('tbody');
   const empty = h('p', { class: 'muted', hidden: true }, 'No queues yet: enqueue a message or create a queue with the natstone CLI.');
+  const more = h('p', { class: 'muted', id: 'queues-more', hidden: true });
   const root = h('section', { 'data-view': 'queues' },
     h('h1', {}, 'Queues'),
     h('table', { id: 'queues', class: 'grid' },
@@ -354,6 +356,7 @@ function queuesView() {
         RATES.map(r => h('th', { class: 'num', title: r + ' per second over the last minute' }, r + '/s')),
         h('th', { class: 'num' }, 'oldest pending'))),
       body),
+    more,
     empty);
 
   function row(q) {
@@ -369,9 +372,19 @@ function queuesView() {
   return {
     root,
     async update() {
-      const data = await api('/api/queues');
+      const page = p => { // the query of a page: after (none for the first), and the limit asked
+        const q = new URLSearchParams(Object.entries(Object.assign(p, r.limit ? { limit: r.limit } : {})).filter(([, v]) => v));
+        return q.size ? '?' + q : '';
+      };
+      const data = await api('/api/queues' + page({ after: r.after }));
       set(body, ...data.queues.map(row));
-      empty.hidden = data.queues.length > 0;
+      empty.hidden = data.queues.length > 0 || r.after !== '';
+      // Pages of data.limit queues, each after the last of the one before (list's cursor, in the address).
+      const links = [];
+      if (r.after) links.push(h('a', { id: 'queues-first', href: '#/queues' + page({}) }, '« first page'));
+      if (data.more) links.push(h('a', { id: 'queues-next', href: '#/queues' + page({ after: data.next }) }, 'next ' + data.limit + ' »'));
+      more.hidden = links.length === 0;
+      set(more, ...links.flatMap((a, i) => i ? [' · ', a] : [a]));
     },
   };
 }
