@@ -803,6 +803,42 @@ func TestQueuesPagesThroughLongLists(t *testing.T) {
 	}
 }
 
+// TestListQueuesByPage: ListQueues gives one page, after a name, of at most its limit, and says
+// whether more follow; its errors are the client's sentinels.
+func TestListQueuesByPage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := ctx(t)
+	for _, name := range []string{"a", "b", "c"} {
+		e.createQueue(name, nil)
+	}
+	for _, tc := range []struct {
+		opts *workers.ListOpts
+		want []string
+		more bool
+	}{
+		{nil, []string{"a", "b", "c"}, false},
+		{&workers.ListOpts{Limit: 2}, []string{"a", "b"}, true},
+		{&workers.ListOpts{After: "b", Limit: 2}, []string{"c"}, false},
+		{&workers.ListOpts{After: "c"}, nil, false},
+	} {
+		list, more, err := e.c.ListQueues(c, tc.opts)
+		var got []string
+		for _, q := range list {
+			got = append(got, q.Name)
+		}
+		if err != nil || !slices.Equal(got, tc.want) || more != tc.more {
+			t.Errorf("ListQueues(%+v): %v, more %v, %v; want %v, more %v", tc.opts, got, more, err, tc.want, tc.more)
+		}
+	}
+	if _, _, err := e.c.ListQueues(c, &workers.ListOpts{Limit: subjects.MaxListLimit + 1}); !errors.Is(err, workers.ErrOutOfRange) {
+		t.Errorf("a limit past %d: %v, want ErrOutOfRange", subjects.MaxListLimit, err)
+	}
+	if _, _, err := e.c.ListQueues(c, &workers.ListOpts{After: "bad.name"}); !errors.Is(err, workers.ErrInvalidQueueName) {
+		t.Errorf("after an invalid name: %v, want ErrInvalidQueueName", err)
+	}
+}
+
 // TestInvalidUTF8IsRefusedNotRewritten: json.Marshal sends each byte of invalid UTF-8 as U+FFFD, so
 // "job-\xff" and "job-\xfe" would both reach the broker as "job-�", and the second enqueue would
 // be answered as a duplicate, its payload dropped. The client refuses such text as the broker
