@@ -152,14 +152,13 @@ func TestQueues(t *testing.T) {
 
 	status, h, body := e.do(http.MethodGet, "/api/queues?x=1", "", "")
 	wantError(t, "unknown parameter", status, h, body, http.StatusBadRequest, subjects.CodeBadRequest)
-	for _, q := range []string{"limit=0", fmt.Sprintf("limit=%d", web.MaxQueuesPage+1)} {
+	for q, code := range map[string]subjects.Code{
+		"limit=0": subjects.CodeOutOfRange, fmt.Sprintf("limit=%d", web.MaxQueuesPage+1): subjects.CodeOutOfRange,
+		"limit=two": subjects.CodeBadRequest, "after=bad.name": subjects.CodeInvalidQueueName,
+	} {
 		status, h, body := e.do(http.MethodGet, "/api/queues?"+q, "", "")
-		wantError(t, q, status, h, body, http.StatusBadRequest, subjects.CodeOutOfRange)
+		wantError(t, q, status, h, body, http.StatusBadRequest, code)
 	}
-	status, h, body = e.do(http.MethodGet, "/api/queues?limit=two", "", "")
-	wantError(t, "limit=two", status, h, body, http.StatusBadRequest, subjects.CodeBadRequest)
-	status, h, body = e.do(http.MethodGet, "/api/queues?after=bad.name", "", "")
-	wantError(t, "after=bad.name", status, h, body, http.StatusBadRequest, subjects.CodeInvalidQueueName)
 }
 
 // TestQueuesPages: the list comes in pages, each after the last queue of the one before, so that a
