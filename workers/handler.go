@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/natstone/natstone/subjects"
 )
 
 // Handler processes one leased message. What it returns decides the message's fate:
@@ -17,7 +19,9 @@ import (
 //
 // ctx is cancelled when the lease is lost (context.Cause is ErrLeaseLost: the message is no longer
 // this handler's, and its result is ignored) or when Worker.Stop stops waiting for the handler (cause
-// ErrWorkerStopped: the message is released at once, its attempt given back). A loss is found by an
+// ErrWorkerStopped: the message is released at once, its attempt given back; nil returned then does
+// not complete it, since a handler cut short often returns nil, while a Discard or a Snooze still
+// has its way). A loss is found by an
 // extension: at once when the message is canceled by someone else and the worker hears of it (see
 // WorkerConfig.Events), otherwise at the next extension, or when the lease ends by the worker's
 // clock. A handler must return soon after ctx is done.
@@ -76,7 +80,9 @@ func (e *SnoozeError) Error() string { return fmt.Sprintf("natstone: snoozed for
 // attempt, and its history does not count a failure (its released event says it was snoozed).
 // Job.Attempts does not grow with snoozes: a message snoozed forever runs forever, so bound it in
 // the handler by the message's age (Job.EnqueuedAt).
-func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }
+func Snooze(d time.Duration) error {
+	return &SnoozeError{Delay: min(max(d, minSnooze), subjects.MaxInvisible)}
+}
 
 // minSnooze is the shortest snooze.
 const minSnooze = time.Second

@@ -108,11 +108,12 @@ type Worker struct {
 	running atomic.Int32 // slots with messages: their handlers running, their settles, or given back
 
 	// mu guards the fields below.
-	mu       sync.Mutex
-	started  bool
-	stopPoll context.CancelCauseFunc // ends the slots' polls: no new messages
-	stopJobs context.CancelCauseFunc // cancels the running handlers' contexts
-	done     chan struct{}           // closed once every goroutine of the worker has returned
+	mu           sync.Mutex
+	started      bool
+	stoppedFirst bool                    // Stop came before any Start: it never runs
+	stopPoll     context.CancelCauseFunc // ends the slots' polls: no new messages
+	stopJobs     context.CancelCauseFunc // cancels the running handlers' contexts
+	done         chan struct{}           // closed once every goroutine of the worker has returned
 
 	// leasesMu guards leases: the running handlers' leases by lease id, each with the channel that
 	// a cancel event of its message signals.
@@ -126,7 +127,7 @@ func NewWorker(c *Client, cfg *WorkerConfig, h Handler) (*Worker, error) {
 	if c == nil {
 		return nil, errors.New("natstone: NewWorker: nil *Client")
 	}
-	if h == nil {
+	if f, ok := h.(HandlerFunc); h == nil || ok && f == nil {
 		return nil, errors.New("natstone: NewWorker: nil Handler")
 	}
 	if cfg == nil {
@@ -216,7 +217,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	switch {
 	case w.client == nil:
 		return errors.New("natstone: worker not made with NewWorker")
-	case w.started && isClosed(w.done):
+	case w.started && isClosed(w.done), w.stoppedFirst:
 		return errors.New("natstone: worker stopped: a Worker runs once; make another with NewWorker")
 	case w.started:
 		return errors.New("natstone: worker already started")
@@ -296,7 +297,9 @@ func (w *Worker) unwatch(leaseID string) {
 // running handlers may finish and settle their messages until ctx is done. Then their contexts are
 // cancelled (cause ErrWorkerStopped) and their messages released at once, with their attempts given
 // back (ReleaseOpts.Refund: the handler was stopped, it did not fail, so a deploy never errors a
-// message on its last attempt), with one try of at most a second each (a lease not released ends on
+// message on its last attempt; a handler that returns nil once its context ended is taken to have
+// stopped short, its message released, not completed, and one that returns a Discard or a Snooze
+// has it done), with one try of at most a second each (a lease not released ends on
 // its own, and that attempt is spent); a complete, release or cancel still in flight
 // then has at most a second more, whatever the client's timeout. Stop returns when every goroutine
 // of the worker has returned: nil if the handlers finished and settled their messages in time (or
@@ -317,6 +320,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 	started, stopPoll, stopJobs, done := w.started, w.stopPoll, w.stopJobs, w.done
 	w.mu.Unlock()
 	if !started {
+		w.mu.Lock()
+		w.stoppedFirst = !w.started // a Start that comes later must not run it
+		w.mu.Unlock()
 		return nil
 	}
 	stopPoll(ErrWorkerStopped)
@@ -614,53 +620,60 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		hctx, stop = context.WithTimeoutCause(hctx, w.cfg.Timeout, ErrHandlerTimeout)
 		defer stop()
 	}
-	result := make(chan error, 1)
+	result := make(chan outcome, 1)
 	go func() {
-		err := errGoexit
-		defer func() { result <- err }() // also when the handler calls runtime.Goexit
-		err = w.run(hctx, job, log)
+		o := outcome{err: errGoexit}
+		defer func() { result <- o }() // also when the handler calls runtime.Goexit
+		o.err = w.run(hctx, job, log)
+		o.stopped = errors.Is(context.Cause(hctx), ErrWorkerStopped)
 	}()
 
 	timer := time.NewTimer(first)
 	defer timer.Stop()
 	for {
 		select {
-		case err := <-result:
-			return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
+		case o := <-result:
+			return w.settle(pollCtx, jobCtx, hctx, job, o, expires, log)
 		case <-timer.C:
 		case <-canceled:
 			// Someone canceled the message, an event says: extend now, and the refusal, if the
 			// event was true, ends the handler below.
 		case <-jobCtx.Done():
 			select {
-			case err := <-result: // finished just in time
-				return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
+			case o := <-result: // returned as its context ended
+				return w.settle(pollCtx, jobCtx, hctx, job, o, expires, log)
 			default:
 			}
 			// Stop gave up waiting: hand the message back now rather than when the handler returns.
 			if !job.isSettled() {
 				w.releaseInterrupted(jobCtx, job, expires, log)
 			}
-			err := <-result
-			log.Info("handler interrupted: worker stopped", "error", err)
+			o := <-result
+			log.Info("handler interrupted: worker stopped", "error", o.err)
 			return dequeued{}
 		}
 		select {
-		case err := <-result: // returned meanwhile: settle rather than extend first
-			return w.settle(pollCtx, jobCtx, hctx, job, err, expires, log)
+		case o := <-result: // returned meanwhile: settle rather than extend first
+			return w.settle(pollCtx, jobCtx, hctx, job, o, expires, log)
 		default:
 		}
 		next, lost := w.extend(jobCtx, job, lease, every, &expires, false, log)
 		if lost {
 			cancel(ErrLeaseLost)
-			err := <-result
-			log.Warn("handler result ignored: lease lost", "error", err)
+			o := <-result
+			log.Warn("handler result ignored: lease lost", "error", o.err)
 			return dequeued{}
 		}
 		if next > 0 {
 			timer.Reset(next)
 		}
 	}
+}
+
+// outcome is what a handler returned, and whether the worker's stop had ended its context by then.
+type outcome struct {
+	err     error
+	stopped bool
 }
 
 // errGoexit is the result of a handler that called runtime.Goexit (t.FailNow in a test, say)
@@ -729,9 +742,10 @@ func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Dura
 	return retry, false
 }
 
-// settle completes, cancels or releases job by the handler's result err. A complete, and the release
+// settle completes, cancels or releases job by the handler's result o. A complete, and the release
 // of a failed attempt, also dequeue the slot's next message (see next), which settle returns.
-func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err error, expires time.Time, log *slog.Logger) dequeued {
+func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, o outcome, expires time.Time, log *slog.Logger) dequeued {
+	err := o.err
 	if job.isSettled() {
 		log.Debug("handler canceled the message", "error", err)
 		return dequeued{}
@@ -767,6 +781,11 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, err err
 	}
 	snooze, snoozed := errors.AsType[*SnoozeError](err)
 	switch {
+	case err == nil && o.stopped:
+		// Returned once the stop ended its context: interrupted, as far as anyone can tell (a
+		// handler that stops short often returns nil), so given back rather than completed.
+		log.Info("handler returned nil after the worker's stop interrupted it: message released, its attempt given back")
+		w.releaseInterrupted(jobCtx, job, expires, log)
 	case err == nil:
 		w.finish(jobCtx, "complete", expires, log, func(ctx context.Context) error {
 			if next == nil {

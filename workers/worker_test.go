@@ -62,13 +62,24 @@ func TestNewWorkerValidates(t *testing.T) {
 	if _, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q"}, nil); err == nil {
 		t.Error("nil handler accepted")
 	}
+	if _, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(nil)); err == nil {
+		t.Error("nil HandlerFunc accepted")
+	}
 
+	// Stopped before it started (a shutdown that came first), a worker does not start.
 	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", Logger: discard()}, h)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Stop(ctx(t)); err != nil {
 		t.Fatalf("Stop before Start: %v", err)
+	}
+	if err := w.Start(ctx(t)); err == nil || !strings.Contains(err.Error(), "runs once") {
+		t.Fatalf("Start after Stop: %v, want refused", err)
+	}
+
+	if w, err = workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", Logger: discard()}, h); err != nil {
+		t.Fatal(err)
 	}
 	if err := w.Start(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -393,6 +404,12 @@ func TestWorkerSnoozeOfZero(t *testing.T) {
 	waitFor(t, "the message snoozed", func() bool { m = e.get("q", "m1"); return m.State == subjects.StateInvisible })
 	if d := m.VisibleAt.Sub(m.UpdatedAt); d != time.Second {
 		t.Fatalf("Snooze(0): invisible for %v, want a second", d)
+	}
+	// The error says what the message gets, not what was asked.
+	for asked, want := range map[time.Duration]time.Duration{0: time.Second, -1: time.Second, 1000 * 24 * time.Hour: subjects.MaxInvisible} {
+		if se, ok := errors.AsType[*workers.SnoozeError](workers.Snooze(asked)); !ok || se.Delay != want {
+			t.Errorf("Snooze(%v): %v, want a delay of %v", asked, se, want)
+		}
 	}
 	e.clk.Advance(time.Second)
 	e.waitState("q", "m1", subjects.StateCompleted)
@@ -800,6 +817,38 @@ func TestWorkerStopTimeout(t *testing.T) {
 	m := e.get("q", "m1")
 	if m.State != subjects.StatePending || m.Attempts != 0 {
 		t.Fatalf("after Stop: %s with %d attempts, want pending (released without backoff) with its one attempt given back", m.State, m.Attempts)
+	}
+}
+
+// TestWorkerStopOfAHandlerThatReturnsNil: a handler whose context the stop ended and that then
+// returns nil (it stopped short, as far as anyone can tell) has its message released with its
+// attempt given back, as Stop promises, not completed.
+func TestWorkerStopOfAHandlerThatReturnsNil(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 1})
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	started := make(chan struct{}, 1)
+	w, err := workers.NewWorker(e.c, &workers.WorkerConfig{Queue: "q", Logger: discard()},
+		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, started)
+	c, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := w.Stop(c); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop = %v, want context.DeadlineExceeded", err)
+	}
+	if m := e.get("q", "m1"); m.State != subjects.StatePending || m.Attempts != 0 {
+		t.Fatalf("after Stop: %s with %d attempts, want pending with its one attempt given back", m.State, m.Attempts)
 	}
 }
 
