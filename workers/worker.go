@@ -873,6 +873,11 @@ func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, 
 			case <-jobCtx.Done(): // Stop's time is up: the last, short try at once
 				t.Stop()
 			}
+		case unknownOutcome(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			// Sent, its answer not had (the connection may hold it until it reconnects): it may
+			// land yet, and if it does not, the lease ends on its own.
+			log.Warn(what+" not confirmed: it may land yet; if not, the lease ends on its own", "error", err, "lease_ends", expires)
+			return
 		default:
 			log.Error(what+" failed", "error", err)
 			return
