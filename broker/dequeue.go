@@ -211,7 +211,18 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		}
 		// A retry leases nothing new, so it gets its leases back even while dequeue is blocked.
 		q.mu.Unlock()
-		return q.replayRequest(ctx, prior)
+		held, err := q.heldBy(ctx, prior)
+		if err != nil {
+			return nil, err
+		}
+		if len(held) == 0 && q.forgotten(r.RequestID, prior) {
+			// The id was forgotten while this retry waited for the first dequeue: it leased
+			// nothing, or its leases were used, or given back (its reply reached nobody). This is
+			// then a dequeue of its own, as it would be had it come a moment later, rather than an
+			// empty answer to a requester whose wait_ms has not run out.
+			return q.leaseBest(ctx, r, filter, s, taken)
+		}
+		return q.withPayloads(ctx, held)
 	}
 	if q.cfg.DequeueBlocked {
 		q.mu.Unlock()
@@ -476,6 +487,14 @@ func (q *queue) replayRequest(ctx context.Context, prior *dequeueRecord) ([]subj
 		return nil, err
 	}
 	return q.withPayloads(ctx, held)
+}
+
+// forgotten reports whether prior, a dequeue with request id id, is no longer the one the queue
+// remembers for it. Called without q.mu.
+func (q *queue) forgotten(id string, prior *dequeueRecord) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.requests[id] != prior
 }
 
 // heldBy returns the leases of prior, a dequeue with a request id, that are still held, once it

@@ -119,6 +119,59 @@ func TestRetryWaitsForTheFirstDequeue(t *testing.T) {
 	}
 }
 
+// TestRetryOfAFirstDequeueThatEndsEmpty: a retry that waited for the first dequeue with its request
+// id, which then ended with nothing leased (its wait ran out), is a dequeue of its own, with its own
+// wait, as it would be had it come a moment later. It was answered empty at once, its wait_ms not
+// run out. (A retry whose first dequeue's leases were given back as it waited, the first reply
+// having reached nobody, takes the same way: the give back forgets the id. A black-box probe saw
+// it answered empty in 6 runs of 8.)
+func TestRetryOfAFirstDequeueThatEndsEmpty(t *testing.T) {
+	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	waiting := make(chan struct{})
+	q.testRetryWaits = func() { close(waiting) }
+	dequeue := func(waitMS int64) <-chan []subjects.Message {
+		got := make(chan []subjects.Message, 1)
+		go func() {
+			ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r", WaitMS: waitMS})
+			if err != nil {
+				t.Error(err)
+			}
+			got <- ms
+		}()
+		return got
+	}
+	first := dequeue(1_000)
+	if err := clk.WaitForTimers(ctx, 1); err != nil { // it is parked
+		t.Fatal(err)
+	}
+	retry := dequeue(60_000)
+	select {
+	case <-waiting:
+	case <-ctx.Done():
+		t.Fatal("the retry did not wait for the first dequeue")
+	}
+	clk.Advance(time.Second) // the first's wait runs out
+	if f := <-first; len(f) != 0 {
+		t.Fatalf("the first dequeue leased %v from an empty queue", f)
+	}
+	if err := clk.WaitForTimers(ctx, 1); err != nil { // the retry parks in its turn
+		t.Fatal(err)
+	}
+	select {
+	case r := <-retry:
+		t.Fatalf("the retry answered %v before its wait ran out", r)
+	default:
+	}
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-retry; len(r) != 1 || r[0].ID != "a" {
+		t.Fatalf("the retry got %v, want a lease of a", r)
+	}
+}
+
 // TestUsedLeasesFreeTheirRequestIDs: a worker's cycle — a dequeue with a request id, then a complete
 // whose next carries a new one — keeps one request id per lease held, not one per dequeue of the
 // window, and the records leave the expiry heap too.
