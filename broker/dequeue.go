@@ -34,9 +34,13 @@ type dequeueRecord struct {
 	finished chan struct{} // closed when it finishes; made by a retry that waits for that
 	waiting  *waiter       // the first dequeue's long poll while it waits, for abandon to end it
 	gaveUp   *abandoned    // set once the id is abandoned: a dequeue with it leases nothing
-	id       string        // the request id: the record's key in q.requests
-	until    int64         // when it is forgotten at the latest, in Unix ms
-	slot     int           // its index in q.reqEnds; -1 once out of it
+	// givenBack: its leases are being given back, its reply having reached nobody; used: it was
+	// forgotten because its requester used a lease of it, so had the reply (a retry waiting for it
+	// then leases nothing new, where after a give back it leases as a new dequeue).
+	givenBack, used bool
+	id              string // the request id: the record's key in q.requests
+	until           int64  // when it is forgotten at the latest, in Unix ms
+	slot            int    // its index in q.reqEnds; -1 once out of it
 }
 
 // settleKey names a settle with next: its op, message and lease. Its retry names the same.
@@ -210,16 +214,19 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 			return nil, nil // abandoned: its requester does not read the reply
 		}
 		// A retry leases nothing new, so it gets its leases back even while dequeue is blocked.
+		arrived := q.now()
 		q.mu.Unlock()
 		held, err := q.heldBy(ctx, prior)
 		if err != nil {
 			return nil, err
 		}
 		if len(held) == 0 && q.forgotten(r.RequestID, prior) {
-			// The id was forgotten while this retry waited for the first dequeue: it leased
-			// nothing, or its leases were used, or given back (its reply reached nobody). This is
-			// then a dequeue of its own, as it would be had it come a moment later, rather than an
-			// empty answer to a requester whose wait_ms has not run out.
+			// The id was forgotten while this retry waited for the first dequeue, whose requester
+			// never had a lease of it: it leased nothing, or its leases were given back (its reply
+			// reached nobody). This is then a dequeue of its own, as it would be had it come a
+			// moment later, with what is left of its wait, rather than an empty answer to a
+			// requester still waiting.
+			r.WaitMS = max(r.WaitMS-(q.now()-arrived), 0)
 			return q.leaseBest(ctx, r, filter, s, taken)
 		}
 		return q.withPayloads(ctx, held)
@@ -490,11 +497,12 @@ func (q *queue) replayRequest(ctx context.Context, prior *dequeueRecord) ([]subj
 }
 
 // forgotten reports whether prior, a dequeue with request id id, is no longer the one the queue
-// remembers for it. Called without q.mu.
+// remembers for it, though not for a use of its leases (its requester had them). Called without
+// q.mu.
 func (q *queue) forgotten(id string, prior *dequeueRecord) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.requests[id] != prior
+	return q.requests[id] != prior && !prior.used
 }
 
 // heldBy returns the leases of prior, a dequeue with a request id, that are still held, once it
@@ -676,6 +684,7 @@ func (q *queue) forgetRequest(e *entry) {
 	}
 	for _, l := range r.leases {
 		if l.e == e && l.leaseID == x.LeaseID {
+			r.used = !r.givenBack
 			q.forget(r)
 			return
 		}

@@ -131,10 +131,12 @@ func TestRetryOfAFirstDequeueThatEndsEmpty(t *testing.T) {
 	defer cancel()
 	waiting := make(chan struct{})
 	q.testRetryWaits = func() { close(waiting) }
+	id := "r"
 	dequeue := func(waitMS int64) <-chan []subjects.Message {
 		got := make(chan []subjects.Message, 1)
+		req := subjects.DequeueRequest{RequestID: id, WaitMS: waitMS}
 		go func() {
-			ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r", WaitMS: waitMS})
+			ms, err := q.dequeue(ctx, req)
 			if err != nil {
 				t.Error(err)
 			}
@@ -169,6 +171,70 @@ func TestRetryOfAFirstDequeueThatEndsEmpty(t *testing.T) {
 	}
 	if r := <-retry; len(r) != 1 || r[0].ID != "a" {
 		t.Fatalf("the retry got %v, want a lease of a", r)
+	}
+
+	// Its wait is what was left of it when the first ended, not all of it again: a requester's
+	// timeout runs from when it sent the retry.
+	waiting = make(chan struct{})
+	parked := make(chan struct{}, 2)
+	q.mu.Lock()
+	q.testRetryWaits = func() { close(waiting) }
+	q.testParked = func() { parked <- struct{}{} }
+	q.mu.Unlock()
+	id = "s"
+	first = dequeue(10_000)
+	<-parked
+	retry = dequeue(15_000)
+	<-waiting
+	clk.Advance(10 * time.Second) // the first ends empty; 5 s of the retry's wait are left
+	if f := <-first; len(f) != 0 {
+		t.Fatalf("the first dequeue of s leased %v", f)
+	}
+	<-parked // the retry, in its turn
+	clk.Advance(5 * time.Second)
+	select {
+	case r := <-retry:
+		if len(r) != 0 {
+			t.Fatalf("the retry of s got %v once its wait was over, want nothing", r)
+		}
+	case <-ctx.Done():
+		t.Fatal("the retry of s still waited 15 s after it was sent with a wait of 15 s")
+	}
+}
+
+// TestForgottenByAGiveBackNotByAUse: a retry that waited for its first dequeue leases anew when the
+// first's id was forgotten for a give back (its requester never had the reply), and not when it was
+// forgotten for a use of a lease (its requester had the reply: leasing anew would give one request
+// id two deliveries).
+func TestForgottenByAGiveBackNotByAUse(t *testing.T) {
+	_, _, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx := context.Background()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a"}, {ID: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	leaseOf := func(id string) (subjects.Message, *dequeueRecord) {
+		t.Helper()
+		ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: id})
+		if err != nil || len(ms) != 1 {
+			t.Fatalf("dequeue %s: %v, %v", id, ms, err)
+		}
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return ms[0], q.requests[id]
+	}
+	used, usedRec := leaseOf("u")
+	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: used.ID, LeaseID: used.LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	if q.forgotten("u", usedRec) {
+		t.Error("an id forgotten for a use of its lease counts as forgotten: a retry would lease anew")
+	}
+	given, givenRec := leaseOf("g")
+	if _, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: given.ID, LeaseID: given.LeaseID, Refund: true}, true); err != nil {
+		t.Fatal(err)
+	}
+	if !q.forgotten("g", givenRec) {
+		t.Error("an id whose leases were given back does not count as forgotten: a retry would answer empty")
 	}
 }
 

@@ -198,6 +198,9 @@ func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseR
 		// the lease back.
 		return q.view(e), errLeaseKept
 	}
+	if r := q.requests[e.extra().RequestID]; keepReplayed && r != nil {
+		r.givenBack = true // its requester never had the reply: fence's forgetting is no use of it
+	}
 	if done, err := q.fence(e, req.LeaseID, subjects.OpRelease); err != nil || done {
 		return q.view(e), err
 	}

@@ -209,8 +209,8 @@ func (cfg *WorkerConfig) validate() error {
 // Start starts the worker's slots and returns at once; it sends nothing itself. Cancelling ctx
 // stops the worker's dequeues, like the start of Stop: handlers already running go on, with contexts
 // that carry ctx's values but not its cancellation. Call Stop to wait for them and to bound how long
-// they may still run. It returns an error for a Worker not made with NewWorker, or one started
-// before (a Worker runs once; once it has stopped altogether, the error says so).
+// they may still run. It returns an error for a Worker not made with NewWorker, one started before,
+// or one stopped, even before it was started (a Worker runs once; the error says so).
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -297,16 +297,16 @@ func (w *Worker) unwatch(leaseID string) {
 // running handlers may finish and settle their messages until ctx is done. Then their contexts are
 // cancelled (cause ErrWorkerStopped) and their messages released at once, with their attempts given
 // back (ReleaseOpts.Refund: the handler was stopped, it did not fail, so a deploy never errors a
-// message on its last attempt; a handler that returns nil once its context ended is taken to have
-// stopped short, its message released, not completed, and one that returns a Discard or a Snooze
-// has it done), with one try of at most a second each (a lease not released ends on
+// message on its last attempt), whatever each handler returns then, nil included (a handler cut
+// short often returns nil; Discard and Snooze are not done either), with one try of at most a second each (a lease not released ends on
 // its own, and that attempt is spent); a complete, release or cancel still in flight
 // then has at most a second more, whatever the client's timeout. Stop returns when every goroutine
 // of the worker has returned: nil if the handlers finished and settled their messages in time (or
 // none was running), else ctx's error. A handler that ignores its context is not waited for past 2
 // seconds after ctx is done: Stop then returns ctx's error, saying so, and leaves that handler's
 // goroutine to return on its own (its message was released); a second Stop waits for it.
-// Stopping a worker that was never started, or stopping it again, returns nil.
+// Stopping a worker that was never started, or stopping it again, returns nil; a worker stopped
+// before it was started never starts (Start then fails).
 //
 // The long polls in flight are abandoned at the broker (Client.Abandon, a try of at most a second
 // each): they end there, leasing nothing, and what one leased just before is pending again, its
@@ -318,11 +318,10 @@ func (w *Worker) unwatch(leaseID string) {
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	started, stopPoll, stopJobs, done := w.started, w.stopPoll, w.stopJobs, w.done
+	// In the same hold as the read of started: a Start between the two would run after this Stop.
+	w.stoppedFirst = !started // a Start that comes later must not run it
 	w.mu.Unlock()
 	if !started {
-		w.mu.Lock()
-		w.stoppedFirst = !w.started // a Start that comes later must not run it
-		w.mu.Unlock()
 		return nil
 	}
 	stopPoll(ErrWorkerStopped)
@@ -781,10 +780,11 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, o outco
 	}
 	snooze, snoozed := errors.AsType[*SnoozeError](err)
 	switch {
-	case err == nil && o.stopped:
+	case o.stopped:
 		// Returned once the stop ended its context: interrupted, as far as anyone can tell (a
-		// handler that stops short often returns nil), so given back rather than completed.
-		log.Info("handler returned nil after the worker's stop interrupted it: message released, its attempt given back")
+		// handler that stops short often returns nil), so given back whatever it returned, as
+		// it is when it returns a moment later (process releases the message at once then).
+		log.Info("handler interrupted: worker stopped; message released, its attempt given back", "error", err)
 		w.releaseInterrupted(jobCtx, job, expires, log)
 	case err == nil:
 		w.finish(jobCtx, "complete", expires, log, func(ctx context.Context) error {

@@ -820,11 +820,21 @@ func TestWorkerStopTimeout(t *testing.T) {
 	}
 }
 
-// TestWorkerStopOfAHandlerThatReturnsNil: a handler whose context the stop ended and that then
+// TestWorkerStopReleasesWhateverTheHandlerReturns: a handler whose context the stop ended and that then
 // returns nil (it stopped short, as far as anyone can tell) has its message released with its
-// attempt given back, as Stop promises, not completed.
-func TestWorkerStopOfAHandlerThatReturnsNil(t *testing.T) {
+// attempt given back, as Stop promises, not completed; so has one that returns a Discard or a
+// Snooze then (as it has when it returns a moment later).
+func TestWorkerStopReleasesWhateverTheHandlerReturns(t *testing.T) {
 	t.Parallel()
+	for name, result := range map[string]error{"nil": nil, "discard": workers.Discard(errors.New("no")), "snooze": workers.Snooze(time.Hour)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stopReturning(t, result)
+		})
+	}
+}
+
+func stopReturning(t *testing.T, result error) {
 	e := setup(t)
 	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 1})
 	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
@@ -833,7 +843,7 @@ func TestWorkerStopOfAHandlerThatReturnsNil(t *testing.T) {
 		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
 			started <- struct{}{}
 			<-ctx.Done()
-			return nil
+			return result
 		}))
 	if err != nil {
 		t.Fatal(err)

@@ -374,7 +374,8 @@ function queuesView(r) {
     async update() {
       const page = p => { // the query of a page: after (none for the first), and the limit asked
         const q = new URLSearchParams(Object.entries(Object.assign(p, r.limit ? { limit: r.limit } : {})).filter(([, v]) => v));
-        return q.size ? '?' + q : '';
+        const s = q.toString(); // (URLSearchParams.size is newer than some browsers still about)
+        return s ? '?' + s : '';
       };
       const data = await api('/api/queues' + page({ after: r.after }));
       set(body, ...data.queues.map(row));
