@@ -80,6 +80,19 @@ func TestEnqueueFailingAfterItsPayloadsWritesNothing(t *testing.T) {
 	}
 }
 
+// dequeueAsync runs a dequeue of req on q, and gives what it leased on the channel it returns.
+func dequeueAsync(ctx context.Context, t *testing.T, q *queue, req subjects.DequeueRequest) <-chan []subjects.Message {
+	got := make(chan []subjects.Message, 1)
+	go func() {
+		ms, err := q.dequeue(ctx, req)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ms
+	}()
+	return got
+}
+
 // TestRetryWaitsForTheFirstDequeue: a dequeue retried while the first with its request id is still
 // under way (long-polling here) waits for it, and gets the lease it took.
 func TestRetryWaitsForTheFirstDequeue(t *testing.T) {
@@ -89,17 +102,7 @@ func TestRetryWaitsForTheFirstDequeue(t *testing.T) {
 	waiting := make(chan struct{})
 	q.testRetryWaits = func() { close(waiting) }
 	req := subjects.DequeueRequest{RequestID: "r", WaitMS: 60_000}
-	dequeue := func() <-chan []subjects.Message {
-		got := make(chan []subjects.Message, 1)
-		go func() {
-			ms, err := q.dequeue(ctx, req)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- ms
-		}()
-		return got
-	}
+	dequeue := func() <-chan []subjects.Message { return dequeueAsync(ctx, t, q, req) }
 	first := dequeue()
 	if err := clk.WaitForTimers(ctx, 1); err != nil { // it is parked
 		t.Fatal(err)
@@ -133,16 +136,7 @@ func TestRetryOfAFirstDequeueThatEndsEmpty(t *testing.T) {
 	q.testRetryWaits = func() { close(waiting) }
 	id := "r"
 	dequeue := func(waitMS int64) <-chan []subjects.Message {
-		got := make(chan []subjects.Message, 1)
-		req := subjects.DequeueRequest{RequestID: id, WaitMS: waitMS}
-		go func() {
-			ms, err := q.dequeue(ctx, req)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- ms
-		}()
-		return got
+		return dequeueAsync(ctx, t, q, subjects.DequeueRequest{RequestID: id, WaitMS: waitMS})
 	}
 	first := dequeue(1_000)
 	if err := clk.WaitForTimers(ctx, 1); err != nil { // it is parked
