@@ -95,6 +95,11 @@ var ErrLeaseLost = errors.New("natstone: lease lost")
 // WorkerConfig.Timeout.
 var ErrHandlerTimeout = errors.New("natstone: handler timed out")
 
+// ErrHandlersLeftRunning is in Worker.Stop's error when handlers that ignore their contexts were
+// still running 2 seconds after Stop's ctx ended, and were left to return on their own (their
+// messages released).
+var ErrHandlersLeftRunning = errors.New("natstone: handlers left running")
+
 // ErrWorkerStopped is the context.Cause of a handler's context when Worker.Stop's context ended
 // before the handler returned.
 var ErrWorkerStopped = errors.New("natstone: worker stopped")

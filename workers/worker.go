@@ -303,8 +303,9 @@ func (w *Worker) unwatch(leaseID string) {
 // then has at most a second more, whatever the client's timeout. Stop returns when every goroutine
 // of the worker has returned: nil if the handlers finished and settled their messages in time (or
 // none was running), else ctx's error. A handler that ignores its context is not waited for past 2
-// seconds after ctx is done: Stop then returns ctx's error, saying so, and leaves that handler's
-// goroutine to return on its own (its message was released); a second Stop waits for it.
+// seconds after ctx is done: Stop then returns ctx's error joined with ErrHandlersLeftRunning, and
+// leaves that handler's goroutine to return on its own (its message was released); a second Stop
+// waits for it. ctx's error alone says the handlers were interrupted and have all returned.
 // Stopping a worker that was never started, or stopping it again, returns nil; a worker stopped
 // before it was started never starts (Start then fails).
 //
@@ -344,8 +345,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-grace.C:
 		// The messages were released; what is left is handlers that ignore their contexts. Waiting
 		// for them would hold a deploy's shutdown until it is killed.
-		return fmt.Errorf("natstone: worker stop: %w; %d handlers still running %v after their contexts ended, left to return on their own",
-			ctx.Err(), w.running.Load(), stopGrace)
+		return fmt.Errorf("natstone: worker stop: %w; %w: %d still running %v after their contexts ended, left to return on their own",
+			ctx.Err(), ErrHandlersLeftRunning, w.running.Load(), stopGrace)
 	}
 	if idle {
 		return nil

@@ -827,8 +827,8 @@ func stopReturning(t *testing.T, result func(context.Context) error) {
 	recv(t, started)
 	c, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if err := w.Stop(c); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop = %v, want context.DeadlineExceeded", err)
+	if err := w.Stop(c); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrHandlersLeftRunning) {
+		t.Fatalf("Stop = %v, want context.DeadlineExceeded, no handler left running", err)
 	}
 	if err := recv(t, cause); !errors.Is(err, workers.ErrWorkerStopped) {
 		t.Fatalf("context.Cause = %v, want ErrWorkerStopped", err)
@@ -1682,7 +1682,7 @@ func TestWorkerStopLeavesAHandlerThatIgnoresItsContext(t *testing.T) {
 	defer cancel()
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.Stop(sctx) }()
-	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "left to return on their own") {
+	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, workers.ErrHandlersLeftRunning) || !strings.Contains(err.Error(), "left to return on their own") {
 		t.Fatalf("Stop: %v, want its ctx's error, saying a handler was left running", err)
 	}
 	if m := e.get("q", "m1"); m.State != subjects.StatePending || m.Attempts != 0 {
