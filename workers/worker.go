@@ -782,9 +782,10 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, o outco
 	snooze, snoozed := errors.AsType[*SnoozeError](err)
 	switch {
 	case o.stopped:
-		// Returned once the stop ended its context: interrupted, as far as anyone can tell (a
-		// handler that stops short often returns nil), so given back whatever it returned, as
-		// it is when it returns a moment later (process releases the message at once then).
+		// Returned once the stop ended its context: interrupted, not failing (no backoff), as far
+		// as anyone can tell (a handler that stops short often returns nil), so given back
+		// whatever it returned, as it is when it returns a moment later (process releases the
+		// message at once then). A result from before the stop is the handler's to decide.
 		log.Info("handler interrupted: worker stopped; message released, its attempt given back", "error", err)
 		w.releaseInterrupted(jobCtx, job, expires, log)
 	case err == nil:
@@ -812,10 +813,6 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, o outco
 			why = (&SnoozeError{Delay: delay}).Error() // what it got, not what it asked
 		}
 		release(&ReleaseOpts{Delay: delay, Refund: true, Error: why})
-	case hctx.Err() != nil && !errors.Is(context.Cause(hctx), ErrHandlerTimeout):
-		// The handler was interrupted (the worker is stopping), not failing: no backoff.
-		log.Info("handler interrupted: worker stopped", "error", err)
-		w.releaseInterrupted(jobCtx, job, expires, log)
 	default:
 		if errors.Is(context.Cause(hctx), ErrHandlerTimeout) {
 			if err == ErrHandlerTimeout { //nolint:errorlint // the handler returned its context's cause, bare (a join or a wrap of it says more)
