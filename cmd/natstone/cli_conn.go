@@ -215,12 +215,12 @@ func exitCodeOf(err error) int {
 	return exitError
 }
 
-// describeError returns the line that reports err on stderr. A broker's refusal reads
-// "natstone: <code>: <message>"; a missing broker or reply says what that means.
 // retrySafety says which commands a retry after an unknown outcome may repeat the effect of
 // (docs/cli.md, exit code 5).
 const retrySafety = "a retry is safe, but for an enqueue or a schedule fire without --id, a dequeue without --request-id, and a reschedule with a --delay over 0"
 
+// describeError returns the line that reports err on stderr. A broker's refusal reads
+// "natstone: <code>: <message>"; a missing broker or reply says what that means.
 func describeError(err error, conn *cliConn) string {
 	var apiErr *workers.APIError
 	if errors.As(err, &apiErr) {
