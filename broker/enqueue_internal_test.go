@@ -201,7 +201,7 @@ func TestRetryOfAFirstDequeueThatEndsEmpty(t *testing.T) {
 // forgotten for a use of a lease (its requester had the reply: leasing anew would give one request
 // id two deliveries).
 func TestForgottenByAGiveBackNotByAUse(t *testing.T) {
-	_, _, q := internalQueue(t, subjects.CreateQueueRequest{})
+	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{LeaseMS: 30_000})
 	ctx := context.Background()
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a"}, {ID: "b"}}); err != nil {
 		t.Fatal(err)
@@ -229,6 +229,27 @@ func TestForgottenByAGiveBackNotByAUse(t *testing.T) {
 	}
 	if !q.forgotten("g", givenRec) {
 		t.Error("an id whose leases were given back does not count as forgotten: a retry would answer empty")
+	}
+
+	// A give back that comes late, for a lease run out and the message leased again by another
+	// dequeue, marks nothing of that dequeue's: a use of its lease is still a use.
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "c"}}); err != nil {
+		t.Fatal(err)
+	}
+	stale, _ := leaseOf("s")
+	clk.Advance(time.Minute) // the queue's lease, 30 s, runs out: c is pending again
+	again, againRec := leaseOf("t")
+	if again.ID != stale.ID {
+		t.Fatalf("leased %s again, want %s", again.ID, stale.ID)
+	}
+	if _, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: stale.ID, LeaseID: stale.LeaseID, Refund: true}, true); subjects.CodeOf(err) != subjects.CodeLeaseMismatch {
+		t.Fatalf("the late give back: %v, want lease_mismatch", err)
+	}
+	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: again.ID, LeaseID: again.LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	if q.forgotten("t", againRec) {
+		t.Error("a late give back of another lease made a use of t's lease count as a give back")
 	}
 }
 

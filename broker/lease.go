@@ -177,10 +177,11 @@ func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subje
 // errLeaseKept is releaseUnlessReplayed's answer for a lease it keeps.
 var errLeaseKept = errors.New("the lease is kept")
 
-// releaseUnlessReplayed is release, but with keepReplayed a current lease that went out again in a
-// retry's reply (entry.replayed, looked at under q.mu) is kept: errLeaseKept, with nothing written
-// or forgotten.
-func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseRequest, keepReplayed bool) (subjects.Message, error) {
+// releaseUnlessReplayed is release, or with givingBack the give back of a lease whose reply reached
+// nobody (unheard): a current lease that went out again in a retry's reply (entry.replayed, looked
+// at under q.mu) is then kept (errLeaseKept, with nothing written or forgotten), and the dequeue's
+// record is marked given back, its requester never having had the lease (dequeueRecord.givenBack).
+func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseRequest, givingBack bool) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := checkRange("delay_ms", req.DelayMS, 0, subjects.MaxInvisible); err != nil {
@@ -193,13 +194,16 @@ func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseR
 	if err != nil {
 		return subjects.Message{}, err
 	}
-	if keepReplayed && e.replayed() && q.stillHeld(leaseRef{e, req.LeaseID}) {
+	if givingBack && q.stillHeld(leaseRef{e, req.LeaseID}) {
 		// Before fence, which would forget the lease's request id: a retry with it must still get
-		// the lease back.
-		return q.view(e), errLeaseKept
-	}
-	if r := q.requests[e.extra().RequestID]; keepReplayed && r != nil {
-		r.givenBack = true // its requester never had the reply: fence's forgetting is no use of it
+		// a lease a retry's reply carried, and a retry waiting for the dequeue must learn that its
+		// requester never had the lease (not a use of it: fence's forgetting says nothing else).
+		if e.replayed() {
+			return q.view(e), errLeaseKept
+		}
+		if r := q.requests[e.extra().RequestID]; r != nil {
+			r.givenBack = true
+		}
 	}
 	if done, err := q.fence(e, req.LeaseID, subjects.OpRelease); err != nil || done {
 		return q.view(e), err
