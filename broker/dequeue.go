@@ -216,11 +216,8 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 		// A retry leases nothing new, so it gets its leases back even while dequeue is blocked.
 		arrived := q.now()
 		q.mu.Unlock()
-		held, err := q.heldBy(ctx, prior)
-		if err != nil {
-			return nil, err
-		}
-		if len(held) == 0 && q.forgotten(r.RequestID, prior) {
+		msgs, err := q.replayRequest(ctx, prior)
+		if err == nil && len(msgs) == 0 && q.forgotten(r.RequestID, prior) {
 			// The id was forgotten while this retry waited for the first dequeue, whose requester
 			// never had a lease of it: it leased nothing, or its leases were given back (its reply
 			// reached nobody). This is then a dequeue of its own, as it would be had it come a
@@ -229,7 +226,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 			r.WaitMS = max(r.WaitMS-(q.now()-arrived), 0)
 			return q.leaseBest(ctx, r, filter, s, taken)
 		}
-		return q.withPayloads(ctx, held)
+		return msgs, err
 	}
 	if q.cfg.DequeueBlocked {
 		q.mu.Unlock()
