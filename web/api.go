@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -71,14 +70,9 @@ func (s *Server) listQueues(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	limit := QueuesPage
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil {
-			return nil, badRequest("limit %q: not an integer", v)
-		}
-		if limit < 1 || limit > MaxQueuesPage {
-			return nil, &inputError{status: http.StatusBadRequest, code: subjects.CodeOutOfRange, msg: fmt.Sprintf("limit %d: want 1 to %d", limit, MaxQueuesPage)}
-		}
+	limit, err := parseLimit(q.Get("limit"), QueuesPage, MaxQueuesPage)
+	if err != nil {
+		return nil, err
 	}
 	ctx := r.Context()
 	infos, more, err := s.client.ListQueues(ctx, &workers.ListOpts{After: q.Get("after"), Limit: limit})
@@ -248,7 +242,7 @@ func (s *Server) listMessages(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	limit, err := parseLimit(q.Get("limit"))
+	limit, err := parseLimit(q.Get("limit"), subjects.DefaultBrowseLimit, subjects.MaxBrowseLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -71,17 +71,17 @@ func parseState(s string) (subjects.State, error) {
 	return subjects.State(s), nil
 }
 
-// parseLimit returns the limit parameter, subjects.DefaultBrowseLimit when absent.
-func parseLimit(s string) (int, error) {
+// parseLimit returns the limit parameter: def when absent, 1 to most when given.
+func parseLimit(s string, def, most int) (int, error) {
 	if s == "" {
-		return subjects.DefaultBrowseLimit, nil
+		return def, nil
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil {
 		return 0, badRequest("limit %q: not an integer", s)
 	}
-	if n < 1 || n > subjects.MaxBrowseLimit {
-		return 0, &inputError{status: http.StatusBadRequest, code: subjects.CodeOutOfRange, msg: fmt.Sprintf("limit %d: want 1 to %d", n, subjects.MaxBrowseLimit)}
+	if n < 1 || n > most {
+		return 0, &inputError{status: http.StatusBadRequest, code: subjects.CodeOutOfRange, msg: fmt.Sprintf("limit %d: want 1 to %d", n, most)}
 	}
 	return n, nil
 }
