@@ -68,7 +68,7 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 				if elem == "" || strings.Contains(elem, "+") {
 					return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: field %q has an empty list element or a sign", spec, f)
 				}
-				if r, _, _ := strings.Cut(elem, "/"); len(r) > 1 && (r[0] == '*' || r[0] == '?') {
+				if r, _, _ := strings.Cut(elem, "/"); len(r) > 1 && starred(r) {
 					return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: field %q has a range from %q (%q is every value already)", spec, f, r[:1], r[:1])
 				}
 			}
@@ -82,11 +82,10 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	}
 	if ss, ok := s.(*cron.SpecSchedule); ok {
 		if len(fields) == 5 { // minute hour day-of-month month day-of-week
-			// "?" is the library's "*" (Quartz's "no specific value"), so "?/2" is "*/2".
-			if strings.HasPrefix(fields[2], "*") || strings.HasPrefix(fields[2], "?") {
+			if starred(fields[2]) {
 				ss.Dom |= cronStar
 			}
-			if strings.HasPrefix(fields[4], "*") || strings.HasPrefix(fields[4], "?") {
+			if starred(fields[4]) {
 				ss.Dow |= cronStar
 			}
 		}
@@ -103,6 +102,10 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	}
 	return s, nil
 }
+
+// starred reports whether a cron field or list element begins with a star: "*", or "?", the
+// library's "*" (Quartz's "no specific value"), so that "?/2" is "*/2".
+func starred(f string) bool { return strings.HasPrefix(f, "*") || strings.HasPrefix(f, "?") }
 
 // cronStar is the cron library's mark of a field given as "*" (its starBit): a day-of-month or
 // day-of-week with it makes the other field's days match only along with it.
