@@ -61,6 +61,16 @@ func Decode(data []byte, v any) error {
 	return nil
 }
 
+// EmptyLeaseID reports whether data, a body that decoded, gives its top-level "lease_id" as "" rather
+// than leaving it out (or null): a cancel with a lease id it forgot to fill in, which is not an
+// operator's cancel.
+func EmptyLeaseID(data []byte) bool {
+	var probe struct {
+		LeaseID *string `json:"lease_id"`
+	}
+	return json.Unmarshal(data, &probe) == nil && probe.LeaseID != nil && *probe.LeaseID == ""
+}
+
 // describeJSONError words an error of encoding/json for the sender of the body, in the protocol's
 // terms rather than Go's: "batch: want an integer, got string", not "cannot unmarshal string into
 // Go struct field DequeueRequest.batch of type int".

@@ -1,7 +1,5 @@
 package subjects
 
-import "encoding/json"
-
 // DecodeDequeue decodes a dequeue body, as Decode would. Every cycle of a worker sends one, so a
 // flat body of plain strings and integers (see DecodeEnqueue) is read here in one pass without
 // reflection or a json.Decoder; a filter, or anything else, goes to Decode. FuzzDecodeRequests
@@ -24,16 +22,6 @@ func DecodeLease(data []byte) (LeaseRequest, error) {
 	var r LeaseRequest
 	err := Decode(data, &r)
 	return r, err
-}
-
-// EmptyLeaseID reports whether data, a body that decoded, gives its top-level "lease_id" as "" rather
-// than leaving it out (or null): a cancel with a lease id it forgot to fill in, which is not an
-// operator's cancel.
-func EmptyLeaseID(data []byte) bool {
-	var probe struct {
-		LeaseID *string `json:"lease_id"`
-	}
-	return json.Unmarshal(data, &probe) == nil && probe.LeaseID != nil && *probe.LeaseID == ""
 }
 
 func fastDequeue(data []byte) (DequeueRequest, bool) {
