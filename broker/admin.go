@@ -299,7 +299,8 @@ func (q *queue) setConfig(c subjects.QueueConfig, rev uint64) {
 	q.cfg, q.cfgRev = c, rev
 	q.pending.SetPerValue(c.MaxRunningPerValue)
 	if retention {
-		q.gc.armedAt = 0 // every gc deadline moved by the same amount: the order holds
+		// Every gc deadline moved by the same amount: the order holds, the earliest moved.
+		q.gc.armedAt, q.gc.earliestOK = 0, false
 	}
 	q.settle()
 }

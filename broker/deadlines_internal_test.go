@@ -2,39 +2,57 @@ package broker
 
 import (
 	"cmp"
+	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 )
 
-// TestDeadlinesAscend: ascend gives a heap's entries in the order of their deadlines, ties by Seq,
-// whatever the heap's shape (many ties, entries removed), and stops where its function says.
+// byDeadline orders entries as deadlines keyed by EnqueuedAt and grouped by Attempts%groups keeps
+// them.
+func byDeadline(groups int) func(a, b *entry) int {
+	return func(a, b *entry) int {
+		return cmp.Or(cmp.Compare(int(a.Attempts)%groups, int(b.Attempts)%groups), cmp.Compare(a.EnqueuedAt, b.EnqueuedAt), cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.ID, b.ID))
+	}
+}
+
+// randomDeadlines returns deadlines of n entries with random deadlines (about four per deadline),
+// Seqs in no order and, with groups > 1, in groups by Attempts%groups; a fifth of them added and
+// removed again. It returns the entries it holds.
+func randomDeadlines(rng *rand.Rand, n, groups int) (*deadlines, []*entry) {
+	d := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
+	if groups > 1 {
+		d.group = func(e *entry) int { return int(e.Attempts) % groups }
+	}
+	var all []*entry
+	for i := range n {
+		e := &entry{EnqueuedAt: int64(rng.IntN(1 + n/4)), Attempts: uint16(rng.IntN(100))}
+		e.Seq = uint64(rng.IntN(1_000_000))*1000 + uint64(i)
+		d.add(e)
+		all = append(all, e)
+	}
+	for _, e := range all[:n/5] {
+		d.remove(e)
+	}
+	return d, all[n/5:]
+}
+
+// TestDeadlinesAscend: ascend gives the entries in the order of their groups, then deadlines,
+// ties by Seq, whatever was added and removed, and stops where its function says.
 func TestDeadlinesAscend(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 200 {
-		d := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
-		n := rng.IntN(300)
-		var all []*entry
-		for i := range n {
-			e := &entry{EnqueuedAt: int64(rng.IntN(1 + n/4)), heapIdx: -1} // about four per deadline
-			e.Seq = uint64(rng.IntN(1_000_000))*1000 + uint64(i)           // distinct, in no order
-			d.add(e)
-			all = append(all, e)
-		}
-		for _, e := range all[:len(all)/5] {
-			d.remove(e)
-		}
-		want := slices.Clone(all[len(all)/5:])
-		slices.SortFunc(want, func(a, b *entry) int {
-			return cmp.Or(cmp.Compare(a.EnqueuedAt, b.EnqueuedAt), cmp.Compare(a.Seq, b.Seq))
-		})
+		groups := 1 + round%3
+		d, want := randomDeadlines(rng, rng.IntN(300), groups)
+		slices.SortFunc(want, byDeadline(groups))
 		var got []*entry
 		d.ascend(func(e *entry) bool {
 			got = append(got, e)
 			return true
 		})
-		if !slices.Equal(got, want) {
-			t.Fatalf("round %d: ascend gave %d entries out of order (or not all of %d)", round, len(got), len(want))
+		if !slices.Equal(got, want) || d.Len() != len(want) {
+			t.Fatalf("round %d: ascend gave %d entries out of order (or not all of %d; Len %d)", round, len(got), len(want), d.Len())
 		}
 		if len(want) == 0 {
 			continue
@@ -51,110 +69,119 @@ func TestDeadlinesAscend(t *testing.T) {
 	}
 }
 
-// TestDeadlinesFirst: first gives the first n entries a function keeps, in ascend's order, whether
-// they are many (the walk from the root) or few (the scan past the walk's budget).
-func TestDeadlinesFirst(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	for round := range 300 {
-		d := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
-		size := rng.IntN(2000)
-		for i := range size {
-			e := &entry{EnqueuedAt: int64(rng.IntN(1 + size/3)), Attempts: uint16(rng.IntN(100)), heapIdx: -1}
-			e.Seq = uint64(rng.IntN(1_000_000))*10_000 + uint64(i)
-			d.add(e)
+// TestDeadlinesFrom: from starts at the first entry at or after a place (group, deadline, Seq),
+// in order.
+func TestDeadlinesFrom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for round := range 200 {
+		groups := 1 + round%3
+		d, all := randomDeadlines(rng, 1+rng.IntN(300), groups)
+		slices.SortFunc(all, byDeadline(groups))
+		group, key, seq := rng.IntN(groups), int64(rng.IntN(80)), uint64(rng.IntN(1_000_000_000))
+		if rng.IntN(2) == 0 && len(all) > 0 { // at an entry
+			e := all[rng.IntN(len(all))]
+			group, key, seq = int(e.Attempts)%groups, e.EnqueuedAt, e.Seq
 		}
-		every := 1 + rng.IntN(200) // keep one entry in every
-		keep := func(e *entry) bool { return int(e.Attempts)%every == 0 }
-		n := 1 + rng.IntN(60)
+		i, _ := slices.BinarySearchFunc(all, [3]int64{int64(group), key, int64(seq)}, func(e *entry, p [3]int64) int {
+			return cmp.Or(cmp.Compare(int64(e.Attempts)%int64(groups), p[0]), cmp.Compare(e.EnqueuedAt, p[1]), cmp.Compare(e.Seq, uint64(p[2])))
+		})
+		var got []*entry
+		d.from(group, key, seq, func(e *entry) bool {
+			got = append(got, e)
+			return true
+		})
+		if !slices.Equal(got, all[i:]) {
+			t.Fatalf("round %d: from (%d, %d, %d) gave %d entries, want the last %d in order", round, group, key, seq, len(got), len(all)-i)
+		}
+	}
+}
+
+// TestDeadlinesDueAndEarliest: due gives every entry of every group whose deadline has come, up to
+// its bound, and the timer's deadline is the earliest of all groups as entries come and go.
+func TestDeadlinesDueAndEarliest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for round := range 300 {
+		groups := 1 + round%4
+		d, live := randomDeadlines(rng, rng.IntN(200), groups)
+		for k := range rng.IntN(50) { // adds and removes after the earliest was asked
+			d.earliestKey()
+			if len(live) > 0 && rng.IntN(2) == 0 {
+				i := rng.IntN(len(live))
+				d.remove(live[i])
+				live = slices.Delete(live, i, i+1)
+				continue
+			}
+			e := &entry{EnqueuedAt: int64(rng.IntN(100)), Attempts: uint16(rng.IntN(100)), ID: "late" + strconv.Itoa(k)}
+			e.Seq = uint64(rng.IntN(1000))
+			d.add(e)
+			live = append(live, e)
+		}
+		earliest, ok := d.earliestKey()
+		if want := slices.MinFunc(append(live, &entry{EnqueuedAt: math.MaxInt64}), func(a, b *entry) int { return cmp.Compare(a.EnqueuedAt, b.EnqueuedAt) }).EnqueuedAt; ok != (len(live) > 0) || ok && earliest != want {
+			t.Fatalf("round %d: earliest %d (%v) of %d entries, want %d", round, earliest, ok, len(live), want)
+		}
+		now, bound := int64(rng.IntN(80)), 1+rng.IntN(100)
 		var want []*entry
-		for _, e := range d.items {
-			if keep(e) {
+		for _, e := range live {
+			if e.EnqueuedAt <= now {
 				want = append(want, e)
 			}
 		}
-		slices.SortFunc(want, d.compare)
-		want = want[:min(n, len(want))]
-		if got := d.first(n, keep); !slices.Equal(got, want) {
-			t.Fatalf("round %d (%d entries, one kept in %d, first %d): got %d entries, not the %d first in order", round, size, every, n, len(got), len(want))
+		got := d.due(now, bound)
+		for _, e := range got {
+			if e.EnqueuedAt > now || !slices.Contains(want, e) {
+				t.Fatalf("round %d: due at %d gave an entry of deadline %d", round, now, e.EnqueuedAt)
+			}
+		}
+		if len(got) != min(bound, len(want)) || len(slices.Compact(slices.SortedFunc(slices.Values(got), byDeadline(groups)))) != len(got) {
+			t.Fatalf("round %d: due at %d gave %d entries, want %d distinct (%d due, bound %d)", round, now, len(got), min(bound, len(want)), len(want), bound)
 		}
 	}
 }
 
-// BenchmarkDeadlinesFirst51 compares what a browse of the first 50 entries (and one for "more")
-// of a heap of a million costs: first against the sort that browse used to make, of every entry
-// when all match, of the matches when few do.
-func BenchmarkDeadlinesFirst51(b *testing.B) {
-	d := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
-	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range 1_000_000 {
-		e := &entry{EnqueuedAt: int64(rng.IntN(1_000_000)), heapIdx: -1}
+// BenchmarkDeadlines measures what the hot paths cost a queue with a million finished messages
+// waiting for their collection: a message finishing (added at the end of the order), the
+// collection of the earliest, and a lease taken and settled among 64.
+func BenchmarkDeadlines(b *testing.B) {
+	gc := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }, group: stateGroup}
+	const n = 1_000_000
+	for i := range n {
+		e := &entry{EnqueuedAt: int64(i)}
 		e.Seq = uint64(i)
-		d.add(e)
+		gc.add(e)
 	}
-	b.Run("first", func(b *testing.B) {
+	// A message finishes, and every maxFire the earliest maxFire are collected, as a queue that
+	// keeps up does.
+	b.Run("finish-collect", func(b *testing.B) {
+		i := n
 		for b.Loop() {
-			d.first(51, func(*entry) bool { return true })
-		}
-	})
-	// One entry in 20,000 kept (50 of the million): the walk gives up, and the scan takes over.
-	sparse := func(e *entry) bool { return e.Seq%20_000 == 0 }
-	b.Run("first-sparse", func(b *testing.B) {
-		for b.Loop() {
-			d.first(51, sparse)
-		}
-	})
-	b.Run("sort-sparse", func(b *testing.B) {
-		for b.Loop() {
-			var found []*entry
-			for _, e := range d.items {
-				if sparse(e) {
-					found = append(found, e)
+			e := &entry{EnqueuedAt: int64(i)}
+			e.Seq = uint64(i)
+			gc.add(e)
+			if i++; i%maxFire == 0 {
+				for _, e := range gc.due(math.MaxInt64, maxFire) {
+					gc.remove(e)
 				}
 			}
-			slices.SortFunc(found, d.compare)
+			gc.earliestKey()
 		}
 	})
-	b.Run("sort", func(b *testing.B) {
+	leases := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
+	held := make([]*entry, 64)
+	for i := range held {
+		held[i] = &entry{EnqueuedAt: int64(i * 7 % 64)}
+		held[i].Seq = uint64(i)
+		leases.add(held[i])
+	}
+	b.Run("lease-settle", func(b *testing.B) {
+		i := 0
 		for b.Loop() {
-			found := slices.Clone(d.items)
-			slices.SortFunc(found, func(a, b *entry) int {
-				return cmp.Or(cmp.Compare(d.key(a), d.key(b)), cmp.Compare(a.Seq, b.Seq))
-			})
-			_ = found[:51]
+			e := held[i%64]
+			leases.remove(e)
+			e.EnqueuedAt += 64
+			leases.add(e)
+			leases.earliestKey()
+			i++
 		}
 	})
-}
-
-// TestDeadlinesGiveBackTheirRoom: a heap that held a backlog gives its array's room back as it
-// drains, and keeps its order and its entries' places meanwhile.
-func TestDeadlinesGiveBackTheirRoom(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	d := &deadlines{key: func(e *entry) int64 { return e.EnqueuedAt }}
-	const n = 20_000
-	all := make([]*entry, n)
-	for i := range all {
-		all[i] = &entry{EnqueuedAt: int64(rng.IntN(n)), heapIdx: -1}
-		d.add(all[i])
-	}
-	peak := cap(d.items)
-	for _, e := range all[:n-100] { // removed out of order, as leases settle
-		d.remove(e)
-	}
-	if cap(d.items) >= 2048 {
-		t.Fatalf("%d entries left in an array of %d, %d at the peak", len(d.items), cap(d.items), peak)
-	}
-	for i, e := range d.items {
-		if int(e.heapIdx) != i {
-			t.Fatalf("entry at %d says it is at %d", i, e.heapIdx)
-		}
-	}
-	last := int64(-1)
-	for len(d.items) > 0 {
-		e := d.items[0]
-		d.remove(e)
-		if e.EnqueuedAt < last {
-			t.Fatalf("the heap gave %d after %d", e.EnqueuedAt, last)
-		}
-		last = e.EnqueuedAt
-	}
 }

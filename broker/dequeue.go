@@ -131,6 +131,16 @@ func (h *recordHeap) Pop() any {
 	return r
 }
 
+// trimmed returns s, or a copy of it with half its capacity once it is under a quarter full: a
+// heap's array would otherwise keep the room of the largest backlog it held (a copy costs O(len(s))
+// once for every quarter of the capacity popped). Arrays under 2048 are left alone.
+func trimmed[T any](s []T) []T {
+	if c := cap(s); c < 2048 || len(s)*4 >= c {
+		return s
+	}
+	return append(make([]T, 0, cap(s)/2), s...)
+}
+
 // remember keeps rec as the record of request id until until (Unix ms): a dequeue's, the
 // RequestIDWindow from it. Called with q.mu held.
 func (q *queue) remember(id string, rec *dequeueRecord, until int64) {

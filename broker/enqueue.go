@@ -276,7 +276,7 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 			m.e, m.dup = e, true
 			continue
 		}
-		e := &entry{ID: m.rec.ID, heapIdx: -1} // not stored yet (no state), and not placed until it is
+		e := &entry{ID: m.rec.ID} // not stored yet (no state), and not placed until it is
 		q.setItem(e, &m.rec)
 		q.track(e)
 		m.e, m.create = e, &change{e: e, next: m.rec}

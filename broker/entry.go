@@ -24,7 +24,6 @@ type entry struct {
 	rev        uint64      // the record's KV revision; 0 until first stored
 	more       *storedMore // the fields most messages leave zero; nil while all are
 	version    uint32      // the low half of the record's version; the high half is in more
-	heapIdx    int32       // position in the deadline heap of its state; -1 if in none
 	// Attempts and MaxAttempts are at most subjects.MaxAttemptsLimit in anything natstone writes;
 	// larger counts from storage saturate.
 	Attempts    uint16
@@ -183,7 +182,7 @@ func (e *entry) record() kv.Record {
 
 // newEntry builds the entry of a record (not yet placed anywhere).
 func (q *queue) newEntry(r kv.Record, rev uint64) *entry {
-	e := &entry{rev: rev, heapIdx: -1}
+	e := &entry{rev: rev}
 	q.setItem(e, &r)
 	e.set(&r)
 	return e

@@ -103,7 +103,8 @@ type queue struct {
 	// testParked, when a test sets it, runs when a long poll parks to wait for messages, with mu
 	// held. Nil outside tests.
 	testParked func()
-	// testCounting, when a test sets it, runs between two steps of a filtered count, without mu.
+	// testCounting, when a test sets it, runs between two steps of a filtered count or browse,
+	// without mu.
 	// Nil outside tests.
 	testCounting func()
 }
@@ -148,8 +149,13 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 	q.invisible.key = func(e *entry) int64 { return e.VisibleAt() }
 	q.leases.key = func(e *entry) int64 { return e.extra().LeaseExpires }
 	q.gc.key = func(e *entry) int64 { return e.extra().EndedAt + q.cfg.RetentionMS }
+	q.gc.group = stateGroup // each finished state in an order of its own, for browse
 	return q
 }
+
+// stateGroup is an entry's group in the deadlines of the finished states (garbage collection): its
+// state, 1 + stateIndex.
+func stateGroup(e *entry) int { return int(e.bits & stateMask >> stateShift) }
 
 func (q *queue) exclusive() bool { return q.cfg.Type == subjects.Exclusive }
 

@@ -111,7 +111,7 @@ func (b *Broker) load(ctx context.Context) (n int, snapshot bool, err error) {
 				q := b.queues[name]
 				if q == nil {
 					unloaded = append(unloaded, r.BodySeq)
-					e := &entry{ID: r.ID, rev: rev, heapIdx: -1}
+					e := &entry{ID: r.ID, rev: rev}
 					e.Seq = r.BodySeq
 					unknown[name] = append(unknown[name], e)
 					return nil

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -279,9 +281,9 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 	} else {
 		d := q.heapOf(r.State)
 		key = d.key
-		found = d.first(limit+1, func(e *entry) bool {
-			return e.State() == r.State && matches(e.extra().Metadata, r.Filter) && after.before(d.key(e), e.Seq)
-		})
+		if found, err = q.page(d, r.State, r.Filter, after, limit+1); err != nil {
+			return subjects.BrowseReply{}, err
+		}
 	}
 	if len(found) > limit {
 		found, reply.More = found[:limit], true
@@ -300,6 +302,82 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 		reply.Next = cursor{key: key(last), seq: last.Seq, set: true}.String()
 	}
 	return reply, nil
+}
+
+// page returns up to n entries of state s, which d holds, whose metadata matches filter: the first
+// after the cursor in d's order (deadline, then Seq). It reads the entries of s from the cursor on,
+// found in O(log n), and no other state's.
+//
+// A filter few entries match can make it read every entry of s: a million finished messages take
+// about a quarter of a second. So it lets go of q.mu every countStep entries read, for the requests
+// waiting on it, as countMatching does, and goes on after the last entry it read. An entry that
+// leaves s or enters it meanwhile may be missed or found; one that stays in s all along is found
+// once, in its place. An error says the queue closed meanwhile. Called with q.mu held, which it
+// releases and takes again.
+func (q *queue) page(d *deadlines, s subjects.State, filter map[string]string, after cursor, n int) ([]*entry, error) {
+	group := 0
+	if d.group != nil {
+		group = 1 + stateIndex(s)
+	}
+	type place struct {
+		e   *entry
+		key int64
+	}
+	var found []place
+	var last struct { // the last entry read before a pause
+		key int64
+		seq uint64
+		id  string
+	}
+	resumed := false
+	read, start := 0, after
+	for {
+		paused := false
+		from, seq := int64(math.MinInt64), uint64(0)
+		if start.set {
+			from, seq = start.key, start.seq
+		}
+		d.from(group, from, seq, func(e *entry) bool {
+			k := d.key(e)
+			switch {
+			case d.groupOf(e) != group:
+				return false
+			case !start.set || start.before(k, e.Seq):
+			case !resumed || k != last.key || e.Seq != last.seq || e.ID <= last.id:
+				return true // the cursor's, or read before the pause
+			}
+			if e.State() == s && matches(e.extra().Metadata, filter) {
+				found = append(found, place{e, k})
+			}
+			if read++; read%countStep == 0 {
+				last.key, last.seq, last.id, paused = k, e.Seq, e.ID, true
+			}
+			return len(found) < n && !paused
+		})
+		if !paused || len(found) == n {
+			break
+		}
+		q.mu.Unlock()
+		if q.testCounting != nil {
+			q.testCounting()
+		}
+		runtime.Gosched() // a request waiting on the lock takes it now, not at the next step
+		q.mu.Lock()
+		if err := q.usable(); err != nil {
+			return nil, err
+		}
+		// What was found and has moved since (left s, or was collected, or ended anew at another
+		// time) is no longer in its place on the page.
+		found = slices.DeleteFunc(found, func(p place) bool {
+			return p.e.State() != s || q.entries.get(p.e.ID) != p.e || d.key(p.e) != p.key
+		})
+		start, resumed = cursor{key: last.key, seq: last.seq, set: true}, true
+	}
+	out := make([]*entry, len(found))
+	for i, p := range found {
+		out[i] = p.e
+	}
+	return out, nil
 }
 
 // cursor is a place in a state's order (browse's after and next): the order's first key
