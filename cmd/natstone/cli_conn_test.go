@@ -37,6 +37,7 @@ func TestCLIExitCodes(t *testing.T) {
 		{"refused", []string{"queue", "create", "q", "--max-attempts", "100000", "--server", url}, exitError, "natstone: invalid_config: "},
 		{"usage", []string{"dequeue", "q", "--batch", "many", "--server", url}, exitUsage, "invalid value \"many\" for flag --batch"},
 		{"empty id", []string{"enqueue", "q", "x", "--id", "", "--server", url}, exitUsage, "--id is empty"},
+		{"empty fire id", []string{"schedule", "fire", "q", "tick", "--id=", "--server", url}, exitUsage, "--id is empty"},
 		{"empty request id", []string{"dequeue", "q", "--request-id=", "--server", url}, exitUsage, "--request-id is empty"},
 		{"queue not found", []string{"depth", "nope", "--server", url}, exitNotFound, "natstone: queue_not_found: "},
 		{"message not found", []string{"cancel", "q", "nope", "--server", url}, exitNotFound, "natstone: message_not_found: "},

@@ -204,6 +204,10 @@ with --overlap skip refuses to fire while the message of its last fire is not fi
 	if err != nil {
 		return parseExit(err)
 	}
+	if c.set()["id"] && *id == "" {
+		// Most likely a variable that was not set: a retry of the fire would enqueue again.
+		return parseExit(c.usageError("--id is empty: leave it out for NAME@<now>"))
+	}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
 		info, err := conn.client.FireSchedule(ctx, pos[0], pos[1], *id)
 		if err != nil {
