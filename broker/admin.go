@@ -299,8 +299,7 @@ func (q *queue) setConfig(c subjects.QueueConfig, rev uint64) {
 	q.cfg, q.cfgRev = c, rev
 	q.pending.SetPerValue(c.MaxRunningPerValue)
 	if retention {
-		// Every gc deadline moved by the same amount: the order holds, the earliest moved.
-		q.gc.armedAt, q.gc.earliestOK = 0, false
+		q.gc.offset, q.gc.armedAt = c.RetentionMS, 0 // every gc deadline moved, the order with none
 	}
 	q.settle()
 }

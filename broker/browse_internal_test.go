@@ -143,7 +143,7 @@ func TestBrowseOfAFewLetsOthersIn(t *testing.T) {
 // TestBrowseOfMessagesMovedMeanwhile: messages collected while a browse lets go of the lock, or
 // that end anew (retried and canceled again: last in the order), are not given where they were:
 // the collected ones not at all, the others in their new place. Every other message of the state
-// is given once, in its place.
+// is given once, in its place, though the queue's retention changed too.
 func TestBrowseOfMessagesMovedMeanwhile(t *testing.T) {
 	const n = 4 * countStep
 	q := finishedQueue(t, n, func(int) subjects.State { return subjects.StateCanceled })
@@ -155,6 +155,10 @@ func TestBrowseOfMessagesMovedMeanwhile(t *testing.T) {
 		if pauses++; pauses > 1 {
 			return
 		}
+		// The retention changes meanwhile: every message's deadline, none's place.
+		c := q.cfg
+		c.RetentionMS -= 2000
+		q.setConfig(c, q.cfgRev)
 		// At the first pause, countStep messages in: of the tenth, some found already, some ahead.
 		for i := 10; i < n; i += 490 {
 			e := q.entries.get(msgID(i))

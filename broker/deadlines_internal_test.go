@@ -116,25 +116,44 @@ func TestDeadlinesDueAndEarliest(t *testing.T) {
 			d.add(e)
 			live = append(live, e)
 		}
+		// The deadlines are the keys plus an offset (a finished message's end plus the retention),
+		// which saturates.
+		switch round % 3 {
+		case 1:
+			d.offset = int64(rng.IntN(40))
+		case 2:
+			d.offset = math.MaxInt64 - 30
+		}
+		deadline := func(e *entry) int64 { return int64(min(uint64(e.EnqueuedAt)+uint64(d.offset), math.MaxInt64)) }
 		earliest, ok := d.earliestKey()
 		if want := slices.MinFunc(append(live, &entry{EnqueuedAt: math.MaxInt64}), func(a, b *entry) int { return cmp.Compare(a.EnqueuedAt, b.EnqueuedAt) }).EnqueuedAt; ok != (len(live) > 0) || ok && earliest != want {
 			t.Fatalf("round %d: earliest %d (%v) of %d entries, want %d", round, earliest, ok, len(live), want)
 		}
-		now, bound := int64(rng.IntN(80)), 1+rng.IntN(100)
+		now, bound := int64(rng.IntN(80))+min(d.offset, 40), 1+rng.IntN(100)
+		if d.offset > 40 {
+			now = math.MaxInt64 - int64(rng.IntN(2)) // the saturated ones come due only at the end of time
+		}
 		var want []*entry
 		for _, e := range live {
-			if e.EnqueuedAt <= now {
+			if deadline(e) <= now {
 				want = append(want, e)
 			}
 		}
 		got := d.due(now, bound)
+		latest := int64(math.MinInt64)
 		for _, e := range got {
-			if e.EnqueuedAt > now || !slices.Contains(want, e) {
-				t.Fatalf("round %d: due at %d gave an entry of deadline %d", round, now, e.EnqueuedAt)
+			if deadline(e) > now || !slices.Contains(want, e) {
+				t.Fatalf("round %d: due at %d gave an entry of deadline %d", round, now, deadline(e))
 			}
+			latest = max(latest, e.EnqueuedAt)
 		}
 		if len(got) != min(bound, len(want)) || len(slices.Compact(slices.SortedFunc(slices.Values(got), byDeadline(groups)))) != len(got) {
 			t.Fatalf("round %d: due at %d gave %d entries, want %d distinct (%d due, bound %d)", round, now, len(got), min(bound, len(want)), len(want), bound)
+		}
+		for _, e := range want { // the earliest first, whatever their group
+			if !slices.Contains(got, e) && e.EnqueuedAt < latest {
+				t.Fatalf("round %d: due at %d left out an entry of key %d, and gave one of %d", round, now, e.EnqueuedAt, latest)
+			}
 		}
 	}
 }

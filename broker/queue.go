@@ -148,7 +148,8 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 	q.rates.start = b.clock.Now().UnixMilli()
 	q.invisible.key = func(e *entry) int64 { return e.VisibleAt() }
 	q.leases.key = func(e *entry) int64 { return e.extra().LeaseExpires }
-	q.gc.key = func(e *entry) int64 { return e.extra().EndedAt + q.cfg.RetentionMS }
+	q.gc.key = func(e *entry) int64 { return e.extra().EndedAt }
+	q.gc.offset = q.cfg.RetentionMS
 	q.gc.group = stateGroup // each finished state in an order of its own, for browse
 	return q
 }

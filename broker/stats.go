@@ -222,7 +222,7 @@ func (q *queue) stats(r subjects.StatsRequest) (subjects.StatsReply, error) {
 	}
 	var due []*entry // the soonest leases ending within the window, up to limit
 	q.leases.ascend(func(e *entry) bool {
-		if q.leases.key(e) > now+within || len(due) == limit {
+		if q.leases.deadline(e) > now+within || len(due) == limit {
 			return false
 		}
 		due = append(due, e)
