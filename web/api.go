@@ -1,13 +1,14 @@
 package web
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -524,26 +525,25 @@ func decodeBody(r *http.Request, v any, want string) error {
 		return &inputError{status: http.StatusUnsupportedMediaType, code: subjects.CodeBadRequest,
 			msg: "Content-Type must be application/json"}
 	}
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil {
-		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
-			err = errors.New("data after the JSON object")
-			var tooLarge *http.MaxBytesError
-			if errors.As(terr, &tooLarge) {
-				err = terr
-			}
-		}
-	}
+	data, err := io.ReadAll(r.Body)
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
 		return &inputError{status: http.StatusRequestEntityTooLarge, code: subjects.CodeBadRequest,
 			msg: "body over " + strconv.FormatInt(tooLarge.Limit, 10) + " bytes"}
-	case errors.Is(err, io.EOF):
-		return badRequest("empty body: want %s", want)
 	case err != nil:
+		return badRequest("body: %v", err)
+	case len(bytes.TrimSpace(data)) == 0:
+		return badRequest("empty body: want %s", want)
+	}
+	// As strictly as the broker reads its requests: encoding/json alone takes bytes that are not
+	// UTF-8 and lone surrogates as U+FFFD, and the last of a key given twice, so that a malformed
+	// id would name another message (a real one named "\ufffd").
+	if err := subjects.Decode(data, v); err != nil {
+		var se *subjects.Error
+		if errors.As(err, &se) {
+			return badRequest("body: %s", strings.TrimPrefix(se.Message, "malformed JSON body: "))
+		}
 		return badRequest("body: %v", err)
 	}
 	return nil

@@ -577,6 +577,10 @@ func TestRetryMessage(t *testing.T) {
 		{"no id", "application/json", `{"version":2}`, http.StatusBadRequest},
 		{"unknown field", "application/json", `{"id":"m","version":2,"delay_ms":5}`, http.StatusBadRequest},
 		{"negative version", "application/json", `{"id":"m","version":-1}`, http.StatusBadRequest},
+		// What encoding/json alone takes for another id: U+FFFD, the last of two.
+		{"not UTF-8", "application/json", "{\"id\":\"\xff\",\"version\":2}", http.StatusBadRequest},
+		{"a lone surrogate", "application/json", `{"id":"m\ud800","version":2}`, http.StatusBadRequest},
+		{"id twice", "application/json", `{"id":"nope","id":"m","version":2}`, http.StatusBadRequest},
 	} {
 		status, h, body := e.do(http.MethodPost, "/api/queues/q/retry", c.contentType, c.body)
 		wantError(t, c.name, status, h, body, c.status, subjects.CodeBadRequest)

@@ -152,6 +152,8 @@ func TestDashboard(t *testing.T) {
 		`path=a\,b, kind=c`:    {"path=a,b", "kind=c"},
 		`note=back\\slash,x=y`: {`note=back\slash`, "x=y"},
 		`k=trailing\`:          {`k=trailing\`},
+		`sp= v\ , x=y`:         {"sp= v ", "x=y"}, // white space at a pair's end kept only escaped
+		`\ k=v`:                {" k=v"},
 	} {
 		js, _ := json.Marshal(text)
 		if got := evaluate[[]string](b, "parseFilter("+string(js)+")"); !slices.Equal(got, want) {
@@ -342,13 +344,15 @@ func TestDashboard(t *testing.T) {
 	b.noError()
 
 	// A natstone that does not serve (a standby: its /readyz answers 503) says so in the header.
-	if !evaluate[bool](b, `document.getElementById('not-serving').hidden`) {
+	// Whether it shows, not only its hidden attribute: a class's display once showed it always.
+	shown := `getComputedStyle(document.getElementById('not-serving')).display !== 'none'`
+	if evaluate[bool](b, shown) {
 		t.Error("the header says not serving while /readyz says serving")
 	}
 	e.serving.Store(false)
-	b.poll(`!document.getElementById('not-serving').hidden`)
+	b.poll(shown)
 	e.serving.Store(true)
-	b.poll(`document.getElementById('not-serving').hidden`)
+	b.poll(`!(` + shown + `)`)
 	b.expected("/readyz:1: Failed to load resource: the server responded with a status of 503")
 
 	// A queue's block switches stay disabled until its flags are known: on the page of a queue that

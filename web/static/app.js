@@ -190,28 +190,35 @@ function query(pairs) {
 }
 
 // parseFilter turns "k=v, k2=v2" into ["k=v", "k2=v2"], throwing on a piece that is not key=value.
-// A backslash takes the next character as it is: "k=a\,b" is the one pair k = "a,b".
+// A backslash takes the next character as it is: "k=a\,b" is the one pair k = "a,b", and
+// "k= v\ " keeps the value " v " whole (white space at a pair's ends is trimmed unless escaped).
 // escapePair writes a filter pair in the filter box's syntax, which parseFilter reads.
 function escapePair(p) {
-  return p.replace(/[\\,]/g, c => '\\' + c);
+  return p.replace(/[\\,]/g, c => '\\' + c).replace(/^\s|\s$/g, c => '\\' + c);
 }
 
 function parseFilter(text) {
   const pieces = [];
-  let piece = '';
+  let piece = []; // [character, escaped]
   for (let i = 0; i < text.length; i++) {
     const c = text[i];
     if (c === '\\' && i + 1 < text.length) {
-      piece += text[++i];
+      piece.push([text[++i], true]);
     } else if (c === ',') {
       pieces.push(piece);
-      piece = '';
+      piece = [];
     } else {
-      piece += c;
+      piece.push([c, false]);
     }
   }
   pieces.push(piece);
-  const pairs = pieces.map(p => p.trim()).filter(p => p !== '');
+  const blank = ([c, escaped]) => !escaped && /\s/.test(c);
+  const pairs = pieces.map(p => {
+    let from = 0, to = p.length;
+    while (from < to && blank(p[from])) from++;
+    while (to > from && blank(p[to - 1])) to--;
+    return p.slice(from, to).map(([c]) => c).join('');
+  }).filter(p => p !== '');
   for (const p of pairs) {
     if (p.indexOf('=') < 1) throw new Error('filter "' + p + '": want key=value');
   }
