@@ -222,6 +222,16 @@ func TestDashboard(t *testing.T) {
 		t.Errorf("a completed message's page offers %d retry buttons, want none", got)
 	}
 
+	// A message of the longest id wraps it, in the header and the heading, rather than make the
+	// page scroll sideways.
+	long := strings.Repeat("x", subjects.MaxIDLen)
+	e.enqueue("orders", long, 9, "", nil)
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/orders/messages/" + long))
+	b.waitLoaded(`[data-view="message"][data-message-id="` + long + `"]`)
+	if w := evaluate[[]int](b, `[document.documentElement.scrollWidth, window.innerWidth]`); w[0] > w[1] {
+		t.Errorf("the page of a message of a %d-byte id is %d px wide in a window of %d", len(long), w[0], w[1])
+	}
+
 	// A canceled message's page retries it: pending again.
 	b.do(chromedp.Navigate(e.http.URL + "/#/queues/orders/messages/order-5"))
 	b.waitLoaded(`[data-view="message"][data-message-id="order-5"]`)
