@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"slices"
 	"strings"
 	"time"
 	_ "time/tzdata" // CRON_TZ= names a zone, which a machine without a zoneinfo database must find too
@@ -82,6 +83,10 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 	}
 	if ss, ok := s.(*cron.SpecSchedule); ok {
 		if len(fields) == 5 { // minute hour day-of-month month day-of-week
+			// The library marks a field with a star anywhere in it ("13,*"); Vixie cron, one that
+			// begins with one.
+			ss.Dom &^= cronStar
+			ss.Dow &^= cronStar
 			if starred(fields[2]) {
 				ss.Dom |= cronStar
 			}
@@ -89,7 +94,7 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 				ss.Dow |= cronStar
 			}
 		}
-		s = forward{ss}
+		s = wallCron{minute: ss.Minute, hour: ss.Hour, dom: ss.Dom, month: ss.Month, dow: ss.Dow, loc: ss.Location}
 	}
 	if every, ok := strings.CutPrefix(expr, "@every "); ok {
 		d, err := time.ParseDuration(strings.TrimSpace(every))
@@ -98,7 +103,7 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 		}
 	}
 	if n := s.Next(now); n.IsZero() || n.Sub(now) > maxFirstFire {
-		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q does not fire within %v", spec, maxFirstFire)
+		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q does not fire within 5 years (%v)", spec, maxFirstFire)
 	}
 	return s, nil
 }
@@ -111,28 +116,148 @@ func starred(f string) bool { return strings.HasPrefix(f, "*") || strings.HasPre
 // day-of-week with it makes the other field's days match only along with it.
 const cronStar = 1 << 63
 
-// maxFirstFire is how soon a schedule must fire: the cron library looks five years ahead.
+// maxFirstFire is how soon a schedule must fire: five years (of 365 days), as the cron library's
+// own next time looked.
 const maxFirstFire = 5 * 365 * 24 * time.Hour
 
-// forward is a cron expression whose next time is always after the time given. The library's can
-// be before it over a clock change in a zone whose offset is not in whole hours (Pacific/Chatham's
-// 45 minutes): the next time is then found minute by minute.
-type forward struct{ *cron.SpecSchedule }
+// wallCron is a cron expression of fields (five, or a descriptor such as @daily) in a zone. Its
+// times are found on the zone's wall clock: each day whose date matches, each minute of it that
+// matches, and the instants that wall time names there — none in a spring-forward's gap, two in a
+// fall-back's repeat, as docs/cli.md says.
+//
+// The cron library's own next time steps through absolute hours and days, and over a clock change
+// it missed or added fires: where the change skips midnight (Atlantic/Azores, America/Santiago,
+// Africa/Cairo, Asia/Beirut) a Saturday's schedule fired on the Sunday too and a Friday's not at
+// all; after Lord Howe's half-hour change a daily 23:00 was missed the next day; and where the
+// offset is not in whole hours (Pacific/Chatham) its next time could come before the time given.
+type wallCron struct {
+	minute, hour, dom, month, dow uint64 // the library's bits; dom and dow with cronStar
+	loc                           *time.Location
+}
 
-func (f forward) Next(t time.Time) time.Time {
-	n := f.SpecSchedule.Next(t)
-	if n.IsZero() || n.After(t) {
-		return n
+// maxCronDays bounds the days Next looks through: maxFirstFire and a day either side.
+const maxCronDays = 5*366 + 2
+
+// Next returns the first time after t, in the expression's zone, or the zero time if there is
+// none within maxCronDays.
+func (c wallCron) Next(t time.Time) time.Time {
+	// From the day before t's: a fall-back at midnight repeats an hour of the day before.
+	y, m, d := t.In(c.loc).Date()
+	date := time.Date(y, m, d-1, 0, 0, 0, 0, time.UTC)
+	for range maxCronDays {
+		if !c.dayMatches(date) {
+			date = date.AddDate(0, 0, 1)
+			continue
+		}
+		n := c.firstOn(date, t)
+		if n.IsZero() {
+			date = date.AddDate(0, 0, 1)
+			continue
+		}
+		// A day's times come before the next day's unless a clock change crosses midnight (one
+		// from 00:30 back to 23:30 repeats the end of a day after the start of the next).
+		next := date.AddDate(0, 0, 1)
+		if !c.steady(date) || !c.steady(next) {
+			if !c.dayMatches(next) {
+			} else if later := c.firstOn(next, t); !later.IsZero() && later.Before(n) {
+				n = later
+			}
+		}
+		return n.In(c.loc)
 	}
-	// Stepped back: the first minute of the next three hours that the expression matches (the
-	// library's next time after a second before it is that minute), else on from three hours later.
-	for m := t.Truncate(time.Minute).Add(time.Minute); m.Sub(t) <= 3*time.Hour; m = m.Add(time.Minute) {
-		if f.SpecSchedule.Next(m.Add(-time.Second)).Equal(m) {
-			return m
+	return time.Time{}
+}
+
+// dayMatches reports whether the date (its year, month and day; in UTC) is one the expression
+// fires on, as the cron library's dayMatches does: day of month and day of week both when either
+// is marked with a star, either of them otherwise.
+func (c wallCron) dayMatches(date time.Time) bool {
+	if c.month&(1<<uint(date.Month())) == 0 {
+		return false
+	}
+	dom, dow := c.dom&(1<<uint(date.Day())) != 0, c.dow&(1<<uint(date.Weekday())) != 0
+	if c.dom&cronStar != 0 || c.dow&cronStar != 0 {
+		return dom && dow
+	}
+	return dom || dow
+}
+
+// steady reports whether the zone's offset is the same all day on date: its wall times then name
+// one instant each, in their order.
+func (c wallCron) steady(date time.Time) bool {
+	y, m, d := date.Date()
+	start, end := time.Date(y, m, d, 0, 0, 0, 0, c.loc), time.Date(y, m, d+1, 0, 0, 0, 0, c.loc)
+	_, a := start.Zone()
+	_, b := end.Zone()
+	return a == b && end.Sub(start) == 24*time.Hour
+}
+
+// firstOn returns the earliest instant after t that a matching wall time of date names, or the
+// zero time.
+func (c wallCron) firstOn(date, t time.Time) time.Time {
+	y, m, d := date.Date()
+	h0, m0 := 0, 0
+	steady := c.steady(date)
+	if steady {
+		// One offset all day: the wall times after t's are the ones after t, in their order.
+		_, off := time.Date(y, m, d, 12, 0, 0, 0, c.loc).Zone()
+		lo := time.Unix(t.Unix()+int64(off), 0).UTC() // t's wall time there, in UTC's fields
+		switch ly, lm, ld := lo.Date(); {
+		case date.Before(time.Date(ly, lm, ld, 0, 0, 0, 0, time.UTC)):
+			return time.Time{}
+		case date.Equal(time.Date(ly, lm, ld, 0, 0, 0, 0, time.UTC)):
+			h0, m0 = lo.Hour(), lo.Minute()
 		}
 	}
-	if n = f.SpecSchedule.Next(t.Add(3 * time.Hour)); !n.After(t) {
-		return time.Time{}
+	var best time.Time
+	for h := h0; h < 24; h++ {
+		if c.hour&(1<<uint(h)) == 0 {
+			continue
+		}
+		for mi := range 60 {
+			if c.minute&(1<<uint(mi)) == 0 || h == h0 && mi < m0 {
+				continue
+			}
+			wall := time.Date(y, m, d, h, mi, 0, 0, time.UTC)
+			// An instant is its wall time less the zone's offset, which is within ±15 hours.
+			if wall.Before(t.Add(-15 * time.Hour)) {
+				continue
+			}
+			if !best.IsZero() && wall.After(best.Add(30*time.Hour)) {
+				return best
+			}
+			for _, n := range c.instants(wall) {
+				if n.After(t) && (best.IsZero() || n.Before(best)) {
+					best = n
+				}
+			}
+			if steady && !best.IsZero() {
+				return best
+			}
+		}
 	}
-	return n
+	return best
+}
+
+// instants returns the instants at which the zone's clock reads wall (a wall time, in UTC's
+// fields): none in a gap, two in a repeat, one otherwise. The zone's offsets a day either side
+// of it are the ones it can have there.
+func (c wallCron) instants(wall time.Time) []time.Time {
+	var out []time.Time
+	u := wall.Unix()
+	for _, probe := range [3]int64{u - 26*3600, u, u + 26*3600} {
+		_, off := time.Unix(probe, 0).In(c.loc).Zone()
+		n := time.Unix(u-int64(off), 0)
+		if l := n.In(c.loc); sameWall(l, wall) && !slices.ContainsFunc(out, n.Equal) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// sameWall reports whether l reads the wall time wall, to the minute.
+func sameWall(l, wall time.Time) bool {
+	ly, lm, ld := l.Date()
+	wy, wm, wd := wall.Date()
+	return ly == wy && lm == wm && ld == wd && l.Hour() == wall.Hour() && l.Minute() == wall.Minute()
 }

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -48,7 +49,7 @@ func TestParseCronZones(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if loc := c.(forward).Location; loc != time.UTC {
+	if loc := c.(wallCron).loc; loc != time.UTC {
 		t.Errorf("a cron without a zone is in %v, want UTC", loc)
 	}
 	for _, spec := range []string{
@@ -79,42 +80,60 @@ func TestParseCronZones(t *testing.T) {
 	}
 }
 
-// TestForwardFindsEveryTime: where the cron library's next time steps back (Pacific/Chatham's clock
-// change, whose offset is not in whole hours), forward's is the first minute after the time given
-// that the expression matches, as a minute-by-minute search finds it.
-func TestForwardFindsEveryTime(t *testing.T) {
-	for _, c := range []struct {
-		zone, spec string
-		match      func(l time.Time) bool
-	}{
-		{"Pacific/Chatham", "0 3 * * *", func(l time.Time) bool { return l.Hour() == 3 && l.Minute() == 0 }},
-		{"Pacific/Chatham", "50 3 * * *", func(l time.Time) bool { return l.Hour() == 3 && l.Minute() == 50 }},
-	} {
-		loc, err := time.LoadLocation(c.zone)
+// TestCronTimesAcrossClockChanges: a zoned cron fires at every instant whose wall time it matches,
+// as a minute-by-minute search finds them, a few days either side of each of 2026's clock changes:
+// none in a spring-forward's gap, twice in a fall-back's repeat, and on the right days where the
+// change skips midnight (the cron library fired a Saturday's schedule on the Sunday too in the
+// Azores, and not a Friday's in Cairo), is by half an hour (Lord Howe: it missed the next day's
+// 23:00) or is not in whole hours (Chatham: its next time came before the time given).
+func TestCronTimesAcrossClockChanges(t *testing.T) {
+	zones := []string{"Atlantic/Azores", "America/Santiago", "America/Havana", "Asia/Beirut", "Africa/Cairo",
+		"Australia/Lord_Howe", "Pacific/Chatham", "America/New_York", "Europe/Berlin", "Asia/Kolkata"}
+	specs := []string{"0 9 * * 6", "0 12 * * 5", "0 9 * * 0", "0 0 * * *", "0 23 * * *", "30 2 * * *",
+		"*/30 * * * *", "5 0 28 3 *", "0 0 13 * 5", "45 1 * * 1-5", "@daily"}
+	for _, zone := range zones {
+		loc, err := time.LoadLocation(zone)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := parseCron("CRON_TZ="+c.zone+" "+c.spec, time.Date(2023, 1, 1, 0, 0, 0, 0, time.UTC))
-		if err != nil {
-			t.Fatal(err)
-		}
-		stepped := 0
-		// The clock change of April 2023, a day either side.
-		for u := time.Date(2023, 3, 31, 0, 0, 0, 0, time.UTC); u.Before(time.Date(2023, 4, 3, 0, 0, 0, 0, time.UTC)); u = u.Add(time.Minute) {
-			if raw := s.(forward).SpecSchedule.Next(u); raw.After(u) {
-				continue // the library's own answer, which forward keeps
-			}
-			stepped++
-			want := u.Truncate(time.Minute).Add(time.Minute)
-			for !c.match(want.In(loc)) {
-				want = want.Add(time.Minute)
-			}
-			if got := s.Next(u); !got.Equal(want) {
-				t.Errorf("%s %q: Next(%v) = %v, want %v", c.zone, c.spec, u, got, want)
+		// 2026's clock changes: where the offset differs from an hour before.
+		var changes []time.Time
+		for u := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC); u.Year() == 2026; u = u.Add(15 * time.Minute) {
+			_, a := u.Add(-15 * time.Minute).In(loc).Zone()
+			if _, b := u.In(loc).Zone(); a != b {
+				changes = append(changes, u)
 			}
 		}
-		if stepped == 0 {
-			t.Errorf("%s %q: the library never stepped back; the case tests nothing", c.zone, c.spec)
+		if len(changes) == 0 && zone != "Asia/Kolkata" && zone != "Africa/Cairo" {
+			t.Errorf("%s: no clock change in 2026: the case tests little", zone)
+		}
+		changes = append(changes, time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)) // and a day with none
+		for _, spec := range specs {
+			c, err := parseCron("CRON_TZ="+zone+" "+spec, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := c.(wallCron)
+			for _, change := range changes {
+				from, to := change.Add(-3*24*time.Hour), change.Add(3*24*time.Hour)
+				var fires []time.Time // every matching minute, by brute force
+				for u := from; u.Before(to.Add(2 * 24 * time.Hour)); u = u.Add(time.Minute) {
+					l := u.In(loc)
+					date := time.Date(l.Year(), l.Month(), l.Day(), 0, 0, 0, 0, time.UTC)
+					if w.minute&(1<<uint(l.Minute())) != 0 && w.hour&(1<<uint(l.Hour())) != 0 && w.dayMatches(date) {
+						fires = append(fires, u)
+					}
+				}
+				for u := from; u.Before(to); u = u.Add(17 * time.Minute) {
+					i, _ := slices.BinarySearchFunc(fires, u, func(f, u time.Time) int { return f.Compare(u.Add(time.Nanosecond)) })
+					if i == len(fires) {
+						continue // past what the search covers
+					}
+					if got := c.Next(u); !got.Equal(fires[i]) {
+						t.Fatalf("CRON_TZ=%s %s: Next(%v) = %v, want %v (%v there)", zone, spec, u, got, fires[i], fires[i].In(loc))
+					}
+				}
+			}
 		}
 	}
 }
@@ -125,12 +144,17 @@ func TestForwardFindsEveryTime(t *testing.T) {
 func TestParseCronAsVixieCron(t *testing.T) {
 	now := time.Date(2026, 11, 27, 17, 0, 0, 0, time.UTC) // a Friday, the 27th
 	for spec, want := range map[string]time.Time{
-		"0 0 */2 * 1": time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC),  // a Monday on an odd day: not Sunday the 29th
-		"0 0 ?/2 * 1": time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC),  // "?" is "*"
-		"0 0 1 * */3": time.Date(2027, 5, 1, 0, 0, 0, 0, time.UTC),   // a 1st on a Sunday, Wednesday or Saturday: not Tuesday 1 December
-		"0 0 13 * 5":  time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC),  // neither field a star: Friday the 4th, or the 13th
-		"0 0 * * 1":   time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), // as before
-		"0 0 3-5 * *": time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
+		"0 0 */2 * 1": time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC), // a Monday on an odd day: not Sunday the 29th
+		"0 0 ?/2 * 1": time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC), // "?" is "*"
+		"0 0 1 * */3": time.Date(2027, 5, 1, 0, 0, 0, 0, time.UTC),  // a 1st on a Sunday, Wednesday or Saturday: not Tuesday 1 December
+		"0 0 13 * 5":  time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC), // neither field a star: Friday the 4th, or the 13th
+		// A field that does not begin with a star is not one, whatever its list holds: either day
+		// matches, and "*" in it makes every day match (the library took both as stars).
+		"0 0 13,* * 5": time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC),
+		"0 0 13 * 5,*": time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC),
+		"0 0 *,13 * 5": time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC),  // begins with one: Fridays
+		"0 0 * * 1":    time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), // as before
+		"0 0 3-5 * *":  time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
 		// Fields apart by more than a space, as a crontab aligns them, the "@every" and the zone's too.
 		"0  0 3-5 *  *":                      time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
 		"@every  90s":                        now.Add(90 * time.Second),
@@ -150,5 +174,21 @@ func TestParseCronAsVixieCron(t *testing.T) {
 		if _, err := parseCron(spec, now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
 			t.Errorf("%q: %v, want invalid_schedule", spec, err)
 		}
+	}
+}
+
+// BenchmarkCronNext: a zoned schedule's next time, which a late fire walks a million times at most.
+func BenchmarkCronNext(b *testing.B) {
+	for _, spec := range []string{"* * * * *", "0 9 * * 1-5", "0 0 29 2 *"} {
+		c, err := parseCron("CRON_TZ=Europe/Berlin "+spec, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(spec, func(b *testing.B) {
+			t := time.Date(2026, 3, 2, 10, 17, 0, 0, time.UTC)
+			for b.Loop() {
+				c.Next(t)
+			}
+		})
 	}
 }
