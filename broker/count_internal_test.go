@@ -26,15 +26,7 @@ func TestFilteredCountsLetOthersIn(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	steps, held := 0, 0
-	q.testCounting = func() {
-		steps++
-		if !q.mu.TryLock() {
-			held++
-			return
-		}
-		q.mu.Unlock()
-	}
+	steps, held := watchPauses(q)
 	c, err := q.depth(map[string]string{"even": "true"})
 	if err != nil || c.Pending != n/2 || c.Invisible+c.Running+c.Completed+c.Canceled+c.Errored != 0 {
 		t.Fatalf("depth of the even ones: %+v, %v; want %d pending", c, err, n/2)
@@ -43,8 +35,8 @@ func TestFilteredCountsLetOthersIn(t *testing.T) {
 	if err != nil || st.Counts.Pending != n/2 {
 		t.Fatalf("stats of the odd ones: %+v, %v; want %d pending", st.Counts, err, n/2)
 	}
-	if steps < 2 || held != 0 {
-		t.Fatalf("the two walks paused %d times, %d of them with the queue's lock held; want 2 or more, none held", steps, held)
+	if *steps < 2 || *held != 0 {
+		t.Fatalf("the two walks paused %d times, %d of them with the queue's lock held; want 2 or more, none held", *steps, *held)
 	}
 }
 
@@ -100,4 +92,19 @@ func TestFilteredCountOfSlotsEmptiedMeanwhile(t *testing.T) {
 	if removed == 0 {
 		t.Fatalf("the walk made no pause in which to remove entries (%d messages)", total)
 	}
+}
+
+// watchPauses counts the pauses of q's long walks (testCounting), and those in which the queue's
+// lock was held, which would have let no one in.
+func watchPauses(q *queue) (steps, held *int) {
+	steps, held = new(int), new(int)
+	q.testCounting = func() {
+		*steps++
+		if !q.mu.TryLock() {
+			*held++
+			return
+		}
+		q.mu.Unlock()
+	}
+	return steps, held
 }

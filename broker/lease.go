@@ -445,13 +445,7 @@ func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, olde
 	tags, slots := q.entries.tags, q.entries.slots
 	for i := range tags {
 		if i > 0 && i%countStep == 0 {
-			q.mu.Unlock()
-			if q.testCounting != nil {
-				q.testCounting()
-			}
-			runtime.Gosched() // a request waiting on the lock takes it now, not at the next step
-			q.mu.Lock()
-			if err := q.usable(); err != nil {
+			if err := q.letOthersIn(); err != nil {
 				return subjects.Counts{}, 0, err
 			}
 		}
@@ -468,6 +462,18 @@ func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, olde
 		}
 	}
 	return c, oldestPending, nil
+}
+
+// letOthersIn lets go of q.mu for a moment, between two steps of a long walk, for the requests
+// waiting on it, and takes it again; an error says the queue closed meanwhile.
+func (q *queue) letOthersIn() error {
+	q.mu.Unlock()
+	if q.testCounting != nil {
+		q.testCounting()
+	}
+	runtime.Gosched() // a request waiting on the lock takes it now, not at the next step
+	q.mu.Lock()
+	return q.usable()
 }
 
 func matches(md, filter map[string]string) bool {

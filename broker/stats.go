@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -357,13 +356,7 @@ func (q *queue) page(d *deadlines, s subjects.State, filter map[string]string, a
 		if !paused || len(found) == n {
 			break
 		}
-		q.mu.Unlock()
-		if q.testCounting != nil {
-			q.testCounting()
-		}
-		runtime.Gosched() // a request waiting on the lock takes it now, not at the next step
-		q.mu.Lock()
-		if err := q.usable(); err != nil {
+		if err := q.letOthersIn(); err != nil {
 			return nil, err
 		}
 		// What was found and has moved since (left s, or was collected, or ended anew at another
