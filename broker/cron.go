@@ -182,14 +182,15 @@ func (c wallCron) dayMatches(date time.Time) bool {
 	return dom || dow
 }
 
-// steady reports whether the zone's offset is the same all day on date: its wall times then name
-// one instant each, in their order.
+// steady reports whether the zone's offset is the same all day on date, and for a few hours
+// either side: its wall times then name one instant each, in their order. The zone's period that
+// holds the day's midnight must hold the whole day: a midnight in a fall-back's repeat is either
+// of two instants, and the offsets at the day's two midnights could agree across a change.
 func (c wallCron) steady(date time.Time) bool {
 	y, m, d := date.Date()
-	start, end := time.Date(y, m, d, 0, 0, 0, 0, c.loc), time.Date(y, m, d+1, 0, 0, 0, 0, c.loc)
-	_, a := start.Zone()
-	_, b := end.Zone()
-	return a == b && end.Sub(start) == 24*time.Hour
+	midnight := time.Date(y, m, d, 0, 0, 0, 0, c.loc)
+	from, to := midnight.ZoneBounds()
+	return (from.IsZero() || from.Before(midnight.Add(-4*time.Hour))) && (to.IsZero() || to.After(midnight.Add(28*time.Hour)))
 }
 
 // firstOn returns the earliest instant after t that a matching wall time of date names, or the
