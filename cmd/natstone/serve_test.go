@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -179,12 +180,20 @@ func TestServeExitsWhenItsClaimIsTaken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rev, err := claims.Get(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := claims.Put(ctx, &kv.Claim{Broker: "another", TTLMillis: 1000}, rev); err != nil {
-		t.Fatal(err)
+	// Taken at the revision read, which the serving broker's renewal (every ttl/5) may move in
+	// between: then read again.
+	for {
+		_, rev, err := claims.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = claims.Put(ctx, &kv.Claim{Broker: "another", TTLMillis: 1000}, rev)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, kv.ErrConflict) {
+			t.Fatal(err)
+		}
 	}
 	if c := exitCode(t, code); c != exitError {
 		t.Fatalf("exit code after the claim was taken = %d, want %d", c, exitError)
