@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -210,6 +211,10 @@ func (c wallCron) firstOn(date, t time.Time) time.Time {
 			h0, m0 = lo.Hour(), lo.Minute()
 		}
 	}
+	// An instant is its wall time less the zone's offset, one of those a day either side has: a
+	// wall time whose latest instant is not after t is passed over, and once one whose earliest
+	// instant is after the best found is reached, no later one is better.
+	least, most := c.offsets(date)
 	var best time.Time
 	for h := h0; h < 24; h++ {
 		if c.hour&(1<<uint(h)) == 0 {
@@ -219,15 +224,14 @@ func (c wallCron) firstOn(date, t time.Time) time.Time {
 			if c.minute&(1<<uint(mi)) == 0 || h == h0 && mi < m0 {
 				continue
 			}
-			wall := time.Date(y, m, d, h, mi, 0, 0, time.UTC)
-			// An instant is its wall time less the zone's offset, which is within ±15 hours.
-			if wall.Before(t.Add(-15 * time.Hour)) {
+			wall := time.Date(y, m, d, h, mi, 0, 0, time.UTC).Unix()
+			if wall-least <= t.Unix() {
 				continue
 			}
-			if !best.IsZero() && wall.After(best.Add(30*time.Hour)) {
+			if !best.IsZero() && wall-most > best.Unix() {
 				return best
 			}
-			for _, n := range c.instants(wall) {
+			for _, n := range c.instants(time.Unix(wall, 0).UTC()) {
 				if n.After(t) && (best.IsZero() || n.Before(best)) {
 					best = n
 				}
@@ -238,6 +242,17 @@ func (c wallCron) firstOn(date, t time.Time) time.Time {
 		}
 	}
 	return best
+}
+
+// offsets returns the least and the most of the zone's offsets (seconds east of UTC) from a day
+// before date to a day after: those instants probes.
+func (c wallCron) offsets(date time.Time) (least, most int64) {
+	least, most = math.MaxInt64, math.MinInt64
+	for _, h := range [...]int{-26, 0, 12, 24, 50} {
+		_, off := date.Add(time.Duration(h) * time.Hour).In(c.loc).Zone()
+		least, most = min(least, int64(off)), max(most, int64(off))
+	}
+	return least, most
 }
 
 // instants returns the instants at which the zone's clock reads wall (a wall time, in UTC's

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -191,11 +192,13 @@ func BenchmarkCronNext(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Run(spec, func(b *testing.B) {
-			t := time.Date(2026, 3, 2, 10, 17, 0, 0, time.UTC)
-			for b.Loop() {
-				c.Next(t)
-			}
-		})
+		for _, day := range []int{2, 28, 29} { // a day, the day before a clock change, and its day
+			b.Run(fmt.Sprintf("%s/3-%d", spec, day), func(b *testing.B) {
+				t := time.Date(2026, 3, day, 10, 17, 0, 0, time.UTC)
+				for b.Loop() {
+					c.Next(t)
+				}
+			})
+		}
 	}
 }
