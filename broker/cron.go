@@ -158,9 +158,8 @@ func (c wallCron) Next(t time.Time) time.Time {
 		// A day's times come before the next day's unless a clock change crosses midnight (one
 		// from 00:30 back to 23:30 repeats the end of a day after the start of the next).
 		next := date.AddDate(0, 0, 1)
-		if !c.steady(date) || !c.steady(next) {
-			if !c.dayMatches(next) {
-			} else if later := c.firstOn(next, t); !later.IsZero() && later.Before(n) {
+		if (!c.steady(date) || !c.steady(next)) && c.dayMatches(next) {
+			if later := c.firstOn(next, t); !later.IsZero() && later.Before(n) {
 				n = later
 			}
 		}

@@ -40,8 +40,8 @@ type deadlines struct {
 	// descent per group, and the timer asks for it at every request's end.
 	earliest   int64
 	earliestOK bool
-	// pivot is the place a search starts from: an entry that is in no tree, whose group and
-	// deadline are pivotGroup and pivotKey.
+	// pivot is the place a search starts from: an entry that is in no tree, whose group and key
+	// are pivotGroup and pivotKey.
 	pivot      entry
 	pivotGroup int
 	pivotKey   int64

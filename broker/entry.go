@@ -191,7 +191,7 @@ func (q *queue) newEntry(r kv.Record, rev uint64) *entry {
 // setRecord makes r e's record. Of what the index item holds (priority, payload sequence,
 // metadata), the broker's own writes change only the priority, by a reschedule; a record read back
 // from storage after a conflict — another writer's — may change any of it. The item follows the
-// record. e must be out of every index and heap.
+// record. e must be out of every index and deadline order.
 func (q *queue) setRecord(e *entry, r *kv.Record) {
 	if r.Priority != e.Priority || r.BodySeq != e.Seq || !maps.Equal(r.Metadata, e.extra().Metadata) {
 		old := e.Value()

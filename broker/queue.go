@@ -56,7 +56,7 @@ type queue struct {
 	counts        [numStates]int
 	invisible     deadlines     // invisible entries by VisibleAt
 	leases        deadlines     // running entries by LeaseExpires
-	gc            deadlines     // terminal entries by EndedAt + retention
+	gc            deadlines     // terminal entries by state, then EndedAt (+ retention: the deadline)
 	collecting    bool          // a garbage collection is in flight; the gc timer waits for its end
 	idle          chan struct{} // closed when a write ends while someone waits for one (waitIdle); nil while nobody does
 	locks         map[string][]*lock
@@ -155,8 +155,12 @@ func newQueue(b *Broker, name string, rec kv.QueueRecord, rev uint64) *queue {
 }
 
 // stateGroup is an entry's group in the deadlines of the finished states (garbage collection): its
-// state, 1 + stateIndex.
+// state, groupOfState of it.
 func stateGroup(e *entry) int { return int(e.bits & stateMask >> stateShift) }
+
+// groupOfState is the group of state s's entries in the deadlines of the finished states: 1 +
+// stateIndex, as the state is kept in an entry's bits.
+func groupOfState(s subjects.State) int { return 1 + stateIndex(s) }
 
 func (q *queue) exclusive() bool { return q.cfg.Type == subjects.Exclusive }
 
@@ -172,7 +176,7 @@ func (q *queue) now() int64 { return q.b.clock.Now().UnixMilli() }
 
 func (q *queue) log() *slog.Logger { return q.b.log.With("queue", q.name) }
 
-// place puts e into the structures of its state: the pending index or one deadline heap.
+// place puts e into the structures of its state: the pending index or one deadline order.
 func (q *queue) place(e *entry) {
 	i := stateIndex(e.State())
 	if i < 0 {
@@ -288,7 +292,7 @@ func (q *queue) settle() {
 	q.serveWaiters()
 }
 
-// arm re-arms the timers of the deadline heaps.
+// arm re-arms the timers of the deadline orders.
 func (q *queue) arm() {
 	q.invisible.arm(q.b.clock, func() { q.fire(&q.invisible) })
 	q.leases.arm(q.b.clock, func() { q.fire(&q.leases) })

@@ -17,7 +17,7 @@ import (
 )
 
 // recover rebuilds every queue from storage: configs, then message records into the indexes and
-// deadline heaps, then exclusivity locks, reconciled with the messages' states. It returns how many
+// deadline orders, then exclusivity locks, reconciled with the messages' states. It returns how many
 // messages it loaded, and from where: "snapshot" (that of the last clean stop, when storage is
 // still as that stop left it) or "records". Leases and invisibility windows that ended while no
 // broker ran are due at once and handled by the timers as soon as they are armed.
@@ -486,7 +486,7 @@ type pendingKey struct {
 }
 
 // index makes the loaded entries the queue's: its table of entries and, through place, its
-// pending index, deadline heaps and counts. It returns the running entries in load order. The
+// pending index, deadline orders and counts. It returns the running entries in load order. The
 // result is the same as placing the entries one by one in load order (of two entries with one id
 // the later is in the table; of two with one index key the earlier is indexed), but faster: the
 // pending entries go into the index in EDF order, so every insertion lands at the right edge of

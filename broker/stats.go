@@ -278,7 +278,7 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 			q.pending.Ascend(toFilter(r.Filter), visit)
 		}
 	} else {
-		d := q.heapOf(r.State)
+		d := q.orderOf(r.State)
 		key = d.key
 		if found, err = q.page(d, r.State, r.Filter, after, limit+1); err != nil {
 			return subjects.BrowseReply{}, err
@@ -316,19 +316,18 @@ func (q *queue) browse(r subjects.BrowseRequest) (subjects.BrowseReply, error) {
 func (q *queue) page(d *deadlines, s subjects.State, filter map[string]string, after cursor, n int) ([]*entry, error) {
 	group := 0
 	if d.group != nil {
-		group = 1 + stateIndex(s)
+		group = groupOfState(s)
 	}
 	type place struct {
 		e   *entry
 		key int64
 	}
 	var found []place
-	var last struct { // the last entry read before a pause
+	var last struct { // the last entry read before a pause; its id is "" until there is one
 		key int64
 		seq uint64
 		id  string
 	}
-	resumed := false
 	read, start := 0, after
 	for {
 		paused := false
@@ -342,7 +341,7 @@ func (q *queue) page(d *deadlines, s subjects.State, filter map[string]string, a
 			case d.groupOf(e) != group:
 				return false
 			case !start.set || start.before(k, e.Seq):
-			case !resumed || k != last.key || e.Seq != last.seq || e.ID <= last.id:
+			case last.id == "" || k != last.key || e.Seq != last.seq || e.ID <= last.id:
 				return true // the cursor's, or read before the pause
 			}
 			if e.State() == s && matches(e.extra().Metadata, filter) {
@@ -364,7 +363,7 @@ func (q *queue) page(d *deadlines, s subjects.State, filter map[string]string, a
 		found = slices.DeleteFunc(found, func(p place) bool {
 			return p.e.State() != s || q.entries.get(p.e.ID) != p.e || d.key(p.e) != p.key
 		})
-		start, resumed = cursor{key: last.key, seq: last.seq, set: true}, true
+		start = cursor{key: last.key, seq: last.seq, set: true}
 	}
 	out := make([]*entry, len(found))
 	for i, p := range found {
@@ -374,7 +373,8 @@ func (q *queue) page(d *deadlines, s subjects.State, filter map[string]string, a
 }
 
 // cursor is a place in a state's order (browse's after and next): the order's first key
-// (priority, or the deadline of the state's heap) and the body sequence that breaks its ties.
+// (priority, or the key of the state's deadline order: visible_at, lease end, ended_at) and the
+// body sequence that breaks its ties.
 type cursor struct {
 	key int64
 	seq uint64
@@ -405,8 +405,8 @@ func parseCursor(s string) (cursor, error) {
 	return c, nil
 }
 
-// heapOf returns the deadline heap that holds the entries of state s (not pending).
-func (q *queue) heapOf(s subjects.State) *deadlines {
+// orderOf returns the deadline order that holds the entries of state s (not pending).
+func (q *queue) orderOf(s subjects.State) *deadlines {
 	switch s {
 	case subjects.StateInvisible:
 		return &q.invisible

@@ -8,7 +8,6 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -533,7 +532,7 @@ func decodeBody(r *http.Request, v any, want string) error {
 			msg: "body over " + strconv.FormatInt(tooLarge.Limit, 10) + " bytes"}
 	case err != nil:
 		return badRequest("body: %v", err)
-	case len(bytes.TrimSpace(data)) == 0:
+	case len(bytes.Trim(data, " \t\r\n")) == 0: // JSON's white space
 		return badRequest("empty body: want %s", want)
 	}
 	// As strictly as the broker reads its requests: encoding/json alone takes bytes that are not
@@ -542,7 +541,7 @@ func decodeBody(r *http.Request, v any, want string) error {
 	if err := subjects.Decode(data, v); err != nil {
 		var se *subjects.Error
 		if errors.As(err, &se) {
-			return badRequest("body: %s", strings.TrimPrefix(se.Message, "malformed JSON body: "))
+			return badRequest("%s", se.Message) // "malformed JSON body: …", as the broker says it
 		}
 		return badRequest("body: %v", err)
 	}
