@@ -1,8 +1,10 @@
 package broker
 
 import (
+	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	_ "time/tzdata" // CRON_TZ= names a zone, which a machine without a zoneinfo database must find too
@@ -76,6 +78,11 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 			}
 		}
 	}
+	if len(fields) == 5 {
+		if fields[4], err = sundaySeven(fields[4]); err != nil {
+			return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q: %v", spec, err)
+		}
+	}
 	// Fields may be apart by more than one space, as in a crontab; the library's "@every" reads
 	// what follows its first space as the duration.
 	full := "CRON_TZ=" + zone + " " + strings.Join(fields, " ")
@@ -107,6 +114,64 @@ func parseCron(spec string, now time.Time) (s cron.Schedule, err error) {
 		return nil, subjects.Errorf(subjects.CodeInvalidSchedule, "cron %q does not fire within 5 years (%v)", spec, maxFirstFire)
 	}
 	return s, nil
+}
+
+// sundaySeven rewrites the 7s of a day-of-week field, Sunday in Vixie cron as 0 is, into what the
+// cron library reads (0 to 6): "7" is "0", and a range or a step that reaches 7 ("5-7", "1-7/3",
+// "7/2") is listed day by day ("5,6,0"). A number past 7 is refused here, where the library's
+// error would say 6 is the most; other elements, and any it cannot read, are left to the library
+// (and its errors).
+func sundaySeven(field string) (string, error) {
+	elems := strings.Split(field, ",")
+	for i, elem := range elems {
+		r, step, stepped := strings.Cut(elem, "/")
+		lo, hi, ranged := strings.Cut(r, "-")
+		for _, b := range []string{lo, hi} {
+			if n, err := strconv.Atoi(b); err == nil && n > 7 {
+				return "", fmt.Errorf("day of week %s: from 0 to 7 (0 and 7 are Sunday), or SUN to SAT", b)
+			}
+		}
+		if lo != "7" && hi != "7" {
+			continue
+		}
+		from, ok := weekday(lo)
+		to := from
+		if ranged {
+			to, ok = weekday(hi)
+		} else if stepped {
+			to = 7 // "N/step" is N to the end of the range, in the library as in cronie
+		}
+		by := 1
+		if stepped {
+			n, err := strconv.Atoi(step)
+			if err != nil || n < 1 {
+				continue
+			}
+			by = n
+		}
+		if !ok || from > to {
+			continue
+		}
+		var days []string
+		for d := from; d <= to; d += by {
+			days = append(days, strconv.Itoa(d%7))
+		}
+		elems[i] = strings.Join(days, ",")
+	}
+	return strings.Join(elems, ","), nil
+}
+
+// weekday reads a day of week as a number from 0 to 7 or a name from SUN to SAT, of any case.
+func weekday(s string) (int, bool) {
+	if n, err := strconv.Atoi(s); err == nil && n >= 0 && n <= 7 && s == strconv.Itoa(n) {
+		return n, true
+	}
+	for d := time.Sunday; d <= time.Saturday; d++ {
+		if strings.EqualFold(s, d.String()[:3]) {
+			return int(d), true
+		}
+	}
+	return 0, false
 }
 
 // starred reports whether a cron field or list element begins with a star: "*", or "?", the
