@@ -177,20 +177,40 @@ func (b *Broker) createQueue(ctx context.Context, name string, r subjects.Create
 	if err := q.usable(); err != nil {
 		return nil, subjects.QueueInfo{}, err
 	}
-	if q.cfg != cfg {
-		return nil, subjects.QueueInfo{}, subjects.Errorf(subjects.CodeQueueExists, "queue %s exists with another config (%s): update it, or create it as it is", name, configDiff(q.cfg, cfg))
+	// The blocked flags are an operator's switches (update): a create that does not set one takes
+	// the queue's as it is, so that a service making sure of its queue as it starts is not refused
+	// while the queue is paused.
+	want := cfg
+	if !r.EnqueueBlocked {
+		want.EnqueueBlocked = q.cfg.EnqueueBlocked
+	}
+	if !r.DequeueBlocked {
+		want.DequeueBlocked = q.cfg.DequeueBlocked
+	}
+	if q.cfg != want {
+		hint, implied := "update it, or create it as it is", ""
+		if q.cfg.Type != want.Type || q.cfg.ExclusivityKey != want.ExclusivityKey {
+			hint = "a queue's type and exclusivity key do not change: create it under another name, or delete it (its messages go with it) and create it again"
+			if r.MaxRunningPerValue == 0 {
+				implied = "max_running_per_value" // the type's default, not the request's
+			}
+		}
+		return nil, subjects.QueueInfo{}, subjects.Errorf(subjects.CodeQueueExists, "queue %s exists with another config (%s): %s", name, configDiff(q.cfg, want, implied), hint)
 	}
 	return q, q.info(), nil
 }
 
 // configDiff names the settings in which a queue's config, have, differs from want, as
-// "max_attempts 5, not 3", in the config's order.
-func configDiff(have, want subjects.QueueConfig) string {
+// "max_attempts 5, not 3", in the config's order, but for the one named skip.
+func configDiff(have, want subjects.QueueConfig, skip string) string {
 	var diffs []string
 	h, w := reflect.ValueOf(have), reflect.ValueOf(want)
 	for i := range h.NumField() {
 		if hv, wv := h.Field(i).Interface(), w.Field(i).Interface(); hv != wv {
 			name, _, _ := strings.Cut(h.Type().Field(i).Tag.Get("json"), ",")
+			if name == skip {
+				continue
+			}
 			format := "%s %v, not %v"
 			if h.Field(i).Kind() == reflect.String {
 				format = "%s %q, not %q"

@@ -898,9 +898,39 @@ func TestErrCreateQueueExists(t *testing.T) {
 	runErrCases(t, e, nil, []errCase{cr("c", subjects.CreateQueueRequest{})})
 	// The refusal names what differs, the queue's setting first.
 	err := fails(e, subjects.CodeQueueExists, subjects.OpCreate, "c", subjects.CreateQueueRequest{MaxAttempts: 3})
-	if want := "(lease_ms 1000, not 30000; max_attempts 5, not 3)"; !strings.Contains(err.Message, want) {
+	if want := "(lease_ms 1000, not 30000; max_attempts 5, not 3): update it"; !strings.Contains(err.Message, want) {
 		t.Fatalf("the refusal %q does not say %q", err.Message, want)
 	}
+	// A type or key that differs cannot be updated: the refusal says what can be done instead, and
+	// names the settings the request gave, not the default the other type implies.
+	err = fails(e, subjects.CodeQueueExists, subjects.OpCreate, "auto", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "k"})
+	if want := `(type "simple", not "exclusive"; exclusivity_key "", not "k"): a queue's type and exclusivity key do not change: create it under another name, or delete it`; !strings.Contains(err.Message, want) {
+		t.Fatalf("the refusal %q does not say %q", err.Message, want)
+	}
+	err = fails(e, subjects.CodeQueueExists, subjects.OpCreate, "ex", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "other", MaxRunningPerValue: 2})
+	if want := `(exclusivity_key "k", not "other"; max_running_per_value 1, not 2): a queue's type`; !strings.Contains(err.Message, want) {
+		t.Fatalf("the refusal %q does not say %q", err.Message, want)
+	}
+}
+
+// TestCreateOfABlockedQueue: the blocked flags are an operator's switches. A create that does not
+// set them returns the queue as it is, blocked or not, and writes nothing; one that sets a flag
+// the queue does not have is queue_exists.
+func TestCreateOfABlockedQueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.create("p", subjects.CreateQueueRequest{LeaseMS: 60_000})
+	blocked := must[subjects.QueueInfo](e, subjects.OpUpdate, "p", subjects.UpdateQueueRequest{DequeueBlocked: ptr(true)})
+	for _, r := range []subjects.CreateQueueRequest{{LeaseMS: 60_000}, {LeaseMS: 60_000, DequeueBlocked: true}} {
+		again := e.create("p", r)
+		if again.Revision != blocked.Revision || again.Config != blocked.Config || !again.Config.DequeueBlocked {
+			t.Fatalf("create of the paused queue with %+v = %+v, want %+v", r, again, blocked)
+		}
+	}
+	runErrCases(t, e, nil, []errCase{
+		{op: subjects.OpCreate, queue: "p", body: subjects.CreateQueueRequest{LeaseMS: 60_000, EnqueueBlocked: true}, code: subjects.CodeQueueExists, name: "enqueue_blocked not set"},
+		{op: subjects.OpCreate, queue: "p", body: subjects.CreateQueueRequest{}, code: subjects.CodeQueueExists, name: "another lease"},
+	})
 }
 
 func TestErrUpdate(t *testing.T) {

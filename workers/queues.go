@@ -67,8 +67,9 @@ type QueueUpdate struct {
 }
 
 // CreateQueue creates the queue name with opts (nil for the defaults). Creating an existing queue
-// with the same config returns it; with a different config it fails with ErrQueueExists. Other
-// errors: ErrInvalidQueueName, ErrInvalidConfig.
+// with the same config returns it, paused or not (opts' blocked flags, when set, must match);
+// with a different config it fails with ErrQueueExists. Other errors: ErrInvalidQueueName,
+// ErrInvalidConfig.
 func (c *Client) CreateQueue(ctx context.Context, name string, opts *QueueOpts) (subjects.QueueInfo, error) {
 	var o QueueOpts
 	if opts != nil {
