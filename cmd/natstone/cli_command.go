@@ -260,11 +260,12 @@ func parseDeadline(s string, now time.Time) (time.Time, error) {
 
 // msDuration is a duration flag that the protocol carries in whole milliseconds. A value that is not
 // a whole number of them, or lies outside min to max, is refused where it is given (exit 2), rather
-// than rounded (500us would become 0, the default) or left to the broker. Zero is always accepted:
-// for most flags it means the default.
+// than rounded (500us would become 0, the default) or left to the broker. Zero is accepted, for
+// most flags the default, unless noZero is set.
 type msDuration struct {
 	d        time.Duration
 	min, max time.Duration
+	noZero   bool // 0 is not a default here: it must be within min to max too
 }
 
 func (f *msDuration) String() string {
@@ -281,6 +282,8 @@ func (f *msDuration) Set(s string) error {
 		return errors.New("not a duration (e.g. 90s, 5m, 1h30m)")
 	case d%time.Millisecond != 0:
 		return errors.New("not a whole number of milliseconds")
+	case f.noZero && (d < f.min || d > f.max):
+		return fmt.Errorf("must be %s to %s", fmtDuration(f.min), fmtDuration(f.max))
 	case d != 0 && (d < f.min || d > f.max) && f.min <= time.Millisecond:
 		return fmt.Errorf("must be 0 to %s", fmtDuration(f.max))
 	case d != 0 && (d < f.min || d > f.max):
@@ -293,6 +296,14 @@ func (f *msDuration) Set(s string) error {
 // duration declares a duration flag with default def, of at most max and at least min unless 0.
 func (c *clientCommand) duration(name string, def, min, max time.Duration, usage string) *time.Duration {
 	f := &msDuration{d: def, min: min, max: max}
+	c.fs.Var(f, name, usage)
+	return &f.d
+}
+
+// settingDuration declares a duration flag that sets a value rather than asks for a default: when
+// given, it must lie within min to max, 0 as well.
+func (c *clientCommand) settingDuration(name string, min, max time.Duration, usage string) *time.Duration {
+	f := &msDuration{min: min, max: max, noZero: true}
 	c.fs.Var(f, name, usage)
 	return &f.d
 }

@@ -161,7 +161,7 @@ Changes the settings given and prints the queue; the others keep their values. T
 exclusivity key cannot change. With --revision the update applies only if the config is still at
 that revision (compare-and-swap), else it fails with revision_mismatch.
 `, stdout, stderr)
-	lease := c.duration("lease", 0, subjects.MinLease, subjects.MaxLease, "lease of a dequeue that does not ask for one")
+	lease := c.settingDuration("lease", subjects.MinLease, subjects.MaxLease, "lease of a dequeue that does not ask for one")
 	invisible := c.duration("invisible", 0, time.Millisecond, subjects.MaxInvisible, "invisibility of an enqueue that does not ask for one")
 	maxAttempts := integer(c, "max-attempts", 0, "how many times a message may be dequeued")
 	retention := c.duration("retention", 0, 0, subjects.MaxRetention, "how long completed, canceled and errored messages are kept (0: collect at once)")

@@ -93,6 +93,9 @@ func TestCLIQueueLifecycle(t *testing.T) {
 		t.Fatalf("update --unblock-enqueue:\n%s", out)
 	}
 	cli(t, url, "queue", "update", "simple").fails(t, exitUsage, "nothing to update")
+	// An update's lease is a setting, not a request for the default: 0 is out of range there.
+	cli(t, url, "queue", "update", "simple", "--lease", "0").fails(t, exitUsage, `invalid value "0" for flag --lease: must be 100ms to 24h`)
+	cli(t, url, "queue", "update", "simple", "--lease", "50ms").fails(t, exitUsage, "must be 100ms to 24h\n")
 	// --revision alone checks the revision and changes nothing.
 	var before, same subjects.QueueInfo
 	r = cli(t, url, "queue", "info", "simple", "--json")
