@@ -147,7 +147,7 @@ Flags:
 	fs.IntVar(&cfg.s5Pending, "s5-pending", DefaultBenchS5Pending, "pending messages of S5 (the target's scale: 10000000)")
 	fs.IntVar(&cfg.s6Pending, "s6-pending", DefaultBenchS6Pending, "pending messages of S6 and keys of B-LOAD (the target's scale: 1000000)")
 	fs.IntVar(&cfg.workers, "workers", DefaultBenchWorkers, "concurrent workers or clients")
-	fs.DurationVar(&cfg.duration, "duration", DefaultBenchDuration, "longest measured phase")
+	durationVar(fs, &cfg.duration, "duration", DefaultBenchDuration, "longest measured phase")
 	fs.IntVar(&cfg.payload, "payload", DefaultBenchPayload, "payload and value `bytes` (S3 and B-PUT use 2048, S5 16)")
 	fs.StringVar(&syncMode, "sync", "default", "JetStream sync `mode` of the main run: always or default (S9 always uses always)")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to `file`")
@@ -157,7 +157,7 @@ Flags:
 	fs.StringVar(&cfg.profilePhase, "profile-phase", "S1", "the `phase` that --cpuprofile, --blockprofile and --memprofile cover: the measured phase of "+strings.Join(benchProfilePhases, ", ")+" (S6 and S6-records: the stop, the restart and the first dequeue)")
 	fs.IntVar(&cfg.conns, "conns", DefaultBenchConns, "client connections the workers share")
 	fs.Float64Var(&cfg.reqRate, "req-rate", DefaultBenchReqRate, "requests per second of B-REQ (S4's baseline is measured again at S4's rate)")
-	fs.DurationVar(&cfg.retention, "retention", 0, "retention of the bench queues: 0 collects each completed message at once (within about 100 ms), in the measured phase")
+	durationVar(fs, &cfg.retention, "retention", 0, "retention of the bench queues: 0 collects each completed message at once (within about 100 ms), in the measured phase")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return nil, err
 	}

@@ -63,7 +63,7 @@ func printFlags(w io.Writer, fs *flag.FlagSet, include func(name string) bool) {
 		arg, text := flag.UnquoteUsage(f)
 		if arg == "value" {
 			switch f.Value.(type) {
-			case *msDuration:
+			case *msDuration, goDuration:
 				arg = "duration"
 			case *decimal[int], *decimal[int64]:
 				arg = "int"
@@ -161,7 +161,11 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 		_, _ = io.Copy(stdout, &buf)
 	default:
 		line, _, _ := strings.Cut(buf.String(), "\n")
-		reportUsage(out, fs.Name(), dashFlag.ReplaceAllString(line, "$1--$2"))
+		line = dashFlag.ReplaceAllString(line, "$1--$2")
+		if strings.HasPrefix(line, "flag provided but not defined: ") {
+			line += ` (an argument that begins with "-" goes after "--")`
+		}
+		reportUsage(out, fs.Name(), line)
 	}
 	return err
 }
@@ -298,6 +302,32 @@ func (c *clientCommand) duration(name string, def, min, max time.Duration, usage
 	f := &msDuration{d: def, min: min, max: max}
 	c.fs.Var(f, name, usage)
 	return &f.d
+}
+
+// durationVar is fs.DurationVar whose error for a value that is not a duration says what one looks
+// like, as the other duration flags do, rather than the flag package's "parse error".
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	fs.Var(goDuration{p}, name, usage)
+}
+
+// goDuration is the flag.Value of durationVar.
+type goDuration struct{ d *time.Duration }
+
+func (f goDuration) String() string {
+	if f.d == nil {
+		return "0s"
+	}
+	return f.d.String()
+}
+
+func (f goDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration (e.g. 90s, 5m, 1h30m)")
+	}
+	*f.d = d
+	return nil
 }
 
 // settingDuration declares a duration flag that sets a value rather than asks for a default: when

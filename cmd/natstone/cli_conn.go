@@ -60,7 +60,7 @@ func (f *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.creds, "creds", "", "user credentials `file` (replaces the context's authentication)")
 	fs.StringVar(&f.user, "user", "", "user `name` (replaces the context's authentication)")
 	fs.StringVar(&f.password, "password", "", "`password` of --user (or of the context's user)")
-	fs.DurationVar(&f.timeout, "timeout", workers.DefaultTimeout, "how long to wait for the connection and for each reply (a dequeue's --wait is added)")
+	durationVar(fs, &f.timeout, "timeout", workers.DefaultTimeout, "how long to wait for the connection and for each reply (a dequeue's --wait is added)")
 	fs.StringVar(&f.prefix, "prefix", subjects.DefaultPrefix, "subject `prefix` of the broker (its serve --prefix)")
 }
 

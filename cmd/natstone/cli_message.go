@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nuid"
+	"golang.org/x/term"
 
 	"github.com/natstone/natstone/subjects"
 	"github.com/natstone/natstone/workers"
@@ -367,10 +368,16 @@ pair. --json prints the protocol's reply, {"queue": ..., "counts": {...}}.
 	})
 }
 
-// isTerminal reports whether f is a terminal (a character device).
+// isTerminal reports whether f is a terminal: not a pipe, a file, or /dev/null (a character device
+// too, which a job run by cron or CI is given as its stdin).
 func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	rc, err := f.SyscallConn() // not f.Fd(), which would set the file blocking
+	if err != nil {
+		return false
+	}
+	tty := false
+	_ = rc.Control(func(fd uintptr) { tty = term.IsTerminal(int(fd)) })
+	return tty
 }
 
 // quoteLines is for messages that list line numbers: "3, 17, 2001".

@@ -24,7 +24,8 @@ are of the messages whose metadata has every pair; rates, totals and leases are 
 `, stdout, stderr)
 	var filter pairsFlag
 	c.fs.Var(&filter, "filter", "count only messages with metadata `key=value`, repeatable (all must match)")
-	within := c.fs.Duration("expiring-within", subjects.DefaultExpiringWithin, "list the leases that expire within this long (at most 24h)")
+	within := new(time.Duration)
+	durationVar(c.fs, within, "expiring-within", subjects.DefaultExpiringWithin, "list the leases that expire within this long (at most 24h)")
 	limit := integer(c, "expiring-limit", subjects.DefaultExpiringLimit, "list at most `n` expiring leases, the soonest first (1 to 1000)")
 	pos, err := c.parse(args, 1, 1)
 	if err != nil {

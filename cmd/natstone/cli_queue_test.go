@@ -150,6 +150,9 @@ func TestCLIQueueUsage(t *testing.T) {
 		{[]string{"queue", "create", "a", "--type", "fifo"}, exitUsage, "--type must be simple or exclusive"},
 		{[]string{"queue", "ls", "--frob"}, exitUsage, "flag provided but not defined: --frob"},
 		{[]string{"queue", "ls", "--timeout", "0s"}, exitUsage, "--timeout must be positive"},
+		{[]string{"queue", "ls", "--timeout", "1"}, exitUsage, `invalid value "1" for flag --timeout: not a duration (e.g. 90s, 5m, 1h30m)`},
+		{[]string{"help", "queue", "ls"}, exitOK, "--timeout duration\n"},
+		{[]string{"enqueue", "q", "-x"}, exitUsage, `flag provided but not defined: --x (an argument that begins with "-" goes after "--")`},
 		{[]string{"queue", "ls", "--prefix", "a..b"}, exitUsage, "--prefix"},
 		{[]string{"queue", "ls", "--creds", "x", "--user", "u"}, exitUsage, "not both"},
 	} {

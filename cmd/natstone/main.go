@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -77,8 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "help", "-h", "-help", "--help":
 		return runHelp(ctx, rest, stdout, stderr)
 	case "version", "--version":
-		fmt.Fprintf(stdout, "natstone %s %s\n", broker.Version, runtime.Version())
-		return exitOK
+		return runVersion(rest, stdout, stderr)
 	}
 	for _, c := range commands {
 		if c.name == name {
@@ -105,8 +106,7 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stdout)
 		return exitOK
 	case "version":
-		fmt.Fprint(stdout, "Usage: natstone version\n\nPrints natstone's version and the Go version it was built with. Exits 0.\n")
-		return exitOK
+		return runVersion([]string{"-h"}, stdout, stdout)
 	}
 	fmt.Fprintf(stderr, "natstone: unknown help topic %q\nRun 'natstone help' for the commands.\n", args[0])
 	return exitUsage
@@ -119,4 +119,34 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  %-10s %s\n", "help", "show this help, or a command's flags: natstone help <command>")
 	fmt.Fprintf(w, "  %-10s %s\n", "version", "print the version")
+}
+
+// runVersion prints natstone's version and the Go version it was built with: "natstone version
+// [--json]".
+func runVersion(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("natstone version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, `print {"version", "go"} as one JSON document`)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: natstone version [--json]\n\nPrints natstone's version and the Go version it was built with.\n\nFlags:\n")
+		printFlags(fs.Output(), fs, func(string) bool { return true })
+		fmt.Fprint(fs.Output(), "\nExit codes:\n  0  success\n  2  bad command line\n")
+	}
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return parseExit(err)
+	}
+	if fs.NArg() > 0 {
+		reportUsage(stderr, fs.Name(), fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
+		return exitUsage
+	}
+	if *asJSON {
+		b, _ := json.Marshal(struct {
+			Version string `json:"version"`
+			Go      string `json:"go"`
+		}{broker.Version, runtime.Version()})
+		fmt.Fprintf(stdout, "%s\n", b)
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "natstone %s %s\n", broker.Version, runtime.Version())
+	return exitOK
 }

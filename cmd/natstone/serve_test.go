@@ -355,6 +355,8 @@ func TestHelpAndVersion(t *testing.T) {
 		{[]string{"help", "help"}, []string{"Usage: natstone <command>"}},
 		{[]string{"help", "version"}, []string{"Usage: natstone version"}},
 		{[]string{"version"}, []string{"natstone " + broker.Version}},
+		{[]string{"version", "--json"}, []string{`{"version":"` + broker.Version + `","go":"go`}},
+		{[]string{"version", "-h"}, []string{"Usage: natstone version [--json]", "--json"}},
 	}
 	for _, c := range commands { // every command's help ends with its exit codes
 		tests = append(tests, struct {
@@ -371,6 +373,14 @@ func TestHelpAndVersion(t *testing.T) {
 			if !strings.Contains(stdout.String(), w) {
 				t.Errorf("run(%q) stdout does not contain %q:\n%s", tt.args, w, &stdout)
 			}
+		}
+	}
+
+	// version's command line is checked as every other's.
+	for _, args := range [][]string{{"version", "--bogus"}, {"version", "x"}} {
+		var stdout, stderr bytes.Buffer
+		if c := run(context.Background(), args, &stdout, &stderr); c != exitUsage || stdout.Len() != 0 || !strings.Contains(stderr.String(), "natstone version: ") {
+			t.Fatalf("run(%q) = %d, stdout %q, stderr %q; want exit 2 and the error on stderr", args, c, &stdout, &stderr)
 		}
 	}
 
