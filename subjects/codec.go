@@ -395,7 +395,7 @@ func DecodeRawEnqueue(header map[string][]string, body []byte) (EnqueueRequest, 
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || v[0] == '+' || leadingZero(v) { // as JSON numbers: no plus sign, no 007
-			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %q is not a decimal int64", h.name, v)
+			return EnqueueRequest{}, Errorf(CodeBadRequest, "header %s: %q is not an int64 written as JSON writes it (decimal digits after an optional -, no leading zero, no +)", h.name, v)
 		}
 		*h.dst = &n
 	}

@@ -491,6 +491,10 @@ func TestDecodeRawEnqueueBadHeaders(t *testing.T) {
 		if !reflect.DeepEqual(req, subjects.EnqueueRequest{}) {
 			t.Errorf("%s: %q: want the zero request with the error, got %+v", tc.header, tc.value, req)
 		}
+		// A number's error says how one is written: "007" is decimal, but has a leading zero.
+		if want := "as JSON writes it (decimal digits after an optional -, no leading zero, no +)"; tc.value == "007" && !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %q: %v, want it to say %q", tc.header, tc.value, err, want)
+		}
 	}
 }
 

@@ -241,8 +241,11 @@ func printHistory(w io.Writer, r *subjects.HistoryReply) {
 	fmt.Fprintf(tw, "Time in state:\t%s\n", orDash(strings.Join(spent, ", ")))
 	fmt.Fprintf(tw, "Failures:\t%d\n", r.Failures)
 	tw.Flush()
-	if r.Collected {
+	switch last := len(r.Events) - 1; {
+	case r.Collected:
 		fmt.Fprintln(w, "(collected)")
+	case last >= 0 && !r.Events[last].Current && !r.Truncated:
+		fmt.Fprintln(w, "(gone: its queue was deleted since, which publishes no event)")
 	}
 }
 

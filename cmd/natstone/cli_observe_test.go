@@ -424,7 +424,7 @@ func TestCLIHistory(t *testing.T) {
 	out = cli(t, url, "history", "hist", "h2").ok(t)
 	rows = tableRows(sections(out)[0])
 	if len(rows) != 3 || !strings.HasSuffix(strings.Join(rows[2], " "), " so far 1/3 w3 "+got.Events[1].LeaseID+" -") ||
-		strings.Contains(out, "(collected)") {
+		strings.Contains(out, "(collected)") || strings.Contains(out, "(gone") {
 		t.Fatalf("history of a running message:\n%s", out)
 	}
 	// Its queue deleted: its last state ended, when is not known.
@@ -432,6 +432,9 @@ func TestCLIHistory(t *testing.T) {
 	out = cli(t, url, "history", "hist", "h2").ok(t)
 	if rows = tableRows(sections(out)[0]); len(rows) != 3 || !strings.HasSuffix(strings.Join(rows[2], " "), "running - 1/3 w3 "+got.Events[1].LeaseID+" -") {
 		t.Fatalf("history of a running message whose queue was deleted:\n%s", out)
+	}
+	if !strings.HasSuffix(out, "\n(gone: its queue was deleted since, which publishes no event)\n") {
+		t.Errorf("history of a message whose queue was deleted does not say so at its end:\n%s", out)
 	}
 
 	r := cli(t, url, "history", "hist", "nope")
