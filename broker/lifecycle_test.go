@@ -612,6 +612,10 @@ func TestListPages(t *testing.T) {
 	if l := list(&subjects.ListRequest{After: "q119"}); len(l.Queues) != 0 || l.More {
 		t.Fatalf("after the last: %v, more %v", names(l), l.More)
 	}
+	// An empty after is none, as documented.
+	if l := must[subjects.ListReply](e, subjects.OpList, "", `{"after":"","limit":7}`); !slices.Equal(names(l), want[:7]) || !l.More {
+		t.Fatalf(`after "": %v, more %v; want the first seven`, names(l), l.More)
+	}
 	// Without a limit, a reply carries what fits in 16 KiB, and says there is more.
 	var got []string
 	first := list(nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -755,5 +756,11 @@ func TestBrowsePages(t *testing.T) {
 	fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, After: "1:-2"})
 	for _, after := range []string{"01:1", "+1:1", "1:01", "1:+1", " 1:1"} { // not as a next is written
 		fails(e, subjects.CodeBadRequest, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StatePending, After: after})
+	}
+	// An empty cursor is none, as documented: the first page.
+	first := must[subjects.BrowseReply](e, subjects.OpBrowse, "q", subjects.BrowseRequest{State: subjects.StateCompleted, Limit: 2})
+	empty := must[subjects.BrowseReply](e, subjects.OpBrowse, "q", `{"state":"completed","limit":2,"after":""}`)
+	if len(first.Messages) != 2 || !reflect.DeepEqual(empty, first) {
+		t.Fatalf(`browse with "after":"" = %+v, want the first page %+v`, empty, first)
 	}
 }

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -203,6 +204,10 @@ func TestScheduleBadRequests(t *testing.T) {
 		with(func(r *subjects.ScheduleRequest) { r.Name, r.Payload = "largest", "ten bytes!" }),
 	} {
 		must[subjects.ScheduleInfo](e, subjects.OpSchedule, "q", r)
+	}
+	// An empty after is none, as documented: the list from the first.
+	if all, from := must[subjects.SchedulesReply](e, subjects.OpSchedules, "q", nil), must[subjects.SchedulesReply](e, subjects.OpSchedules, "q", `{"after":""}`); len(all.Schedules) != 5 || !reflect.DeepEqual(from, all) {
+		t.Fatalf(`schedules with "after":"" = %+v, want %+v`, from, all)
 	}
 	for name := range e.schedules("q") {
 		must[subjects.UnscheduleReply](e, subjects.OpUnschedule, "q", subjects.UnscheduleRequest{Name: name})
