@@ -242,6 +242,7 @@ func (b *Broker) Claim(ctx context.Context) error {
 			return err
 		}
 		b.claim.claims = claims
+		b.claim.watchElections(b.cfg.Conn, claims.Stream())
 	}
 	b.claim.mu.Lock()
 	held := b.claim.rev != 0

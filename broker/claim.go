@@ -47,6 +47,10 @@ type claimer struct {
 
 	write sync.Mutex // held by a renewal and the release: they write one after the other
 
+	// elections ends the wait of a renewal in flight when the claims stream elects a leader
+	// (watchElections): the server that took it may be gone, and the new leader takes it at once.
+	elections *ackWatch
+
 	// base and until say how long the claim holds, by this broker's clock: until it is
 	// base + until (nanoseconds), ttl/2 after the last renewal stored was sent; 0 once ended.
 	// base is set when acquire starts, before anything reads it.
@@ -79,8 +83,26 @@ func newClaimer(b *Broker) *claimer {
 			PID:       os.Getpid(),
 			TTLMillis: b.cfg.ClaimTTL.Milliseconds(),
 		},
-		stored: make(chan struct{}),
+		stored:    make(chan struct{}),
+		elections: newAckWatch(),
 	}
+}
+
+// watchElections ends the wait of a renewal in flight whenever stream, the claims bucket's, elects
+// a leader, until the broker stops. After a kill of the server leading the bucket, the renewal it
+// had taken went unanswered for its whole ttl/5 although the bucket elected a leader in the
+// meantime: an operator's trial on three servers (ttl 10 s) saw the claim unrenewed for up to
+// 8.8 s, 1.2 s short of a standby's takeover. A broker whose NATS user may not receive the
+// advisory waits its renewals out, as before.
+func (c *claimer) watchElections(nc *nats.Conn, stream string) {
+	sub, err := nc.Subscribe(leaderElected(stream), func(*nats.Msg) {
+		c.elections.ended(fmt.Errorf("%w: stream %s elected a leader", errAcksLost, stream))
+	})
+	if err != nil {
+		c.b.log.Warn(notTold, "stream", stream, "error", err)
+		return
+	}
+	context.AfterFunc(c.b.ctx, func() { _ = sub.Unsubscribe() })
 }
 
 // held says whether the claim holds now: it was renewed less than ttl/2 ago, so no standby can
@@ -326,10 +348,25 @@ func (c *claimer) renew() {
 	rev := c.rev
 	c.mu.Unlock()
 
-	sent := c.clock.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), c.every())
-	defer cancel()
-	next, err := c.claims.Put(ctx, &c.mine, rev)
+	var (
+		sent time.Time
+		next uint64
+		err  error
+	)
+	for {
+		sent = c.clock.Now()
+		lost := c.elections.current()
+		ctx, cancel := context.WithTimeout(context.Background(), c.every())
+		stop := context.AfterFunc(lost, cancel)
+		next, err = c.claims.Put(ctx, &c.mine, rev)
+		stop()
+		cancel()
+		if err == nil || lost.Err() == nil {
+			break
+		}
+		// The claims stream elected a leader while the renewal waited: the new leader takes it
+		// now. One that had landed is found by the conflict below.
+	}
 	if errors.Is(err, kv.ErrConflict) {
 		// A renewal whose answer was lost may have been stored: then the claim is still this one's.
 		// Only a claim read back as another broker's (or none) is lost; a read that fails is

@@ -898,6 +898,55 @@ func TestRenewalRetriedSoonAfterItTimedOut(t *testing.T) {
 	}
 }
 
+// TestRenewalIssuedAgainAtTheClaimsElection: a renewal that waits for its answer when the claims
+// stream elects a leader is issued again at once, to the new leader, rather than after its wait
+// of ttl/5 and a retry. Here the renewal goes unanswered (the stream is gone, a subscriber takes its
+// subject), and the election is its advisory; the broker's clock, which arms the retries, does not
+// move, so only the advisory can bring the next renewal.
+func TestRenewalIssuedAgainAtTheClaimsElection(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca := clock.NewFake(time.Unix(0, 0))
+	var logs natstest.LogBuffer
+	const ttl = 10 * time.Second // a renewal waits ttl/5 for its answer, in real time
+	a := claimBroker(t, srv, ca, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.ClaimTTL = ttl
+	})
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), "KV_natstone-claims"); err != nil {
+		t.Fatal(err)
+	}
+	taken, err := nc.SubscribeSync("$KV.natstone-claims.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	advanced := make(chan struct{})
+	go func() { // the renewal runs in the timer's callback, here for as long as it waits
+		defer close(advanced)
+		ca.Advance(ttl / 5)
+	}()
+	if _, err := taken.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("the renewal: %v", err)
+	}
+	if err := nc.Publish(leaderElected("KV_natstone-claims"), []byte(`{"leader":"n2"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := taken.NextMsg(ttl / 5); err != nil {
+		t.Fatalf("no renewal issued again at the claims stream's election, within the first one's wait: %v\n%s", err, logs.String())
+	}
+	<-advanced
+}
+
 // TestStandbyWarnsOfOtherReplicas: a standby whose replicas differ from the store's says so in its
 // log as it stands by, not only once its takeover has scaled the store; one with the store's
 // replicas, or none given (the store's own), says nothing of them.

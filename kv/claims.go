@@ -64,6 +64,9 @@ func OpenClaims(ctx context.Context, cfg *Config) (*Claims, error) {
 // them as they happen.
 func (c *Claims) Subject() string { return c.subj }
 
+// Stream is the name of the claims bucket's stream, whose leader elections JetStream announces.
+func (c *Claims) Stream() string { return c.s.streams[c.kv].CachedInfo().Config.Name }
+
 // Get reads the store's claim with its revision, from the leader. No claim, or a released one, is
 // ErrNotFound.
 func (c *Claims) Get(ctx context.Context) (Claim, uint64, error) {
