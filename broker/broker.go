@@ -118,6 +118,7 @@ type Broker struct {
 
 	storePrefix string  // the store's subject prefix (Config.StorePrefix, defaulted), for replyRefusal
 	refused     refused // requests refused for their reply subject
+	silenced    refused // requests left to another broker, the claim not renewed for its ttl
 	unheard     *unheard
 
 	ctx    context.Context // cancelled by Stop, or when the claim is lost: ends long polls and a recovery

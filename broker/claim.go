@@ -111,6 +111,16 @@ func (c *claimer) watchElections(nc *nats.Conn, stream string) {
 // not acknowledge writes that another broker serving the store does not know of.
 func (c *claimer) held() bool { return c.left() > 0 }
 
+// silent says whether the broker must not even answer that it does not serve: its last renewal
+// stored was sent ttl or more ago (or the claim ended), so a standby may have taken the store over,
+// and gets every request this broker gets. Between ttl/2 and ttl no standby can have taken over
+// yet (it waits to see the claim unchanged for ttl, from a revision stored after it was sent), and
+// the broker answers unavailable.
+func (c *claimer) silent() bool {
+	until := time.Duration(c.until.Load())
+	return until == 0 || c.clock.Now().Sub(c.base)-until >= c.ttl/2
+}
+
 // left is how long the claim holds from now, as it stands (≤ 0: it does not).
 func (c *claimer) left() time.Duration {
 	return time.Duration(c.until.Load()) - c.clock.Now().Sub(c.base)

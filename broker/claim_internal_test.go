@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"runtime"
@@ -284,6 +285,71 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 		t.Fatalf("no log of the claim renewed, and after how long:\n%s", log)
 	}
 	running(t, a)
+}
+
+// TestFrozenBrokerLeavesRequestsToTheOneThatTookOver: a broker frozen past its claim (SIGSTOP, a
+// stalled VM: here its renewals are stopped) stays subscribed. Until its claim has gone unrenewed
+// for its ttl it answers unavailable, no other broker serving yet; from then on it answers nothing,
+// and once a standby has taken the store over every request is answered by that one, once. (In a
+// queue group the frozen broker took half of the requests, which timed out.)
+func TestFrozenBrokerLeavesRequestsToTheOneThatTookOver(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	a, ca := serving(t, srv)
+	b, cb, started := standby(t, srv)
+	a.claim.mu.Lock()
+	a.claim.timer.Stop() // frozen: it renews no more
+	a.claim.mu.Unlock()
+	nc := srv.Connect(t)
+	list := a.space.Subject(subjects.OpList, "")
+
+	ca.Advance(DefaultClaimTTL - time.Millisecond)
+	reply, err := nc.Request(list, nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(reply.Data), `"code":"unavailable"`) {
+		t.Fatalf("a request to the broker whose claim ran out, no other serving: %s, want unavailable", reply.Data)
+	}
+	ca.Advance(time.Millisecond)
+	cb.Advance(DefaultClaimTTL)
+	waitStarted(t, started)
+
+	inbox := nats.NewInbox()
+	replies, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	for i := range n {
+		subj, body := list, []byte(nil)
+		if i%2 == 1 {
+			subj, body = b.space.Subject(subjects.OpEnqueue, "q"), []byte(fmt.Sprintf(`{"id":"m%d"}`, i))
+		}
+		if err := nc.PublishRequest(subj, inbox, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		m, err := replies.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("reply %d of %d: %v", i+1, n, err)
+		}
+		if strings.Contains(string(m.Data), `"error"`) {
+			t.Fatalf("reply %d: %s, want the serving broker's answer", i+1, m.Data)
+		}
+	}
+	// The frozen broker left each (the first was logged, and the others counted since).
+	eventually(t, "the frozen broker to leave every request", func() bool { return a.silenced.count.Load() == n-1 })
+	for _, c := range []*nats.Conn{a.cfg.Conn, nc} { // whatever the frozen broker sent has come
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if extra, _, _ := replies.Pending(); extra != 0 {
+		m, _ := replies.NextMsg(0)
+		t.Fatalf("%d replies more than requests, as %s", extra, m.Data)
+	}
+	running(t, b)
 }
 
 // TestRenewalAfterALostAnswer: a renewal stored whose answer never came leaves the broker with an

@@ -40,13 +40,19 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 		// Without the claim, another broker may serve the store: a request is not run (a broker
 		// resumed after a pause would otherwise work through the requests queued up meanwhile, on
 		// stale indexes), nor answered with what it did (an error from stale indexes would not be
-		// true either).
+		// true either). Once the claim has gone unrenewed for its ttl it is not answered at all:
+		// the broker that may have taken over gets the same request and answers it, and an
+		// "unavailable" from this one could reach the client first.
 		var reply any
 		var err error
 		if b.claim.held() {
 			reply, err = b.handle(ctx, ep.op, msg)
 		}
 		if !b.claim.held() {
+			if b.claim.silent() {
+				b.unanswered(msg.Subject)
+				return
+			}
 			err = errNotServing
 		}
 		if err != nil {

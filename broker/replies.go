@@ -65,11 +65,25 @@ func hasWildcard(subject string) bool {
 	return false
 }
 
-// refused counts and logs a request not run for its reply subject (replyRefusal). It is not
-// answered: an answer would go where the request must not make the broker publish.
+// refused counts and logs requests left unanswered: one not run for its reply subject
+// (replyRefusal), where an answer would go where the request must not make the broker publish; or
+// one a broker without its claim for its ttl leaves to the broker that may have taken over
+// (Broker.unanswered).
 type refused struct {
 	count  atomic.Int64 // refused since the last log
 	logged atomic.Int64 // when the last was logged, in Unix ns
+}
+
+// note counts one, and returns how many to log now, with those counted since the last log: 0 if
+// the last log was less than refusedLogEvery ago.
+func (r *refused) note() int64 {
+	n := r.count.Add(1)
+	now, last := time.Now().UnixNano(), r.logged.Load()
+	if now-last < int64(refusedLogEvery) || !r.logged.CompareAndSwap(last, now) {
+		return 0
+	}
+	r.count.Add(-n)
+	return n
 }
 
 // refuse records a request refused for why: in its endpoint's statistics and the metrics as a
@@ -81,11 +95,17 @@ func (b *Broker) refuse(ep *endpoint, subject, reply, why string) {
 		ep.record(0, failed)
 		b.observer.Request(ep.op, failed.Code, 0)
 	}
-	n := b.refused.count.Add(1)
-	now, last := time.Now().UnixNano(), b.refused.logged.Load()
-	if now-last < int64(refusedLogEvery) || !b.refused.logged.CompareAndSwap(last, now) {
-		return
+	if n := b.refused.note(); n > 0 {
+		b.log.Warn("request refused and not answered, for its reply subject", "subject", subject, "reply", reply, "why", why, "refused", n)
 	}
-	b.refused.count.Add(-n)
-	b.log.Warn("request refused and not answered, for its reply subject", "subject", subject, "reply", reply, "why", why, "refused", n)
+}
+
+// unanswered leaves a request unanswered, neither run nor refused: this broker has not renewed its
+// claim for its ttl (claimer.silent), so another may have taken the store over and answer the same
+// request, all brokers' subscriptions receiving every request. Logged at most once every
+// refusedLogEvery, with how many since.
+func (b *Broker) unanswered(subject string) {
+	if n := b.silenced.note(); n > 0 {
+		b.log.Warn("request not answered: this broker has not renewed its claim on the store for its ttl, and another may serve it", "subject", subject, "unanswered", n)
+	}
 }

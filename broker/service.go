@@ -17,9 +17,6 @@ import (
 // ServiceName is the name natstone registers under in NATS service discovery.
 const ServiceName = "natstone"
 
-// QueueGroup is the NATS queue group of the broker's request subscriptions.
-const QueueGroup = "natstone"
-
 // The broker speaks the NATS service protocol ($SRV.PING, $SRV.INFO, $SRV.STATS — what
 // `nats micro ls|info|stats` read) itself instead of through the micro package: micro counts a
 // request when its handler returns, but natstone answers from the request's own goroutine later,
@@ -87,8 +84,13 @@ func (b *Broker) serve() error {
 			subj = b.space.Subject(op, "")
 		}
 		ep := &endpoint{op: op, subject: subj}
-		ep.stats.Name, ep.stats.Subject, ep.stats.QueueGroup = string(op), subj, QueueGroup
-		sub, err := b.cfg.Conn.QueueSubscribe(subj, QueueGroup, func(m *nats.Msg) { b.dispatch(ep, m) })
+		// Not in a queue group: every broker subscribed gets every request. Only the broker that
+		// serves is, but for one frozen (SIGSTOP, a stalled VM) past its claim, whose
+		// subscriptions stay until it goes on or its server drops it: in a queue group it took
+		// half of the requests, which timed out; now the broker that took over answers each, and
+		// the frozen one answers none (claimer.silent).
+		ep.stats.Name, ep.stats.Subject = string(op), subj
+		sub, err := b.cfg.Conn.Subscribe(subj, func(m *nats.Msg) { b.dispatch(ep, m) })
 		if err != nil {
 			return fmt.Errorf("subscribe %s: %w", subj, err)
 		}
@@ -126,7 +128,7 @@ func (b *Broker) discover(verb micro.Verb, m *nats.Msg) {
 		info := micro.Info{ServiceIdentity: s.identity(b), Type: micro.InfoResponseType,
 			Description: "earliest-deadline-first priority queues with exclusive queues, on JetStream"}
 		for _, ep := range s.endpoints {
-			info.Endpoints = append(info.Endpoints, micro.EndpointInfo{Name: string(ep.op), Subject: ep.subject, QueueGroup: QueueGroup})
+			info.Endpoints = append(info.Endpoints, micro.EndpointInfo{Name: string(ep.op), Subject: ep.subject})
 		}
 		body = info
 	case micro.StatsVerb:

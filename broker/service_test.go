@@ -41,7 +41,7 @@ func TestServiceDiscovery(t *testing.T) {
 		if subjects.Ops[i] == subjects.OpList {
 			want = e.space.Subject(subjects.OpList, "")
 		}
-		if ep.Name != string(subjects.Ops[i]) || ep.Subject != want || ep.QueueGroup != broker.QueueGroup {
+		if ep.Name != string(subjects.Ops[i]) || ep.Subject != want || ep.QueueGroup != "" {
 			t.Fatalf("endpoint %d: %+v, want %s on %s", i, ep, subjects.Ops[i], want)
 		}
 	}
