@@ -1013,6 +1013,52 @@ func TestRenewalIssuedAgainAtTheClaimsElection(t *testing.T) {
 	<-advanced
 }
 
+// TestRenewalRetriedAtOnceAtTheClaimsElection: a renewal that failed waits claimRetry before it
+// is tried again; the claims stream's election in that pause has it tried at once.
+func TestRenewalRetriedAtOnceAtTheClaimsElection(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca := clock.NewFake(time.Unix(0, 0))
+	var logs natstest.LogBuffer
+	const ttl = 2 * time.Second // a renewal waits ttl/5 for its answer, in real time
+	a := claimBroker(t, srv, ca, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.ClaimTTL = ttl
+	})
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), "KV_natstone-claims"); err != nil {
+		t.Fatal(err)
+	}
+	taken, err := nc.SubscribeSync("$KV.natstone-claims.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ca.Advance(ttl / 5) // the renewal, unanswered: it times out, and the next is armed
+	if _, err := taken.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("the renewal: %v", err)
+	}
+	eventually(t, "the renewal to fail and wait to be tried again", func() bool {
+		a.claim.mu.Lock()
+		defer a.claim.mu.Unlock()
+		return a.claim.retrying
+	})
+	if err := nc.Publish(leaderElected("KV_natstone-claims"), []byte(`{"leader":"n2"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := taken.NextMsg(10 * time.Second); err != nil { // the broker's clock stands still
+		t.Fatalf("no renewal tried at once at the claims stream's election: %v\n%s", err, logs.String())
+	}
+}
+
 // TestStandbyWarnsOfOtherReplicas: a standby whose replicas differ from the store's says so in its
 // log as it stands by, not only once its takeover has scaled the store; one with the store's
 // replicas, or none given (the store's own), says nothing of them.
