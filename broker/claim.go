@@ -67,9 +67,10 @@ type claimer struct {
 	// next is what the renewal timer reaches the claimer through; end clears it. A stopped timer
 	// can stay in the runtime's timer heap until it would have fired, and must not keep the
 	// stopped broker's memory alive that long (S5 measures it right after a stop).
-	next     *atomic.Pointer[claimer]
-	ended    bool // released or lost: nothing renews it any more
-	retrying bool // a renewal failed, and the next is armed claimRetry later
+	next         *atomic.Pointer[claimer]
+	ended        bool // released or lost: nothing renews it any more
+	retrying     bool // a renewal failed, and the next is armed claimRetry later
+	electionsSub *nats.Subscription
 }
 
 func newClaimer(b *Broker) *claimer {
@@ -112,6 +113,9 @@ func (c *claimer) watchElections(nc *nats.Conn, stream string) {
 		c.b.log.Warn(notTold, "stream", stream, "error", err)
 		return
 	}
+	c.mu.Lock()
+	c.electionsSub = sub // ended with the claim (end), or with the broker if it never held it
+	c.mu.Unlock()
 	context.AfterFunc(c.b.ctx, func() { _ = sub.Unsubscribe() })
 }
 
@@ -185,6 +189,9 @@ func (c *claimer) end() {
 	close(c.stored) // waitHeld sees it ended
 	c.stored = make(chan struct{})
 	c.disarm()
+	if c.electionsSub != nil {
+		_ = c.electionsSub.Unsubscribe() // its callback, should it run now, finds the claim ended
+	}
 }
 
 // arm schedules the next renewal. The caller holds c.mu.
@@ -381,7 +388,7 @@ func (c *claimer) renew() {
 		next uint64
 		err  error
 	)
-	for {
+	for issues := 1; ; issues++ {
 		sent = c.clock.Now()
 		lost := c.elections.current()
 		ctx, cancel := context.WithTimeout(context.Background(), c.every())
@@ -389,11 +396,13 @@ func (c *claimer) renew() {
 		next, err = c.claims.Put(ctx, &c.mine, rev)
 		stop()
 		cancel()
-		if err == nil || lost.Err() == nil {
+		if err == nil || lost.Err() == nil || issues > electionIssues {
 			break
 		}
 		// The claims stream elected a leader while the renewal waited: the new leader takes it
-		// now. One that had landed is found by the conflict below.
+		// now. One that had landed is found by the conflict below. Elections (or forged
+		// advisories: docs/security.md) that keep coming end the renewal as a failure after
+		// electionIssues, as they end a write.
 	}
 	if errors.Is(err, kv.ErrConflict) {
 		// A renewal whose answer was lost may have been stored: then the claim is still this one's.

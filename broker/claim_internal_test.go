@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -350,6 +351,53 @@ func TestFrozenBrokerLeavesRequestsToTheOneThatTookOver(t *testing.T) {
 		t.Fatalf("%d replies more than requests, as %s", extra, m.Data)
 	}
 	running(t, b)
+}
+
+// TestBrokerStoppingWithoutItsClaimAnswersNothing: a broker that lost its claim stops; a request
+// it still gets meanwhile is not answered "the broker is stopping", which could reach the client
+// before the answer of the broker that took the store over, but left to that one. One stopping
+// with its claim says so.
+func TestBrokerStoppingWithoutItsClaimAnswersNothing(t *testing.T) {
+	for _, lost := range []bool{true, false} {
+		srv := natstest.Start(t, nil) // each its own: an abandoned claim stays till its ttl
+		nc := srv.Connect(t)
+		a, _ := serving(t, srv)
+		ep := a.svc.endpoints[slices.IndexFunc(a.svc.endpoints, func(ep *endpoint) bool { return ep.op == subjects.OpList })]
+		if lost {
+			before := a.cfg.Conn.NumSubscriptions()
+			a.claim.abandon() // ended, as by a renewal that found another broker's claim
+			if after := a.cfg.Conn.NumSubscriptions(); after != before-1 {
+				t.Errorf("%d subscriptions after the claim ended, %d before: want the claims' elections' gone", after, before)
+			}
+		}
+		a.mu.Lock()
+		a.closed = true // stopping: its subscriptions not yet gone
+		a.mu.Unlock()
+		inbox := nats.NewInbox()
+		replies, err := nc.SubscribeSync(inbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		a.dispatch(ep, &nats.Msg{Subject: a.space.Subject(subjects.OpList, ""), Reply: inbox})
+		for _, c := range []*nats.Conn{a.cfg.Conn, nc} { // whatever it sent has come
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, _, _ := replies.Pending()
+		if lost && (n != 0 || a.silenced.logged.Load() == 0) {
+			t.Errorf("a broker stopping without its claim: %d replies, logged %v; want none, logged", n, a.silenced.logged.Load() != 0)
+		}
+		if m, err := replies.NextMsg(time.Millisecond); !lost && (err != nil || !strings.Contains(string(m.Data), "the broker is stopping")) {
+			t.Errorf("a broker stopping with its claim: %v, want unavailable, the broker is stopping", err)
+		}
+		a.mu.Lock()
+		a.closed = false // for its Stop at the test's end
+		a.mu.Unlock()
+	}
 }
 
 // TestRenewalAfterALostAnswer: a renewal stored whose answer never came leaves the broker with an

@@ -137,7 +137,9 @@ func sundaySeven(field string) (string, error) {
 		from, ok := weekday(lo)
 		to := from
 		if ranged {
-			to, ok = weekday(hi)
+			var okTo bool
+			to, okTo = weekday(hi)
+			ok = ok && okTo
 		} else if stepped {
 			to = 7 // "N/step" is N to the end of the range, in the library as in cronie
 		}

@@ -29,6 +29,10 @@ func (b *Broker) dispatch(ep *endpoint, msg *nats.Msg) {
 	}
 	received := time.Now()
 	if !b.track() {
+		if b.claim.silent() { // stopping because its claim was lost: the broker that took it answers
+			b.unanswered(msg.Subject)
+			return
+		}
 		_, out := b.errorReply(msg, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
 		b.respond(msg, out)
 		return

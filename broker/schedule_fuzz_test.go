@@ -188,7 +188,7 @@ func TestParseCronAsVixieCron(t *testing.T) {
 			t.Errorf("%q: next %v, want %v", spec, got, want)
 		}
 	}
-	for _, spec := range []string{",1 * * * *", "1, * * * *", "1,,2 * * * *", "+1 * * * *", "0 0 * * 1-+5", "0 0 * * 8", "0 0 * * 7-1", "0 0 * * 5-8", "0 0 * * 7/0", "*-5 * * * *", "0 ?-3/2 * * *", "0 0 1,*-9 * *",
+	for _, spec := range []string{",1 * * * *", "1, * * * *", "1,,2 * * * *", "+1 * * * *", "0 0 * * 1-+5", "0 0 * * 8", "0 0 * * 7-1", "0 0 * * -7", "0 0 * * FOO-7", "0 0 * * 1x-7", "0 0 * * 5-8", "0 0 * * 7/0", "*-5 * * * *", "0 ?-3/2 * * *", "0 0 1,*-9 * *",
 		"@every\u00a01500ms", "@every\u00851s", "@every\u30001s", "0\u00a00 * * *", "CRON_TZ=UTC\u20030 0 * * *"} {
 		if _, err := parseCron(spec, now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
 			t.Errorf("%q: %v, want invalid_schedule", spec, err)

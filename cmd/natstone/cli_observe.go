@@ -245,7 +245,7 @@ func printHistory(w io.Writer, r *subjects.HistoryReply) {
 	case r.Collected:
 		fmt.Fprintln(w, "(collected)")
 	case last >= 0 && !r.Events[last].Current && !r.Truncated:
-		fmt.Fprintln(w, "(gone: its queue was deleted since, which publishes no event)")
+		fmt.Fprintln(w, "(no later event: its queue was deleted since, which publishes none, or its last event was lost)")
 	}
 }
 
