@@ -625,6 +625,9 @@ func (b *Broker) Stop(ctx context.Context) error {
 		close(b.done)
 		return err
 	}
+	if n := b.silenced.count.Swap(0); n > 0 { // counted since the last log, which said fewer
+		b.log.Warn("requests not answered: this broker had not renewed its claim on the store for its ttl, and another may serve it", "unanswered", n)
+	}
 	// Every transition has happened: publish the events still buffered.
 	if cerr := b.events.close(ctx); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("natstone: stop: events not all published: %w", cerr))

@@ -295,7 +295,8 @@ func TestBrokerAnswersNothingWhileItCannotRenew(t *testing.T) {
 // queue group the frozen broker took half of the requests, which timed out.)
 func TestFrozenBrokerLeavesRequestsToTheOneThatTookOver(t *testing.T) {
 	srv := natstest.Start(t, nil)
-	a, ca := serving(t, srv)
+	var logs natstest.LogBuffer
+	a, ca := serving(t, srv, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	b, cb, started := standby(t, srv)
 	a.claim.mu.Lock()
 	a.claim.timer.Stop() // frozen: it renews no more
@@ -351,6 +352,15 @@ func TestFrozenBrokerLeavesRequestsToTheOneThatTookOver(t *testing.T) {
 		t.Fatalf("%d replies more than requests, as %s", extra, m.Data)
 	}
 	running(t, b)
+	// Its stop says how many it left since it last said so.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), fmt.Sprintf("unanswered=%d", n-1)) {
+		t.Fatalf("the stop does not log the %d requests left since the first:\n%s", n-1, logs.String())
+	}
 }
 
 // TestBrokerStoppingWithoutItsClaimAnswersNothing: a broker that lost its claim stops; a request

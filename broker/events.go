@@ -78,10 +78,12 @@ type publisher struct {
 	abort    chan struct{} // closed when a close gave up waiting: what is left is dropped
 	aborted  sync.Once
 
-	published atomic.Uint64
-	dropped   atomic.Uint64
-	refused   atomic.Uint64 // tries of a batch that failed
-	lastWarn  atomic.Int64  // Unix ms of the last "events dropped" log
+	published       atomic.Uint64
+	waitingForClaim func() // tests': called as a batch begins to wait for the claim to hold
+
+	dropped  atomic.Uint64
+	refused  atomic.Uint64 // tries of a batch that failed
+	lastWarn atomic.Int64  // Unix ms of the last "events dropped" log
 }
 
 // newPublisher starts a publisher that lets batches gather for up to linger (eventLinger).
@@ -242,6 +244,10 @@ func (p *publisher) publish(batch []pendingEvent) {
 			return
 		default:
 		}
+		if !p.claimHeld() {
+			p.drop(len(datas), "the broker lost its claim on the store: the broker that took it over may have published later events of these messages")
+			return
+		}
 		if _, err = p.store.PublishBatch(subjs, datas).Wait(ctx); err == nil {
 			p.published.Add(uint64(len(datas)))
 			return
@@ -273,6 +279,34 @@ func (p *publisher) publish(batch []pendingEvent) {
 	}
 	// Republishing the whole batch may store some events twice; history drops the duplicates.
 	p.drop(len(datas), "stream refused: "+err.Error())
+}
+
+// claimHeld waits until the broker's claim holds, and reports whether it does; false once the
+// claim ended (lost, released) or a close gave up waiting. Events are published under the claim
+// only: a broker frozen past its claim (SIGSTOP) that goes on must not store the events it had
+// buffered after those the broker that took the store over stored since, of the same messages
+// (history reads a message's life from its last enqueued event: one stored so late made a
+// completed message's history end at its enqueue). While the claim is not renewed in time
+// (storage slow), the events wait for the renewal.
+func (p *publisher) claimHeld() bool {
+	if p.b.claim.held() {
+		return true
+	}
+	if p.waitingForClaim != nil {
+		p.waitingForClaim()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-p.abort:
+			cancel()
+		case <-stop:
+		}
+	}()
+	return p.b.claim.waitHeld(ctx) == nil
 }
 
 // sync waits until every event buffered before it was called is published or dropped.

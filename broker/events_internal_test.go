@@ -61,6 +61,55 @@ func TestPublisherCloseDrains(t *testing.T) {
 	}
 }
 
+// TestPublisherPublishesUnderTheClaimOnly: a broker that lost its claim (here, ended) publishes
+// none of the events it had buffered, since the broker that took the store over may have stored
+// later events of the same messages (a frozen broker that went on stored a completed message's
+// enqueued event after its completion, and history read the message as just enqueued). One whose
+// claim is not renewed in time holds its events until a renewal lands.
+func TestPublisherPublishesUnderTheClaimOnly(t *testing.T) {
+	ctx, js, p := testPublisher(t, "claim", time.Hour) // what is emitted waits for a sync or close
+	c := p.b.claim
+	waiting := make(chan struct{}, 1)
+	p.waitingForClaim = func() { waiting <- struct{}{} }
+	c.mu.Lock()
+	c.until.Store(1) // not renewed in time: it does not hold, and has not ended
+	c.mu.Unlock()
+	p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: "held", Version: 1}})
+	synced := make(chan error, 1)
+	go func() { synced <- p.sync(ctx) }()
+	select {
+	case <-waiting:
+	case <-ctx.Done():
+		t.Fatal("the batch did not wait for the claim")
+	}
+	c.mu.Lock()
+	c.renewed(c.rev, c.clock.Now()) // a renewal lands
+	c.mu.Unlock()
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if p.published.Load() != 1 || p.dropped.Load() != 0 {
+		t.Fatalf("an event emitted while the claim was not renewed: %d published, %d dropped; want it published once renewed", p.published.Load(), p.dropped.Load())
+	}
+
+	p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: "lost", Version: 1}})
+	c.abandon() // ended, as by a renewal that found another broker's claim
+	if err := p.close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "claim-events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 || p.published.Load() != 1 || p.dropped.Load() != 1 {
+		t.Fatalf("after the claim ended: %d events stored, %d published, %d dropped; want 1, 1, 1", info.State.Msgs, p.published.Load(), p.dropped.Load())
+	}
+}
+
 // TestPublisherSyncDoesNotLinger lengthens the publisher's linger to an hour: a sync (what history
 // and FlushEvents do) must still return at once, because it asks the publisher to stop lingering
 // until every event emitted before it is published: a few events (the publisher lingers on them),
