@@ -970,17 +970,16 @@ func TestRenewalRetriedSoonWhileTheClaimsHaveNoLeader(t *testing.T) {
 	running(t, a)
 }
 
-// TestRenewalRetriedSoonAfterItTimedOut: a renewal that storage took in but never answered (a
-// server leading the claims bucket killed with it; here the bucket is gone and a subscriber takes
-// the writes) times out, and is tried again claimRetry later, not ttl/5 later: an operator's
-// trial saw the claim unrenewed for its whole ttl when it waited.
-func TestRenewalRetriedSoonAfterItTimedOut(t *testing.T) {
+// unansweredClaims starts a broker with claim ttl, its claim on the fake clock returned, and then
+// makes its renewals go unanswered: the claims stream is gone, and a subscriber (taken, on nc)
+// takes its subject, so that a renewal waits out its ttl/5. logs has the broker's log.
+func unansweredClaims(t *testing.T, ttl time.Duration) (*Broker, *clock.Fake, *nats.Conn, *nats.Subscription, *natstest.LogBuffer) {
+	t.Helper()
 	srv := natstest.Start(t, nil)
 	ca := clock.NewFake(time.Unix(0, 0))
-	var logs natstest.LogBuffer
-	const ttl = 2 * time.Second // a renewal waits ttl/5 for its answer, in real time
+	logs := new(natstest.LogBuffer)
 	a := claimBroker(t, srv, ca, func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 		c.ClaimTTL = ttl
 	})
 	if err := a.Start(context.Background()); err != nil {
@@ -1001,6 +1000,16 @@ func TestRenewalRetriedSoonAfterItTimedOut(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	return a, ca, nc, taken, logs
+}
+
+// TestRenewalRetriedSoonAfterItTimedOut: a renewal that storage took in but never answered (a
+// server leading the claims bucket killed with it; here the bucket is gone and a subscriber takes
+// the writes) times out, and is tried again claimRetry later, not ttl/5 later: an operator's
+// trial saw the claim unrenewed for its whole ttl when it waited.
+func TestRenewalRetriedSoonAfterItTimedOut(t *testing.T) {
+	const ttl = 2 * time.Second // a renewal waits ttl/5 for its answer, in real time
+	_, ca, _, taken, logs := unansweredClaims(t, ttl)
 	ca.Advance(ttl / 5)
 	if _, err := taken.NextMsg(10 * time.Second); err != nil {
 		t.Fatalf("the renewal: %v", err)
@@ -1028,32 +1037,8 @@ func TestRenewalRetriedSoonAfterItTimedOut(t *testing.T) {
 // subject), and the election is its advisory; the broker's clock, which arms the retries, does not
 // move, so only the advisory can bring the next renewal.
 func TestRenewalIssuedAgainAtTheClaimsElection(t *testing.T) {
-	srv := natstest.Start(t, nil)
-	ca := clock.NewFake(time.Unix(0, 0))
-	var logs natstest.LogBuffer
 	const ttl = 10 * time.Second // a renewal waits ttl/5 for its answer, in real time
-	a := claimBroker(t, srv, ca, func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		c.ClaimTTL = ttl
-	})
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	nc := srv.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := js.DeleteStream(context.Background(), "KV_natstone-claims"); err != nil {
-		t.Fatal(err)
-	}
-	taken, err := nc.SubscribeSync("$KV.natstone-claims.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	_, ca, nc, taken, logs := unansweredClaims(t, ttl)
 	advanced := make(chan struct{})
 	go func() { // the renewal runs in the timer's callback, here for as long as it waits
 		defer close(advanced)
@@ -1074,32 +1059,8 @@ func TestRenewalIssuedAgainAtTheClaimsElection(t *testing.T) {
 // TestRenewalRetriedAtOnceAtTheClaimsElection: a renewal that failed waits claimRetry before it
 // is tried again; the claims stream's election in that pause has it tried at once.
 func TestRenewalRetriedAtOnceAtTheClaimsElection(t *testing.T) {
-	srv := natstest.Start(t, nil)
-	ca := clock.NewFake(time.Unix(0, 0))
-	var logs natstest.LogBuffer
 	const ttl = 2 * time.Second // a renewal waits ttl/5 for its answer, in real time
-	a := claimBroker(t, srv, ca, func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		c.ClaimTTL = ttl
-	})
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	nc := srv.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := js.DeleteStream(context.Background(), "KV_natstone-claims"); err != nil {
-		t.Fatal(err)
-	}
-	taken, err := nc.SubscribeSync("$KV.natstone-claims.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	a, ca, nc, taken, logs := unansweredClaims(t, ttl)
 	ca.Advance(ttl / 5) // the renewal, unanswered: it times out, and the next is armed
 	if _, err := taken.NextMsg(10 * time.Second); err != nil {
 		t.Fatalf("the renewal: %v", err)

@@ -32,6 +32,20 @@ func testPublisher(t testing.TB, prefix string, linger time.Duration) (context.C
 	return ctx, js, newPublisher(b, store, linger)
 }
 
+// storedEvents returns how many messages the stream holds.
+func storedEvents(ctx context.Context, t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
 // TestPublisherCloseDrains emits many events and closes the publisher at once: close must publish
 // every buffered event before it returns (Broker.Stop relies on it), not just stop the goroutine.
 func TestPublisherCloseDrains(t *testing.T) {
@@ -43,17 +57,9 @@ func TestPublisherCloseDrains(t *testing.T) {
 	if err := p.close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	st, err := js.Stream(ctx, "drain-events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != n || p.published.Load() != n || p.dropped.Load() != 0 {
+	if stored := storedEvents(ctx, t, js, "drain-events"); stored != n || p.published.Load() != n || p.dropped.Load() != 0 {
 		t.Fatalf("after close: %d events stored, %d published, %d dropped; want %d, %d, 0",
-			info.State.Msgs, p.published.Load(), p.dropped.Load(), n, n)
+			stored, p.published.Load(), p.dropped.Load(), n, n)
 	}
 	p.emit(pendingEvent{queue: "q", kind: subjects.EventEnqueued, rec: kv.Record{ID: "late"}})
 	if p.dropped.Load() != 1 {
@@ -97,16 +103,8 @@ func TestPublisherPublishesUnderTheClaimOnly(t *testing.T) {
 	if err := p.close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	st, err := js.Stream(ctx, "claim-events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != 1 || p.published.Load() != 1 || p.dropped.Load() != 1 {
-		t.Fatalf("after the claim ended: %d events stored, %d published, %d dropped; want 1, 1, 1", info.State.Msgs, p.published.Load(), p.dropped.Load())
+	if stored := storedEvents(ctx, t, js, "claim-events"); stored != 1 || p.published.Load() != 1 || p.dropped.Load() != 1 {
+		t.Fatalf("after the claim ended: %d events stored, %d published, %d dropped; want 1, 1, 1", stored, p.published.Load(), p.dropped.Load())
 	}
 }
 
