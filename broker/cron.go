@@ -131,7 +131,7 @@ func sundaySeven(field string) (string, error) {
 				return "", fmt.Errorf("day of week %s: from 0 to 7 (0 and 7 are Sunday), or SUN to SAT", b)
 			}
 		}
-		if lo != "7" && hi != "7" {
+		if seven := func(d string) bool { n, ok := weekday(d); return ok && n == 7 }; !seven(lo) && !seven(hi) {
 			continue
 		}
 		from, ok := weekday(lo)
@@ -163,10 +163,12 @@ func sundaySeven(field string) (string, error) {
 	return strings.Join(elems, ","), nil
 }
 
-// weekday reads a day of week as a number from 0 to 7 or a name from SUN to SAT, of any case.
+// weekday reads a day of week as a number from 0 to 7 (in decimal digits: "07" too, as the cron
+// library reads "05") or a name from SUN to SAT, of any case.
 func weekday(s string) (int, bool) {
-	if n, err := strconv.Atoi(s); err == nil && n >= 0 && n <= 7 && s == strconv.Itoa(n) {
-		return n, true
+	if s != "" && s[0] >= '0' && s[0] <= '9' {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n <= 7
 	}
 	for d := time.Sunday; d <= time.Saturday; d++ {
 		if strings.EqualFold(s, d.String()[:3]) {

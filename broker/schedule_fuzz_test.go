@@ -164,16 +164,18 @@ func TestParseCronAsVixieCron(t *testing.T) {
 		"0 0 * * 1":    time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), // as before
 		"0 0 3-5 * *":  time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
 		// 7 is Sunday, as 0 is, alone, in ranges and steps, and by a name.
-		"0 0 * * 7":      time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
-		"0 0 * * 1,7":    time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
-		"0 0 * * 6-7/2":  time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC), // Saturday alone: 8 is past the range
-		"0 0 * * 1-7/3":  time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), // Monday, Thursday, Sunday
-		"0 0 * * 7/2":    time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
-		"0 0 * * mon-7":  time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC),
-		"0 0 13 * 7":     time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), // the 13th or a Sunday
-		"0 0 1 * */7":    time.Date(2027, 8, 1, 0, 0, 0, 0, time.UTC),   // "*/7" is Sundays already: a 1st on a Sunday
-		"0 0 * 12 0-7/6": time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC),  // Sunday, Saturday, Sunday: not 1 December, a Tuesday
-		"0 0 * * 7-7":    time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
+		"0 0 * * 7":       time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
+		"0 0 * * 1,7":     time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
+		"0 0 * * 6-7/2":   time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC), // Saturday alone: 8 is past the range
+		"0 0 * * 1-7/3":   time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), // Monday, Thursday, Sunday
+		"0 0 * * 7/2":     time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
+		"0 0 * * mon-7":   time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC),
+		"0 0 13 * 7":      time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), // the 13th or a Sunday
+		"0 0 1 * */7":     time.Date(2027, 8, 1, 0, 0, 0, 0, time.UTC),   // "*/7" is Sundays already: a 1st on a Sunday
+		"0 0 * 12 0-7/6":  time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC),  // Sunday, Saturday, Sunday: not 1 December, a Tuesday
+		"0 0 * * 7-7":     time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
+		"0 0 * * 07":      time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), // as the library reads "05"
+		"0 0 * * 06-07/2": time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC),
 		// Fields apart by more than a space, as a crontab aligns them, the "@every" and the zone's too.
 		"0  0 3-5 *  *":                      time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
 		"@every  90s":                        now.Add(90 * time.Second),
@@ -188,7 +190,7 @@ func TestParseCronAsVixieCron(t *testing.T) {
 			t.Errorf("%q: next %v, want %v", spec, got, want)
 		}
 	}
-	for _, spec := range []string{",1 * * * *", "1, * * * *", "1,,2 * * * *", "+1 * * * *", "0 0 * * 1-+5", "0 0 * * 8", "0 0 * * 7-1", "0 0 * * -7", "0 0 * * FOO-7", "0 0 * * 1x-7", "0 0 * * 5-8", "0 0 * * 7/0", "*-5 * * * *", "0 ?-3/2 * * *", "0 0 1,*-9 * *",
+	for _, spec := range []string{",1 * * * *", "1, * * * *", "1,,2 * * * *", "+1 * * * *", "0 0 * * 1-+5", "0 0 * * 8", "0 0 * * 7-1", "0 0 * * -7", "0 0 * * FOO-7", "0 0 * * 1x-7", "0 0 * * 08", "0 0 * * 7-0x1", "0 0 * * 5-8", "0 0 * * 7/0", "*-5 * * * *", "0 ?-3/2 * * *", "0 0 1,*-9 * *",
 		"@every\u00a01500ms", "@every\u00851s", "@every\u30001s", "0\u00a00 * * *", "CRON_TZ=UTC\u20030 0 * * *"} {
 		if _, err := parseCron(spec, now); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
 			t.Errorf("%q: %v, want invalid_schedule", spec, err)
