@@ -68,9 +68,9 @@ type claimer struct {
 	// can stay in the runtime's timer heap until it would have fired, and must not keep the
 	// stopped broker's memory alive that long (S5 measures it right after a stop).
 	next         *atomic.Pointer[claimer]
-	ended        bool // released or lost: nothing renews it any more
-	retrying     bool // a renewal failed, and the next is armed claimRetry later
-	electionsSub *nats.Subscription
+	ended        bool               // released or lost: nothing renews it any more
+	retrying     bool               // a renewal failed, and the next is armed claimRetry later
+	electionsSub *nats.Subscription // the claims stream's elections (watchElections)
 }
 
 func newClaimer(b *Broker) *claimer {
