@@ -582,6 +582,9 @@ func (q *queue) abandon(ctx context.Context, r subjects.AbandonRequest) (subject
 	if err != nil {
 		return subjects.AbandonReply{}, err
 	}
+	if q.testAbandonReleases != nil {
+		q.testAbandonReleases()
+	}
 	for _, h := range held {
 		_, err := q.release(ctx, subjects.ReleaseRequest{ID: h.e.ID, LeaseID: h.leaseID, Refund: true, Error: abandonedLease})
 		if noLongerHeld(err) {

@@ -122,6 +122,39 @@ func TestRetryWaitsForTheFirstDequeue(t *testing.T) {
 	}
 }
 
+// TestAbandonOfALeaseSettledMeanwhile: an abandon gives back the leases its dequeue still holds.
+// One its holder settles between the abandon's look and its release (the reply reached it after
+// all) stays settled: the abandon neither fails on it nor says it gave it back.
+func TestAbandonOfALeaseSettledMeanwhile(t *testing.T) {
+	_, _, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "a", Priority: ptrTo(int64(1))}, {ID: "b", Priority: ptrTo(int64(2))}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r", Batch: 2})
+	if err != nil || len(ms) != 2 {
+		t.Fatalf("dequeue: %v, %v", ms, err)
+	}
+	q.testAbandonReleases = func() {
+		if _, err := q.complete(ctx, subjects.LeaseRequest{ID: ms[0].ID, LeaseID: ms[0].LeaseID}); err != nil {
+			t.Errorf("complete of %s as the abandon releases: %v", ms[0].ID, err)
+		}
+	}
+	reply, err := q.abandon(ctx, subjects.AbandonRequest{RequestID: "r"})
+	if err != nil {
+		t.Fatalf("abandon: %v", err)
+	}
+	if !slices.Equal(reply.Released, []string{ms[1].ID}) {
+		t.Fatalf("abandon released %v, want only %s (%s was completed meanwhile)", reply.Released, ms[1].ID, ms[0].ID)
+	}
+	for id, want := range map[string]subjects.State{ms[0].ID: subjects.StateCompleted, ms[1].ID: subjects.StatePending} {
+		if m, err := q.get(ctx, id); err != nil || m.State != want {
+			t.Fatalf("%s: %v, %v; want %s", id, m.State, err, want)
+		}
+	}
+}
+
 // TestRetryOfAFirstDequeueThatEndsEmpty: a retry that waited for the first dequeue with its request
 // id, which then ended with nothing leased (its wait ran out), is a dequeue of its own, with its own
 // wait, as it would be had it come a moment later. It was answered empty at once, its wait_ms not

@@ -100,6 +100,9 @@ type queue struct {
 	// testRetryWaits, when a test sets it, runs when a retried dequeue starts waiting for the first
 	// with its request id, with mu held. Nil outside tests.
 	testRetryWaits func()
+	// testAbandonReleases, when a test sets it, runs when an abandon has found the leases its
+	// dequeue still holds, before it releases them, without mu. Nil outside tests.
+	testAbandonReleases func()
 	// testParked, when a test sets it, runs when a long poll parks to wait for messages, with mu
 	// held. Nil outside tests.
 	testParked func()
