@@ -1068,6 +1068,20 @@ func TestLoadEndsWhenValuesGoAway(t *testing.T) {
 	}
 }
 
+// countedBySomeConsumer reports whether a consumer of st has pending pending values or more.
+func countedBySomeConsumer(ctx context.Context, t *testing.T, st jetstream.Stream, pending uint64) bool {
+	t.Helper()
+	consumers := st.ListConsumers(ctx)
+	counted := false
+	for ci := range consumers.Info() {
+		counted = counted || ci.NumPending >= pending
+	}
+	if err := consumers.Err(); err != nil {
+		t.Error(err)
+	}
+	return counted
+}
+
 // TestLoadDetectsAReplicaBehindItsLeader: a load checks with the leader that the replica that served
 // it missed no value up to the leader's last sequence when it began, and that the replica applied
 // no write while it read (here the checks are forced on a stream of one replica). Values removed
@@ -1109,6 +1123,16 @@ func TestLoadDetectsAReplicaBehindItsLeader(t *testing.T) {
 		r := kv.Record{ID: "late", State: subjects.StatePending, Version: 1}
 		if _, err := s.WriteMessage("q", &r, 0).Wait(ctx); err != nil {
 			t.Error(err)
+		}
+		// nats-server tells a stream's consumers of a message on a goroutine of its own, a moment
+		// after it acknowledged it (two loads in about 800 read on before): wait until the load's
+		// consumer counts it, as a replica's does once it applied the write.
+		for deadline := time.Now().Add(10 * time.Second); !countedBySomeConsumer(ctx, t, st, 5); {
+			if time.Now().After(deadline) {
+				t.Error("the load's consumer did not count the value stored as it read, within 10 s")
+				return
+			}
+			<-time.After(time.Millisecond)
 		}
 	})
 	if err := load(); !errors.Is(err, kv.ErrStale) {
