@@ -141,7 +141,7 @@ func TestBrowseOfMessagesMovedMeanwhile(t *testing.T) {
 	q := finishedQueue(t, n, func(int) subjects.State { return subjects.StateCanceled })
 	collected, ended := map[string]bool{}, []string{}
 	pauses := 0
-	q.testCounting = func() {
+	q.testPausing = func() {
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		if pauses++; pauses > 1 {

@@ -58,7 +58,7 @@ func TestFilteredCountOfSlotsEmptiedMeanwhile(t *testing.T) {
 		}
 	}
 	removed := 0
-	q.testCounting = func() {
+	q.testPausing = func() {
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		if removed > 0 {
@@ -94,11 +94,11 @@ func TestFilteredCountOfSlotsEmptiedMeanwhile(t *testing.T) {
 	}
 }
 
-// watchPauses counts the pauses of q's long walks (testCounting), and those in which the queue's
+// watchPauses counts the pauses of q's long walks (testPausing), and those in which the queue's
 // lock was held, which would have let no one in.
 func watchPauses(q *queue) (steps, held *int) {
 	steps, held = new(int), new(int)
-	q.testCounting = func() {
+	q.testPausing = func() {
 		*steps++
 		if !q.mu.TryLock() {
 			*held++

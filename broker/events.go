@@ -78,12 +78,12 @@ type publisher struct {
 	abort    chan struct{} // closed when a close gave up waiting: what is left is dropped
 	aborted  sync.Once
 
-	published       atomic.Uint64
-	waitingForClaim func() // tests': called as a batch begins to wait for the claim to hold
+	published atomic.Uint64
+	dropped   atomic.Uint64
+	refused   atomic.Uint64 // tries of a batch that failed
+	lastWarn  atomic.Int64  // Unix ms of the last "events dropped" log
 
-	dropped  atomic.Uint64
-	refused  atomic.Uint64 // tries of a batch that failed
-	lastWarn atomic.Int64  // Unix ms of the last "events dropped" log
+	waitingForClaim func() // tests': called as a batch begins to wait for the claim to hold
 }
 
 // newPublisher starts a publisher that lets batches gather for up to linger (eventLinger).

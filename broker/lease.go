@@ -468,8 +468,8 @@ func (q *queue) countMatching(filter map[string]string) (c subjects.Counts, olde
 // waiting on it, and takes it again; an error says the queue closed meanwhile.
 func (q *queue) letOthersIn() error {
 	q.mu.Unlock()
-	if q.testCounting != nil {
-		q.testCounting()
+	if q.testPausing != nil {
+		q.testPausing()
 	}
 	runtime.Gosched() // a request waiting on the lock takes it now, not at the next step
 	q.mu.Lock()

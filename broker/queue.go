@@ -106,10 +106,9 @@ type queue struct {
 	// testParked, when a test sets it, runs when a long poll parks to wait for messages, with mu
 	// held. Nil outside tests.
 	testParked func()
-	// testCounting, when a test sets it, runs between two steps of a filtered count or browse,
-	// without mu.
-	// Nil outside tests.
-	testCounting func()
+	// testPausing, when a test sets it, runs as a long walk (a filtered count or browse) lets the
+	// other requests in between two steps (letOthersIn), without mu. Nil outside tests.
+	testPausing func()
 }
 
 const numStates = 6

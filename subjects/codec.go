@@ -33,7 +33,7 @@ var rawHeaders = []string{HeaderID, HeaderPriority, HeaderMetadata, HeaderInvisi
 // nothing after it. An empty (or all white space) body, or null, leaves v at its zero value. Errors
 // are *Error with CodeBadRequest.
 func Decode(data []byte, v any) error {
-	if len(bytes.Trim(data, jsonSpace)) == 0 {
+	if Blank(data) {
 		return nil
 	}
 	if !utf8.Valid(data) {
@@ -221,6 +221,10 @@ func duplicateKeyIn(data []byte, fields bool) (string, bool) {
 
 // jsonSpace is JSON's white space. Other Unicode spaces (bytes.TrimSpace's) are not JSON.
 const jsonSpace = " \t\r\n"
+
+// Blank reports whether data, a request's body, is empty or JSON's white space alone: no body,
+// which Decode leaves v as it is for.
+func Blank(data []byte) bool { return len(bytes.Trim(data, jsonSpace)) == 0 }
 
 // errLoneSurrogate says why loneSurrogate's text is refused.
 const errLoneSurrogate = `a \u escape of half a UTF-16 surrogate pair (such as \ud800) is not a character`

@@ -1,7 +1,6 @@
 package web
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -532,7 +531,7 @@ func decodeBody(r *http.Request, v any, want string) error {
 			msg: "body over " + strconv.FormatInt(tooLarge.Limit, 10) + " bytes"}
 	case err != nil:
 		return badRequest("body: %v", err)
-	case len(bytes.Trim(data, " \t\r\n")) == 0: // JSON's white space
+	case subjects.Blank(data):
 		return badRequest("empty body: want %s", want)
 	}
 	// As strictly as the broker reads its requests: encoding/json alone takes bytes that are not

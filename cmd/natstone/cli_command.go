@@ -283,7 +283,7 @@ func (f *msDuration) Set(s string) error {
 	d, err := time.ParseDuration(s)
 	switch {
 	case err != nil:
-		return errors.New("not a duration (e.g. 90s, 5m, 1h30m)")
+		return errNotDuration
 	case d%time.Millisecond != 0:
 		return errors.New("not a whole number of milliseconds")
 	case f.noZero && (d < f.min || d > f.max):
@@ -303,6 +303,9 @@ func (c *clientCommand) duration(name string, def, min, max time.Duration, usage
 	c.fs.Var(f, name, usage)
 	return &f.d
 }
+
+// errNotDuration is a duration flag's error for a value that is not one.
+var errNotDuration = errors.New("not a duration (e.g. 90s, 5m, 1h30m)")
 
 // durationVar is fs.DurationVar whose error for a value that is not a duration says what one looks
 // like, as the other duration flags do, rather than the flag package's "parse error".
@@ -324,7 +327,7 @@ func (f goDuration) String() string {
 func (f goDuration) Set(s string) error {
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return errors.New("not a duration (e.g. 90s, 5m, 1h30m)")
+		return errNotDuration
 	}
 	*f.d = d
 	return nil

@@ -189,14 +189,14 @@ function query(pairs) {
   return q ? '?' + q : '';
 }
 
-// parseFilter turns "k=v, k2=v2" into ["k=v", "k2=v2"], throwing on a piece that is not key=value.
-// A backslash takes the next character as it is: "k=a\,b" is the one pair k = "a,b", and
-// "k= v\ " keeps the value " v " whole (white space at a pair's ends is trimmed unless escaped).
 // escapePair writes a filter pair in the filter box's syntax, which parseFilter reads.
 function escapePair(p) {
   return p.replace(/[\\,]/g, c => '\\' + c).replace(/^\s|\s$/g, c => '\\' + c);
 }
 
+// parseFilter turns "k=v, k2=v2" into ["k=v", "k2=v2"], throwing on a piece that is not key=value.
+// A backslash takes the next character as it is: "k=a\,b" is the one pair k = "a,b", and
+// "k= v\ " keeps the value " v " whole (white space at a pair's ends is trimmed unless escaped).
 function parseFilter(text) {
   const pieces = [];
   let piece = []; // [character, escaped]
