@@ -1086,6 +1086,43 @@ func TestClientDequeueAbandonsALongPollItsContextEnds(t *testing.T) {
 	}
 }
 
+// TestClientDequeueAbandonsALongPollOfUnknownOutcome: a long poll without a request id whose outcome
+// is unknown — no reply within the client's timeout, or unavailable — may have leased a message, and
+// the caller cannot send it again without its id: it is abandoned with the id Dequeue made up.
+func TestClientDequeueAbandonsALongPollOfUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		reply []byte // nil: none
+		err   error
+	}{
+		{"no reply", nil, nats.ErrTimeout},
+		{"unavailable", []byte(`{"error":{"code":"unavailable","message":"the write's outcome is unknown"}}`), workers.ErrUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := natstest.Start(t, nil)
+			fake, space, reqs := fakeDequeues(t, srv, func(int32) []byte { return tc.reply })
+			abandons, err := fake.SubscribeSync(space.Subject(subjects.OpAbandon, "q"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := clientOnFake(t, srv, fake, 100*time.Millisecond)
+			if _, err := c.Dequeue(ctx(t), "q", &workers.DequeueOpts{Wait: 10 * time.Millisecond}); !errors.Is(err, tc.err) {
+				t.Fatalf("the long poll: %v, want %v", err, tc.err)
+			}
+			poll := recv(t, reqs)
+			m, err := abandons.NextMsg(waitTimeout)
+			if err != nil {
+				t.Fatalf("nothing abandoned: %v", err)
+			}
+			if got := decode[subjects.AbandonRequest](t, m.Data); poll.RequestID == "" || got.RequestID != poll.RequestID {
+				t.Fatalf("abandoned %q, want the poll's made-up id %q", got.RequestID, poll.RequestID)
+			}
+		})
+	}
+}
+
 // TestWorkerStartsOnlyAsMade: a Worker not made with NewWorker, or one stopped, does not start,
 // and says why.
 func TestWorkerStartsOnlyAsMade(t *testing.T) {

@@ -272,8 +272,9 @@ type DequeueOpts struct {
 //
 // A long poll (opts.Wait of a millisecond or more) that ctx ends before its reply goes on at the broker, which would
 // lease it a message nobody then runs. Given no RequestID, Dequeue makes one up, and abandons the
-// poll with it (Abandon, a try of at most a second) when ctx ends first. Given one, the caller
-// decides: send the dequeue again with it to get its leases back, or Abandon it.
+// poll with it (Abandon, a try of at most a second) when ctx ends first, or when its outcome is
+// unknown (no reply in time, or ErrUnavailable), since the caller cannot send it again. Given one,
+// the caller decides: send the dequeue again with it to get its leases back, or Abandon it.
 func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) ([]Message, error) {
 	req := opts.request()
 	madeID := req.WaitMS > 0 && req.RequestID == ""
@@ -286,7 +287,7 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 	}
 	var r subjects.DequeueReply
 	if err := c.send(ctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
-		if madeID && ctx.Err() != nil {
+		if madeID && (ctx.Err() != nil || unknownOutcome(err)) {
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 			_, _ = c.Abandon(actx, queue, req.RequestID) // best effort: the caller has ctx's error
 			cancel()
