@@ -29,11 +29,12 @@ const settleRetryMax = 2 * time.Second
 
 // extendRetry returns how long a failed lease extension waits before it is tried again, left before
 // the lease ends: half of that, so that a few tries fit before the end, but not more than the
-// extensions' interval every, nor less than pollRetryBase. A request that fails at once (a closed
-// connection) would otherwise be tried again sooner each time, some twenty times in its lease's last
-// second.
+// extensions' interval every, nor less than pollRetryBase, unless less than that is left: then at the
+// lease's end, when a failure means the lease is lost (and the handler is told so then, not up to
+// pollRetryBase after). A request that fails at once (a closed connection) would otherwise be tried
+// again sooner each time, some twenty times in its lease's last second.
 func extendRetry(every, left time.Duration) time.Duration {
-	return max(min(every, left/2), pollRetryBase)
+	return min(max(min(every, left/2), pollRetryBase), max(left, 0))
 }
 
 // pollRetry returns how long a slot waits before it polls again, after failures polls in a row

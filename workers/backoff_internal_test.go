@@ -73,14 +73,16 @@ func TestDefaultBackoff(t *testing.T) {
 }
 
 // TestExtendRetry: a failed extension is tried again in half the time left, within the extensions'
-// interval, and never sooner than 100 ms, however little is left.
+// interval, and never sooner than 100 ms, unless less is left: then at the lease's end.
 func TestExtendRetry(t *testing.T) {
 	for _, c := range []struct{ every, left, want time.Duration }{
 		{10 * time.Second, 30 * time.Second, 10 * time.Second},
 		{10 * time.Second, 8 * time.Second, 4 * time.Second},
 		{10 * time.Second, 300 * time.Millisecond, 150 * time.Millisecond},
 		{10 * time.Second, 150 * time.Millisecond, pollRetryBase},
-		{10 * time.Second, time.Millisecond, pollRetryBase},
+		{10 * time.Second, 80 * time.Millisecond, 80 * time.Millisecond},
+		{10 * time.Second, time.Millisecond, time.Millisecond},
+		{10 * time.Second, -time.Millisecond, 0},
 		{50 * time.Millisecond, time.Second, pollRetryBase},
 	} {
 		if got := extendRetry(c.every, c.left); got != c.want {

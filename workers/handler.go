@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/natstone/natstone/subjects"
@@ -96,7 +97,7 @@ var ErrLeaseLost = errors.New("natstone: lease lost")
 var ErrHandlerTimeout = errors.New("natstone: handler timed out")
 
 // ErrHandlersLeftRunning is in Worker.Stop's error when handlers that ignore their contexts were
-// still running 2 seconds after Stop's ctx ended, and were left to return on their own (their
+// still running 3 seconds after Stop's ctx ended, and were left to return on their own (their
 // messages released).
 var ErrHandlersLeftRunning = errors.New("natstone: handlers left running")
 
@@ -111,31 +112,47 @@ type Job struct {
 
 	client *Client
 
-	// leaseMu serialises the lease operations on the job — the worker's extensions and the handler's
-	// Cancel — so an extension never reads the handler's own cancel as a lost lease.
-	leaseMu sync.Mutex
-	settled bool // the handler canceled the message: the worker neither extends nor settles it
+	// lease serialises the lease operations on the job — the worker's extensions and the handler's
+	// Cancel — so an extension never reads the handler's own cancel as a lost lease. It is a
+	// semaphore rather than a mutex: a Cancel waiting for an extension in flight (up to the lease's
+	// end, with a broker that does not answer) still keeps to its ctx.
+	lease     chan struct{}
+	leaseOnce sync.Once
+	settled   atomic.Bool // the handler canceled the message: the worker neither extends nor settles it
 }
 
 // Cancel cancels the message for good, fenced by the job's lease, and tells the worker to leave it
 // alone afterwards (whatever the handler then returns). Calling it again returns nil. Errors: as
-// Client.Cancel.
+// Client.Cancel, and ctx's error should ctx end while the worker's extension of the lease is in
+// flight (the cancel then was not sent).
 func (j *Job) Cancel(ctx context.Context) error {
-	j.leaseMu.Lock()
-	defer j.leaseMu.Unlock()
-	if j.settled {
+	if err := j.lock(ctx); err != nil {
+		return fmt.Errorf("natstone: cancel %s: %w", j.Queue, err)
+	}
+	defer j.unlock()
+	if j.settled.Load() {
 		return nil
 	}
 	if _, err := j.client.Cancel(ctx, j.Queue, j.ID, j.LeaseID); err != nil {
 		return err
 	}
-	j.settled = true
+	j.settled.Store(true)
 	return nil
 }
 
-// isSettled reports whether the handler canceled the message.
-func (j *Job) isSettled() bool {
-	j.leaseMu.Lock()
-	defer j.leaseMu.Unlock()
-	return j.settled
+// lock takes the job's lease semaphore, or returns ctx's error.
+func (j *Job) lock(ctx context.Context) error {
+	j.leaseOnce.Do(func() { j.lease = make(chan struct{}, 1) })
+	select {
+	case j.lease <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
+
+// unlock gives the lease semaphore back.
+func (j *Job) unlock() { <-j.lease }
+
+// isSettled reports whether the handler canceled the message (a Cancel in flight has not, yet).
+func (j *Job) isSettled() bool { return j.settled.Load() }

@@ -34,8 +34,10 @@ const (
 const stopSettleTimeout = time.Second
 
 // stopGrace bounds how long Stop waits, once its ctx is done, for the handlers to return and the
-// last settles (a try of at most stopSettleTimeout each, two at most in a row) to end.
-const stopGrace = 2 * stopSettleTimeout
+// last requests to end: a settle's last try, then the abandon of the dequeue that settle carried
+// when its outcome is unknown, a try of at most stopSettleTimeout each, and a third such while for
+// the handlers.
+const stopGrace = 3 * stopSettleTimeout
 
 // WorkerConfig configures a Worker. Only Queue is required.
 type WorkerConfig struct {
@@ -101,11 +103,12 @@ type WorkerConfig struct {
 // has ended (if it has attempts left). A cancel is noticed within moments when the worker hears its
 // event (WorkerConfig.Events), else at the next extension.
 type Worker struct {
-	client  *Client
-	cfg     WorkerConfig // defaults applied
-	handler Handler      // with the middleware
-	log     *slog.Logger
-	running atomic.Int32 // slots with messages: their handlers running, their settles, or given back
+	client   *Client
+	cfg      WorkerConfig // defaults applied
+	handler  Handler      // with the middleware
+	log      *slog.Logger
+	running  atomic.Int32 // slots with messages: their handlers running, their settles, or given back
+	handlers atomic.Int32 // handlers running (Stop's error names those it leaves)
 
 	// mu guards the fields below.
 	mu           sync.Mutex
@@ -300,9 +303,10 @@ func (w *Worker) unwatch(leaseID string) {
 // message on its last attempt), whatever each handler returns then, nil included (a handler cut
 // short often returns nil; Discard and Snooze are not done either), with one try of at most a second each (a lease not released ends on
 // its own, and that attempt is spent); a complete, release or cancel still in flight
-// then has at most a second more, whatever the client's timeout. Stop returns when every goroutine
+// then has at most a second more, whatever the client's timeout (and should its answer not come,
+// the slot's next message it may have leased is abandoned, below). Stop returns when every goroutine
 // of the worker has returned: nil if the handlers finished and settled their messages in time (or
-// none was running), else ctx's error. A handler that ignores its context is not waited for past 2
+// none was running), else ctx's error. A handler that ignores its context is not waited for past 3
 // seconds after ctx is done: Stop then returns ctx's error joined with ErrHandlersLeftRunning, and
 // leaves that handler's goroutine to return on its own (its message was released); a second Stop
 // waits for it. ctx's error alone says the handlers were interrupted and have all returned.
@@ -315,7 +319,8 @@ func (w *Worker) unwatch(leaseID string) {
 // abandon subject), that is logged, and a message the poll leases before its wait is over stays
 // running, unprocessed, until its lease ends (spending that attempt). A message that a slot's
 // complete leased for it (see CompleteNext) as Stop began is released at once, unprocessed, with its
-// attempt given back (ReleaseOpts.Refund).
+// attempt given back (ReleaseOpts.Refund); when the answer of such a complete does not come (no reply
+// in time, unavailable, or cut by Stop), the dequeue it carried is abandoned the same way.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	started, stopPoll, stopJobs, done := w.started, w.stopPoll, w.stopJobs, w.done
@@ -345,8 +350,11 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-grace.C:
 		// The messages were released; what is left is handlers that ignore their contexts. Waiting
 		// for them would hold a deploy's shutdown until it is killed.
-		return fmt.Errorf("natstone: worker stop: %w; %w: %d still running %v after their contexts ended, left to return on their own",
-			ctx.Err(), ErrHandlersLeftRunning, w.running.Load(), stopGrace)
+		if n := w.handlers.Load(); n > 0 {
+			return fmt.Errorf("natstone: worker stop: %w; %w: %d still running %v after their contexts ended, left to return on their own",
+				ctx.Err(), ErrHandlersLeftRunning, n, stopGrace)
+		}
+		return fmt.Errorf("natstone: worker stop: %w; its last requests still unanswered %v after it, left to end on their own", ctx.Err(), stopGrace)
 	}
 	if idle {
 		return nil
@@ -448,7 +456,7 @@ func (w *Worker) work(pollCtx, jobCtx context.Context, d *dequeued) (stopped boo
 			return true
 		}
 		m, rest := d.msgs[0], d.msgs[1:]
-		*d = w.process(pollCtx, jobCtx, &m, d.retried, d.sent)
+		*d = w.process(pollCtx, jobCtx, &m, d.retried, d.leasedAfter())
 		d.msgs = append(rest, d.msgs...)
 	}
 	return false
@@ -488,11 +496,25 @@ type dequeued struct {
 	// may have run for a while already: since sent, at the earliest.
 	retried bool
 	sent    time.Time // when the dequeue's request id was first sent
+	// settle: a settle's dequeue (CompleteNext, ReleaseNext), which does not wait, so its leases
+	// began after sent, and just after it unless retried.
+	settle bool
 	// uncertain is a dequeue whose outcome is unknown (it timed out, or the broker answered
 	// unavailable): it may have leased a message whose reply was lost. The slot's next poll sends
 	// its id again, and the broker then returns that lease instead of leasing another message and
 	// leaving the first to expire unprocessed.
 	uncertain requestTry
+}
+
+// leasedAfter returns when d's leases began at the earliest, as their ends must be reckoned while the
+// broker cannot be reached (a handler told its lease is lost no later than it is): when d was first
+// sent, for a retried dequeue or a settle's; zero for a poll's first try, which may have waited at
+// the broker for most of its PollWait before it leased (its leases are reckoned from its reply).
+func (d *dequeued) leasedAfter() time.Time {
+	if d.retried || d.settle {
+		return d.sent
+	}
+	return time.Time{}
 }
 
 // requestTry is a dequeue's request id, and when it was first sent.
@@ -574,17 +596,24 @@ func unknownOutcome(err error) bool {
 	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, ErrUnavailable)
 }
 
+// notAnswered reports whether a request that failed with err may have been carried out: unknownOutcome,
+// or its context ended first (Stop's cut of a settle's last try, tryCtx), the request perhaps sent.
+func notAnswered(err error) bool {
+	return unknownOutcome(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
 // process runs the handler on m while extending its lease, then settles m. The slot's goroutine
 // supervises its own job: each job has exactly one extension timer, and the extensions of different
 // jobs never wait for one another (a shared ticker would serialise them behind the slowest request).
 // It returns once the handler has returned, with what the settle's dequeue of the slot's next message
-// gave. A message that came back to a retried dequeue (retried) may have run for a while before the
-// retry (since sent, the first try's, at the earliest): its lease is extended before its handler
-// starts, which does not start unless the lease holds.
-func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bool, sent time.Time) dequeued {
-	leased := time.Now() // at the latest
-	if retried {
-		leased = sent // at the earliest, as its end must be reckoned
+// gave. m's lease began at since at the earliest, or, if since is zero, when its reply came. A message that came
+// back to a retried dequeue (retried) may have run for a while before the retry: its lease is
+// extended before its handler starts, which does not start if the broker says the lease is lost,
+// or if the extension fails and that reckoning says its end has passed.
+func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bool, since time.Time) dequeued {
+	leased := since // at the earliest, as its end must be reckoned
+	if leased.IsZero() {
+		leased = time.Now() // a poll that may have waited at the broker: when it came, at the latest
 	}
 	lease := w.cfg.Lease
 	if lease == 0 {
@@ -596,8 +625,9 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 	if every <= 0 || every >= lease {
 		every = lease / 3
 	}
-	// expires is when the lease ends at the latest as far as the worker knows; it only matters while
-	// the broker cannot be reached.
+	// expires is when the lease ends as the worker reckons it (from leased); it only matters while the
+	// broker cannot be reached: the handler is told the lease is lost then, and settles are tried
+	// until then.
 	expires := leased.Add(lease)
 	log := w.log.With("queue", m.Queue, "message_id", m.ID, "lease_id", m.LeaseID, "attempt", m.Attempts)
 	job := &Job{Message: *m, client: w.client}
@@ -621,9 +651,13 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		defer stop()
 	}
 	result := make(chan outcome, 1)
+	w.handlers.Add(1)
 	go func() {
 		o := outcome{err: errGoexit}
-		defer func() { result <- o }() // also when the handler calls runtime.Goexit
+		defer func() {
+			w.handlers.Add(-1)
+			result <- o
+		}() // also when the handler calls runtime.Goexit
 		o.err = w.run(hctx, job, log)
 		o.stopped = errors.Is(context.Cause(hctx), ErrWorkerStopped)
 	}()
@@ -706,11 +740,14 @@ func (r recovering) Handle(ctx context.Context, job *Job) (err error) {
 // settled the message itself) or lost when the lease is gone. retried is for the extension of a
 // lease a retried dequeue returned, before its handler starts: its end, reckoned from the dequeue's
 // first try, may be past already though the broker holds it still (it said so), so that extension
-// has a request timeout whatever; if it fails the lease counts as lost, and no handler ran.
+// has a request timeout whatever; if it fails, the lease counts as lost (and no handler runs) when
+// the broker says so, or when that end has passed.
 func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Duration, expires *time.Time, retried bool, log *slog.Logger) (next time.Duration, lost bool) {
-	job.leaseMu.Lock()
-	defer job.leaseMu.Unlock()
-	if job.settled {
+	if err := job.lock(jobCtx); err != nil {
+		return every, false // stopping: process sees jobCtx done
+	}
+	defer job.unlock()
+	if job.settled.Load() {
 		return 0, false
 	}
 	// An answer after the lease's end would come too late to matter.
@@ -758,12 +795,12 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, o outco
 		tries++
 		uncertain := got.uncertain // a try that failed outright says nothing of an earlier one's dequeue
 		switch {
-		case unknownOutcome(err) || unknownOutcome(s.NextErr):
+		case notAnswered(err) || unknownOutcome(s.NextErr):
 			uncertain = requestTry{id: next.RequestID, sent: sent}
 		case err == nil && s.NextErr == nil:
 			uncertain = requestTry{} // this try's next is what the request id leased
 		}
-		got = dequeued{msgs: s.Next, retried: tries > 1, sent: sent, uncertain: uncertain}
+		got = dequeued{msgs: s.Next, retried: tries > 1, sent: sent, settle: true, uncertain: uncertain}
 		if s.NextErr != nil {
 			log.Debug("dequeue after the settle failed; the slot polls", "error", s.NextErr)
 		}
@@ -871,7 +908,7 @@ func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, 
 			case <-jobCtx.Done(): // Stop's time is up: the last, short try at once
 				t.Stop()
 			}
-		case unknownOutcome(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		case notAnswered(err):
 			// Sent, its answer not had (the connection may hold it until it reconnects): it may
 			// land yet, and if it does not, the lease ends on its own.
 			log.Warn(what+" not confirmed: it may land yet; if not, the lease ends on its own", "error", err, "lease_ends", expires)

@@ -418,6 +418,53 @@ func TestWorkerSnoozeOfZero(t *testing.T) {
 	}
 }
 
+// TestJobCancelKeepsToItsContext: a handler's Cancel waits for the worker's extension of the lease
+// in flight (so that extension does not take the cancel for a lost lease), but no longer than its
+// own ctx allows, though that extension may wait until the lease's end (an hour here) for a broker
+// that does not answer.
+func TestJobCancelKeepsToItsContext(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	fake, space, _ := fakeLeasingOnce(t, srv)
+	extending := make(chan struct{}, 16)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpExtend, "q"), func(*nats.Msg) { extending <- struct{}{} }); err != nil {
+		t.Fatal(err) // never answered
+	}
+	cancels, err := fake.SubscribeSync(space.Subject(subjects.OpCancel, "q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	canceled := make(chan error, 1)
+	c := clientOnFake(t, srv, fake, time.Hour)
+	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: discard(),
+		ExtendEveryFunc: func(time.Duration) time.Duration { return time.Millisecond }},
+		workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+			<-extending // an extension in flight
+			cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			defer cancel()
+			canceled <- job.Cancel(cctx)
+			<-ctx.Done()
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, canceled); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Cancel: %v, want its ctx's error", err)
+	}
+	if m, err := cancels.NextMsg(10 * time.Millisecond); err == nil {
+		t.Fatalf("a cancel was sent, %s, while the extension was in flight", m.Data)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := w.Stop(sctx); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrHandlersLeftRunning) {
+		t.Fatalf("Stop: %v, want its ctx's error alone: the handler returned as its context ended", err)
+	}
+}
+
 // TestWorkerIgnoreCancels: a worker subscribes to its queue's cancels unless IgnoreCancels says not
 // to (the server's own count of the subject's subscriptions tells).
 func TestWorkerIgnoreCancels(t *testing.T) {
@@ -1344,14 +1391,22 @@ func TestWorkerGivesBackNextWhenStopping(t *testing.T) {
 }
 
 // TestWorkerStopCutsASettleInFlight: a complete sent before Stop's ctx ran out, and not answered,
-// gets stopSettleTimeout from then, not the rest of the client's request timeout.
+// gets stopSettleTimeout from then, not the rest of the client's request timeout. The dequeue it
+// carried may have leased the slot's next message (the complete may land yet), so that dequeue is
+// abandoned: else such a message would stay running, unprocessed, until its lease ends.
 func TestWorkerStopCutsASettleInFlight(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
 	fake, space, _ := fakeLeasingOnce(t, srv)
-	completes := make(chan struct{}, 16)
-	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(*nats.Msg) { completes <- struct{}{} }); err != nil {
+	completes := make(chan subjects.LeaseRequest, 16)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
+		completes <- decode[subjects.LeaseRequest](t, m.Data)
+	}); err != nil {
 		t.Fatal(err) // never answered
+	}
+	abandons, err := fake.SubscribeSync(space.Subject(subjects.OpAbandon, "q"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	if err := fake.Flush(); err != nil {
 		t.Fatal(err)
@@ -1368,13 +1423,72 @@ func TestWorkerStopCutsASettleInFlight(t *testing.T) {
 	if err := w.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	recv(t, completes) // in flight
+	complete := recv(t, completes) // in flight
+	if complete.Next == nil || complete.Next.RequestID == "" {
+		t.Fatalf("the complete carries no dequeue with a request id: %+v", complete.Next)
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.Stop(sctx) }()
-	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop: %v, want its ctx's error", err)
+	m, err := abandons.NextMsg(waitTimeout)
+	if err != nil {
+		t.Fatalf("the stop abandoned nothing: %v", err)
+	}
+	if got := decode[subjects.AbandonRequest](t, m.Data); got.RequestID != complete.Next.RequestID {
+		t.Fatalf("the stop abandoned %q, want the cut complete's dequeue %q", got.RequestID, complete.Next.RequestID)
+	}
+	_ = m.Respond([]byte(`{"request_id":"` + complete.Next.RequestID + `","released":[]}`))
+	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrHandlersLeftRunning) {
+		t.Fatalf("Stop: %v, want its ctx's error alone", err)
+	}
+}
+
+// TestWorkerStopWaitsForItsLastRequests: a complete whose outcome is unknown (unavailable), sent
+// again as Stop's ctx runs out and not answered, is cut a second later, and the dequeue it carried is
+// then abandoned, in a second more: Stop waits for both, and says no handler was left running (none
+// was).
+func TestWorkerStopWaitsForItsLastRequests(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	fake, space, _ := fakeLeasingOnce(t, srv)
+	var tries atomic.Int32
+	inFlight := make(chan struct{}, 16)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
+		if tries.Add(1) == 1 {
+			_ = m.Respond([]byte(`{"error":{"code":"unavailable","message":"outcome unknown"}}`))
+			return
+		}
+		inFlight <- struct{}{} // never answered
+	}); err != nil {
+		t.Fatal(err)
+	}
+	abandons := make(chan struct{}, 16)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpAbandon, "q"), func(*nats.Msg) { abandons <- struct{}{} }); err != nil {
+		t.Fatal(err) // never answered
+	}
+	c := clientOnFake(t, srv, fake, time.Hour)
+	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: discard()},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, inFlight)
+	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(sctx) }()
+	err = recv(t, stopped)
+	if want := "natstone: worker stop: " + context.DeadlineExceeded.Error(); err == nil || err.Error() != want {
+		t.Fatalf("Stop: %v, want %q: every goroutine returned, no handler left", err, want)
+	}
+	select {
+	case <-abandons:
+	default:
+		t.Fatal("Stop returned without abandoning the dequeue the unanswered complete carried")
 	}
 }
 
@@ -1463,6 +1577,58 @@ func TestWorkerRetriedLeaseReckonedFromTheFirstTry(t *testing.T) {
 	case <-ran:
 		t.Fatal("the handler ran on a lease that could not be confirmed")
 	default:
+	}
+}
+
+// TestWorkerNextLeaseReckonedFromItsSettle: a message a complete leased for the slot (next) began its
+// lease once the broker had the complete, which the worker knows to be after it sent it, not when the
+// reply came. With a broker that stops answering, its handler is told the lease is lost as soon as
+// that reckoning says it ended: here a reply slow by 1.5 s of a 2 s lease leaves it half a second
+// (told at the first extension, two thirds of a second in), not the 2 s reckoned from the reply.
+func TestWorkerNextLeaseReckonedFromItsSettle(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	const lease, slow = 2 * time.Second, 1500 * time.Millisecond
+	fake, space, first := fakeLeasingOnce(t, srv)
+	var completes atomic.Int32
+	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
+		if completes.Add(1) > 1 {
+			return // the next's: never answered
+		}
+		time.AfterFunc(slow, func() {
+			next, _ := leasedReplyFor(t, time.Now(), lease)
+			next.ID = "n"
+			done := first
+			done.State, done.LeaseID, done.LeaseExpiresAt = subjects.StateCompleted, "", nil
+			reply, err := json.Marshal(subjects.SettleReply{Message: done, Next: &subjects.NextReply{Messages: []subjects.Message{next}}})
+			if err != nil {
+				panic(err)
+			}
+			_ = m.Respond(reply)
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake.Subscribe(space.Subject(subjects.OpExtend, "q"), func(*nats.Msg) {}); err != nil {
+		t.Fatal(err) // never answered
+	}
+	type end struct {
+		after time.Duration
+		cause error
+	}
+	ended := make(chan end, 1)
+	workerOnFake(t, srv, fake, time.Hour, func(ctx context.Context, job *workers.Job) error {
+		if job.ID != "n" {
+			return nil
+		}
+		began := time.Now()
+		<-ctx.Done()
+		ended <- end{time.Since(began), context.Cause(ctx)}
+		return nil
+	})
+	got := recv(t, ended)
+	if !errors.Is(got.cause, workers.ErrLeaseLost) || got.after > lease-slow+time.Second*4/5 {
+		t.Fatalf("n's handler ended %v in, by %v; want lease lost within %v (2/3 s, at its first extension)", got.after, got.cause, lease-slow+time.Second*4/5)
 	}
 }
 
