@@ -621,7 +621,10 @@ func (b *Broker) Stop(ctx context.Context) error {
 		// Work still in progress may write: the claim is no longer renewed but stays, and a
 		// standby waits out its ttl.
 		b.claim.abandon()
-		err = errors.Join(err, fmt.Errorf("natstone: stop: %w", ctx.Err()), b.events.close(ctx))
+		err = errors.Join(err, fmt.Errorf("natstone: stop: %w before the work in progress ended; no snapshot written", ctx.Err()))
+		if cerr := b.events.close(ctx); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("natstone: stop: %w", cerr))
+		}
 		close(b.done)
 		return err
 	}
@@ -630,7 +633,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 	}
 	// Every transition has happened: publish the events still buffered.
 	if cerr := b.events.close(ctx); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("natstone: stop: events not all published: %w", cerr))
+		err = errors.Join(err, fmt.Errorf("natstone: stop: %w", cerr))
 	}
 	b.writeSnapshot(ctx)
 	doubts := 0

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -353,8 +354,14 @@ func (p *publisher) close(ctx context.Context) error {
 	case <-p.done:
 		return nil
 	case <-ctx.Done():
+		p.mu.Lock()
+		n := p.emitted - p.handled // buffered, or in a batch in flight
+		p.mu.Unlock()
 		p.aborted.Do(func() { close(p.abort) })
-		return ctx.Err()
+		if n == 0 {
+			return nil // every event was published (or counted dropped) already
+		}
+		return fmt.Errorf("events not all published: %d dropped or unconfirmed: %w", n, ctx.Err())
 	}
 }
 

@@ -58,9 +58,15 @@ type Natstone struct {
 	stopOnce sync.Once
 	stopErr  error
 
-	mu      sync.Mutex   // guards clients
+	mu      sync.Mutex   // guards clients and stopping
 	clients []*nats.Conn // Connect's connections, closed by Stop
+	// stopping is set as Stop begins: Connect then fails (ErrStopped) rather than connect to a
+	// server about to go.
+	stopping bool
 }
+
+// ErrStopped is the error of a Connect to a Natstone whose Stop began.
+var ErrStopped = errors.New("natstone: embedded natstone stopped")
 
 // Start starts the nats-server, connects the broker to it in-process (one connection for requests,
 // one for storage, so the server reads them in parallel) and starts the broker. On error
@@ -125,7 +131,7 @@ func Start(ctx context.Context, cfg *Config) (*Natstone, error) {
 	if cfg.Starting != nil {
 		if err := cfg.Starting(n); err != nil {
 			n.shutdown()
-			return nil, err
+			return nil, fmt.Errorf("natstone: embedded Config.Starting: %w", err)
 		}
 	}
 	if err := n.broker.Start(ctx); err != nil {
@@ -170,14 +176,22 @@ func (n *Natstone) Addr() net.Addr { return n.server.Addr() }
 // Connect opens an in-process client connection to the server; the caller closes it. It
 // reconnects as any nats.go connection does while the server runs, and Stop closes it once the
 // server is down: its requests then fail at once with nats.ErrConnectionClosed, rather than wait
-// out their timeouts for a server that will not come back.
+// out their timeouts for a server that will not come back. Once Stop has begun, Connect fails with
+// ErrStopped.
 func (n *Natstone) Connect(opts ...nats.Option) (*nats.Conn, error) {
+	if n.isStopping() {
+		return nil, fmt.Errorf("natstone: connect: %w", ErrStopped)
+	}
 	nc, err := nats.Connect("", append(opts, nats.InProcessServer(n.server))...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("natstone: connect to the embedded server: %w", err)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.stopping { // began meanwhile: it may have closed the clients already
+		nc.Close()
+		return nil, fmt.Errorf("natstone: connect: %w", ErrStopped)
+	}
 	n.clients = slices.DeleteFunc(n.clients, (*nats.Conn).IsClosed) // those the caller closed
 	n.clients = append(n.clients, nc)
 	return nc, nil
@@ -187,14 +201,36 @@ func (n *Natstone) Connect(opts ...nats.Option) (*nats.Conn, error) {
 // order, so no request in progress is cut off by a vanishing server. It is safe to call more than
 // once and from several goroutines (a signal handler's and a deferred one): every call returns when
 // the first one's stop has ended, with its result.
+//
+// Give Stop a context of its own with a deadline, as http.Server.Shutdown wants, not the one whose
+// end asked for the stop: a ctx already done stops at once, cutting the work in progress, dropping
+// the events still buffered (their count is in the error) and writing no snapshot, so the next
+// start reads every record. Nothing acknowledged is lost either way.
 func (n *Natstone) Stop(ctx context.Context) error {
+	switch {
+	case n == nil: // a failed Start's: nothing to stop
+		return nil
+	case n.server == nil:
+		return errors.New("natstone: embedded Stop of a Natstone that Start did not return")
+	}
 	n.stopOnce.Do(func() { n.stopErr = n.stop(ctx) })
 	return n.stopErr
 }
 
+// isStopping reports whether Stop began.
+func (n *Natstone) isStopping() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.stopping
+}
+
 // stop is Stop's one run.
 func (n *Natstone) stop(ctx context.Context) error {
+	n.mu.Lock()
+	n.stopping = true
+	n.mu.Unlock()
 	err := n.broker.Stop(ctx)
+	cut := 0 // connections closed before their drain ended
 	for i, nc := range n.conns {
 		if derr := nc.Drain(); derr != nil {
 			nc.Close()
@@ -203,9 +239,16 @@ func (n *Natstone) stop(ctx context.Context) error {
 		select {
 		case <-n.closed[i]:
 		case <-ctx.Done():
-			nc.Close()
-			err = errors.Join(err, fmt.Errorf("natstone: draining the broker connection: %w", ctx.Err()))
+			select {
+			case <-n.closed[i]: // drained all the same
+			default:
+				nc.Close()
+				cut++
+			}
 		}
+	}
+	if cut > 0 {
+		err = errors.Join(err, fmt.Errorf("natstone: stop: %d of the broker's connections closed before they drained: %w", cut, ctx.Err()))
 	}
 	n.server.Shutdown()
 	n.server.WaitForShutdown()

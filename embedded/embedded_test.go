@@ -215,6 +215,22 @@ func TestConnectionsClosedOnStop(t *testing.T) {
 	if _, err := nc.Request("natstone.v1.get.jobs", []byte(`{"id":"a"}`), time.Minute); !errors.Is(err, nats.ErrConnectionClosed) {
 		t.Fatalf("request after Stop: %v, want ErrConnectionClosed", err)
 	}
+	if nc, err := ns.Connect(); !errors.Is(err, embedded.ErrStopped) {
+		t.Fatalf("Connect after Stop: %v, %v; want ErrStopped", nc, err)
+	}
+}
+
+// TestStopOfNoNatstone: the Stop of a failed Start's nil *Natstone (deferred before the error's
+// check) has nothing to stop; that of a Natstone Start did not return says so. Neither panics.
+func TestStopOfNoNatstone(t *testing.T) {
+	var none *embedded.Natstone
+	if err := none.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop of nil: %v", err)
+	}
+	var zero embedded.Natstone
+	if err := zero.Stop(context.Background()); err == nil || !strings.Contains(err.Error(), "Start did not return") {
+		t.Fatalf("Stop of a zero Natstone: %v, want it refused", err)
+	}
 }
 
 // TestStopRunsOnce: a Stop after another returns the first one's result, and stops nothing twice.
@@ -226,8 +242,8 @@ func TestStopRunsOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no time: the first Stop reports its ctx's error
 	first := ns.Stop(ctx)
-	if !errors.Is(first, context.Canceled) {
-		t.Fatalf("Stop with a canceled ctx: %v", first)
+	if !errors.Is(first, context.Canceled) || strings.Count(first.Error(), "drain") > 1 {
+		t.Fatalf("Stop with a canceled ctx: %v; want its error, the connections cut said once", first)
 	}
 	if again := ns.Stop(context.Background()); !errors.Is(again, first) {
 		t.Fatalf("second Stop: %v, want the first's %v", again, first)
@@ -267,8 +283,8 @@ func TestStartingRunsBeforeTheBrokerServes(t *testing.T) {
 			return err
 		}
 		return refused
-	}}); !errors.Is(err, refused) {
-		t.Fatalf("Start with a failing Starting: %v, want its error", err)
+	}}); !errors.Is(err, refused) || !strings.Contains(err.Error(), "Config.Starting") {
+		t.Fatalf("Start with a failing Starting: %v, want its error, naming Config.Starting", err)
 	}
 	if !left.IsClosed() {
 		t.Error("a connection Starting made is left open by the failed Start, retrying a server that is gone")
