@@ -65,7 +65,7 @@ func NewClient(nc *nats.Conn, cfg *Config) (*Client, error) {
 	}
 	space, err := subjects.NewSpace(c.Prefix)
 	if err != nil {
-		return nil, fmt.Errorf("natstone: client Config.Prefix: %w", err)
+		return nil, fmt.Errorf("natstone: client Config.Prefix %q is not a subject prefix (dot-separated tokens, no wildcards or white space)", c.Prefix)
 	}
 	return &Client{nc: nc, space: space, timeout: cmp.Or(c.Timeout, DefaultTimeout)}, nil
 }
@@ -84,6 +84,9 @@ func (c *Client) request(ctx context.Context, op subjects.Op, queue string, body
 
 // opOn names op on queue in an error: "get q", or "list" alone.
 func opOn(op subjects.Op, queue string) string {
+	if op == subjects.OpEnqueueRaw {
+		op = subjects.OpEnqueue // Enqueue's form on the wire, not another operation to the caller
+	}
 	if queue == "" {
 		return string(op)
 	}

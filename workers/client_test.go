@@ -617,8 +617,8 @@ func TestNoResponders(t *testing.T) {
 	if errors.As(err, &apiErr) {
 		t.Fatalf("a transport error is an *APIError: %+v", apiErr)
 	}
-	if _, err := c.Enqueue(cx, "q", []byte("x"), nil); !errors.Is(err, nats.ErrNoResponders) {
-		t.Fatalf("Enqueue without a broker: %v", err)
+	if _, err := c.Enqueue(cx, "q", []byte("x"), nil); !errors.Is(err, nats.ErrNoResponders) || !strings.HasPrefix(err.Error(), "natstone: enqueue q: ") {
+		t.Fatalf("Enqueue without a broker: %v, want it named as the caller's enqueue", err)
 	}
 	if _, err := c.Dequeue(cx, "q", &workers.DequeueOpts{Wait: time.Minute}); !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("Dequeue without a broker: %v", err)

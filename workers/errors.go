@@ -2,6 +2,7 @@ package workers
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -92,6 +93,17 @@ func (e *APIError) Is(target error) bool {
 		return t != nil && t.Code == e.Code
 	}
 	return false
+}
+
+// fieldError is the error of a config field that a check of package subjects refused (err, a
+// *subjects.Error): an *APIError with that check's code, as the broker would have replied to the same
+// value, so that errors.Is matches its sentinel, its message naming the field.
+func fieldError(field string, err error) error {
+	e, ok := errors.AsType[*subjects.Error](err)
+	if !ok {
+		return fmt.Errorf("natstone: %s: %w", field, err)
+	}
+	return &APIError{Code: e.Code, Message: field + ": " + e.Message, Status: e.Code.Status()}
 }
 
 // apiError converts a protocol error to an *APIError.

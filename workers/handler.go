@@ -101,6 +101,11 @@ var ErrHandlerTimeout = errors.New("natstone: handler timed out")
 // messages released).
 var ErrHandlersLeftRunning = errors.New("natstone: handlers left running")
 
+// ErrUnsettled is in Worker.Stop's error when completes, releases or cancels sent while it stopped
+// failed, or went unanswered (each is logged): those messages stay running until their leases end,
+// and then run again, or error if out of attempts.
+var ErrUnsettled = errors.New("natstone: messages not settled")
+
 // ErrWorkerStopped is the context.Cause of a handler's context when Worker.Stop's context ended
 // before the handler returned.
 var ErrWorkerStopped = errors.New("natstone: worker stopped")

@@ -34,9 +34,9 @@ const (
 const stopSettleTimeout = time.Second
 
 // stopGrace bounds how long Stop waits, once its ctx is done, for the handlers to return and the
-// last requests to end: a settle's last try, then the abandon of the dequeue that settle carried
-// when its outcome is unknown, a try of at most stopSettleTimeout each, and a third such while for
-// the handlers.
+// last requests to end, each a while of at most stopSettleTimeout: a settle's last try, then the
+// abandon of the dequeue that settle carried when its outcome is unknown; or the wait for a handler
+// to return before its message is released, then that release; and one such while to spare.
 const stopGrace = 3 * stopSettleTimeout
 
 // WorkerConfig configures a Worker. Only Queue is required.
@@ -103,12 +103,13 @@ type WorkerConfig struct {
 // has ended (if it has attempts left). A cancel is noticed within moments when the worker hears its
 // event (WorkerConfig.Events), else at the next extension.
 type Worker struct {
-	client   *Client
-	cfg      WorkerConfig // defaults applied
-	handler  Handler      // with the middleware
-	log      *slog.Logger
-	running  atomic.Int32 // slots with messages: their handlers running, their settles, or given back
-	handlers atomic.Int32 // handlers running (Stop's error names those it leaves)
+	client    *Client
+	cfg       WorkerConfig // defaults applied
+	handler   Handler      // with the middleware
+	log       *slog.Logger
+	running   atomic.Int32 // slots with messages: their handlers running, their settles, or given back
+	handlers  atomic.Int32 // handlers running (Stop's error names those it leaves)
+	unsettled atomic.Int32 // completes, releases and cancels that failed, or whose outcome stayed unknown
 
 	// mu guards the fields below.
 	mu           sync.Mutex
@@ -177,7 +178,7 @@ func (cfg *WorkerConfig) withDefaults() WorkerConfig {
 
 func (cfg *WorkerConfig) validate() error {
 	if err := subjects.ValidateQueueName(cfg.Queue); err != nil {
-		return fmt.Errorf("natstone: WorkerConfig.Queue: %w", err)
+		return fieldError("WorkerConfig.Queue", err)
 	}
 	if cfg.Concurrency < 0 {
 		return fmt.Errorf("natstone: WorkerConfig.Concurrency %d is negative", cfg.Concurrency)
@@ -186,17 +187,17 @@ func (cfg *WorkerConfig) validate() error {
 		return fmt.Errorf("natstone: WorkerConfig.Timeout %v is negative", cfg.Timeout)
 	}
 	if err := subjects.ValidateWorker(cfg.Name); err != nil {
-		return fmt.Errorf("natstone: WorkerConfig.Name: %w", err)
+		return fieldError("WorkerConfig.Name", err)
 	}
 	if err := subjects.ValidateMetadata(cfg.Filter, subjects.MaxMetadataPairs); err != nil {
-		return fmt.Errorf("natstone: WorkerConfig.Filter: %w", err)
+		return fieldError("WorkerConfig.Filter", err)
 	}
 	if cfg.Lease != 0 && (cfg.Lease < subjects.MinLease || cfg.Lease > subjects.MaxLease) {
-		return fmt.Errorf("natstone: WorkerConfig.Lease %v is outside %v to %v", cfg.Lease, subjects.MinLease, subjects.MaxLease)
+		return fieldError("WorkerConfig.Lease", subjects.Errorf(subjects.CodeOutOfRange, "%v is outside %v to %v", cfg.Lease, subjects.MinLease, subjects.MaxLease))
 	}
 	// Under a millisecond the wait would round to none, and the worker would poll without pause.
 	if cfg.PollWait < time.Millisecond || cfg.PollWait > subjects.MaxWait {
-		return fmt.Errorf("natstone: WorkerConfig.PollWait %v is outside 1ms to %v", cfg.PollWait, subjects.MaxWait)
+		return fieldError("WorkerConfig.PollWait", subjects.Errorf(subjects.CodeOutOfRange, "%v is outside 1ms to %v", cfg.PollWait, subjects.MaxWait))
 	}
 	for i, m := range cfg.Middleware {
 		if m == nil {
@@ -204,7 +205,7 @@ func (cfg *WorkerConfig) validate() error {
 		}
 	}
 	if _, err := subjects.NewSpace(cfg.Events); err != nil {
-		return fmt.Errorf("natstone: WorkerConfig.Events: %w", err)
+		return fmt.Errorf("natstone: WorkerConfig.Events %q is not a subject prefix (dot-separated tokens, no wildcards or white space)", cfg.Events)
 	}
 	return nil
 }
@@ -298,20 +299,25 @@ func (w *Worker) unwatch(leaseID string) {
 
 // Stop drains the worker: no new message is dequeued (long polls in flight are abandoned, below), and the
 // running handlers may finish and settle their messages until ctx is done. Then their contexts are
-// cancelled (cause ErrWorkerStopped) and their messages released at once, with their attempts given
-// back (ReleaseOpts.Refund: the handler was stopped, it did not fail, so a deploy never errors a
-// message on its last attempt), whatever each handler returns then, nil included (a handler cut
-// short often returns nil; Discard and Snooze are not done either), with one try of at most a second each (a lease not released ends on
-// its own, and that attempt is spent); a complete, release or cancel still in flight
-// then has at most a second more, whatever the client's timeout (and should its answer not come,
-// the slot's next message it may have leased is abandoned, below). Stop returns when every goroutine
-// of the worker has returned: nil if the handlers finished and settled their messages in time (or
-// none was running), else ctx's error. A handler that ignores its context is not waited for past 3
-// seconds after ctx is done: Stop then returns ctx's error joined with ErrHandlersLeftRunning, and
-// leaves that handler's goroutine to return on its own (its message was released); a second Stop
-// waits for it. ctx's error alone says the handlers were interrupted and have all returned.
-// Stopping a worker that was never started, or stopping it again, returns nil; a worker stopped
-// before it was started never starts (Start then fails).
+// cancelled (cause ErrWorkerStopped), and each message is released as its handler returns, with its
+// attempt given back (ReleaseOpts.Refund: the handler was stopped, it did not fail, so a deploy never
+// errors a message on its last attempt), whatever the handler returns then, nil included (a handler
+// cut short often returns nil; Discard and Snooze are not done either), with one try of at most a
+// second (a lease not released ends on its own, and that attempt is spent). A handler that has not
+// returned a second after its context ended has its message released all the same: it may then run
+// alongside the message's next run, even in an exclusive queue. A complete, release or cancel still
+// in flight when ctx is done has at most a second more, whatever the client's timeout (and should
+// its answer not come, the slot's next message it may have leased is abandoned, below).
+//
+// Stop returns when every goroutine of the worker has returned: nil if the handlers finished and
+// settled their messages in time (or none was running), else ctx's error; joined with ErrUnsettled
+// if a complete, release or cancel sent as it stopped failed or went unanswered (its message stays
+// running until its lease ends). A handler that ignores its context is not waited for past 3 seconds
+// after ctx is done: Stop then returns ctx's error joined with ErrHandlersLeftRunning, and leaves
+// that handler's goroutine to return on its own (its message was released); a second Stop waits for
+// it. ctx's error alone says the handlers were interrupted and have all returned. Stopping a worker
+// that was never started, or stopping it again, returns nil; a worker stopped before it was started
+// never starts (Start then fails).
 //
 // The long polls in flight are abandoned at the broker (Client.Abandon, a try of at most a second
 // each): they end there, leasing nothing, and what one leased just before is pending again, its
@@ -330,7 +336,18 @@ func (w *Worker) Stop(ctx context.Context) error {
 	if !started {
 		return nil
 	}
+	failed := w.unsettled.Load()
 	stopPoll(ErrWorkerStopped)
+	err := w.drain(ctx, stopJobs, done)
+	if n := w.unsettled.Load() - failed; n > 0 {
+		err = errors.Join(err, fmt.Errorf("%w: %d of the completes, releases or cancels sent as the worker stopped failed or went unconfirmed (logged); their leases end on their own", ErrUnsettled, n))
+	}
+	return err
+}
+
+// drain waits for the slots to end (done) once their polls are stopped: until ctx is done, then,
+// stopJobs having cancelled the handlers' contexts, for stopGrace more.
+func (w *Worker) drain(ctx context.Context, stopJobs context.CancelCauseFunc, done <-chan struct{}) error {
 	select {
 	case <-done:
 		return nil
@@ -673,12 +690,18 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 			// Someone canceled the message, an event says: extend now, and the refusal, if the
 			// event was true, ends the handler below.
 		case <-jobCtx.Done():
+			// Stop gave up waiting, and the handler's context has ended: a handler that keeps to it
+			// returns in moments, and its message is released then, not while it still runs (in an
+			// exclusive queue, the next message of its value would run alongside).
+			wait := time.NewTimer(stopSettleTimeout)
 			select {
-			case o := <-result: // returned as its context ended
+			case o := <-result:
+				wait.Stop()
 				return w.settle(pollCtx, jobCtx, hctx, job, o, expires, log)
-			default:
+			case <-wait.C:
 			}
-			// Stop gave up waiting: hand the message back now rather than when the handler returns.
+			// A handler that ignores its context: hand the message back now rather than when it
+			// returns, which may be never.
 			if !job.isSettled() {
 				w.releaseInterrupted(jobCtx, job, expires, log)
 			}
@@ -912,9 +935,11 @@ func (w *Worker) finish(jobCtx context.Context, what string, expires time.Time, 
 			// Sent, its answer not had (the connection may hold it until it reconnects): it may
 			// land yet, and if it does not, the lease ends on its own.
 			log.Warn(what+" not confirmed: it may land yet; if not, the lease ends on its own", "error", err, "lease_ends", expires)
+			w.unsettled.Add(1)
 			return
 		default:
 			log.Error(what+" failed", "error", err)
+			w.unsettled.Add(1)
 			return
 		}
 	}

@@ -32,28 +32,33 @@ func TestNewWorkerValidates(t *testing.T) {
 	}
 	h := workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil })
 	tests := []struct {
-		name  string
-		cfg   *workers.WorkerConfig
-		field string
+		name     string
+		cfg      *workers.WorkerConfig
+		field    string
+		sentinel error // for a value the broker would refuse too: its code's
 	}{
-		{"nil config", nil, "WorkerConfig"},
-		{"no queue", &workers.WorkerConfig{}, "WorkerConfig.Queue"},
-		{"bad queue", &workers.WorkerConfig{Queue: "a.b"}, "WorkerConfig.Queue"},
-		{"negative concurrency", &workers.WorkerConfig{Queue: "q", Concurrency: -1}, "WorkerConfig.Concurrency"},
-		{"negative timeout", &workers.WorkerConfig{Queue: "q", Timeout: -time.Second}, "WorkerConfig.Timeout"},
-		{"bad filter", &workers.WorkerConfig{Queue: "q", Filter: map[string]string{"": "x"}}, "WorkerConfig.Filter"},
-		{"short lease", &workers.WorkerConfig{Queue: "q", Lease: 99 * time.Millisecond}, "WorkerConfig.Lease"},
-		{"long lease", &workers.WorkerConfig{Queue: "q", Lease: 25 * time.Hour}, "WorkerConfig.Lease"},
-		{"sub-ms poll wait", &workers.WorkerConfig{Queue: "q", PollWait: time.Microsecond}, "WorkerConfig.PollWait"},
-		{"long poll wait", &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait + time.Millisecond}, "WorkerConfig.PollWait"},
-		{"nil middleware", &workers.WorkerConfig{Queue: "q", Middleware: []workers.Middleware{nil}}, "WorkerConfig.Middleware[0]"},
-		{"long name", &workers.WorkerConfig{Queue: "q", Name: strings.Repeat("n", subjects.MaxWorkerLen+1)}, "WorkerConfig.Name"},
-		{"wildcard events", &workers.WorkerConfig{Queue: "q", Events: "natstone.>"}, "WorkerConfig.Events"},
-		{"empty events token", &workers.WorkerConfig{Queue: "q", Events: "natstone..events"}, "WorkerConfig.Events"},
+		{"nil config", nil, "WorkerConfig", nil},
+		{"no queue", &workers.WorkerConfig{}, "WorkerConfig.Queue", workers.ErrInvalidQueueName},
+		{"bad queue", &workers.WorkerConfig{Queue: "a.b"}, "WorkerConfig.Queue", workers.ErrInvalidQueueName},
+		{"negative concurrency", &workers.WorkerConfig{Queue: "q", Concurrency: -1}, "WorkerConfig.Concurrency", nil},
+		{"negative timeout", &workers.WorkerConfig{Queue: "q", Timeout: -time.Second}, "WorkerConfig.Timeout", nil},
+		{"bad filter", &workers.WorkerConfig{Queue: "q", Filter: map[string]string{"": "x"}}, "WorkerConfig.Filter", workers.ErrInvalidMetadata},
+		{"short lease", &workers.WorkerConfig{Queue: "q", Lease: 99 * time.Millisecond}, "WorkerConfig.Lease", workers.ErrOutOfRange},
+		{"long lease", &workers.WorkerConfig{Queue: "q", Lease: 25 * time.Hour}, "WorkerConfig.Lease", workers.ErrOutOfRange},
+		{"sub-ms poll wait", &workers.WorkerConfig{Queue: "q", PollWait: time.Microsecond}, "WorkerConfig.PollWait", workers.ErrOutOfRange},
+		{"long poll wait", &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait + time.Millisecond}, "WorkerConfig.PollWait", workers.ErrOutOfRange},
+		{"nil middleware", &workers.WorkerConfig{Queue: "q", Middleware: []workers.Middleware{nil}}, "WorkerConfig.Middleware[0]", nil},
+		{"long name", &workers.WorkerConfig{Queue: "q", Name: strings.Repeat("n", subjects.MaxWorkerLen+1)}, "WorkerConfig.Name", workers.ErrBadRequest},
+		{"wildcard events", &workers.WorkerConfig{Queue: "q", Events: "natstone.>"}, "WorkerConfig.Events", nil},
+		{"empty events token", &workers.WorkerConfig{Queue: "q", Events: "natstone..events"}, "WorkerConfig.Events", nil},
 	}
 	for _, tc := range tests {
-		if _, err := workers.NewWorker(c, tc.cfg, h); err == nil || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("%s: err = %v, want one naming %s", tc.name, err, tc.field)
+		_, err := workers.NewWorker(c, tc.cfg, h)
+		if err == nil || !strings.Contains(err.Error(), tc.field) || strings.Count(err.Error(), "natstone:") != 1 {
+			t.Errorf("%s: err = %v, want one naming %s (natstone: once)", tc.name, err, tc.field)
+		}
+		if tc.sentinel != nil && !errors.Is(err, tc.sentinel) {
+			t.Errorf("%s: err = %v, want it to match %v", tc.name, err, tc.sentinel)
 		}
 	}
 	if _, err := workers.NewWorker(nil, &workers.WorkerConfig{Queue: "q"}, h); err == nil {
@@ -1482,13 +1487,93 @@ func TestWorkerStopWaitsForItsLastRequests(t *testing.T) {
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.Stop(sctx) }()
 	err = recv(t, stopped)
-	if want := "natstone: worker stop: " + context.DeadlineExceeded.Error(); err == nil || err.Error() != want {
-		t.Fatalf("Stop: %v, want %q: every goroutine returned, no handler left", err, want)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, workers.ErrUnsettled) || errors.Is(err, workers.ErrHandlersLeftRunning) || strings.Contains(err.Error(), "left to end") {
+		t.Fatalf("Stop: %v, want its ctx's error and the complete unconfirmed: every goroutine returned, no handler left", err)
 	}
 	select {
 	case <-abandons:
 	default:
 		t.Fatal("Stop returned without abandoning the dequeue the unanswered complete carried")
+	}
+}
+
+// TestWorkerStopReleasesAsTheHandlerReturns: once Stop's ctx is done, a handler that keeps to its
+// context but takes a moment to unwind keeps its message running until it returns, and the message
+// is released then, not while the handler still runs (in an exclusive queue, the next message of its
+// value would run alongside).
+func TestWorkerStopReleasesAsTheHandlerReturns(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m"})
+	started, cut, unwound := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	w, err := workers.NewWorker(e.c, &workers.WorkerConfig{Queue: "q", Logger: discard()},
+		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+			close(started)
+			<-ctx.Done()
+			close(cut)
+			<-unwound // its cleanup
+			return ctx.Err()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, started)
+	sctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(sctx) }()
+	recv(t, cut)
+	if m := e.get("q", "m"); m.State != subjects.StateRunning {
+		t.Fatalf("m is %s while its handler unwinds, want running", m.State)
+	}
+	close(unwound)
+	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrUnsettled) || errors.Is(err, workers.ErrHandlersLeftRunning) {
+		t.Fatalf("Stop: %v, want its ctx's error alone", err)
+	}
+	if m := e.get("q", "m"); m.State != subjects.StatePending || m.Attempts != 0 {
+		t.Fatalf("m is %s with %d attempts after Stop, want pending, its attempt given back", m.State, m.Attempts)
+	}
+}
+
+// TestWorkerStopSaysWhatItLeftUnsettled: a release that fails as the worker stops (its connection
+// closed first, as when an embedded natstone is stopped before its workers) leaves the message
+// running until its lease ends: Stop says so rather than return its ctx's error alone.
+func TestWorkerStopSaysWhatItLeftUnsettled(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m"})
+	nc := e.srv.Connect(t)
+	c, err := workers.NewClient(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", Logger: discard()},
+		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+			close(started)
+			<-ctx.Done() // Stop's: its release then fails
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, started)
+	nc.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := w.Stop(sctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, workers.ErrUnsettled) {
+		t.Fatalf("Stop: %v, want its ctx's error and ErrUnsettled", err)
+	}
+	if m := e.get("q", "m"); m.State != subjects.StateRunning {
+		t.Fatalf("m is %s, want still running under the lease nobody released", m.State)
 	}
 }
 
@@ -1740,6 +1825,11 @@ func TestWorkerRetriedLeaseOlderThanALease(t *testing.T) {
 		expires := time.Now().Add(time.Second).UTC()
 		reply, _ := json.Marshal(subjects.Message{ID: "m", Queue: "q", State: subjects.StateRunning, LeaseID: "L", LeaseExpiresAt: &expires})
 		_ = m.Respond(reply)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake.Subscribe(space.Subject(subjects.OpComplete, "q"), func(m *nats.Msg) {
+		_ = m.Respond([]byte(`{"id":"m","queue":"q","state":"completed","next":{"messages":[]}}`))
 	}); err != nil {
 		t.Fatal(err)
 	}
