@@ -1563,7 +1563,6 @@ func notFoundCases(queue string) []errCase {
 		{"cancel " + queue, subjects.OpCancel, queue, subjects.LeaseRequest{ID: "m1"}, subjects.CodeQueueNotFound},
 		{"get " + queue, subjects.OpGet, queue, subjects.GetRequest{ID: "m1"}, subjects.CodeQueueNotFound},
 		{"depth " + queue, subjects.OpDepth, queue, nil, subjects.CodeQueueNotFound},
-		{"unschedule " + queue, subjects.OpUnschedule, queue, subjects.UnscheduleRequest{Name: "s"}, subjects.CodeQueueNotFound},
 		{"schedules " + queue, subjects.OpSchedules, queue, nil, subjects.CodeQueueNotFound},
 	}
 }

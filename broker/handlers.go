@@ -208,6 +208,19 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 	}
 
 	q, err := b.lookup(ctx, name, false)
+	if op == subjects.OpUnschedule && subjects.CodeOf(err) == subjects.CodeQueueNotFound {
+		// No queue, so no schedule either (a queue's delete removes its schedules): there is
+		// nothing to remove, as for a queue without it, so that a cleanup run again, or after the
+		// queue's delete, succeeds.
+		var r subjects.UnscheduleRequest
+		if err := subjects.Decode(data, &r); err != nil {
+			return nil, err
+		}
+		if err := subjects.ValidateScheduleName(r.Name); err != nil {
+			return nil, err
+		}
+		return subjects.UnscheduleReply{Queue: name, Name: r.Name}, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -232,6 +232,29 @@ func TestScheduleNoAutoCreate(t *testing.T) {
 	e.unchanged(before)
 }
 
+// TestUnscheduleOfAQueueNotThere: a queue that does not exist, or no longer does (its delete removed
+// its schedules), has no schedule to remove: an unschedule of it succeeds with removed false, as for
+// a queue without that schedule, so that a cleanup run again, or after the queue's delete, succeeds;
+// it creates no queue and writes nothing. A bad name is refused all the same.
+func TestUnscheduleOfAQueueNotThere(t *testing.T) {
+	e := setup(t)
+	e.create("gone", subjects.CreateQueueRequest{})
+	must[subjects.ScheduleInfo](e, subjects.OpSchedule, "gone", subjects.ScheduleRequest{Name: "s", Cron: "@hourly"})
+	must[subjects.DeleteReply](e, subjects.OpDelete, "gone", nil)
+	before := e.snap()
+	for _, queue := range []string{"ghost", "gone"} {
+		r := must[subjects.UnscheduleReply](e, subjects.OpUnschedule, queue, subjects.UnscheduleRequest{Name: "s"})
+		if r.Removed || r.Queue != queue || r.Name != "s" {
+			t.Fatalf("unschedule of %s: %+v, want nothing removed", queue, r)
+		}
+	}
+	fails(e, subjects.CodeInvalidSchedule, subjects.OpUnschedule, "ghost", subjects.UnscheduleRequest{Name: ""})
+	e.unchanged(before)
+	if qs := must[subjects.ListReply](e, subjects.OpList, "", nil).Queues; len(qs) != 0 {
+		t.Fatalf("queues %+v, want none created", qs)
+	}
+}
+
 // TestScheduleReplace: a schedule sent with another cron fires at the new times from then on; one
 // sent with another payload keeps its times.
 func TestScheduleReplace(t *testing.T) {

@@ -81,10 +81,13 @@ func DecodeScheduleFire(data []byte) (ScheduleFireRequest, error) {
 		return r, err
 	}
 	if r.ID == "" && idGivenEmpty(data) {
-		return ScheduleFireRequest{}, Errorf(CodeInvalidID, "id is empty: omit it for the broker to make one of the schedule's name and the time")
+		return ScheduleFireRequest{}, ErrFireIDEmpty
 	}
 	return r, nil
 }
+
+// ErrFireIDEmpty is the error of a schedule_fire whose id is given empty.
+var ErrFireIDEmpty = Errorf(CodeInvalidID, "id is empty: omit it for the broker to make one of the schedule's name and the time")
 
 // errEmptyID is the error of an enqueue whose id is given empty.
 var errEmptyID = Errorf(CodeInvalidID, "id is empty: omit it for the broker to generate one")

@@ -458,7 +458,7 @@ func (s *Server) setPaused(r *http.Request, pause bool) (any, error) {
 
 // fireRequest is the body of POST /api/queues/{name}/schedules/{schedule}/fire.
 type fireRequest struct {
-	ID string `json:"id"`
+	ID *string `json:"id"` // nil: none given; given empty, it is refused, as the broker refuses it
 }
 
 // fireSchedule answers POST /api/queues/{name}/schedules/{schedule}/fire with the schedule fired
@@ -471,8 +471,16 @@ func (s *Server) fireSchedule(r *http.Request) (any, error) {
 	if err := decodeBody(r, &req, `{"id": string}`); err != nil {
 		return nil, err
 	}
+	var id string
+	if req.ID != nil {
+		if id = *req.ID; id == "" {
+			// The client would send it as none, and each retry would fire again.
+			e := subjects.ErrFireIDEmpty
+			return nil, &inputError{status: e.Code.Status(), code: e.Code, msg: e.Message}
+		}
+	}
 	name, schedule := r.PathValue("name"), r.PathValue("schedule")
-	info, err := s.client.FireSchedule(r.Context(), name, schedule, req.ID)
+	info, err := s.client.FireSchedule(r.Context(), name, schedule, id)
 	if err != nil {
 		return nil, err
 	}

@@ -682,14 +682,17 @@ func TestScheduleActions(t *testing.T) {
 	for _, c := range []struct {
 		name, path, contentType, body string
 		status                        int
+		code                          subjects.Code
 	}{
-		{"plain text", "pause", "text/plain", `{}`, http.StatusUnsupportedMediaType},
-		{"empty body", "pause", "application/json", ``, http.StatusBadRequest},
-		{"unknown field", "resume", "application/json", `{"paused":true}`, http.StatusBadRequest},
-		{"a note to fire", "fire", "application/json", `{"note":"x"}`, http.StatusBadRequest},
+		{"plain text", "pause", "text/plain", `{}`, http.StatusUnsupportedMediaType, subjects.CodeBadRequest},
+		{"empty body", "pause", "application/json", ``, http.StatusBadRequest, subjects.CodeBadRequest},
+		{"unknown field", "resume", "application/json", `{"paused":true}`, http.StatusBadRequest, subjects.CodeBadRequest},
+		{"a note to fire", "fire", "application/json", `{"note":"x"}`, http.StatusBadRequest, subjects.CodeBadRequest},
+		// As the broker refuses it: taken for none, each retry would fire again.
+		{"an empty id", "fire", "application/json", `{"id":""}`, http.StatusBadRequest, subjects.CodeInvalidID},
 	} {
 		status, h, body := e.do(http.MethodPost, "/api/queues/q/schedules/nightly/"+c.path, c.contentType, c.body)
-		wantError(t, c.name, status, h, body, c.status, subjects.CodeBadRequest)
+		wantError(t, c.name, status, h, body, c.status, c.code)
 	}
 	if n := reqs.count(); n != 0 {
 		t.Errorf("%d requests reached the broker, want none", n)

@@ -91,7 +91,8 @@
 //	POST /api/queues/{name}/schedules/{schedule}/fire
 //	     Body {"id": string}, or {} for the id <schedule>@<now, to the ms>. Fires the schedule now, paused or
 //	     not (the protocol's schedule_fire): the reply is the schedule, its last_id the message
-//	     enqueued. 404 schedule_not_found, 409 invalid_state for an overlap skip schedule whose last
+//	     enqueued. 400 invalid_id for an id given empty (as the broker's: retried, it would fire
+//	     again), 404 schedule_not_found, 409 invalid_state for an overlap skip schedule whose last
 //	     fire's message is not finished, 409 queue_blocked.
 //
 // With [Config.Hosts] set, a request whose Host header names another host is answered 421 bad_request: a page

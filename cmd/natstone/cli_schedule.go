@@ -89,8 +89,8 @@ next, its last fire and the id it enqueued,
 or why that fire enqueued nothing (the queue blocked, or its config no longer takes the message),
 how many fire times passed while no broker served (SKIPPED: a starting broker fires only the
 last), and its overlap policy with the fire times it left out (OVERLAP: "skip (3)").
---json prints the protocol's reply, {"queue", "schedules": [...]} (without QUEUE, {"schedules":
-[...]}, each with its queue).
+--json prints the protocol's reply, {"queue", "schedules": [...]} (without QUEUE, {"queue": "",
+"schedules": [...]}, each with its queue).
 `, stdout, stderr)
 	pos, err := c.parse(args, 0, 1)
 	if err != nil {
