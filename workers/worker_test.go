@@ -835,10 +835,10 @@ func TestWorkerGracefulStop(t *testing.T) {
 
 // TestWorkerStopReleasesWhateverTheHandlerReturns stops a worker whose handler outlasts Stop's
 // context: the handler's context is cancelled with ErrWorkerStopped, and its message is released
-// at once (no backoff) with its attempt given back, so that a deploy does not error a message on
-// its last attempt, whatever the handler returns then: its context's error; nil (it stopped short,
-// as far as anyone can tell: it was completed); a Discard or a Snooze (as when it returns a moment
-// later, the message released already).
+// as the handler returns (no backoff) with its attempt given back, so that a deploy does not error
+// a message on its last attempt, whatever the handler returns then: its context's error; nil (it
+// stopped short, as far as anyone can tell: it was completed); a Discard or a Snooze (as when it
+// returns more than a second later, the message released already).
 func TestWorkerStopReleasesWhateverTheHandlerReturns(t *testing.T) {
 	t.Parallel()
 	for name, result := range map[string]func(context.Context) error{
@@ -854,20 +854,22 @@ func TestWorkerStopReleasesWhateverTheHandlerReturns(t *testing.T) {
 	}
 }
 
-// stopReturning stops, past its ctx, a worker whose handler waits for its context to end and
-// then returns what result gives: the cause is ErrWorkerStopped, and the message is released
-// without backoff, its one attempt given back.
+// stopReturning stops, past its ctx, a worker whose handler waits for its context to end, takes a
+// moment to unwind, and then returns what result gives: the cause is ErrWorkerStopped, the message
+// stays running while the handler unwinds (in an exclusive queue, the next message of its value
+// would run alongside), and it is then released without backoff, its one attempt given back.
 func stopReturning(t *testing.T, result func(context.Context) error) {
 	e := setup(t)
 	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 1})
 	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
-	started := make(chan struct{}, 1)
+	started, unwound := make(chan struct{}, 1), make(chan struct{})
 	cause := make(chan error, 1)
 	w, err := workers.NewWorker(e.c, &workers.WorkerConfig{Queue: "q", Logger: discard(), BackoffFunc: func(int) time.Duration { return time.Hour }},
 		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
 			started <- struct{}{}
 			<-ctx.Done()
 			cause <- context.Cause(ctx)
+			<-unwound // its cleanup
 			return result(ctx)
 		}))
 	if err != nil {
@@ -879,11 +881,17 @@ func stopReturning(t *testing.T, result func(context.Context) error) {
 	recv(t, started)
 	c, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if err := w.Stop(c); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrHandlersLeftRunning) {
-		t.Fatalf("Stop = %v, want context.DeadlineExceeded, no handler left running", err)
-	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(c) }()
 	if err := recv(t, cause); !errors.Is(err, workers.ErrWorkerStopped) {
 		t.Fatalf("context.Cause = %v, want ErrWorkerStopped", err)
+	}
+	if m := e.get("q", "m1"); m.State != subjects.StateRunning {
+		t.Fatalf("m1 is %s while its handler unwinds, want running", m.State)
+	}
+	close(unwound)
+	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrHandlersLeftRunning) || errors.Is(err, workers.ErrUnsettled) {
+		t.Fatalf("Stop = %v, want context.DeadlineExceeded alone: no handler left running, every message settled", err)
 	}
 	if m := e.get("q", "m1"); m.State != subjects.StatePending || m.Attempts != 0 {
 		t.Fatalf("after Stop: %s with %d attempts, want pending with its one attempt given back", m.State, m.Attempts)
@@ -1494,48 +1502,6 @@ func TestWorkerStopWaitsForItsLastRequests(t *testing.T) {
 	case <-abandons:
 	default:
 		t.Fatal("Stop returned without abandoning the dequeue the unanswered complete carried")
-	}
-}
-
-// TestWorkerStopReleasesAsTheHandlerReturns: once Stop's ctx is done, a handler that keeps to its
-// context but takes a moment to unwind keeps its message running until it returns, and the message
-// is released then, not while the handler still runs (in an exclusive queue, the next message of its
-// value would run alongside).
-func TestWorkerStopReleasesAsTheHandlerReturns(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	e.createQueue("q", nil)
-	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m"})
-	started, cut, unwound := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	w, err := workers.NewWorker(e.c, &workers.WorkerConfig{Queue: "q", Logger: discard()},
-		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
-			close(started)
-			<-ctx.Done()
-			close(cut)
-			<-unwound // its cleanup
-			return ctx.Err()
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	recv(t, started)
-	sctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	stopped := make(chan error, 1)
-	go func() { stopped <- w.Stop(sctx) }()
-	recv(t, cut)
-	if m := e.get("q", "m"); m.State != subjects.StateRunning {
-		t.Fatalf("m is %s while its handler unwinds, want running", m.State)
-	}
-	close(unwound)
-	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrUnsettled) || errors.Is(err, workers.ErrHandlersLeftRunning) {
-		t.Fatalf("Stop: %v, want its ctx's error alone", err)
-	}
-	if m := e.get("q", "m"); m.State != subjects.StatePending || m.Attempts != 0 {
-		t.Fatalf("m is %s with %d attempts after Stop, want pending, its attempt given back", m.State, m.Attempts)
 	}
 }
 
