@@ -251,6 +251,21 @@ func (e *env) startWorker(cfg *workers.WorkerConfig, h workers.Handler) *workers
 // startWorker starts a worker on c and stops it at the end of the test.
 func startWorker(t testing.TB, c *workers.Client, cfg *workers.WorkerConfig, h workers.Handler) *workers.Worker {
 	t.Helper()
+	w := startOwn(t, c, cfg, h)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		if err := w.Stop(ctx); err != nil {
+			t.Errorf("stop worker: %v", err)
+		}
+	})
+	return w
+}
+
+// startOwn starts a worker on c that the test stops itself (stopWithin), with no log unless cfg has
+// one.
+func startOwn(t testing.TB, c *workers.Client, cfg *workers.WorkerConfig, h workers.Handler) *workers.Worker {
+	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = discard()
 	}
@@ -261,14 +276,18 @@ func startWorker(t testing.TB, c *workers.Client, cfg *workers.WorkerConfig, h w
 	if err := w.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-		defer cancel()
-		if err := w.Stop(ctx); err != nil {
-			t.Errorf("stop worker: %v", err)
-		}
-	})
 	return w
+}
+
+// stopWithin stops w with a ctx that ends after d, and returns Stop's error (waiting for it no
+// longer than waitTimeout).
+func stopWithin(t *testing.T, w *workers.Worker, d time.Duration) error {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(sctx) }()
+	return recv(t, stopped)
 }
 
 // stop stops w with a generous deadline and fails the test on error.

@@ -441,7 +441,7 @@ func TestJobCancelKeepsToItsContext(t *testing.T) {
 	}
 	canceled := make(chan error, 1)
 	c := clientOnFake(t, srv, fake, time.Hour)
-	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: discard(),
+	w := startOwn(t, c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond,
 		ExtendEveryFunc: func(time.Duration) time.Duration { return time.Millisecond }},
 		workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
 			<-extending // an extension in flight
@@ -451,21 +451,13 @@ func TestJobCancelKeepsToItsContext(t *testing.T) {
 			<-ctx.Done()
 			return nil
 		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	if err := recv(t, canceled); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Cancel: %v, want its ctx's error", err)
 	}
 	if m, err := cancels.NextMsg(10 * time.Millisecond); err == nil {
 		t.Fatalf("a cancel was sent, %s, while the extension was in flight", m.Data)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	if err := w.Stop(sctx); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrHandlersLeftRunning) {
+	if err := stopWithin(t, w, 10*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrHandlersLeftRunning) {
 		t.Fatalf("Stop: %v, want its ctx's error alone: the handler returned as its context ended", err)
 	}
 }
@@ -1421,21 +1413,8 @@ func TestWorkerStopCutsASettleInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := workers.NewClient(srv.Connect(t), &workers.Config{Timeout: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: discard()},
+	w := startOwn(t, clientOnFake(t, srv, fake, time.Hour), &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond},
 		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	complete := recv(t, completes) // in flight
 	if complete.Next == nil || complete.Next.RequestID == "" {
 		t.Fatalf("the complete carries no dequeue with a request id: %+v", complete.Next)
@@ -1480,21 +1459,10 @@ func TestWorkerStopWaitsForItsLastRequests(t *testing.T) {
 	if _, err := fake.Subscribe(space.Subject(subjects.OpAbandon, "q"), func(*nats.Msg) { abandons <- struct{}{} }); err != nil {
 		t.Fatal(err) // never answered
 	}
-	c := clientOnFake(t, srv, fake, time.Hour)
-	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond, Logger: discard()},
+	w := startOwn(t, clientOnFake(t, srv, fake, time.Hour), &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond},
 		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	recv(t, inFlight)
-	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	stopped := make(chan error, 1)
-	go func() { stopped <- w.Stop(sctx) }()
-	err = recv(t, stopped)
+	err := stopWithin(t, w, 100*time.Millisecond)
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, workers.ErrUnsettled) || errors.Is(err, workers.ErrHandlersLeftRunning) || strings.Contains(err.Error(), "left to end") {
 		t.Fatalf("Stop: %v, want its ctx's error and the complete unconfirmed: every goroutine returned, no handler left", err)
 	}
@@ -1519,23 +1487,14 @@ func TestWorkerStopSaysWhatItLeftUnsettled(t *testing.T) {
 		t.Fatal(err)
 	}
 	started := make(chan struct{})
-	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", Logger: discard()},
-		workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
-			close(started)
-			<-ctx.Done() // Stop's: its release then fails
-			return nil
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	w := startOwn(t, c, &workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+		close(started)
+		<-ctx.Done() // Stop's: its release then fails
+		return nil
+	}))
 	recv(t, started)
 	nc.Close()
-	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if err := w.Stop(sctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, workers.ErrUnsettled) {
+	if err := stopWithin(t, w, 100*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, workers.ErrUnsettled) {
 		t.Fatalf("Stop: %v, want its ctx's error and ErrUnsettled", err)
 	}
 	if m := e.get("q", "m"); m.State != subjects.StateRunning {
@@ -1887,24 +1846,13 @@ func TestWorkerStopLeavesAHandlerThatIgnoresItsContext(t *testing.T) {
 	e.createQueue("q", nil)
 	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
 	started, unblock := make(chan struct{}), make(chan struct{})
-	w, err := workers.NewWorker(e.c, &workers.WorkerConfig{Queue: "q", Logger: discard()},
-		workers.HandlerFunc(func(context.Context, *workers.Job) error {
-			close(started)
-			<-unblock // a blocking call that takes no context
-			return nil
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	w := startOwn(t, e.c, &workers.WorkerConfig{Queue: "q"}, workers.HandlerFunc(func(context.Context, *workers.Job) error {
+		close(started)
+		<-unblock // a blocking call that takes no context
+		return nil
+	}))
 	recv(t, started)
-	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	stopped := make(chan error, 1)
-	go func() { stopped <- w.Stop(sctx) }()
-	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, workers.ErrHandlersLeftRunning) || !strings.Contains(err.Error(), "left to return on their own") {
+	if err := stopWithin(t, w, 100*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, workers.ErrHandlersLeftRunning) || !strings.Contains(err.Error(), "left to return on their own") {
 		t.Fatalf("Stop: %v, want its ctx's error, saying a handler was left running", err)
 	}
 	if m := e.get("q", "m1"); m.State != subjects.StatePending || m.Attempts != 0 {
