@@ -176,8 +176,8 @@ func TestScheduleBadRequests(t *testing.T) {
 		{subjects.CodeMissingExclusivityKey, "x", ok},
 		{subjects.CodeBadRequest, "q", map[string]any{"name": "s", "cron": "@hourly", "deadline": 5}},
 		{subjects.CodeInvalidQueueName, "q-\x01", ok},
-		{subjects.CodeQueueNotFound, "nope", subjects.UnscheduleRequest{Name: "s"}},
 		{subjects.CodeInvalidSchedule, "q", subjects.UnscheduleRequest{Name: "a b"}},
+		{subjects.CodeInvalidSchedule, "nope", subjects.UnscheduleRequest{Name: "a b"}},
 	} {
 		op := subjects.OpSchedule
 		if _, ok := c.body.(subjects.UnscheduleRequest); ok {
