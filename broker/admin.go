@@ -347,19 +347,34 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 	}
 	// Let writes in flight land first, so none lands after the purge. Those of unknown outcome are
 	// asked about now, since the closed queue's doubt timer no longer does: once storage answers,
-	// none of them can land later (its revision is taken, or it is known to have landed).
-	if q.doubts() > 0 {
+	// none of them can land later (its revision is taken, or it is known to have landed). That
+	// goes too for writes that go back into doubt while this waits (the doubt timer was asking
+	// about them as the queue closed): an entry in doubt stays busy until someone asks again.
+	doubted := func() error {
+		if q.doubts() == 0 {
+			return nil
+		}
 		q.resolveDoubts()
 		if n := q.doubts(); n > 0 {
-			q.mu.Unlock()
-			return subjects.DeleteReply{}, subjects.Errorf(subjects.CodeUnavailable, "delete queue %s: storage has not told the outcome of %d writes; retry", q.name, n)
+			return subjects.Errorf(subjects.CodeUnavailable, "delete queue %s: storage has not told the outcome of %d writes; retry", q.name, n)
 		}
+		return nil
+	}
+	if err := doubted(); err != nil {
+		q.mu.Unlock()
+		return subjects.DeleteReply{}, err
 	}
 	// (Waiting releases q.mu, and the writes that land may change q.entries: walk a copy.)
 	for _, e := range slices.Collect(q.entries.all()) {
-		if err := q.waitIdle(ctx, e); err != nil {
-			q.mu.Unlock()
-			return subjects.DeleteReply{}, unavailable("delete queue", err)
+		for e.busy() {
+			err := doubted()
+			if err == nil && e.busy() { // (asked about, its write may have ended)
+				err = q.awaitIdle(ctx)
+			}
+			if err != nil {
+				q.mu.Unlock()
+				return subjects.DeleteReply{}, unavailable("delete queue", err)
+			}
 		}
 	}
 	n := q.deleted

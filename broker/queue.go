@@ -229,30 +229,43 @@ func (q *queue) apply(e *entry, r kv.Record, rev uint64) {
 // waitIdle waits, with q.mu held on entry and exit, until e has no write in flight.
 func (q *queue) waitIdle(ctx context.Context, e *entry) error {
 	for e.busy() {
-		if q.idle == nil {
-			q.idle = make(chan struct{})
+		if err := q.awaitIdle(ctx); err != nil {
+			return err
 		}
-		ch := q.idle
-		q.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			q.mu.Lock()
-			return ctx.Err()
-		}
-		q.mu.Lock()
 	}
 	return nil
+}
+
+// awaitIdle waits, with q.mu held on entry and exit, until a write of the queue ends (wakeIdle),
+// or ctx does.
+func (q *queue) awaitIdle(ctx context.Context) error {
+	if q.idle == nil {
+		q.idle = make(chan struct{})
+	}
+	ch := q.idle
+	q.mu.Unlock()
+	defer q.mu.Lock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wakeIdle wakes those waiting in awaitIdle. Called with q.mu held.
+func (q *queue) wakeIdle() {
+	if q.idle != nil {
+		close(q.idle)
+		q.idle = nil
+	}
 }
 
 // endWrite marks e's write as ended, and wakes whoever waits for a write of the queue to end
 // (waitIdle) to look again. Called with q.mu held.
 func (q *queue) endWrite(e *entry) {
 	e.setBusy(false)
-	if q.idle != nil {
-		close(q.idle)
-		q.idle = nil
-	}
+	q.wakeIdle()
 }
 
 // parked is deadlines.armedAt while its due entries all have writes in flight.

@@ -168,6 +168,9 @@ func (q *queue) finish(cs []*change) {
 		// One line for them all: a storage that refuses every write (full, say) leaves hundreds in
 		// doubt, asked again every doubtRetry.
 		q.log().Warn("message writes' outcome unknown; will ask storage again", "messages", len(unknown), "message_id", unknown[0].e.ID, "error", unknown[0].err)
+		// Their entries stay busy: a queue's delete waiting for them asks storage itself, as the
+		// closed queue's doubt timer no longer does.
+		q.wakeIdle()
 	}
 	if len(free) > 0 {
 		q.freeLocks(free, true)

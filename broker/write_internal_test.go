@@ -785,6 +785,65 @@ func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
 	}
 }
 
+// TestDeleteAsksAboutWritesBackInDoubt: a write the doubt timer was asking about as the queue's
+// delete began (out of the doubtful list, its entry busy) and whose outcome stayed unknown goes back
+// into doubt while the delete waits for its entry: the delete asks storage about it itself, rather
+// than wait for an entry nobody would end until the request timed out (330 s, an operator's probe).
+func TestDeleteAsksAboutWritesBackInDoubt(t *testing.T) {
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx := context.Background()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %+v, %v", ms, err)
+	}
+	// A complete of unknown outcome, which the doubt timer has taken to ask about (q.mu released).
+	q.mu.Lock()
+	e := q.entries.get("M")
+	next := e.record()
+	next.State, next.EndedAt = subjects.StateCompleted, next.UpdatedAt
+	next.Version++
+	timeout := errors.New("nats: timeout")
+	c := &change{e: e, next: next, prev: subjects.StateRunning, expect: e.rev, err: timeout}
+	e.setBusy(true)
+	q.mu.Unlock()
+	if _, err := b.store.WriteMessage("q", &next, c.expect).Wait(ctx); err != nil { // it landed
+		t.Fatal(err)
+	}
+
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	deleted := make(chan error, 1)
+	go func() {
+		rep, err := b.deleteQueue(dctx, q)
+		if err == nil && rep.Messages != 1 {
+			err = fmt.Errorf("delete of %d messages, want 1", rep.Messages)
+		}
+		deleted <- err
+	}()
+	eventually(t, "the delete waiting for M's write", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.idle != nil
+	})
+	q.mu.Lock()
+	q.finish([]*change{c}) // the timer's ask: no answer, so back into doubt
+	q.mu.Unlock()
+	select {
+	case err := <-deleted:
+		if err != nil {
+			t.Fatalf("delete: %v", err)
+		}
+	case <-dctx.Done():
+		t.Fatal("the delete still waits for the write back in doubt")
+	}
+	if _, _, err := b.store.GetMessage(ctx, "q", "M"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("M after the delete: %v, want not found", err)
+	}
+}
+
 // TestUpdateLearnsStoragesConfig: an update whose write landed though its acknowledgement was lost
 // left the broker's config and revision behind storage's, and every later update then conflicted,
 // and so did its retry at the revision info showed. The next update now reads storage's config on
