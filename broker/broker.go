@@ -109,7 +109,8 @@ type Broker struct {
 	svc      *service
 	events   *publisher
 	observer Observer
-	waits    WaitObserver // the observer, if it is one; else nil
+	waits    WaitObserver    // the observer, if it is one; else nil
+	payloads PayloadObserver // the observer, if it is one; else nil
 	claim    *claimer
 	sched    *scheduler
 	msgAcks  *ackWatch // ends the waits of message writes whose acknowledgements may be lost
@@ -119,6 +120,7 @@ type Broker struct {
 	storePrefix string  // the store's subject prefix (Config.StorePrefix, defaulted), for replyRefusal
 	refused     refused // requests refused for their reply subject
 	silenced    refused // requests left to another broker, the claim not renewed for its ttl
+	unstored    refused // enqueues whose payloads storage did not take
 	unheard     *unheard
 
 	ctx    context.Context // cancelled by Stop, or when the claim is lost: ends long polls and a recovery
@@ -203,6 +205,7 @@ func New(cfg *Config) (*Broker, error) {
 	}
 	b.storePrefix = cmp.Or(c.StorePrefix, kv.DefaultPrefix)
 	b.waits, _ = c.Observer.(WaitObserver)
+	b.payloads, _ = c.Observer.(PayloadObserver)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.claim = newClaimer(b)
 	b.sched = newScheduler(b)

@@ -71,6 +71,8 @@ type claimer struct {
 	ended        bool               // released or lost: nothing renews it any more
 	retrying     bool               // a renewal failed, and the next is armed claimRetry later
 	electionsSub *nats.Subscription // the claims stream's elections (watchElections)
+
+	testTaking func() // tests': called as a standby writes its take of the claim
 }
 
 func newClaimer(b *Broker) *claimer {
@@ -308,6 +310,9 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 			}
 		}
 		if take {
+			if c.testTaking != nil {
+				c.testTaking()
+			}
 			sent := c.clock.Now()
 			c.mine.Since, tried = sent, sent
 			rev, err = c.claims.Put(ctx, &c.mine, rev)
@@ -316,7 +321,10 @@ func (c *claimer) acquire(ctx context.Context, takeOver bool) error {
 				return nil
 			}
 			if errors.Is(err, kv.ErrConflict) {
-				continue // another write came first: read it
+				// Another write came first (the holder's renewal, or another standby's take): read
+				// it, and say who serves, as the "taking over" line said otherwise.
+				holder = ""
+				continue
 			}
 			if ctx.Err() != nil {
 				c.disown(context.WithoutCancel(ctx))

@@ -214,6 +214,35 @@ func TestStandbyTakesOverAfterTheTTL(t *testing.T) {
 	}
 }
 
+// TestStandbyThatLostItsTakeSaysItStandsBy: a standby that found the claim unrenewed for its ttl
+// and said it takes over, but whose take conflicted with the holder's renewal stored meanwhile,
+// says again that another broker serves the store: its last line is not "taking over".
+func TestStandbyThatLostItsTakeSaysItStandsBy(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	a, _ := serving(t, srv)
+	var logs natstest.LogBuffer
+	b, cb, started := standby(t, srv, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	a.claim.mu.Lock()
+	mine := a.claim.mine
+	a.claim.mu.Unlock()
+	b.claim.testTaking = func() { // the holder's renewal lands first
+		b.claim.testTaking = nil
+		_, rev, err := a.claim.claims.Get(context.Background())
+		if err == nil {
+			_, err = a.claim.claims.Put(context.Background(), &mine, rev)
+		}
+		if err != nil {
+			t.Errorf("renew the holder's claim: %v", err)
+		}
+	}
+	cb.Advance(DefaultClaimTTL)
+	eventually(t, "the standby standing by again", func() bool { return strings.Count(logs.String(), "standing by") == 2 })
+	standingBy(t, b, cb, started)
+	if text := logs.String(); strings.Count(text, "taking over") != 1 || strings.LastIndex(text, "taking over") > strings.LastIndex(text, "standing by") {
+		t.Fatalf("the log, want it to say it took over once, then that it stands by:\n%s", text)
+	}
+}
+
 // TestBrokerAnswersNothingWhileItCannotRenew: while its NATS server is down the broker cannot renew
 // its claim; from ClaimTTL/2 after the last renewal stored it answers requests unavailable, and once
 // a renewal is stored again (no standby took over: the revision is still its own) it answers again.

@@ -242,6 +242,9 @@ func (q *queue) enqueue(ctx context.Context, reqs []subjects.EnqueueRequest) ([]
 	}
 	if bodyErr != nil {
 		q.dropBodies(ctx, storedBodies(ms))
+		if ctx.Err() == nil { // storage's failure, not the request's end
+			q.b.payloadFailed(q.name, bodyErr)
+		}
 		return nil, unavailable("store payload", bodyErr)
 	}
 	if q.testAfterBodies != nil {
@@ -362,5 +365,17 @@ func (q *queue) dropBodies(ctx context.Context, seqs []uint64) {
 		if err := q.b.store.DeleteBody(dctx, seq); err != nil {
 			q.log().Warn("payload no record references not deleted", "body_seq", seq, "error", err)
 		}
+	}
+}
+
+// payloadFailed records an enqueue of queue whose payloads storage did not take (err): for the
+// observer, and in the log at most once every refusedLogEvery, with how many since. No record write
+// shows such a failure: the enqueue fails before its records are written.
+func (b *Broker) payloadFailed(queue string, err error) {
+	if b.payloads != nil {
+		b.payloads.PayloadWriteFailed(err)
+	}
+	if n := b.unstored.note(); n > 0 {
+		b.log.Warn("payloads not stored: enqueues answered unavailable", "queue", queue, "enqueues", n, "error", err)
 	}
 }

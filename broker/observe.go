@@ -39,6 +39,14 @@ type WaitObserver interface {
 	Waited(queue string, d time.Duration)
 }
 
+// PayloadObserver is an Observer that is also told of every payload write that failed, so that a
+// payloads stream that refuses writes (full, say), which fails enqueues (unavailable) before any
+// record is written, shows as a storage failure too.
+type PayloadObserver interface {
+	Observer
+	PayloadWriteFailed(err error)
+}
+
 // Snapshot is the broker's state at one moment, for metrics and dashboards.
 type Snapshot struct {
 	// Serving is true while the broker answers requests: started, not stopped, its claim on the

@@ -24,12 +24,14 @@
 //	| natstone_request_duration_seconds     | histogram | op               | time from a request's arrival to its reply; dequeue includes long polls  |
 //	| natstone_kv_write_duration_seconds    | histogram |                  | message record writes, from publish to acknowledgement or failure        |
 //	| natstone_kv_write_errors_total        | counter   |                  | message record writes that failed                                        |
+//	| natstone_payload_write_errors_total   | counter   |                  | enqueues whose payloads storage did not take (answered unavailable)      |
 //	| natstone_transitions_total            | counter   | queue, kind      | stored transitions of messages                                           |
 //	| natstone_lease_expiries_total         | counter   | queue            | leases that ran out (kind expired, or errored with reason lease_expired) |
 //	| natstone_queue_wait_seconds           | histogram | queue            | how long each message leased had waited pending (from its visible_at)    |
 //	| natstone_queue_messages               | gauge     | queue, state     | messages in each of the six states                                       |
-//	| natstone_queue_oldest_pending_seconds | gauge     | queue            | how long the longest-waiting pending message has waited (0: none)        |
+//	| natstone_queue_oldest_pending_seconds | gauge     | queue            | how long the longest-waiting pending message has waited (0: none), from the start of its second |
 //	| natstone_queue_blocked                | gauge     | queue, direction | 1 if enqueue (direction enqueue) or dequeue (dequeue) is blocked, else 0 |
+//	| natstone_queue_exclusivity_values     | gauge     | queue            | an exclusive queue's exclusivity values the broker keeps (none: simple) |
 //	| natstone_schedule_next_fire_timestamp_seconds | gauge | queue, schedule | when a schedule fires next (Unix seconds)                       |
 //	| natstone_schedule_last_fire_timestamp_seconds | gauge | queue, schedule | when it last fired (0: never)                                   |
 //	| natstone_schedule_failing             | gauge     | queue, schedule  | 1 if its last fire enqueued nothing (the queue refused it), else 0       |
@@ -42,11 +44,12 @@
 //	| natstone_events_enabled               | gauge     |                  | 1 if the events stream is on, else 0                                     |
 //	| natstone_broker_serving               | gauge     |                  | 1 while the broker answers requests (holds the store's claim), else 0    |
 //
-// The first six are counted as they happen. Every op's success counter and histogram exist at 0
-// from New, and a queue's transition counters of every kind and its expiry counter from its first
-// transition, so that rate() sees their first increment; an error code's series appears when first
-// counted. The last twelve are read from the broker's snapshot at each scrape and are absent until
-// Watch is called; the events counters among them restart from 0 with the broker. A deleted queue's
+// The first eight are counted as they happen (the wait histogram at each lease). Every op's success
+// counter and histogram exist at 0 from New, and a queue's transition counters of every kind and its
+// expiry counter from its first transition, so that rate() sees their first increment; an error
+// code's series appears when first counted. The others, from natstone_queue_messages on, are read
+// from the broker's snapshot at each scrape and are absent until Watch is called; the events
+// counters among them restart from 0 with the broker. A deleted queue's
 // series go with it: its gauges from the next scrape, and its transition and expiry counters when
 // the broker reports the deletion (QueueDeleted).
 //

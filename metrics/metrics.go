@@ -38,6 +38,7 @@ type Metrics struct {
 	// natstone_kv_write_duration_seconds and natstone_kv_write_errors_total.
 	writeDurations prometheus.Histogram
 	writeErrors    prometheus.Counter
+	payloadErrors  prometheus.Counter
 
 	// natstone_transitions_total{queue,kind}, natstone_lease_expiries_total{queue} and
 	// natstone_queue_wait_seconds{queue}.
@@ -64,11 +65,12 @@ type queueChildren struct {
 	wait     prometheus.Observer
 }
 
-// Interface checks: Metrics is what broker.Config.Observer takes, is told of deleted queues, and of
-// how long leased messages waited.
+// Interface checks: Metrics is what broker.Config.Observer takes, is told of deleted queues, of
+// how long leased messages waited, and of payloads storage did not take.
 var (
-	_ broker.QueueObserver = (*Metrics)(nil)
-	_ broker.WaitObserver  = (*Metrics)(nil)
+	_ broker.QueueObserver   = (*Metrics)(nil)
+	_ broker.WaitObserver    = (*Metrics)(nil)
+	_ broker.PayloadObserver = (*Metrics)(nil)
 )
 
 // waitBuckets (seconds) span 1 ms to about 70 minutes (4,194 s), by fours: a busy queue's messages wait
@@ -99,6 +101,10 @@ func New() *Metrics {
 			Name: "natstone_kv_write_errors_total",
 			Help: "Message record writes to JetStream KV that failed.",
 		}),
+		payloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "natstone_payload_write_errors_total",
+			Help: "Enqueues whose payloads storage did not take (the payloads stream full, say), answered unavailable.",
+		}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "natstone_transitions_total",
 			Help: "Stored transitions of messages, by queue and event kind.",
@@ -123,7 +129,7 @@ func New() *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.requests, m.durations, m.writeDurations, m.writeErrors, m.transitions, m.leaseExpiries, m.waits,
+		m.requests, m.durations, m.writeDurations, m.writeErrors, m.payloadErrors, m.transitions, m.leaseExpiries, m.waits,
 		m.snapshot,
 	)
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
@@ -180,6 +186,9 @@ func (m *Metrics) Write(d time.Duration, err error) {
 		m.writeErrors.Inc()
 	}
 }
+
+// PayloadWriteFailed counts one enqueue whose payloads storage did not take.
+func (m *Metrics) PayloadWriteFailed(error) { m.payloadErrors.Inc() }
 
 // Transition counts one stored transition of a message of queue, and a lease expiry if kind is
 // expired or an errored with reason lease_expired.

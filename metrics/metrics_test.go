@@ -85,10 +85,15 @@ func TestWrites(t *testing.T) {
 	if got := f.counter(t, "natstone_kv_write_errors_total"); got != 0 {
 		t.Errorf("write errors before any write: %v, want 0", got)
 	}
+	if got := f.counter(t, "natstone_payload_write_errors_total"); got != 0 {
+		t.Errorf("payload write errors before any write: %v, want 0", got)
+	}
 
 	m.Write(3*time.Millisecond, nil)
 	m.Write(4*time.Millisecond, nil)
 	m.Write(time.Second, errors.New("timeout"))
+	m.PayloadWriteFailed(errors.New("maximum bytes exceeded"))
+	m.PayloadWriteFailed(errors.New("maximum bytes exceeded"))
 
 	f = scrape(t, m.Handler())
 	h := f.histogram(t, "natstone_kv_write_duration_seconds")
@@ -97,6 +102,9 @@ func TestWrites(t *testing.T) {
 	}
 	if got := f.counter(t, "natstone_kv_write_errors_total"); got != 1 {
 		t.Errorf("write errors: %v, want 1", got)
+	}
+	if got := f.counter(t, "natstone_payload_write_errors_total"); got != 2 {
+		t.Errorf("payload write errors: %v, want 2", got)
 	}
 }
 

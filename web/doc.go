@@ -106,8 +106,10 @@
 //
 // A failed request is answered with {"error": {"code": "…", "message": "…"}}. An error reply of the
 // broker keeps its code and the HTTP status of [subjects.Code.Status] (queue_not_found and
-// message_not_found → 404, invalid_queue_name → 400, …). When the broker cannot be reached (no
-// responders, timeout) the reply is 503 with code unavailable. Bad input is refused before anything
+// message_not_found → 404, invalid_queue_name → 400, …). When the broker cannot be reached the
+// reply is 503 with code unavailable: at once when no broker listens (no responders), after the
+// client's request timeout (10 s by default) when no reply comes, as while the NATS connection is
+// down and reconnecting. Bad input is refused before anything
 // is sent to the broker: 400 bad_request for an unknown query parameter, a filter that is not
 // key=value, an unknown state, a malformed body, a body without any flag, a retry, cancel or reschedule without id
 // or version, or a reschedule without priority or delay_ms; 400 invalid_metadata for
