@@ -354,6 +354,9 @@ func (b *Broker) deleteQueue(ctx context.Context, q *queue) (subjects.DeleteRepl
 		if q.doubts() == 0 {
 			return nil
 		}
+		if !q.b.claim.held() { // issued again now, a write could land after another broker read it
+			return errNotServing
+		}
 		q.resolveDoubts()
 		if n := q.doubts(); n > 0 {
 			return subjects.Errorf(subjects.CodeUnavailable, "delete queue %s: storage has not told the outcome of %d writes; retry", q.name, n)

@@ -376,6 +376,6 @@ func (b *Broker) payloadFailed(queue string, err error) {
 		b.payloads.PayloadWriteFailed(err)
 	}
 	if n := b.unstored.note(); n > 0 {
-		b.log.Warn("payloads not stored: enqueues answered unavailable", "queue", queue, "enqueues", n, "error", err)
+		b.log.Warn("payloads not stored: enqueues answered unavailable", "enqueues", n, "last_queue", queue, "error", err)
 	}
 }

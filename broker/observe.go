@@ -39,9 +39,10 @@ type WaitObserver interface {
 	Waited(queue string, d time.Duration)
 }
 
-// PayloadObserver is an Observer that is also told of every payload write that failed, so that a
-// payloads stream that refuses writes (full, say), which fails enqueues (unavailable) before any
-// record is written, shows as a storage failure too.
+// PayloadObserver is an Observer that is also told of every enqueue (or batch) that failed because
+// storage did not take its payloads — not one whose request ended first — so that a payloads stream
+// that refuses writes (full, say), which fails enqueues (unavailable) before any record is written,
+// shows as a storage failure too.
 type PayloadObserver interface {
 	Observer
 	PayloadWriteFailed(err error)

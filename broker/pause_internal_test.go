@@ -169,6 +169,30 @@ func TestDoubtsWaitForTheClaim(t *testing.T) {
 	}
 }
 
+// TestDeleteIssuesNoDoubtWithoutTheClaim: a queue's delete asks storage about writes in doubt by
+// issuing them again, which it must not do while the claim does not hold, as the doubt timer does
+// not: it answers unavailable, nothing written, and succeeds once the claim holds again.
+func TestDeleteIssuesNoDoubtWithoutTheClaim(t *testing.T) {
+	ctx := context.Background()
+	a, q, _ := pausedOnFakeClock(t)
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
+		t.Fatal(err)
+	}
+	doubtfulCancel(q, "M") // never sent, in fact
+	held := a.claim.until.Load()
+	a.claim.until.Store(0)
+	if _, err := a.deleteQueue(ctx, q); subjects.CodeOf(err) != subjects.CodeUnavailable {
+		t.Fatalf("delete without the claim: %v, want unavailable", err)
+	}
+	if r, _, err := a.store.GetMessage(ctx, "q", "M"); err != nil || r.State != subjects.StatePending {
+		t.Fatalf("stored %s, %v: want still pending, nothing issued without the claim", r.State, err)
+	}
+	a.claim.until.Store(held)
+	if rep, err := a.deleteQueue(ctx, q); err != nil || rep.Messages != 1 {
+		t.Fatalf("delete once the claim holds: %+v, %v", rep, err)
+	}
+}
+
 // TestParkedPollServedOnceTheClaimHoldsAgain: a long poll served while the claim did not hold
 // answers unavailable and puts its message back; another poll parked beside it is served that
 // message once a renewal makes the claim hold again, rather than waiting out its wait_ms.

@@ -675,6 +675,9 @@ func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.Unschedule
 	q.mu.Lock()
 	err := q.usable()
 	q.mu.Unlock()
+	if subjects.CodeOf(err) == subjects.CodeQueueNotFound {
+		return reply, nil // deleted meanwhile, with its schedules: none to remove (see dispatch)
+	}
 	if err != nil {
 		return reply, err
 	}

@@ -184,6 +184,24 @@ func TestUnscheduleUnloaded(t *testing.T) {
 	}
 }
 
+// TestUnscheduleOfAQueueDeletedMeanwhile: an unschedule that looked its queue up before the queue's
+// delete removed it (with its schedules) has nothing to remove: removed false, as for a queue not
+// there at all, not queue_not_found.
+func TestUnscheduleOfAQueueDeletedMeanwhile(t *testing.T) {
+	b, _, _ := scheduleBroker(t, t0, "-")
+	ctx := context.Background()
+	if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "s", Cron: "@every 1m"}); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := b.lookup(ctx, "q", false)
+	if _, err := b.deleteQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"}); err != nil || r.Removed {
+		t.Fatalf("unschedule: %+v, %v; want nothing removed, no error", r, err)
+	}
+}
+
 // TestScheduleNextAfterCreation: over a clock change that the cron library steps back across
 // (Pacific/Chatham's 45 minutes), a new schedule's first fire is still after its creation.
 func TestScheduleNextAfterCreation(t *testing.T) {

@@ -20,8 +20,9 @@ import (
 //
 // ctx is cancelled when the lease is lost (context.Cause is ErrLeaseLost: the message is no longer
 // this handler's, and its result is ignored) or when Worker.Stop stops waiting for the handler (cause
-// ErrWorkerStopped: the message is released at once, its attempt given back, whatever the handler
-// returns then, nil included, since a handler cut short often returns nil). A loss is found by an
+// ErrWorkerStopped: the message is released as the handler returns, or a second after, its attempt
+// given back, whatever the handler returns then, nil included, since a handler cut short often
+// returns nil). A loss is found by an
 // extension: at once when the message is canceled by someone else and the worker hears of it (see
 // WorkerConfig.Events), otherwise at the next extension, or when the lease ends by the worker's
 // clock. A handler must return soon after ctx is done.

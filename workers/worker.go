@@ -304,8 +304,9 @@ func (w *Worker) unwatch(leaseID string) {
 // errors a message on its last attempt), whatever the handler returns then, nil included (a handler
 // cut short often returns nil; Discard and Snooze are not done either), with one try of at most a
 // second (a lease not released ends on its own, and that attempt is spent). A handler that has not
-// returned a second after its context ended has its message released all the same: it may then run
-// alongside the message's next run, even in an exclusive queue. A complete, release or cancel still
+// returned a second after its context ended (or half of what is left of its lease, if that is
+// less) has its message released all the same, unless its own Cancel of it is under way: it may
+// then run alongside the message's next run, even in an exclusive queue. A complete, release or cancel still
 // in flight when ctx is done has at most a second more, whatever the client's timeout (and should
 // its answer not come, the slot's next message it may have leased is abandoned, below).
 //
@@ -692,8 +693,10 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 		case <-jobCtx.Done():
 			// Stop gave up waiting, and the handler's context has ended: a handler that keeps to it
 			// returns in moments, and its message is released then, not while it still runs (in an
-			// exclusive queue, the next message of its value would run alongside).
-			wait := time.NewTimer(stopSettleTimeout)
+			// exclusive queue, the next message of its value would run alongside). Nothing extends
+			// the lease meanwhile, so the wait takes at most half of what is left of it: the
+			// release must land before the lease ends, or the attempt is spent.
+			wait := time.NewTimer(min(stopSettleTimeout, time.Until(expires)/2))
 			select {
 			case o := <-result:
 				wait.Stop()
@@ -702,9 +705,7 @@ func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bo
 			}
 			// A handler that ignores its context: hand the message back now rather than when it
 			// returns, which may be never.
-			if !job.isSettled() {
-				w.releaseInterrupted(jobCtx, job, expires, log)
-			}
+			w.releaseUnreturned(jobCtx, job, expires, log)
 			o := <-result
 			log.Info("handler interrupted: worker stopped", "error", o.err)
 			return dequeued{}
@@ -890,6 +891,24 @@ func (w *Worker) settle(pollCtx, jobCtx, hctx context.Context, job *Job, o outco
 		release(&ReleaseOpts{Delay: delay, Error: FailureText(err)})
 	}
 	return got
+}
+
+// releaseUnreturned releases the message of a handler that has not returned since the worker's
+// stop ended its context, unless the handler canceled the message. It holds the job's lease
+// semaphore meanwhile, so that the release does not race a Cancel of the handler's in flight (and
+// undo it, should it land first); a Cancel that is still unanswered after stopSettleTimeout leaves
+// the message to it.
+func (w *Worker) releaseUnreturned(jobCtx context.Context, job *Job, expires time.Time, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(jobCtx), stopSettleTimeout)
+	defer cancel()
+	if err := job.lock(ctx); err != nil {
+		log.Warn("message not released at the stop: its handler's cancel of it is still unanswered")
+		return
+	}
+	defer job.unlock()
+	if !job.settled.Load() {
+		w.releaseInterrupted(jobCtx, job, expires, log)
+	}
 }
 
 // releaseInterrupted releases the message of a handler the worker's stop interrupted, with its

@@ -878,8 +878,11 @@ func stopReturning(t *testing.T, result func(context.Context) error) {
 	if err := recv(t, cause); !errors.Is(err, workers.ErrWorkerStopped) {
 		t.Fatalf("context.Cause = %v, want ErrWorkerStopped", err)
 	}
-	if m := e.get("q", "m1"); m.State != subjects.StateRunning {
-		t.Fatalf("m1 is %s while its handler unwinds, want running", m.State)
+	// A release sent as the context ended lands within moments; the worker waits up to a second.
+	for watched := time.Now(); time.Since(watched) < 300*time.Millisecond; {
+		if m := e.get("q", "m1"); m.State != subjects.StateRunning {
+			t.Fatalf("m1 is %s while its handler unwinds, want running", m.State)
+		}
 	}
 	close(unwound)
 	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, workers.ErrHandlersLeftRunning) || errors.Is(err, workers.ErrUnsettled) {
@@ -1470,6 +1473,80 @@ func TestWorkerStopWaitsForItsLastRequests(t *testing.T) {
 	case <-abandons:
 	default:
 		t.Fatal("Stop returned without abandoning the dequeue the unanswered complete carried")
+	}
+}
+
+// TestWorkerStopReleasesBeforeAShortLeaseEnds: the wait for a handler to unwind, during which
+// nothing extends the lease, ends in time for the release to land before the lease does: a handler
+// slower to unwind than its lease of 300 ms has left does not get its message's last attempt spent
+// (errored) by the stop.
+func TestWorkerStopReleasesBeforeAShortLeaseEnds(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", &workers.QueueOpts{MaxAttempts: 1})
+	e.enqueue("q", "x", &workers.EnqueueOpts{ID: "m1"})
+	started, unwound := make(chan struct{}), make(chan struct{})
+	w := startOwn(t, e.c, &workers.WorkerConfig{Queue: "q", Lease: 300 * time.Millisecond}, workers.HandlerFunc(func(ctx context.Context, _ *workers.Job) error {
+		close(started)
+		<-ctx.Done()
+		<-unwound
+		return nil
+	}))
+	recv(t, started)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stopWithin(t, w, 10*time.Millisecond) }()
+	var m workers.Message
+	waitFor(t, "m1 released", func() bool {
+		m = e.get("q", "m1")
+		return m.State != subjects.StateRunning
+	})
+	close(unwound)
+	if m.State != subjects.StatePending || m.Attempts != 0 {
+		t.Fatalf("m1 is %s with %d attempts after the stop, want pending, its attempt given back", m.State, m.Attempts)
+	}
+	if err := recv(t, stopped); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want its ctx's error", err)
+	}
+}
+
+// TestWorkerStopLeavesAMessageItsHandlerCancels: a handler that ignores its context and cancels its
+// message meanwhile has it canceled, not released by the stop: a release sent while the cancel was
+// unanswered could land first and undo it (the message would run again, the cancel refused).
+func TestWorkerStopLeavesAMessageItsHandlerCancels(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	fake, space, _ := fakeLeasingOnce(t, srv)
+	cancels := make(chan *nats.Msg, 1)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpCancel, "q"), func(m *nats.Msg) { cancels <- m }); err != nil {
+		t.Fatal(err) // answered by the test
+	}
+	releases, err := fake.SubscribeSync(space.Subject(subjects.OpRelease, "q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, canceled := make(chan struct{}), make(chan error, 1)
+	w := startOwn(t, clientOnFake(t, srv, fake, time.Hour), &workers.WorkerConfig{Queue: "q", PollWait: time.Millisecond},
+		workers.HandlerFunc(func(ctx context.Context, job *workers.Job) error {
+			close(started)
+			<-ctx.Done()
+			canceled <- job.Cancel(context.Background()) // ignoring ctx
+			return nil
+		}))
+	recv(t, started)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stopWithin(t, w, 10*time.Millisecond) }()
+	cancel := recv(t, cancels)
+	if err := recv(t, stopped); !errors.Is(err, workers.ErrHandlersLeftRunning) {
+		t.Fatalf("Stop: %v, want the handler, in its cancel, left running", err)
+	}
+	if m, err := releases.NextMsg(time.Millisecond); err == nil {
+		t.Fatalf("the stop released the message while its handler's cancel was in flight: %s", m.Data)
+	}
+	expires := time.Now().UTC()
+	reply, _ := json.Marshal(subjects.Message{ID: "m", Queue: "q", State: subjects.StateCanceled, LeaseID: "L", LeaseExpiresAt: &expires})
+	_ = cancel.Respond(reply)
+	if err := recv(t, canceled); err != nil {
+		t.Fatalf("the handler's Cancel: %v", err)
 	}
 }
 
