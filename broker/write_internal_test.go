@@ -747,11 +747,10 @@ func TestIdleValuesSlotCollectedOnceItsDoubtEnds(t *testing.T) {
 	}
 }
 
-// TestDeleteAsksAboutWritesInDoubt: a queue whose write's outcome is unknown can be deleted: the
-// delete asks storage about the write itself (the closed queue's timer no longer does) rather than
-// wait for the write's entry until it times out, at every retry.
-func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
-	b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
+// landedCompleteInDoubt leases M of queue q and makes up a complete of it whose write landed but
+// whose acknowledgement was lost: the change in doubt, its entry busy, not yet on the doubtful list.
+func landedCompleteInDoubt(t *testing.T, b *Broker, q *queue) *change {
+	t.Helper()
 	ctx := context.Background()
 	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
 		t.Fatal(err)
@@ -760,7 +759,6 @@ func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
 	if err != nil || len(ms) != 1 {
 		t.Fatalf("dequeue: %+v, %v", ms, err)
 	}
-	// A complete whose write landed but whose acknowledgement was lost.
 	q.mu.Lock()
 	e := q.entries.get("M")
 	next := e.record()
@@ -768,20 +766,40 @@ func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
 	next.Version++
 	c := &change{e: e, next: next, prev: subjects.StateRunning, expect: e.rev, err: errors.New("nats: timeout")}
 	e.setBusy(true)
-	q.doubtful = append(q.doubtful, c)
 	q.mu.Unlock()
 	if _, err := b.store.WriteMessage("q", &next, c.expect).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
 
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	rep, err := b.deleteQueue(dctx, q)
-	if err != nil || rep.Messages != 1 {
-		t.Fatalf("delete: %+v, %v", rep, err)
+// deleteOfM deletes queue q within ctx, and checks that it deleted its one message, M.
+func deleteOfM(ctx context.Context, b *Broker, q *queue) error {
+	rep, err := b.deleteQueue(ctx, q)
+	if err == nil && rep.Messages != 1 {
+		err = fmt.Errorf("delete of %d messages, want 1", rep.Messages)
 	}
-	if _, _, err := b.store.GetMessage(ctx, "q", "M"); !errors.Is(err, kv.ErrNotFound) {
-		t.Fatalf("M after the delete: %v, want not found", err)
+	if err == nil {
+		if _, _, gerr := b.store.GetMessage(context.Background(), "q", "M"); !errors.Is(gerr, kv.ErrNotFound) {
+			err = fmt.Errorf("M after the delete: %v, want not found", gerr)
+		}
+	}
+	return err
+}
+
+// TestDeleteAsksAboutWritesInDoubt: a queue whose write's outcome is unknown can be deleted: the
+// delete asks storage about the write itself (the closed queue's timer no longer does) rather than
+// wait for the write's entry until it times out, at every retry.
+func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
+	b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
+	c := landedCompleteInDoubt(t, b, q)
+	q.mu.Lock()
+	q.doubtful = append(q.doubtful, c)
+	q.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := deleteOfM(ctx, b, q); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -791,38 +809,11 @@ func TestDeleteAsksAboutWritesInDoubt(t *testing.T) {
 // than wait for an entry nobody would end until the request timed out (330 s, an operator's probe).
 func TestDeleteAsksAboutWritesBackInDoubt(t *testing.T) {
 	b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
-	ctx := context.Background()
-	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "M"}}); err != nil {
-		t.Fatal(err)
-	}
-	ms, err := q.dequeue(ctx, subjects.DequeueRequest{})
-	if err != nil || len(ms) != 1 {
-		t.Fatalf("dequeue: %+v, %v", ms, err)
-	}
-	// A complete of unknown outcome, which the doubt timer has taken to ask about (q.mu released).
-	q.mu.Lock()
-	e := q.entries.get("M")
-	next := e.record()
-	next.State, next.EndedAt = subjects.StateCompleted, next.UpdatedAt
-	next.Version++
-	timeout := errors.New("nats: timeout")
-	c := &change{e: e, next: next, prev: subjects.StateRunning, expect: e.rev, err: timeout}
-	e.setBusy(true)
-	q.mu.Unlock()
-	if _, err := b.store.WriteMessage("q", &next, c.expect).Wait(ctx); err != nil { // it landed
-		t.Fatal(err)
-	}
-
-	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	c := landedCompleteInDoubt(t, b, q) // taken by the doubt timer to ask about (q.mu released)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	deleted := make(chan error, 1)
-	go func() {
-		rep, err := b.deleteQueue(dctx, q)
-		if err == nil && rep.Messages != 1 {
-			err = fmt.Errorf("delete of %d messages, want 1", rep.Messages)
-		}
-		deleted <- err
-	}()
+	go func() { deleted <- deleteOfM(ctx, b, q) }()
 	eventually(t, "the delete waiting for M's write", func() bool {
 		q.mu.Lock()
 		defer q.mu.Unlock()
@@ -836,11 +827,8 @@ func TestDeleteAsksAboutWritesBackInDoubt(t *testing.T) {
 		if err != nil {
 			t.Fatalf("delete: %v", err)
 		}
-	case <-dctx.Done():
+	case <-ctx.Done():
 		t.Fatal("the delete still waits for the write back in doubt")
-	}
-	if _, _, err := b.store.GetMessage(ctx, "q", "M"); !errors.Is(err, kv.ErrNotFound) {
-		t.Fatalf("M after the delete: %v, want not found", err)
 	}
 }
 
