@@ -740,6 +740,7 @@ type runStats struct {
 	churned                                int    // generations of the churn queue created and deleted
 	churnUnchecked                         int    // deletes whose storage a kill made it too late to check
 	churnMarkers                           int    // delete and purge markers (no record) found after a delete
+	churnUnbacked                          int    // subjects counted after a delete whose message was gone when read
 	churnViolations                        []Violation
 	ghosts                                 int           // records of deleted queues that starts removed
 	ghostLocks                             int           // locks of deleted queues that starts removed
