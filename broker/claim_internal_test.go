@@ -755,37 +755,108 @@ func TestTimersWaitForTheClaim(t *testing.T) {
 // TestLateLeaseWriteFencedAtTakeOver: the broker that served an exclusive queue took a value's lock
 // for a lease whose record write had not landed when a standby took the store over (it paused
 // between the two writes). The standby's start rewrites that record at the revision it loaded, so
-// the late lease write conflicts instead of making a second running message of the value.
+// the late lease write conflicts instead of making a second running message of the value. So it
+// does for a lock of an earlier version, which names no record version.
 func TestLateLeaseWriteFencedAtTakeOver(t *testing.T) {
+	for _, versioned := range []bool{true, false} {
+		t.Run(fmt.Sprintf("versioned=%v", versioned), func(t *testing.T) {
+			srv := natstest.Start(t, nil)
+			ctx := context.Background()
+			a, qa := pausedServer(t, srv, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
+			p1, p2 := int64(2), int64(1)
+			if _, err := qa.enqueue(ctx, []subjects.EnqueueRequest{
+				{ID: "m1", Priority: &p1, Metadata: map[string]string{"p": "v"}},
+				{ID: "m2", Priority: &p2, Metadata: map[string]string{"p": "v"}},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			// a takes v's lock for its lease lz of m1; the lease write, expecting m1's revision, is late.
+			r, rev, err := a.store.GetMessage(ctx, "x", "m1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lock := kv.Lock{MessageID: "m1", LeaseID: "lz"}
+			if versioned {
+				lock.Version = r.Version + 1
+			}
+			if _, err := a.store.WriteSlot("x", "v", 0, lock, 0).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			b := takeOver(t, srv)
+			r.State, r.LeaseID, r.Version, r.Attempts = subjects.StateRunning, "lz", r.Version+1, r.Attempts+1
+			if _, err := a.store.WriteMessage("x", &r, rev).Wait(ctx); !errors.Is(err, kv.ErrConflict) {
+				t.Fatalf("the late lease write: %v, want a conflict", err)
+			}
+			ms, err := b.queues["x"].dequeue(ctx, subjects.DequeueRequest{Batch: 2})
+			if err != nil || len(ms) != 1 || ms[0].ID != "m2" {
+				t.Fatalf("b leased %v, %v: want m2 alone, the value's best", ms, err)
+			}
+			if got, _, err := b.store.GetMessage(ctx, "x", "m1"); err != nil || got.State != subjects.StatePending {
+				t.Fatalf("m1 stored %s, %v: want pending", got.State, err)
+			}
+		})
+	}
+}
+
+// TestNoFenceOfARecordPastItsLease: a waiting message whose record moved past the lease a lock
+// names — released after it ran under another of its value's slots, or retried after it errored —
+// can get no late write of that lease (it expects a revision written over since): a start leaves
+// its record as it is, its version too, so that an operator's cancel or reschedule fenced by the
+// version read before the restart still applies (an operator's probe found them refused).
+func TestNoFenceOfARecordPastItsLease(t *testing.T) {
 	srv := natstest.Start(t, nil)
 	ctx := context.Background()
-	a, qa := pausedServer(t, srv, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
-	p1, p2 := int64(2), int64(1)
-	if _, err := qa.enqueue(ctx, []subjects.EnqueueRequest{
-		{ID: "m1", Priority: &p1, Metadata: map[string]string{"p": "v"}},
-		{ID: "m2", Priority: &p2, Metadata: map[string]string{"p": "v"}},
+	a, q := pausedServer(t, srv, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", MaxRunningPerValue: 2, MaxAttempts: 1})
+	p0, p1 := int64(0), int64(1)
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{
+		{ID: "b1", Priority: &p0, Metadata: map[string]string{"p": "v", "k": "b"}},
+		{ID: "m", Priority: &p1, Metadata: map[string]string{"p": "v"}},
+		{ID: "r", Priority: &p1, Metadata: map[string]string{"p": "w"}},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	// a takes v's lock for its lease lz of m1; the lease write, expecting m1's revision, is late.
-	r, rev, err := a.store.GetMessage(ctx, "x", "m1")
-	if err != nil {
+	lease := func(req subjects.DequeueRequest, id string) subjects.Message {
+		t.Helper()
+		ms, err := q.dequeue(ctx, req)
+		if err != nil || len(ms) != 1 || ms[0].ID != id {
+			t.Fatalf("dequeue %+v: %+v, %v; want %s", req, ms, err, id)
+		}
+		return ms[0]
+	}
+	// m runs under v's slot 1 (b1 holds slot 0), then, released (its attempt given back), under slot 0.
+	b1 := lease(subjects.DequeueRequest{Filter: map[string]string{"k": "b"}}, "b1")
+	m := lease(subjects.DequeueRequest{Filter: map[string]string{"p": "v"}}, "m")
+	if _, err := q.release(ctx, subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID, Refund: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.store.WriteSlot("x", "v", 0, kv.Lock{MessageID: "m1", LeaseID: "lz"}, 0).Wait(ctx); err != nil {
+	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: "b1", LeaseID: b1.LeaseID}); err != nil {
 		t.Fatal(err)
+	}
+	m = lease(subjects.DequeueRequest{Filter: map[string]string{"p": "v"}}, "m")
+	if _, err := q.release(ctx, subjects.ReleaseRequest{ID: "m", LeaseID: m.LeaseID, Refund: true}); err != nil {
+		t.Fatal(err)
+	}
+	// r runs once, errors (its one attempt spent), and is retried.
+	rl := lease(subjects.DequeueRequest{Filter: map[string]string{"p": "w"}}, "r")
+	if _, err := q.release(ctx, subjects.ReleaseRequest{ID: "r", LeaseID: rl.LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.retry(ctx, subjects.RetryRequest{ID: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]uint64{}
+	for _, id := range []string{"m", "r"} {
+		rec, _, err := a.store.GetMessage(ctx, "x", id)
+		if err != nil || rec.State != subjects.StatePending {
+			t.Fatalf("%s stored %s, %v: want pending", id, rec.State, err)
+		}
+		before[id] = rec.Version
 	}
 	b := takeOver(t, srv)
-	r.State, r.LeaseID, r.Version, r.Attempts = subjects.StateRunning, "lz", r.Version+1, r.Attempts+1
-	if _, err := a.store.WriteMessage("x", &r, rev).Wait(ctx); !errors.Is(err, kv.ErrConflict) {
-		t.Fatalf("the late lease write: %v, want a conflict", err)
-	}
-	ms, err := b.queues["x"].dequeue(ctx, subjects.DequeueRequest{Batch: 2})
-	if err != nil || len(ms) != 1 || ms[0].ID != "m2" {
-		t.Fatalf("b leased %v, %v: want m2 alone, the value's best", ms, err)
-	}
-	if got, _, err := b.store.GetMessage(ctx, "x", "m1"); err != nil || got.State != subjects.StatePending {
-		t.Fatalf("m1 stored %s, %v: want pending", got.State, err)
+	for _, id := range []string{"m", "r"} {
+		if rec, _, err := b.store.GetMessage(ctx, "x", id); err != nil || rec.Version != before[id] {
+			t.Errorf("%s at version %d after the start (%v), want %d: written behind everyone's back", id, rec.Version, err, before[id])
+		}
 	}
 }
 

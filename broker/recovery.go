@@ -628,13 +628,17 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 			held[e] = true
 			continue
 		}
-		if e != nil && e.extra().LeaseID != l.LeaseID && (e.State() == subjects.StatePending || e.State() == subjects.StateInvisible) {
+		if e != nil && e.extra().LeaseID != l.LeaseID && (e.State() == subjects.StatePending || e.State() == subjects.StateInvisible) &&
+			(l.Version == 0 || e.Version() < l.Version) {
 			// The slot was taken for a lease its message's record never got: that lease's write
 			// failed, or it is still on its way from a broker that served the store before this
 			// one (it paused, say, between the two writes) and would land behind this broker's
 			// back, one more running message of the value once this broker leases another. (A
 			// lease is written over a record waiting to run, pending or invisible by its time; one
-			// now running or ended has been written since, which such a late write conflicts with.)
+			// now running or ended has been written since, which such a late write conflicts with,
+			// and so has one whose version reached the lease's, which the lock names: it got that
+			// lease, or was written past it, as after a release or a retry. A lock of an earlier
+			// version names none, and is fenced.)
 			if err := q.fenceRecord(ctx, e); err != nil {
 				return err
 			}
@@ -658,7 +662,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		for ; q.lockOf(e.Value(), slot).holder != ""; slot++ { // the lowest free, past the limit if need be
 		}
 		lk := q.lockOf(e.Value(), slot)
-		rev, err := q.b.store.WriteSlot(q.name, e.Value(), slot, kv.Lock{MessageID: e.ID, LeaseID: e.extra().LeaseID}, lk.rev).Wait(ctx)
+		rev, err := q.b.store.WriteSlot(q.name, e.Value(), slot, kv.Lock{MessageID: e.ID, LeaseID: e.extra().LeaseID, Version: e.Version()}, lk.rev).Wait(ctx)
 		if err != nil {
 			return fmt.Errorf("natstone: recover queue %s: take lock %q slot %d: %w", q.name, e.Value(), slot, err)
 		}

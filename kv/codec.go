@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 
 	"github.com/natstone/natstone/subjects"
 )
@@ -246,18 +247,25 @@ func decodeV1(b []byte) (Record, error) {
 // as encoding/json does). An exclusive queue writes a lock at every lease, so this is on its hot
 // path.
 func EncodeLock(l Lock) []byte {
-	b := make([]byte, 0, len(`{"message_id":"","lease_id":""}`)+len(l.MessageID)+len(l.LeaseID))
+	b := make([]byte, 0, len(`{"message_id":"","lease_id":"","version":18446744073709551615}`)+len(l.MessageID)+len(l.LeaseID))
 	b = append(b, '{')
 	if l.MessageID != "" {
 		b = append(b, `"message_id":`...)
 		b = subjects.AppendString(b, l.MessageID)
 	}
 	if l.LeaseID != "" {
-		if l.MessageID != "" {
+		if len(b) > 1 {
 			b = append(b, ',')
 		}
 		b = append(b, `"lease_id":`...)
 		b = subjects.AppendString(b, l.LeaseID)
+	}
+	if l.Version != 0 {
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = append(b, `"version":`...)
+		b = strconv.AppendUint(b, l.Version, 10)
 	}
 	return append(b, '}')
 }

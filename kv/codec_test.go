@@ -83,6 +83,9 @@ func TestEncodeLock(t *testing.T) {
 		{MessageID: "<tag>&", LeaseID: "L"},
 		{MessageID: "héllo ✓", LeaseID: "L"},
 		{MessageID: "tab\there", LeaseID: "L"},
+		{MessageID: "m1", LeaseID: "L", Version: 7},
+		{Version: 1},
+		{LeaseID: "L", Version: 18446744073709551615},
 	} {
 		got := kv.EncodeLock(l)
 		want, err := json.Marshal(l)
@@ -101,18 +104,18 @@ func TestEncodeLock(t *testing.T) {
 
 // FuzzEncodeLock holds EncodeLock to json.Marshal's bytes for any ids.
 func FuzzEncodeLock(f *testing.F) {
-	f.Add("m1", "Yc2cKq7Jd0YxW9mWk3sV2C")
-	f.Add("", "")
-	f.Add(`a"<b>`, "\x00\xff")
-	f.Fuzz(func(t *testing.T, id, lease string) {
-		l := kv.Lock{MessageID: id, LeaseID: lease}
+	f.Add("m1", "Yc2cKq7Jd0YxW9mWk3sV2C", uint64(2))
+	f.Add("", "", uint64(0))
+	f.Add(`a"<b>`, "\x00\xff", uint64(1<<63))
+	f.Fuzz(func(t *testing.T, id, lease string, version uint64) {
+		l := kv.Lock{MessageID: id, LeaseID: lease, Version: version}
 		got := kv.EncodeLock(l)
 		want, err := json.Marshal(l)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if string(got) != string(want) {
-			t.Fatalf("%q: %s, want %s", l, got, want)
+			t.Fatalf("%+v: %s, want %s", l, got, want)
 		}
 	})
 }

@@ -30,10 +30,13 @@ type Record struct {
 
 // Lock names the message and lease that last took an exclusivity value. It holds the value only
 // while that message is running under that lease; one with an empty MessageID (as earlier versions
-// wrote to free a value) holds nothing.
+// wrote to free a value) holds nothing. Version is the version the message's record has once that
+// lease is written (0 in locks of earlier versions): a record past it has been written since, so
+// no write of that lease can still land (recovery's fence).
 type Lock struct {
 	MessageID string `json:"message_id,omitempty"`
 	LeaseID   string `json:"lease_id,omitempty"`
+	Version   uint64 `json:"version,omitempty"`
 }
 
 // QueueRecord is a queue as stored.
