@@ -781,7 +781,7 @@ func deleteOfM(ctx context.Context, b *Broker, q *queue) error {
 	}
 	if err == nil {
 		if _, _, gerr := b.store.GetMessage(context.Background(), "q", "M"); !errors.Is(gerr, kv.ErrNotFound) {
-			err = fmt.Errorf("M after the delete: %v, want not found", gerr)
+			err = fmt.Errorf("M after the delete: %w, want not found", gerr)
 		}
 	}
 	return err
