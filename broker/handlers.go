@@ -205,22 +205,16 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			return nil, err
 		}
 		return b.history(ctx, name, r)
-	}
-
-	q, err := b.lookup(ctx, name, false)
-	if op == subjects.OpUnschedule && subjects.CodeOf(err) == subjects.CodeQueueNotFound {
-		// No queue, so no schedule either (a queue's delete removes its schedules): there is
-		// nothing to remove, as for a queue without it, so that a cleanup run again, or after the
-		// queue's delete, succeeds.
+	case subjects.OpUnschedule:
+		// A queue not there has no schedule to remove: it looks the queue up itself.
 		var r subjects.UnscheduleRequest
 		if err := subjects.Decode(data, &r); err != nil {
 			return nil, err
 		}
-		if err := subjects.ValidateScheduleName(r.Name); err != nil {
-			return nil, err
-		}
-		return subjects.UnscheduleReply{Queue: name, Name: r.Name}, nil
+		return b.unschedule(ctx, name, r)
 	}
+
+	q, err := b.lookup(ctx, name, false)
 	if err != nil {
 		return nil, err
 	}
@@ -333,12 +327,6 @@ func (b *Broker) handle(ctx context.Context, op subjects.Op, req *nats.Msg) (any
 			return nil, err
 		}
 		return q.browse(r)
-	case subjects.OpUnschedule:
-		var r subjects.UnscheduleRequest
-		if err := subjects.Decode(data, &r); err != nil {
-			return nil, err
-		}
-		return b.unschedule(ctx, q, r)
 	case subjects.OpSchedules:
 		var r subjects.SchedulesRequest
 		if err := subjects.Decode(data, &r); err != nil {

@@ -661,11 +661,25 @@ func (s *scheduler) countQueue(queue string) int {
 	return len(s.all[queue])
 }
 
-// unschedule removes schedule r.Name of q; one that does not exist is removed already.
-func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.UnscheduleRequest) (subjects.UnscheduleReply, error) {
+// unschedule removes schedule r.Name of queue; one that does not exist is removed already, and so
+// is every schedule of a queue that does not exist (a queue's delete removes its schedules), so
+// that a cleanup run again, or after the queue's delete, succeeds.
+func (b *Broker) unschedule(ctx context.Context, queue string, r subjects.UnscheduleRequest) (subjects.UnscheduleReply, error) {
 	if err := subjects.ValidateScheduleName(r.Name); err != nil {
 		return subjects.UnscheduleReply{}, err
 	}
+	q, err := b.lookup(ctx, queue, false)
+	if subjects.CodeOf(err) == subjects.CodeQueueNotFound {
+		return subjects.UnscheduleReply{Queue: queue, Name: r.Name}, nil
+	}
+	if err != nil {
+		return subjects.UnscheduleReply{}, err
+	}
+	return b.unscheduleOf(ctx, q, r)
+}
+
+// unscheduleOf is unschedule of queue q, looked up.
+func (b *Broker) unscheduleOf(ctx context.Context, q *queue, r subjects.UnscheduleRequest) (subjects.UnscheduleReply, error) {
 	reply := subjects.UnscheduleReply{Queue: q.name, Name: r.Name}
 	s := b.sched
 	if err := s.lock(ctx); err != nil {
@@ -676,7 +690,7 @@ func (b *Broker) unschedule(ctx context.Context, q *queue, r subjects.Unschedule
 	err := q.usable()
 	q.mu.Unlock()
 	if subjects.CodeOf(err) == subjects.CodeQueueNotFound {
-		return reply, nil // deleted meanwhile, with its schedules: none to remove (see dispatch)
+		return reply, nil // deleted since it was looked up, with its schedules: none to remove
 	}
 	if err != nil {
 		return reply, err

@@ -178,7 +178,7 @@ func TestUnscheduleUnloaded(t *testing.T) {
 	}
 	b.sched.drop(b.sched.get("q", "s")) // as a load leaves a record it cannot use
 	q, _ := b.lookup(ctx, "q", false)
-	r, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
+	r, err := b.unscheduleOf(ctx, q, subjects.UnscheduleRequest{Name: "s"})
 	if rev, _ := b.store.ScheduleRevision(ctx, "q", "s"); err != nil || !r.Removed || rev != 0 {
 		t.Fatalf("unschedule: %+v, %v; the record is at revision %d, want removed", r, err, rev)
 	}
@@ -197,7 +197,7 @@ func TestUnscheduleOfAQueueDeletedMeanwhile(t *testing.T) {
 	if _, err := b.deleteQueue(ctx, q); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"}); err != nil || r.Removed {
+	if r, err := b.unscheduleOf(ctx, q, subjects.UnscheduleRequest{Name: "s"}); err != nil || r.Removed {
 		t.Fatalf("unschedule: %+v, %v; want nothing removed, no error", r, err)
 	}
 }
@@ -233,7 +233,7 @@ func TestScheduleRequestsWaitNoLongerThanTheirContext(t *testing.T) {
 	if _, err := b.putSchedule(short, "q", subjects.ScheduleRequest{Name: "t", Cron: "@hourly"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
 		t.Fatalf("schedule behind the lock: %v, want unavailable", err)
 	}
-	if _, err := b.unschedule(short, q, subjects.UnscheduleRequest{Name: "s"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
+	if _, err := b.unscheduleOf(short, q, subjects.UnscheduleRequest{Name: "s"}); subjects.CodeOf(err) != subjects.CodeUnavailable {
 		t.Fatalf("unschedule behind the lock: %v, want unavailable", err)
 	}
 	b.sched.unlock()
@@ -365,7 +365,7 @@ func TestScheduleOfUnknownOutcome(t *testing.T) {
 	}
 
 	untilUnknown(t, b, "unschedule whose write's wait ended", func() error {
-		_, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: name})
+		_, err := b.unscheduleOf(ctx, q, subjects.UnscheduleRequest{Name: name})
 		return err
 	}, func() {
 		if err := put(); err != nil {
@@ -529,7 +529,7 @@ func TestSchedulePausedUnscheduleOfUnknownOutcome(t *testing.T) {
 			pausedLong()
 			for try := 0; ; try++ {
 				untilUnknown(t, b, "unschedule whose write's wait ended", func() error {
-					_, err := b.unschedule(ctx, q, subjects.UnscheduleRequest{Name: "s"})
+					_, err := b.unscheduleOf(ctx, q, subjects.UnscheduleRequest{Name: "s"})
 					return err
 				}, pausedLong)
 				if sc := b.sched.get("q", "s"); sc != nil && sc.removing {
