@@ -65,7 +65,7 @@ func NewClient(nc *nats.Conn, cfg *Config) (*Client, error) {
 	}
 	space, err := subjects.NewSpace(c.Prefix)
 	if err != nil {
-		return nil, fmt.Errorf("natstone: client Config.Prefix %q is not a subject prefix (dot-separated tokens, no wildcards or white space)", c.Prefix)
+		return nil, prefixError("client Config.Prefix", c.Prefix)
 	}
 	return &Client{nc: nc, space: space, timeout: cmp.Or(c.Timeout, DefaultTimeout)}, nil
 }

@@ -106,6 +106,12 @@ func fieldError(field string, err error) error {
 	return &APIError{Code: e.Code, Message: field + ": " + e.Message, Status: e.Code.Status()}
 }
 
+// prefixError is the error of a config field (Config.Prefix, WorkerConfig.Events) that is not a
+// subject prefix.
+func prefixError(field, prefix string) error {
+	return fmt.Errorf("natstone: %s %q is not a subject prefix (dot-separated tokens, no wildcards or white space)", field, prefix)
+}
+
 // apiError converts a protocol error to an *APIError.
 func apiError(e *subjects.Error) *APIError {
 	return &APIError{Code: e.Code, Message: e.Message, Status: e.Code.Status()}

@@ -205,7 +205,7 @@ func (cfg *WorkerConfig) validate() error {
 		}
 	}
 	if _, err := subjects.NewSpace(cfg.Events); err != nil {
-		return fmt.Errorf("natstone: WorkerConfig.Events %q is not a subject prefix (dot-separated tokens, no wildcards or white space)", cfg.Events)
+		return prefixError("WorkerConfig.Events", cfg.Events)
 	}
 	return nil
 }
@@ -306,9 +306,9 @@ func (w *Worker) unwatch(leaseID string) {
 // second (a lease not released ends on its own, and that attempt is spent). A handler that has not
 // returned a second after its context ended (or half of what is left of its lease, if that is
 // less) has its message released all the same, unless its own Cancel of it is under way: it may
-// then run alongside the message's next run, even in an exclusive queue. A complete, release or cancel still
-// in flight when ctx is done has at most a second more, whatever the client's timeout (and should
-// its answer not come, the slot's next message it may have leased is abandoned, below).
+// then run alongside the message's next run, even in an exclusive queue. A complete, release or
+// cancel still in flight when ctx is done has at most a second more, whatever the client's timeout
+// (and should its answer not come, the slot's next message it may have leased is abandoned, below).
 //
 // Stop returns when every goroutine of the worker has returned: nil if the handlers finished and
 // settled their messages in time (or none was running), else ctx's error; joined with ErrUnsettled
@@ -624,10 +624,10 @@ func notAnswered(err error) bool {
 // supervises its own job: each job has exactly one extension timer, and the extensions of different
 // jobs never wait for one another (a shared ticker would serialise them behind the slowest request).
 // It returns once the handler has returned, with what the settle's dequeue of the slot's next message
-// gave. m's lease began at since at the earliest, or, if since is zero, when its reply came. A message that came
-// back to a retried dequeue (retried) may have run for a while before the retry: its lease is
-// extended before its handler starts, which does not start if the broker says the lease is lost,
-// or if the extension fails and that reckoning says its end has passed.
+// gave. m's lease began at since at the earliest, or, if since is zero, when its reply came. A
+// message that came back to a retried dequeue (retried) may have run for a while before the retry:
+// its lease is extended before its handler starts, which does not start if the broker says the
+// lease is lost, or if the extension fails and that reckoning says its end has passed.
 func (w *Worker) process(pollCtx, jobCtx context.Context, m *Message, retried bool, since time.Time) dequeued {
 	leased := since // at the earliest, as its end must be reckoned
 	if leased.IsZero() {
@@ -771,7 +771,7 @@ func (w *Worker) extend(jobCtx context.Context, job *Job, lease, every time.Dura
 		return every, false // stopping: process sees jobCtx done
 	}
 	defer job.unlock()
-	if job.settled.Load() {
+	if job.isSettled() {
 		return 0, false
 	}
 	// An answer after the lease's end would come too late to matter.
@@ -906,7 +906,7 @@ func (w *Worker) releaseUnreturned(jobCtx context.Context, job *Job, expires tim
 		return
 	}
 	defer job.unlock()
-	if !job.settled.Load() {
+	if !job.isSettled() {
 		w.releaseInterrupted(jobCtx, job, expires, log)
 	}
 }
