@@ -515,12 +515,15 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	for name := range specs {
 		for {
 			var d subjects.DepthReply
-			o, _ := admin.call(subjects.OpDepth, name, nil, &d)
+			o, code := admin.call(subjects.OpDepth, name, nil, &d)
 			if o == OK && d.Counts.Running == 0 && d.Counts.Invisible == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("queue %s did not quiesce: %+v", name, d.Counts)
+				// Say why (a depth that failed is not one that counts leases), with natstone's
+				// own account: a run that failed here once in CI said only the counts.
+				b, _ := os.ReadFile(logPath)
+				t.Fatalf("queue %s did not quiesce: depth %v %s, %+v; natstone log tail:\n%s", name, o, code, d.Counts, tail(string(b), 40))
 			}
 			<-time.After(50 * time.Millisecond)
 		}
