@@ -343,7 +343,21 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	for i, h := range held {
 		views[i] = q.view(h.e)
 	}
+	var unanswered []heardLease
+	if len(held) > 0 || rec == nil {
+		// The reply goes without the leases of unknown outcome, and nobody asks for them again:
+		// a dequeue answered with messages is not sent again, and one without a request id
+		// cannot get them back. Those that land are given back, their attempts refunded, rather
+		// than left to run out.
+		for _, l := range maybe {
+			unanswered = append(unanswered, heardLease{id: l.e.ID, leaseID: l.leaseID})
+		}
+	}
+	hook := q.testGaveBack
 	q.mu.Unlock()
+	if len(unanswered) > 0 {
+		q.b.giveBackLater(sentReply{queue: q.name, leases: unanswered}, unansweredLease, hook)
+	}
 	if len(held) == 0 && len(cs) > 0 {
 		return nil, subjects.Errorf(subjects.CodeUnavailable, "queue %s: storage did not take the leases; retry", q.name)
 	}

@@ -94,6 +94,9 @@ type queue struct {
 	// testLeasing, when a test sets it, runs when a dequeue has taken its messages from the index,
 	// before it reads their payloads and writes their leases, with mu held. Nil outside tests.
 	testLeasing func()
+	// testGaveBack, when a test sets it, runs once the leases of unknown outcome that a dequeue's
+	// reply went without have been given back (or found not stored). Nil outside tests.
+	testGaveBack func()
 	// testCollected, when a test sets it, runs when a collection has deleted its payloads, before it
 	// removes their records, without mu. Nil outside tests.
 	testCollected func()

@@ -203,17 +203,25 @@ func (u *unheard) heard(m *nats.Msg) {
 
 // giveBackLater gives r's leases back on a goroutine of its own: it waits on storage.
 func (u *unheard) giveBackLater(r sentReply) {
-	if !u.b.track() {
-		return
-	}
 	u.mu.Lock()
 	hook := u.gaveBack
 	u.mu.Unlock()
+	u.b.giveBackLater(r, unheardLease, hook)
+}
+
+// giveBackLater gives r's leases back (giveBack) on a goroutine of its own, then calls done (if
+// not nil).
+func (b *Broker) giveBackLater(r sentReply, why string, done func()) {
+	if !b.track() {
+		return
+	}
 	go func() {
-		defer u.b.wg.Done()
-		u.b.giveBack(r)
-		if hook != nil {
-			hook()
+		defer b.wg.Done()
+		if n := b.giveBack(r, why); n > 0 {
+			b.log.Info(givenBackLines[why], "queue", r.queue, "released", n)
+		}
+		if done != nil {
+			done()
 		}
 	}()
 }
@@ -222,31 +230,40 @@ func (u *unheard) giveBackLater(r sentReply) {
 // back.
 const unheardLease = "the dequeue's reply reached nobody: its requester was gone"
 
-// giveBack releases the leases of a reply that reached nobody, their attempts refunded, where they
-// are still held.
-func (b *Broker) giveBack(r sentReply) {
+// unansweredLease is the error of the released events of the leases a dequeue's reply went without,
+// their writes' outcome unknown then, given back once they landed.
+const unansweredLease = "the dequeue answered before storage took this lease: no reply carried it"
+
+// givenBackLines are the lines logged for leases given back, by why.
+var givenBackLines = map[string]string{
+	unheardLease:    "a dequeue's reply reached nobody: its leases given back",
+	unansweredLease: "leases a dequeue's reply went without given back once stored",
+}
+
+// giveBack releases r's leases, their attempts refunded, where they are still held, each
+// released event carrying why, and returns how many it released: the leases of a reply that reached
+// nobody, or those a dequeue's reply went without.
+func (b *Broker) giveBack(r sentReply, why string) int {
 	if !b.claim.held() {
-		return // another broker may serve the store: its leases are its own
+		return 0 // another broker may serve the store: its leases are its own
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
 	defer cancel()
 	q, err := b.lookup(ctx, r.queue, false)
 	if err != nil {
-		return // deleted since: its messages went with it
+		return 0 // deleted since: its messages went with it
 	}
 	released := 0
 	for _, l := range r.leases {
-		_, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: unheardLease}, true)
+		_, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: why}, true)
 		switch {
 		case err == nil:
 			released++
 		case errors.Is(err, errLeaseKept): // sent again in a retry's reply, which may have reached its requester
 		case noLongerHeld(err):
 		default:
-			q.log().Warn("lease of a reply that reached nobody not given back; it runs out instead", "id", l.id, "error", err)
+			q.log().Warn("lease not given back; it runs out instead", "id", l.id, "why", why, "error", err)
 		}
 	}
-	if released > 0 {
-		q.log().Info("a dequeue's reply reached nobody: its leases given back", "released", released)
-	}
+	return released
 }
