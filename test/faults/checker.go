@@ -56,6 +56,17 @@ type Run struct {
 	Queues   map[string]QueueSpec
 	Restarts []Restart
 	Final    map[string]Final // by queue + "/" + message id
+	// Failed are the writes storage did not take, as the broker logged them.
+	Failed []WriteFailure
+}
+
+// WriteFailure is a write of a queue's message or exclusivity lock that storage did not take, or
+// whose outcome the broker did not know, when the broker logged it: a lock not taken, a record
+// changed or gone, an outcome unknown. A dequeue one of whose picks failed so answers with the
+// others, fewer than its batch.
+type WriteFailure struct {
+	Queue string
+	At    time.Time
 }
 
 // lease is one lease granted, with what the history proves about how long it lasted.
@@ -523,12 +534,13 @@ func (c *checker) checkIdempotentDequeues() {
 	}
 }
 
-// checkEDF: a dequeue never returned a message (or fewer than its batch) while a strictly more
-// urgent eligible message had been pending since before the request: enqueued and acknowledged
-// before it (or rescheduled to a new priority, then acknowledged pending at it), never leased,
-// canceled, rescheduled or invisible by then, matching its filter, and — in an
-// exclusive queue — of a value certainly free throughout the request. Stretches where a dequeue
-// of unknown outcome may have leased that message are skipped, as is everything it cannot prove.
+// checkEDF: a dequeue never returned a message (or fewer than its batch, unless storage failed a
+// write of the queue meanwhile) while a strictly more urgent eligible message had been pending
+// since before the request: enqueued and acknowledged before it (or rescheduled to a new
+// priority, then acknowledged pending at it), never leased, canceled, rescheduled or invisible by
+// then, matching its filter, and — in an exclusive queue — of a value certainly free throughout
+// the request. Stretches where a dequeue of unknown outcome may have leased that message are
+// skipped, as is everything it cannot prove.
 func (c *checker) checkEDF() {
 	type cand struct {
 		id       string
@@ -669,6 +681,12 @@ func (c *checker) checkEDF() {
 			// it (the more urgent, say) is unknown, so fewer than its batch proves nothing.
 			continue
 		}
+		if !full && c.writeFailed(op.Queue, granted, op.End) {
+			// A pick whose lock or lease storage did not take is left out of the reply. The picks
+			// were the most urgent eligible messages, so the rest still are: judged as a full
+			// batch, a message more urgent than one it returned still fails it.
+			full = true
+		}
 		for _, cd := range byQueue[op.Queue] {
 			if returned[cd.id] || (full && cd.prio >= worst) {
 				continue
@@ -707,6 +725,16 @@ func (c *checker) checkEDF() {
 				op.Queue, ts(from), op.Client, what, cd.id, cd.prio, ts(cd.added))
 		}
 	}
+}
+
+// writeFailed reports whether the broker logged a failed write of queue between from and to.
+func (c *checker) writeFailed(queue string, from, to time.Time) bool {
+	for _, f := range c.run.Failed {
+		if f.Queue == queue && !f.At.Before(from.Add(-clockSlack)) && !f.At.After(to.Add(clockSlack)) {
+			return true
+		}
+	}
+	return false
 }
 
 // valueFree reports whether, at every moment from the request to its decision, fewer leases than

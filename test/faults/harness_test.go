@@ -601,6 +601,7 @@ func runFaults(t *testing.T, cfg faultConfig, natsURL string, args []string) (Ru
 	stats.asked = strings.Count(string(b), "whose election was not announced to the broker")
 	stats.replaced = strings.Count(string(b), "message record without payload replaced")
 	stats.behind = strings.Count(string(b), "read back after a conflict from a server behind")
+	run.Failed = failedWrites(string(b))
 	stats.fenced = strings.Count(string(b), "the message another writer took it for cannot run")
 	stats.heldByOthers = strings.Count(string(b), "exclusivity lock slot held for a message that may run elsewhere")
 	stats.startsLost = strings.Count(string(b), `msg="natstone failed" err="starting the broker`)
@@ -633,6 +634,23 @@ var givenBackLine = regexp.MustCompile(`msg="a dequeue's reply reached nobody: i
 
 // orphanLine matches the line a start logs when it deleted payloads that no record referenced.
 var orphanLine = regexp.MustCompile(`msg="payloads without a record deleted[^"]*".*? payloads=(\d+)`)
+
+// failedWriteLine matches a line the broker logs when storage did not take a write of a queue's
+// message or exclusivity lock, or its outcome is not known (broker/write.go: takeLocks, finish).
+var failedWriteLine = regexp.MustCompile(`(?m)^time=(\S+) level=WARN msg="(?:exclusivity lock not taken|message changed in storage; reloaded|message gone from storage|message writes' outcome unknown; will ask storage again)" queue=(\S+)`)
+
+// failedWrites returns the writes that natstone's log says storage did not take (Run.Failed).
+func failedWrites(log string) []WriteFailure {
+	var out []WriteFailure
+	for _, m := range failedWriteLine.FindAllStringSubmatch(log, -1) {
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			continue // not a line of natstone's logger
+		}
+		out = append(out, WriteFailure{Queue: m[2], At: at})
+	}
+	return out
+}
 
 // logged sums the counts of the lines that line matches in natstone's log.
 func logged(log string, line *regexp.Regexp) int {
