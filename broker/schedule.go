@@ -46,12 +46,16 @@ type schedule struct {
 	// unsure: rec is the record of a write of unknown outcome (storage may hold another record), so
 	// a request that would change nothing writes it again.
 	unsure bool
+	// invalid says why a stored schedule this broker cannot read does not fire (its cron no longer
+	// parses, its record does not decode): listed, never fired, until set again or unscheduled.
+	// Its cron is nil.
+	invalid string
 }
 
 // due is when sc is to be tried: its next fire time, or later if a try of it failed; zero (never)
-// while it is paused, unless its fire is to read whether its unschedule landed.
+// while it is paused or invalid, unless its fire is to read whether its unschedule landed.
 func (sc *schedule) due() time.Time {
-	if sc.rec.Paused && !sc.removing {
+	if (sc.rec.Paused || sc.invalid != "") && !sc.removing {
 		return time.Time{}
 	}
 	if sc.retry.After(sc.next) {
@@ -83,12 +87,13 @@ func (sc *schedule) info(now time.Time) subjects.ScheduleInfo {
 		OverlapSkipped: sc.rec.OverlapSkipped,
 		Paused:         sc.rec.Paused,
 		Note:           sc.rec.Note,
+		Invalid:        sc.invalid,
 	}
 	if sc.rec.LastAt != 0 {
 		t := time.UnixMilli(sc.rec.LastAt).UTC()
 		in.LastAt = &t
 	}
-	if sc.rec.Paused {
+	if sc.rec.Paused && sc.cron != nil {
 		// Its next time were it resumed now: a resume fires from then, none of the times passed.
 		in.NextAt = sc.cron.Next(now).UTC()
 		t := time.UnixMilli(sc.rec.PausedAt).UTC()
@@ -153,11 +158,14 @@ func (s *scheduler) load(ctx context.Context) error {
 		}
 		if bad != nil {
 			b.log.Error("a schedule's record does not decode: it will not fire", "queue", queue, "schedule", name, "err", bad)
+			s.set(&schedule{queue: queue, name: name, rev: rev, invalid: "its record does not decode: " + bad.Error()})
 			return nil
 		}
 		c, err := parseCron(r.Spec.Cron, time.UnixMilli(r.From))
 		if err != nil {
+			// A cron an earlier version took. Listed with why, so that an operator sees it.
 			b.log.Error("a schedule's cron does not parse: it will not fire", "queue", queue, "schedule", name, "err", err)
+			s.set(&schedule{queue: queue, name: name, rec: r, rev: rev, invalid: err.Error()})
 			return nil
 		}
 		s.set(&schedule{queue: queue, name: name, rec: r, rev: rev, cron: c, next: c.Next(time.UnixMilli(r.From))})
@@ -335,7 +343,7 @@ func (s *scheduler) fireOne(sc *schedule, now time.Time) bool {
 		case rev == 0:
 			s.drop(sc) // the unschedule landed
 			return true
-		case sc.rec.Paused:
+		case sc.rec.Paused || sc.invalid != "":
 			kept := *sc // still stored: a paused schedule is kept, not fired, and read again later
 			kept.retry = b.clock.Now().Add(removingPoll)
 			s.mu.Lock()
@@ -702,8 +710,8 @@ func (b *Broker) unscheduleOf(ctx context.Context, q *queue, r subjects.Unschedu
 	defer cancel()
 	sc := s.get(q.name, r.Name)
 	if sc == nil {
-		// None loaded; a record that a start could not load (it does not decode, or its cron no
-		// longer parses) is still removed.
+		// None known; a record stored since this broker loaded (by one that served before it and
+		// was paused, say) is still removed.
 		rev, err := b.store.ScheduleRevision(ctx, q.name, r.Name)
 		if err != nil {
 			return reply, unavailable("unschedule", err)

@@ -670,3 +670,71 @@ func TestScheduleFireByHandAdoptedReply(t *testing.T) {
 		t.Errorf("reply next_at %v, listing %v, now %v", info.NextAt, listed.NextAt, clk.Now())
 	}
 }
+
+// TestScheduleThisVersionCannotRead: a stored schedule whose cron this version refuses (an earlier
+// one took "*-5 * * * *", as "*") is listed with why it never fires, and never fires; pause, resume
+// and fire refuse it with invalid_schedule, a set with a valid cron replaces it, and unschedule
+// removes it. Such a schedule used to vanish from the API at the upgrade, still stored.
+func TestScheduleThisVersionCannotRead(t *testing.T) {
+	b, clk, _ := scheduleBroker(t, t0, "-")
+	ctx := context.Background()
+	for _, name := range []string{"old", "older"} {
+		if _, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: name, Cron: "@every 1m"}); err != nil {
+			t.Fatal(err)
+		}
+		sc := b.sched.get("q", name)
+		rec := sc.rec
+		rec.Spec.Cron = "*-5 * * * *" // as a version before 2026-11-27 stored it
+		if _, err := b.store.PutSchedule(ctx, "q", name, &rec, sc.rev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.sched.load(ctx); err != nil { // as the next start does
+		t.Fatal(err)
+	}
+	q, err := b.lookup(ctx, "q", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := b.schedules(q, subjects.SchedulesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Schedules) != 2 {
+		t.Fatalf("schedules after the load: %+v, want old and older", list.Schedules)
+	}
+	for _, s := range list.Schedules {
+		if !strings.Contains(s.Invalid, `"*-5"`) || !s.NextAt.IsZero() || s.Cron != "*-5 * * * *" {
+			t.Errorf("schedule %s: invalid %q, next_at %v, cron %q; want why it never fires, no next time, its cron", s.Name, s.Invalid, s.NextAt, s.Cron)
+		}
+	}
+	clk.Advance(10 * time.Minute)
+	q.mu.Lock()
+	n := 0
+	for range q.entries.all() {
+		n++
+	}
+	q.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d messages enqueued over 10 minutes by schedules that cannot fire", n)
+	}
+	if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "old"}, true); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
+		t.Errorf("pause: %v, want invalid_schedule", err)
+	}
+	if _, err := b.setPaused(ctx, q, subjects.SchedulePauseRequest{Name: "old"}, false); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
+		t.Errorf("resume: %v, want invalid_schedule", err)
+	}
+	if _, err := b.fireNow(ctx, q, subjects.ScheduleFireRequest{Name: "old"}); subjects.CodeOf(err) != subjects.CodeInvalidSchedule {
+		t.Errorf("fire: %v, want invalid_schedule", err)
+	}
+	info, err := b.putSchedule(ctx, "q", subjects.ScheduleRequest{Name: "old", Cron: "*/5 * * * *"})
+	if err != nil || info.Invalid != "" || info.NextAt.IsZero() {
+		t.Errorf("set again with a valid cron: %+v, %v; want it valid, with a next time", info, err)
+	}
+	if r, err := b.unscheduleOf(ctx, q, subjects.UnscheduleRequest{Name: "older"}); err != nil || !r.Removed {
+		t.Errorf("unschedule: %+v, %v; want removed", r, err)
+	}
+	if rev, err := b.store.ScheduleRevision(ctx, "q", "older"); err != nil || rev != 0 {
+		t.Errorf("older after its unschedule: revision %d, %v; want gone", rev, err)
+	}
+}

@@ -135,8 +135,11 @@ func (s *scheduler) lockPresent(ctx context.Context, q *queue, name string) (*sc
 	if err == nil {
 		sc, err = s.present(q.name, name)
 	}
-	if err == nil && sc == nil {
+	switch {
+	case err == nil && sc == nil:
 		err = subjects.Errorf(subjects.CodeScheduleNotFound, "queue %s has no schedule %s", q.name, name)
+	case err == nil && sc.invalid != "":
+		err = subjects.Errorf(subjects.CodeInvalidSchedule, "schedule %s of queue %s does not fire: %s; set it again or unschedule it", name, q.name, sc.invalid)
 	}
 	if err != nil {
 		s.unlock()

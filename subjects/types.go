@@ -368,7 +368,9 @@ func CronZone(cron string) (zone, expr string, zoned bool) {
 // fire times of an OverlapSkip schedule that enqueued nothing because the message of LastID was not
 // finished. Overlap is OverlapAllow or OverlapSkip, never "". A Paused schedule does not fire
 // (NextAt is then the time it would fire next were it resumed now); PausedAt is when it was paused,
-// and Note the note of its last pause or resume.
+// and Note the note of its last pause or resume. Invalid, when set, says why a stored schedule does
+// not fire at all: this broker cannot read it (a cron an earlier version took that this one
+// refuses); NextAt is then zero, a set with a valid cron replaces it, and unschedule removes it.
 type ScheduleInfo struct {
 	Queue          string     `json:"queue"`
 	Name           string     `json:"name"`
@@ -391,6 +393,7 @@ type ScheduleInfo struct {
 	Paused         bool       `json:"paused"`
 	PausedAt       *time.Time `json:"paused_at,omitempty"`
 	Note           string     `json:"note,omitempty"`
+	Invalid        string     `json:"invalid,omitempty"`
 }
 
 // SchedulePauseRequest is the body of schedule_pause and of schedule_resume: the schedule Name,

@@ -250,6 +250,9 @@ func printSchedules(w io.Writer, all []subjects.ScheduleInfo, now time.Time, wit
 				next += ": " + printable(s.Note, 60)
 			}
 		}
+		if s.Invalid != "" {
+			next = "never: " + printable(s.Invalid, 120)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Name, printable(s.Cron, 60), next,
 			last, what, s.Skipped, overlap, fmtMS(s.DeadlineMS), printable(fmtPairs(s.Metadata, ","), 80))
 	}

@@ -125,3 +125,15 @@ func TestCLISchedule(t *testing.T) {
 		t.Fatalf("schedule rm again: %s", out)
 	}
 }
+
+// TestPrintSchedulesInvalid: a schedule this broker cannot read (Invalid) shows why it never fires
+// in NEXT, whatever else it says (paused, a zero next time).
+func TestPrintSchedulesInvalid(t *testing.T) {
+	t.Parallel()
+	why := `natstone: invalid_schedule: cron "*-5 * * * *": field "*-5" has a range from "*"`
+	var out strings.Builder
+	printSchedules(&out, []subjects.ScheduleInfo{{Name: "s1", Cron: "*-5 * * * *", Overlap: subjects.OverlapAllow, Paused: true, Invalid: why}}, time.Now(), false)
+	if !strings.Contains(out.String(), "never: "+why) || strings.Contains(out.String(), "paused") {
+		t.Fatalf("schedule ls of an invalid schedule: want never: and why, not paused:\n%s", out.String())
+	}
+}

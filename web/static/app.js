@@ -595,16 +595,18 @@ function queueView(r) {
     set(schedules, ...q.schedules.map(s => h('tr', { 'data-schedule': s.name },
       h('td', {}, s.name),
       h('td', {}, h('code', {}, s.cron)),
-      s.paused ? h('td', { class: 'schedule-paused', title: 'paused ' + time(s.paused_at) + (s.note ? ': ' + s.note : '') },
-        'paused' + (s.note ? ': ' + s.note : ''))
-        : h('td', { title: time(s.next_at) }, ago(s.next_at)),
+      // invalid: stored by an earlier version in a form this one cannot read; it never fires.
+      s.invalid ? h('td', { class: 'schedule-error' }, 'never: ' + s.invalid)
+        : s.paused ? h('td', { class: 'schedule-paused', title: 'paused ' + time(s.paused_at) + (s.note ? ': ' + s.note : '') },
+          'paused' + (s.note ? ': ' + s.note : ''))
+          : h('td', { title: time(s.next_at) }, ago(s.next_at)),
       h('td', {}, s.last_error ? h('span', { class: 'schedule-error', title: time(s.last_at) }, (s.last_error_code || 'error') + ': ' + s.last_error)
         : s.last_id ? h('a', { href: messageHref(name, s.last_id), title: time(s.last_at) }, s.last_id) : '—'),
       h('td', { class: 'num' }, s.skipped),
       // skip: no fire while the last fire's message is unfinished; how many it left out.
       h('td', { class: 'schedule-overlap' }, s.overlap + (s.overlap_skipped ? ' (' + s.overlap_skipped + ' left out)' : '')),
-      h('td', {}, s.paused ? scheduleButton(s, 'resume', 'Resume') : scheduleButton(s, 'pause', 'Pause'), ' ',
-        scheduleButton(s, 'fire', 'Fire now')))));
+      h('td', {}, s.invalid ? '' : [s.paused ? scheduleButton(s, 'resume', 'Resume') : scheduleButton(s, 'pause', 'Pause'), ' ',
+        scheduleButton(s, 'fire', 'Fire now')]))));
     schedulesSection.hidden = q.schedules.length === 0;
 
     set(messages, ...list.messages.map(m => h('tr', { 'data-message-id': m.id, 'data-priority': m.priority },
