@@ -63,6 +63,7 @@ type claimer struct {
 	rev    uint64        // the claim's revision; 0 until acquired
 	lastOK time.Time     // when the last renewal that was stored was sent
 	warned time.Time     // when a failed renewal was last logged
+	behind time.Time     // since when renewals have conflicted and read the claim back from a server behind; zero: not
 	timer  clock.Timer
 	// next is what the renewal timer reaches the claimer through; end clears it. A stopped timer
 	// can stay in the runtime's timer heap until it would have fired, and must not keep the
@@ -414,14 +415,23 @@ func (c *claimer) renew() {
 	}
 	if errors.Is(err, kv.ErrConflict) {
 		// A renewal whose answer was lost may have been stored: then the claim is still this one's.
-		// Only a claim read back as another broker's (or none) is lost; a read that fails is
-		// tried again at the next renewal.
+		// Only a claim read back past rev as another broker's (or released) is lost. The conflict
+		// proves the claim is past rev, so a read back of rev or before (or of none) came from a
+		// server behind, a claims stream's leader just elected before it applied what it had
+		// committed: it says nothing, and the renewal is tried again soon, as is one whose read
+		// failed (a cluster's run saw a broker stop so, the store's only one).
 		gctx, gcancel := context.WithTimeout(context.Background(), c.every())
 		cur, curRev, gerr := c.claims.Get(gctx)
+		read := gerr == nil || errors.Is(gerr, kv.ErrNotFound)
 		switch {
 		case gerr == nil && cur.Broker == c.mine.Broker:
 			next, err = c.claims.Put(gctx, &c.mine, curRev)
-		case gerr != nil && !errors.Is(gerr, kv.ErrNotFound):
+			if errors.Is(err, kv.ErrConflict) && curRev <= rev {
+				err = errClaimBehind
+			}
+		case read && curRev <= rev:
+			err = errClaimBehind
+		case !read:
 			err = gerr
 		}
 		gcancel()
@@ -434,6 +444,18 @@ func (c *claimer) renew() {
 			c.rev = next // a release waiting for this renewal deletes this revision
 		}
 		return
+	}
+	if errors.Is(err, errClaimBehind) {
+		// Behind for the claim's ttl, it is no longer a server catching up: storage lost the
+		// revisions read (an unclean stop of a server that had not written them), and nothing
+		// tells whose the claim is. It is given up, as one another broker holds.
+		if now := c.clock.Now(); c.behind.IsZero() {
+			c.behind = now
+		} else if now.Sub(c.behind) >= c.ttl {
+			err = kv.ErrConflict
+		}
+	} else {
+		c.behind = time.Time{}
 	}
 	switch {
 	case err == nil:
@@ -470,6 +492,10 @@ func (c *claimer) renew() {
 	}
 	c.arm()
 }
+
+// errClaimBehind is a renewal's error when it conflicted and the claim read back was at or before
+// the revision it expected: read from a server behind, it says nothing of who holds the claim.
+var errClaimBehind = errors.New("the claim read back after a conflict is not past the revision the renewal expected (a server behind): read again")
 
 // claimRetry is how soon a renewal that failed is tried again.
 const claimRetry = 250 * time.Millisecond

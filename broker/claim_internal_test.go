@@ -1243,3 +1243,68 @@ func TestStandbySaysWhenItReadsTheClaimAgain(t *testing.T) {
 		t.Fatalf("the read's recovery does not say how long reads failed:\n%s", logs.String())
 	}
 }
+
+// TestRenewalReadingTheClaimFromAServerBehind: a renewal that conflicts and reads the claim back at
+// or before the revision it expected read it from a server behind (a claims stream's leader just
+// elected, before it applied what it had committed). That says nothing of who holds the claim, and
+// the broker tries again soon rather than stopping as if another broker held it: a run on a
+// cluster stopped the store's only broker so. Here the revision the broker knows is ahead of
+// storage's, which holds another broker's claim: the same reads. Once storage holds this broker's
+// claim past that revision, the renewal goes on from it; read behind for the claim's ttl, the
+// broker gives the claim up.
+func TestRenewalReadingTheClaimFromAServerBehind(t *testing.T) {
+	srv := natstest.Start(t, nil)
+	ca := clock.NewFake(time.Unix(0, 0))
+	logs := new(natstest.LogBuffer)
+	a := claimBroker(t, srv, ca, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+	ctx := context.Background()
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	behind := func() uint64 {
+		t.Helper()
+		_, rev, err := a.claim.claims.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := a.claim.claims.Put(ctx, &kv.Claim{Broker: "other", TTLMillis: DefaultClaimTTL.Milliseconds()}, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.claim.mu.Lock()
+		a.claim.rev = other + 3 // a renewal of its own stored past it, as far as the broker knows
+		a.claim.mu.Unlock()
+		return other
+	}
+	other := behind()
+	ca.Advance(DefaultClaimTTL / 5) // the renewal conflicts, and reads another's claim from before
+	running(t, a)
+	if !strings.Contains(logs.String(), "a server behind") {
+		t.Fatalf("the renewal's read back from a server behind is not logged:\n%s", logs.String())
+	}
+	// Storage catches up: this broker's claim, past the revision it expects.
+	rev := other
+	for range 4 {
+		var err error
+		if rev, err = a.claim.claims.Put(ctx, &a.claim.mine, rev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ca.Advance(claimRetry)
+	if cur, renewed, err := a.claim.claims.Get(ctx); err != nil || cur.Broker != a.claim.mine.Broker || renewed != rev+1 {
+		t.Fatalf("the claim after the retry: %+v at revision %d, %v; want this broker's, renewed at %d", cur, renewed, err, rev+1)
+	}
+	running(t, a)
+
+	behind()
+	ca.Advance(DefaultClaimTTL / 5)
+	for range DefaultClaimTTL/claimRetry - 1 {
+		ca.Advance(claimRetry)
+		running(t, a)
+	}
+	ca.Advance(claimRetry) // behind for the claim's ttl
+	stopsOnItsOwn(t, a)
+	if !errors.Is(a.Err(), ErrClaimLost) {
+		t.Fatalf("the broker stopped with %v, want ErrClaimLost", a.Err())
+	}
+}

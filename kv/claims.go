@@ -68,11 +68,11 @@ func (c *Claims) Subject() string { return c.subj }
 func (c *Claims) Stream() string { return c.s.streams[c.kv].CachedInfo().Config.Name }
 
 // Get reads the store's claim with its revision, from the leader. No claim, or a released one, is
-// ErrNotFound.
+// ErrNotFound, with the revision of the release (0: none).
 func (c *Claims) Get(ctx context.Context) (Claim, uint64, error) {
 	data, rev, err := c.s.getKey(ctx, c.kv, claimKey)
 	if err != nil {
-		return Claim{}, 0, err
+		return Claim{}, rev, err
 	}
 	var cl Claim
 	if err := json.Unmarshal(data, &cl); err != nil {
