@@ -147,6 +147,43 @@ func (q *queue) remember(id string, rec *dequeueRecord, until int64) {
 	rec.id, rec.until = id, until
 	q.requests[id] = rec
 	heap.Push(&q.reqEnds, rec)
+	q.armRequests()
+}
+
+// reqSweepGapMS is the least time between two firings of a queue's request sweep.
+const reqSweepGapMS = 1000
+
+// armRequests arms the request sweep for the earliest record's end, unless it is armed: dequeues
+// forget the records whose time is up as they come (expireRequests), but a queue whose dequeues
+// stop (its workers scaled to zero) would otherwise keep its last RequestIDWindow of them, and the
+// entries they point to, collected messages among them, for good (a soak saw 16 MB so, held after
+// the load). Armed at most once a reqSweepGapMS, it costs a busy queue nothing per dequeue. Called
+// with q.mu held.
+func (q *queue) armRequests() {
+	if q.reqSweepArmed || len(q.reqEnds) == 0 || q.closed != nil {
+		return
+	}
+	q.reqSweepArmed = true
+	wait := time.Duration(max(q.reqEnds[0].until-q.now(), reqSweepGapMS)) * time.Millisecond
+	if q.reqSweep == nil {
+		q.reqSweep = q.b.clock.AfterFunc(wait, q.sweepRequests)
+		return
+	}
+	q.reqSweep.Reset(wait)
+}
+
+// sweepRequests forgets the request ids whose time is up, and arms itself again while some are
+// remembered.
+func (q *queue) sweepRequests() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed != nil || !q.b.track() {
+		return
+	}
+	defer q.b.wg.Done()
+	q.reqSweepArmed = false
+	q.expireRequests(q.now())
+	q.armRequests()
 }
 
 // forget drops rec, now or early. Called with q.mu held.

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -96,5 +97,37 @@ func TestLeasesAReplyWentWithoutGivenBack(t *testing.T) {
 				t.Errorf("B, which the reply carried: %+v, %v; want it running under lease %s", r, err, ms[0].LeaseID)
 			}
 		})
+	}
+}
+
+// TestRequestIDsForgottenWithoutADequeue: the record of a dequeue's request id is forgotten once its
+// time is up although no dequeue of the queue comes after it. Dequeues forget the records whose
+// time is up as they come; a queue whose workers stopped used to keep its last RequestIDWindow of
+// records, and the entries they point to, for good (a soak saw 16 MB of heap held so).
+func TestRequestIDsForgottenWithoutADequeue(t *testing.T) {
+	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx := context.Background()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A"}}); err != nil {
+		t.Fatal(err)
+	}
+	day := (24 * time.Hour).Milliseconds() // its lease outlasts the window: its end forgets nothing
+	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r1", LeaseMS: day}); err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %+v, %v", ms, err)
+	}
+	remembered := func() int {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return len(q.requests) + len(q.reqEnds)
+	}
+	if n := remembered(); n != 2 {
+		t.Fatalf("%d records and ends after the dequeue, want the dequeue's: the test tests nothing", n)
+	}
+	clk.Advance(RequestIDWindow - time.Second)
+	if n := remembered(); n != 2 {
+		t.Fatalf("the dequeue's request id forgotten within its window (%d left)", n)
+	}
+	clk.Advance(time.Second + 2*reqSweepGapMS*time.Millisecond)
+	if n := remembered(); n != 0 {
+		t.Fatalf("the dequeue's request id still remembered past its window, no dequeue since (%d left)", n)
 	}
 }

@@ -71,9 +71,11 @@ type queue struct {
 	strangers     []*lockWrite              // slots another writer took for a message not running here (dropLock): their values held until askHolder has fenced it
 	doubt         clock.Timer               // issues the doubtful writes again
 	doubtArmed    bool
-	ids           *nuid.NUID // message and lease ids; the package's global one is behind a lock
-	reqEnds       recordHeap // the records of requests, by when they are forgotten
-	widest        int        // the most any message stored since the start can add to a dequeue's reply (replyShare)
+	ids           *nuid.NUID  // message and lease ids; the package's global one is behind a lock
+	reqEnds       recordHeap  // the records of requests, by when they are forgotten
+	reqSweep      clock.Timer // forgets the records whose time is up when no dequeue does (sweepRequests)
+	reqSweepArmed bool        // reqSweep is armed or running
+	widest        int         // the most any message stored since the start can add to a dequeue's reply (replyShare)
 	// locksMost, valuesMost and requestsMost are the most entries locks, values and requests held
 	// since index.Trim last copied them.
 	locksMost, valuesMost, requestsMost int
@@ -740,6 +742,9 @@ func (q *queue) close(why error) {
 	}
 	if q.sweep != nil {
 		q.sweep.Stop()
+	}
+	if q.reqSweep != nil {
+		q.reqSweep.Stop()
 	}
 	for _, w := range q.waiters {
 		close(w.gone)
