@@ -153,18 +153,24 @@ func (q *queue) remember(id string, rec *dequeueRecord, until int64) {
 // reqSweepGapMS is the least time between two firings of a queue's request sweep.
 const reqSweepGapMS = 1000
 
-// armRequests arms the request sweep for the earliest record's end, unless it is armed: dequeues
-// forget the records whose time is up as they come (expireRequests), but a queue whose dequeues
-// stop (its workers scaled to zero) would otherwise keep its last RequestIDWindow of them, and the
-// entries they point to, collected messages among them, for good (a soak saw 16 MB so, held after
-// the load). Armed at most once a reqSweepGapMS, it costs a busy queue nothing per dequeue. Called
-// with q.mu held.
+// armRequests arms the request sweep for the earliest record's end (at least reqSweepGapMS from
+// now), unless it is armed for no more than a reqSweepGapMS after that: dequeues forget the records
+// whose time is up as they come (expireRequests), but a queue whose dequeues stop (its workers
+// scaled to zero) would otherwise keep its last RequestIDWindow of them, and the entries they point
+// to, collected messages among them, for good (a soak saw 16 MB so, held after the load). A busy
+// queue's records end later and later, so it is armed again about once a reqSweepGapMS at most.
+// Called with q.mu held, whenever the earliest end may have moved sooner.
 func (q *queue) armRequests() {
-	if q.reqSweepArmed || len(q.reqEnds) == 0 || q.closed != nil {
+	if len(q.reqEnds) == 0 || q.closed != nil {
 		return
 	}
-	q.reqSweepArmed = true
-	wait := time.Duration(max(q.reqEnds[0].until-q.now(), reqSweepGapMS)) * time.Millisecond
+	now := q.now()
+	at := max(q.reqEnds[0].until, now+reqSweepGapMS)
+	if q.reqSweepArmed && q.reqSweepAt <= at+reqSweepGapMS {
+		return
+	}
+	q.reqSweepArmed, q.reqSweepAt = true, at
+	wait := time.Duration(at-now) * time.Millisecond
 	if q.reqSweep == nil {
 		q.reqSweep = q.b.clock.AfterFunc(wait, q.sweepRequests)
 		return
@@ -382,10 +388,10 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	}
 	var unanswered []heardLease
 	if len(held) > 0 || rec == nil {
-		// The reply goes without the leases of unknown outcome, and nobody asks for them again:
-		// a dequeue answered with messages is not sent again, and one without a request id
-		// cannot get them back. Those that land are given back, their attempts refunded, rather
-		// than left to run out.
+		// The reply goes without the leases of unknown outcome: the requester it reaches never
+		// has them (a retry of a dequeue without a request id cannot get them back; one with it
+		// is sent only if the reply was lost). Those that land are given back, their attempts
+		// refunded, rather than left to run out (givingUnanswered).
 		for _, l := range maybe {
 			unanswered = append(unanswered, heardLease{id: l.e.ID, leaseID: l.leaseID})
 		}
@@ -393,7 +399,7 @@ func (q *queue) leaseBest(ctx context.Context, r subjects.DequeueRequest, filter
 	hook := q.testGaveBack
 	q.mu.Unlock()
 	if len(unanswered) > 0 {
-		q.b.giveBackLater(sentReply{queue: q.name, leases: unanswered}, unansweredLease, hook)
+		q.b.giveBackLater(sentReply{queue: q.name, leases: unanswered}, givingUnanswered, hook)
 	}
 	if len(held) == 0 && len(cs) > 0 {
 		return nil, subjects.Errorf(subjects.CodeUnavailable, "queue %s: storage did not take the leases; retry", q.name)
@@ -727,6 +733,7 @@ func (q *queue) keepSettled(rec *dequeueRecord) {
 	case rec.settled.leaseEnd > 0:
 		rec.until = min(rec.until, rec.settled.leaseEnd+settleRetry.Milliseconds())
 		heap.Fix(&q.reqEnds, rec.slot)
+		q.armRequests()
 	}
 }
 

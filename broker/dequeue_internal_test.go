@@ -39,15 +39,16 @@ func TestLeasesAtAStopReachTheirWorker(t *testing.T) {
 
 // TestLeasesAReplyWentWithoutGivenBack: a dequeue of two, one of whose lease writes has an outcome
 // still unknown when it answers, answers with the other. Once that write turns out to have landed,
-// its lease is given back, its attempt refunded: no reply carried it, and nobody asks for it
-// again, so it used to run nowhere until it ran out, spending the attempt.
+// its lease is given back, its attempt refunded: no reply carried it, so it used to run nowhere
+// until it ran out, spending the attempt. A retry of the dequeue with its request id (its reply
+// lost) still gets the lease the reply carried, and leases nothing more.
 func TestLeasesAReplyWentWithoutGivenBack(t *testing.T) {
 	for _, requestID := range []string{"", "r1"} {
 		t.Run("request_id="+requestID, func(t *testing.T) {
 			b, _, q := internalQueue(t, subjects.CreateQueueRequest{})
 			ctx := context.Background()
-			one, two := int64(1), int64(2)
-			if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Priority: &one}, {ID: "B", Priority: &two}}); err != nil {
+			one, two, three := int64(1), int64(2), int64(3)
+			if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A", Priority: &one}, {ID: "B", Priority: &two}, {ID: "C", Priority: &three}}); err != nil {
 				t.Fatal(err)
 			}
 			gaveBack := make(chan struct{}, 1)
@@ -96,6 +97,18 @@ func TestLeasesAReplyWentWithoutGivenBack(t *testing.T) {
 			if r, _, err := b.store.GetMessage(ctx, "q", "B"); err != nil || r.State != subjects.StateRunning || r.LeaseID != ms[0].LeaseID {
 				t.Errorf("B, which the reply carried: %+v, %v; want it running under lease %s", r, err, ms[0].LeaseID)
 			}
+			if requestID == "" {
+				return
+			}
+			// The reply may have been lost: a retry with its request id gets B again, and leases
+			// nothing more.
+			again, err := q.dequeue(ctx, subjects.DequeueRequest{Batch: 2, RequestID: requestID})
+			if err != nil || len(again) != 1 || again[0].ID != "B" || again[0].LeaseID != ms[0].LeaseID {
+				t.Errorf("retry of the dequeue: %+v, %v; want B again, under lease %s", again, err, ms[0].LeaseID)
+			}
+			if r, _, err := b.store.GetMessage(ctx, "q", "C"); err != nil || r.State != subjects.StatePending {
+				t.Errorf("C after the retry: %+v, %v; want it pending", r, err)
+			}
 		})
 	}
 }
@@ -129,5 +142,38 @@ func TestRequestIDsForgottenWithoutADequeue(t *testing.T) {
 	clk.Advance(time.Second + 2*reqSweepGapMS*time.Millisecond)
 	if n := remembered(); n != 0 {
 		t.Fatalf("the dequeue's request id still remembered past its window, no dequeue since (%d left)", n)
+	}
+}
+
+// TestRequestIDsForgottenInTheirOrder: the sweep armed for a dequeue's request id, 5 minutes
+// ahead, is armed again for an abandon of an id no dequeue brought, remembered 30 seconds: it is
+// forgotten then, not at the dequeue's end.
+func TestRequestIDsForgottenInTheirOrder(t *testing.T) {
+	_, clk, q := internalQueue(t, subjects.CreateQueueRequest{})
+	ctx := context.Background()
+	if _, err := q.enqueue(ctx, []subjects.EnqueueRequest{{ID: "A"}}); err != nil {
+		t.Fatal(err)
+	}
+	day := (24 * time.Hour).Milliseconds()
+	if ms, err := q.dequeue(ctx, subjects.DequeueRequest{RequestID: "r1", LeaseMS: day}); err != nil || len(ms) != 1 {
+		t.Fatalf("dequeue: %+v, %v", ms, err)
+	}
+	if _, err := q.abandon(ctx, subjects.AbandonRequest{RequestID: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	remembered := func(id string) bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.requests[id] != nil
+	}
+	if !remembered("x") || !remembered("r1") {
+		t.Fatal("the abandon or the dequeue is not remembered: the test tests nothing")
+	}
+	clk.Advance(time.Minute)
+	if remembered("x") {
+		t.Errorf("the abandon of an unknown id remembered a minute on, no dequeue since")
+	}
+	if !remembered("r1") {
+		t.Errorf("the dequeue's request id forgotten within its window")
 	}
 }

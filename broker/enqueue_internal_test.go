@@ -257,7 +257,7 @@ func TestForgottenByAGiveBackNotByAUse(t *testing.T) {
 		t.Error("an id forgotten for a use of its lease counts as forgotten: a retry would lease anew")
 	}
 	given, givenRec := leaseOf("g")
-	if _, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: given.ID, LeaseID: given.LeaseID, Refund: true}, true); err != nil {
+	if _, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: given.ID, LeaseID: given.LeaseID, Refund: true}, givingUnheard); err != nil {
 		t.Fatal(err)
 	}
 	if !q.forgotten("g", givenRec) {
@@ -275,7 +275,7 @@ func TestForgottenByAGiveBackNotByAUse(t *testing.T) {
 	if again.ID != stale.ID {
 		t.Fatalf("leased %s again, want %s", again.ID, stale.ID)
 	}
-	if _, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: stale.ID, LeaseID: stale.LeaseID, Refund: true}, true); subjects.CodeOf(err) != subjects.CodeLeaseMismatch {
+	if _, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: stale.ID, LeaseID: stale.LeaseID, Refund: true}, givingUnheard); subjects.CodeOf(err) != subjects.CodeLeaseMismatch {
 		t.Fatalf("the late give back: %v, want lease_mismatch", err)
 	}
 	if _, err := q.complete(ctx, subjects.LeaseRequest{ID: again.ID, LeaseID: again.LeaseID}); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 
 	"github.com/natstone/natstone/kv"
 	"github.com/natstone/natstone/subjects"
@@ -171,17 +172,20 @@ func usedLease(r *kv.Record) { r.RequestID = "" }
 // is errored. Its event (released or errored) carries req.Error. Releasing it again with the same
 // lease succeeds and writes nothing (its error is not kept).
 func (q *queue) release(ctx context.Context, req subjects.ReleaseRequest) (subjects.Message, error) {
-	return q.releaseUnlessReplayed(ctx, req, false)
+	return q.releaseUnlessReplayed(ctx, req, notGiving)
 }
 
 // errLeaseKept is releaseUnlessReplayed's answer for a lease it keeps.
 var errLeaseKept = errors.New("the lease is kept")
 
-// releaseUnlessReplayed is release, or with givingBack the give back of a lease whose reply reached
-// nobody (unheard): a current lease that went out again in a retry's reply (entry.replayed, looked
-// at under q.mu) is then kept (errLeaseKept, with nothing written or forgotten), and the dequeue's
-// record is marked given back, its requester never having had the lease (dequeueRecord.givenBack).
-func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseRequest, givingBack bool) (subjects.Message, error) {
+// releaseUnlessReplayed is release, or the give back of a lease (how): a current lease that went
+// out again in a retry's reply (entry.replayed, looked at under q.mu) is then kept (errLeaseKept,
+// with nothing written or forgotten). A lease of a reply that reached nobody (givingUnheard) marks
+// its dequeue's record given back, its requester never having had the lease
+// (dequeueRecord.givenBack). A lease its dequeue's reply went without (givingUnanswered) leaves
+// that record: the reply carried the dequeue's other leases, which a retry with its request id must
+// still get, and only this one is dropped from it.
+func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseRequest, how giving) (subjects.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := checkRange("delay_ms", req.DelayMS, 0, subjects.MaxInvisible); err != nil {
@@ -194,7 +198,7 @@ func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseR
 	if err != nil {
 		return subjects.Message{}, err
 	}
-	if givingBack && q.stillHeld(leaseRef{e, req.LeaseID}) {
+	if how != notGiving && q.stillHeld(leaseRef{e, req.LeaseID}) {
 		// Before fence, which would forget the lease's request id: a retry with it must still get
 		// a lease a retry's reply carried, and a retry waiting for the dequeue must learn that its
 		// requester never had the lease (not a use of it: fence's forgetting says nothing else).
@@ -202,7 +206,13 @@ func (q *queue) releaseUnlessReplayed(ctx context.Context, req subjects.ReleaseR
 			return q.view(e), errLeaseKept
 		}
 		if r := q.requests[e.extra().RequestID]; r != nil {
-			r.givenBack = true
+			switch how {
+			case givingUnheard:
+				r.givenBack = true
+			case givingUnanswered:
+				// Out of the record, fence finds nothing of the dequeue to forget.
+				r.leases = slices.DeleteFunc(r.leases, func(l leaseRef) bool { return l.e == e && l.leaseID == req.LeaseID })
+			}
 		}
 	}
 	if done, err := q.fence(e, req.LeaseID, subjects.OpRelease); err != nil || done {

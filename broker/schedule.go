@@ -93,9 +93,11 @@ func (sc *schedule) info(now time.Time) subjects.ScheduleInfo {
 		t := time.UnixMilli(sc.rec.LastAt).UTC()
 		in.LastAt = &t
 	}
-	if sc.rec.Paused && sc.cron != nil {
-		// Its next time were it resumed now: a resume fires from then, none of the times passed.
-		in.NextAt = sc.cron.Next(now).UTC()
+	if sc.rec.Paused {
+		if sc.cron != nil {
+			// Its next time were it resumed now: a resume fires from then, none of the times passed.
+			in.NextAt = sc.cron.Next(now).UTC()
+		}
 		t := time.UnixMilli(sc.rec.PausedAt).UTC()
 		in.PausedAt = &t
 	}

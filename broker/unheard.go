@@ -206,19 +206,19 @@ func (u *unheard) giveBackLater(r sentReply) {
 	u.mu.Lock()
 	hook := u.gaveBack
 	u.mu.Unlock()
-	u.b.giveBackLater(r, unheardLease, hook)
+	u.b.giveBackLater(r, givingUnheard, hook)
 }
 
 // giveBackLater gives r's leases back (giveBack) on a goroutine of its own, then calls done (if
 // not nil).
-func (b *Broker) giveBackLater(r sentReply, why string, done func()) {
+func (b *Broker) giveBackLater(r sentReply, how giving, done func()) {
 	if !b.track() {
 		return
 	}
 	go func() {
 		defer b.wg.Done()
-		if n := b.giveBack(r, why); n > 0 {
-			b.log.Info(givenBackLines[why], "queue", r.queue, "released", n)
+		if n := b.giveBack(r, how); n > 0 {
+			b.log.Info(how.line(), "queue", r.queue, "released", n)
 		}
 		if done != nil {
 			done()
@@ -226,24 +226,41 @@ func (b *Broker) giveBackLater(r sentReply, why string, done func()) {
 	}()
 }
 
-// unheardLease is the error of the released events of the leases a reply that reached nobody gives
-// back.
-const unheardLease = "the dequeue's reply reached nobody: its requester was gone"
+// giving says why a release gives a lease back that its holder did not release: none (a holder's
+// own release), a reply that reached nobody, or a lease that no reply carried.
+type giving int
 
-// unansweredLease is the error of the released events of the leases a dequeue's reply went without,
-// their writes' outcome unknown then, given back once they landed.
-const unansweredLease = "the dequeue answered before storage took this lease: no reply carried it"
+const (
+	notGiving giving = iota
+	// givingUnheard gives back the leases of a reply that reached nobody: its requester never had
+	// them, and its dequeue's request id is marked given back (dequeueRecord.givenBack).
+	givingUnheard
+	// givingUnanswered gives back a lease its dequeue's reply went without, its write's outcome
+	// unknown then: the reply, which may have reached its requester, carried the dequeue's other
+	// leases, which its request id keeps for a retry.
+	givingUnanswered
+)
 
-// givenBackLines are the lines logged for leases given back, by why.
-var givenBackLines = map[string]string{
-	unheardLease:    "a dequeue's reply reached nobody: its leases given back",
-	unansweredLease: "leases a dequeue's reply went without given back once stored",
+// why is the error of the released events of the leases given back so.
+func (g giving) why() string {
+	if g == givingUnanswered {
+		return "the dequeue answered before storage took this lease: no reply carried it"
+	}
+	return "the dequeue's reply reached nobody: its requester was gone"
+}
+
+// line is what is logged of the leases given back so.
+func (g giving) line() string {
+	if g == givingUnanswered {
+		return "leases a dequeue's reply went without given back once stored"
+	}
+	return "a dequeue's reply reached nobody: its leases given back"
 }
 
 // giveBack releases r's leases, their attempts refunded, where they are still held, each
-// released event carrying why, and returns how many it released: the leases of a reply that reached
-// nobody, or those a dequeue's reply went without.
-func (b *Broker) giveBack(r sentReply, why string) int {
+// released event saying why (how), and returns how many it released: the leases of a reply that
+// reached nobody, or those a dequeue's reply went without.
+func (b *Broker) giveBack(r sentReply, how giving) int {
 	if !b.claim.held() {
 		return 0 // another broker may serve the store: its leases are its own
 	}
@@ -255,14 +272,14 @@ func (b *Broker) giveBack(r sentReply, why string) int {
 	}
 	released := 0
 	for _, l := range r.leases {
-		_, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: why}, true)
+		_, err := q.releaseUnlessReplayed(ctx, subjects.ReleaseRequest{ID: l.id, LeaseID: l.leaseID, Refund: true, Error: how.why()}, how)
 		switch {
 		case err == nil:
 			released++
 		case errors.Is(err, errLeaseKept): // sent again in a retry's reply, which may have reached its requester
 		case noLongerHeld(err):
 		default:
-			q.log().Warn("lease not given back; it runs out instead", "id", l.id, "why", why, "error", err)
+			q.log().Warn("lease not given back; it runs out instead", "id", l.id, "why", how.why(), "error", err)
 		}
 	}
 	return released

@@ -32,9 +32,9 @@
 //	| natstone_queue_oldest_pending_seconds | gauge     | queue            | how long the longest-waiting pending message has waited (0: none), from the start of its second |
 //	| natstone_queue_blocked                | gauge     | queue, direction | 1 if enqueue (direction enqueue) or dequeue (dequeue) is blocked, else 0 |
 //	| natstone_queue_exclusivity_values     | gauge     | queue            | an exclusive queue's exclusivity values the broker keeps (none: simple) |
-//	| natstone_schedule_next_fire_timestamp_seconds | gauge | queue, schedule | when a schedule fires next (Unix seconds)                       |
+//	| natstone_schedule_next_fire_timestamp_seconds | gauge | queue, schedule | when a schedule fires next (Unix seconds; 0: never)             |
 //	| natstone_schedule_last_fire_timestamp_seconds | gauge | queue, schedule | when it last fired (0: never)                                   |
-//	| natstone_schedule_failing             | gauge     | queue, schedule  | 1 if its last fire enqueued nothing (the queue refused it), else 0       |
+//	| natstone_schedule_failing             | gauge     | queue, schedule  | 1 if its last fire enqueued nothing (the queue refused it), or it cannot fire (invalid), else 0 |
 //	| natstone_schedule_skipped_total       | counter   | queue, schedule  | its fire times with no message enqueued (stored: kept across restarts)   |
 //	| natstone_schedule_overlap_skipped_total | counter | queue, schedule | its fire times left out by overlap skip (its last message unfinished) |
 //	| natstone_schedule_paused              | gauge     | queue, schedule  | 1 while it is paused (it fires at none of its times), else 0             |

@@ -32,11 +32,11 @@ var (
 	eventsEnabledDesc = prometheus.NewDesc("natstone_events_enabled",
 		"1 if the broker publishes events, else 0.", nil, nil)
 	scheduleNextDesc = prometheus.NewDesc("natstone_schedule_next_fire_timestamp_seconds",
-		"When a schedule fires next, in Unix seconds.", []string{"queue", "schedule"}, nil)
+		"When a schedule fires next, in Unix seconds (0 if it never will).", []string{"queue", "schedule"}, nil)
 	scheduleLastDesc = prometheus.NewDesc("natstone_schedule_last_fire_timestamp_seconds",
 		"When a schedule last fired, in Unix seconds (0 if it never has).", []string{"queue", "schedule"}, nil)
 	scheduleFailingDesc = prometheus.NewDesc("natstone_schedule_failing",
-		"1 if a schedule's last fire enqueued nothing (the queue refused it: its last_error), else 0.", []string{"queue", "schedule"}, nil)
+		"1 if a schedule's last fire enqueued nothing (the queue refused it: its last_error), or it cannot fire (invalid), else 0.", []string{"queue", "schedule"}, nil)
 	scheduleSkippedDesc = prometheus.NewDesc("natstone_schedule_skipped_total",
 		"Fire times of a schedule that passed with no message enqueued for them (no broker served, or storage did not take the fire).",
 		[]string{"queue", "schedule"}, nil)
@@ -100,9 +100,13 @@ func collectSchedule(ch chan<- prometheus.Metric, sc *subjects.ScheduleInfo) {
 	if sc.LastAt != nil {
 		last = unixSeconds(*sc.LastAt)
 	}
-	ch <- constMetric(scheduleNextDesc, prometheus.GaugeValue, unixSeconds(sc.NextAt), sc.Queue, sc.Name)
+	next := 0.0 // none: its cron has no time left, or it cannot fire (Invalid)
+	if !sc.NextAt.IsZero() {
+		next = unixSeconds(sc.NextAt)
+	}
+	ch <- constMetric(scheduleNextDesc, prometheus.GaugeValue, next, sc.Queue, sc.Name)
 	ch <- constMetric(scheduleLastDesc, prometheus.GaugeValue, last, sc.Queue, sc.Name)
-	ch <- constMetric(scheduleFailingDesc, prometheus.GaugeValue, flag(sc.LastError != ""), sc.Queue, sc.Name)
+	ch <- constMetric(scheduleFailingDesc, prometheus.GaugeValue, flag(sc.LastError != "" || sc.Invalid != ""), sc.Queue, sc.Name)
 	ch <- constMetric(scheduleSkippedDesc, prometheus.CounterValue, float64(sc.Skipped), sc.Queue, sc.Name)
 	ch <- constMetric(scheduleOverlapDesc, prometheus.CounterValue, float64(sc.OverlapSkipped), sc.Queue, sc.Name)
 	ch <- constMetric(schedulePausedDesc, prometheus.GaugeValue, flag(sc.Paused), sc.Queue, sc.Name)

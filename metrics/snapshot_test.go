@@ -33,6 +33,7 @@ func TestWatch(t *testing.T) {
 			Schedules: []subjects.ScheduleInfo{
 				{Queue: "encode", Name: "nightly", NextAt: time.UnixMilli(1_700_000_060_500), LastAt: ptr(time.UnixMilli(1_700_000_000_000)), Skipped: 4, OverlapSkipped: 6},
 				{Queue: "mail", Name: "digest", NextAt: time.UnixMilli(1_700_000_000_000), LastError: "queue mail: enqueue is blocked", Paused: true},
+				{Queue: "mail", Name: "old", Cron: "*-5 * * * *", Invalid: `cron "*-5 * * * *": field "*-5" has a range from "*"`},
 			},
 			Events: broker.EventsSnapshot{Enabled: true, Published: 42, Dropped: 3, Buffered: 7},
 		}
@@ -81,6 +82,8 @@ func TestWatch(t *testing.T) {
 		{"natstone_schedule_last_fire_timestamp_seconds", []string{"queue=mail", "schedule=digest"}, 0},
 		{"natstone_schedule_failing", []string{"queue=mail", "schedule=digest"}, 1},
 		{"natstone_schedule_paused", []string{"queue=mail", "schedule=digest"}, 1},
+		{"natstone_schedule_next_fire_timestamp_seconds", []string{"queue=mail", "schedule=old"}, 0},
+		{"natstone_schedule_failing", []string{"queue=mail", "schedule=old"}, 1},
 		{"natstone_schedule_paused", []string{"queue=encode", "schedule=nightly"}, 0},
 		{"natstone_events_buffered", nil, 7},
 		{"natstone_events_enabled", nil, 1},

@@ -62,11 +62,14 @@ type Run struct {
 
 // WriteFailure is a write of a queue's message or exclusivity lock that storage did not take, or
 // whose outcome the broker did not know, when the broker logged it: a lock not taken, a record
-// changed or gone, an outcome unknown. A dequeue one of whose picks failed so answers with the
-// others, fewer than its batch.
+// changed or gone, outcomes unknown. A dequeue one of whose picks failed so answers with the
+// others, fewer than its batch. MessageID names the (first) message, Count how many failed (a line
+// of unknown outcomes counts them all, naming the first).
 type WriteFailure struct {
-	Queue string
-	At    time.Time
+	Queue     string
+	MessageID string
+	Count     int
+	At        time.Time
 }
 
 // lease is one lease granted, with what the history proves about how long it lasted.
@@ -681,14 +684,17 @@ func (c *checker) checkEDF() {
 			// it (the more urgent, say) is unknown, so fewer than its batch proves nothing.
 			continue
 		}
-		if !full && c.writeFailed(op.Queue, granted, op.End) {
-			// A pick whose lock or lease storage did not take is left out of the reply. The picks
-			// were the most urgent eligible messages, so the rest still are: judged as a full
-			// batch, a message more urgent than one it returned still fails it.
+		// A pick whose lock or lease storage did not take is left out of the reply: as many as
+		// the broker logged failed writes of the queue meanwhile may be missing. The picks were
+		// the most urgent eligible messages, so the rest still are: judged as a full batch, a
+		// message more urgent than one it returned still fails it, unless it is one whose write
+		// failed (it may have been the pick left out, or leased under a lease no reply carried).
+		failed, nFailed := c.writesFailed(op.Queue, granted, op.End)
+		if !full && len(op.Leases)+nFailed >= op.Batch {
 			full = true
 		}
 		for _, cd := range byQueue[op.Queue] {
-			if returned[cd.id] || (full && cd.prio >= worst) {
+			if returned[cd.id] || failed[cd.id] || (full && cd.prio >= worst) {
 				continue
 			}
 			// Pending since before the request, and still not leased or canceled when it was decided.
@@ -727,14 +733,17 @@ func (c *checker) checkEDF() {
 	}
 }
 
-// writeFailed reports whether the broker logged a failed write of queue between from and to.
-func (c *checker) writeFailed(queue string, from, to time.Time) bool {
+// writesFailed returns the messages of the failed writes of queue the broker logged between from
+// and to, and how many writes failed.
+func (c *checker) writesFailed(queue string, from, to time.Time) (map[string]bool, int) {
+	ids, n := map[string]bool{}, 0
 	for _, f := range c.run.Failed {
 		if f.Queue == queue && !f.At.Before(from.Add(-clockSlack)) && !f.At.After(to.Add(clockSlack)) {
-			return true
+			ids[f.MessageID] = true
+			n += max(f.Count, 1)
 		}
 	}
-	return false
+	return ids, n
 }
 
 // valueFree reports whether, at every moment from the request to its decision, fewer leases than

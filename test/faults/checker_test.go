@@ -43,9 +43,9 @@ func done(kind Kind, q, id, leaseID string, start, end int, o Outcome) Op {
 func (op Op) withOutcome(o Outcome) Op { op.Outcome = o; return op }
 
 // shortBatch: in queue s, a dequeue of a batch of three, decided at 11 ms, returns two of the
-// three pending messages (a at 1, b at 5, c at 9), storage having failed a write of queue at failed
-// ms (none if negative).
-func shortBatch(returned []string, queue string, failed int) Run {
+// three pending messages (a at 1, b at 5, c at 9), the broker having logged a failed write of
+// message failedID of queue at failed ms (none if negative).
+func shortBatch(returned []string, queue, failedID string, failed int) Run {
 	prio := map[string]int64{"a": 1, "b": 5, "c": 9}
 	final := finals("s/a", "pending", 0, "s/b", "pending", 0, "s/c", "pending", 0)
 	var leases []Lease
@@ -57,7 +57,7 @@ func shortBatch(returned []string, queue string, failed int) Run {
 	d.Batch = 3
 	run := Run{Ops: []Op{enq("s", "a", 1, 0, 2, nil), enq("s", "b", 5, 0, 2, nil), enq("s", "c", 9, 0, 2, nil), d}, Final: final}
 	if failed >= 0 {
-		run.Failed = []WriteFailure{{Queue: queue, At: at(failed)}}
+		run.Failed = []WriteFailure{{Queue: queue, MessageID: failedID, Count: 1, At: at(failed)}}
 	}
 	return run
 }
@@ -633,26 +633,30 @@ func TestChecker(t *testing.T) {
 		},
 		{
 			name:  "edf: a short batch while a message was pending",
-			run:   shortBatch([]string{"a", "b"}, "", -1),
+			run:   shortBatch([]string{"a", "b"}, "", "", -1),
 			rules: []string{"edf"},
 		},
 		{
 			name: "edf: a short batch while storage failed a write of the queue: a pick was left out",
-			run:  shortBatch([]string{"a", "b"}, "s", 12),
+			run:  shortBatch([]string{"a", "b"}, "s", "x", 12),
 		},
 		{
-			name:  "edf: … but it returned c while a, more urgent, was pending",
-			run:   shortBatch([]string{"b", "c"}, "s", 12),
+			name: "edf: … it returned c while a, more urgent, was pending: a's write failed, a was the pick left out",
+			run:  shortBatch([]string{"b", "c"}, "s", "a", 12),
+		},
+		{
+			name:  "edf: … but another's write failed: a was passed over for c",
+			run:   shortBatch([]string{"b", "c"}, "s", "x", 12),
 			rules: []string{"edf"},
 		},
 		{
 			name:  "edf: … a failure before the dequeue was decided left nothing out of it",
-			run:   shortBatch([]string{"a", "b"}, "s", 5),
+			run:   shortBatch([]string{"a", "b"}, "s", "x", 5),
 			rules: []string{"edf"},
 		},
 		{
 			name:  "edf: … nor one of another queue",
-			run:   shortBatch([]string{"a", "b"}, "x", 12),
+			run:   shortBatch([]string{"a", "b"}, "x", "x", 12),
 			rules: []string{"edf"},
 		},
 		{
@@ -707,15 +711,15 @@ func TestFailedWrites(t *testing.T) {
 	log := `time=2026-11-28T05:12:13.123Z level=WARN msg="read back after a conflict from a server behind; asking again" queue=exclusive value=v2 slot=0 revision=33 expected=33
 time=2026-11-28T05:12:13.124Z level=WARN msg="exclusivity lock write outcome not known yet; issuing it again" queue=exclusive value=w15 slot=0 message_id=producer-0-78 error="nats: server is disconnected"
 time=2026-11-28T05:12:13.209Z level=WARN msg="exclusivity lock not taken" queue=exclusive value=v2 slot=0 message_id=producer-1-87 error="natstone: the record read back after a conflict is not past the revision the write expected: read again"
-time=2026-11-28T05:12:14.324Z level=WARN msg="message writes' outcome unknown; will ask storage again" queue=pairs messages=1 message_id=producer-1-86 error="natstone: read again"
+time=2026-11-28T05:12:14.324Z level=WARN msg="message writes' outcome unknown; will ask storage again" queue=pairs messages=3 message_id=producer-1-86 error="natstone: read again"
 time=2026-11-28T05:12:14.400Z level=WARN msg="message changed in storage; reloaded" queue=simple message_id=m revision=9 expected=8 state=running
 time=2026-11-28T05:12:14.500Z level=WARN msg="message gone from storage" queue=capped message_id=c00001
 `
 	want := []WriteFailure{
-		{Queue: "exclusive", At: time.Date(2026, 11, 28, 5, 12, 13, 209e6, time.UTC)},
-		{Queue: "pairs", At: time.Date(2026, 11, 28, 5, 12, 14, 324e6, time.UTC)},
-		{Queue: "simple", At: time.Date(2026, 11, 28, 5, 12, 14, 400e6, time.UTC)},
-		{Queue: "capped", At: time.Date(2026, 11, 28, 5, 12, 14, 500e6, time.UTC)},
+		{Queue: "exclusive", MessageID: "producer-1-87", Count: 1, At: time.Date(2026, 11, 28, 5, 12, 13, 209e6, time.UTC)},
+		{Queue: "pairs", MessageID: "producer-1-86", Count: 3, At: time.Date(2026, 11, 28, 5, 12, 14, 324e6, time.UTC)},
+		{Queue: "simple", MessageID: "m", Count: 1, At: time.Date(2026, 11, 28, 5, 12, 14, 400e6, time.UTC)},
+		{Queue: "capped", MessageID: "c00001", Count: 1, At: time.Date(2026, 11, 28, 5, 12, 14, 500e6, time.UTC)},
 	}
 	if got := failedWrites(log); !reflect.DeepEqual(got, want) {
 		t.Fatalf("failedWrites = %+v, want %+v", got, want)

@@ -637,7 +637,7 @@ var orphanLine = regexp.MustCompile(`msg="payloads without a record deleted[^"]*
 
 // failedWriteLine matches a line the broker logs when storage did not take a write of a queue's
 // message or exclusivity lock, or its outcome is not known (broker/write.go: takeLocks, finish).
-var failedWriteLine = regexp.MustCompile(`(?m)^time=(\S+) level=WARN msg="(?:exclusivity lock not taken|message changed in storage; reloaded|message gone from storage|message writes' outcome unknown; will ask storage again)" queue=(\S+)`)
+var failedWriteLine = regexp.MustCompile(`(?m)^time=(\S+) level=WARN msg="(?:exclusivity lock not taken|message changed in storage; reloaded|message gone from storage|message writes' outcome unknown; will ask storage again)" queue=(\S+)(?: messages=(\d+))?.*? message_id=(\S+)`)
 
 // failedWrites returns the writes that natstone's log says storage did not take (Run.Failed).
 func failedWrites(log string) []WriteFailure {
@@ -647,7 +647,8 @@ func failedWrites(log string) []WriteFailure {
 		if err != nil {
 			continue // not a line of natstone's logger
 		}
-		out = append(out, WriteFailure{Queue: m[2], At: at})
+		n, _ := strconv.Atoi(m[3]) // 0 (one) when the line has no count
+		out = append(out, WriteFailure{Queue: m[2], MessageID: m[4], Count: max(n, 1), At: at})
 	}
 	return out
 }
