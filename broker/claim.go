@@ -469,7 +469,11 @@ func (c *claimer) renew() {
 		}
 	case errors.Is(err, kv.ErrConflict):
 		c.end()
-		go c.b.lose(errors.New("another broker holds it"))
+		why := "another broker holds it"
+		if !c.behind.IsZero() { // (set only when read behind for the ttl: reset otherwise)
+			why = "its renewals read it back from a server behind for its whole ttl"
+		}
+		go c.b.lose(errors.New(why))
 		return
 	default:
 		// Storage out of reach: past ttl/2 the broker answers unavailable (held), and a renewal

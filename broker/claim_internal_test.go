@@ -1304,7 +1304,7 @@ func TestRenewalReadingTheClaimFromAServerBehind(t *testing.T) {
 	}
 	ca.Advance(claimRetry) // behind for the claim's ttl
 	stopsOnItsOwn(t, a)
-	if !errors.Is(a.Err(), ErrClaimLost) {
-		t.Fatalf("the broker stopped with %v, want ErrClaimLost", a.Err())
+	if !errors.Is(a.Err(), ErrClaimLost) || !strings.Contains(a.Err().Error(), "server behind") {
+		t.Fatalf("the broker stopped with %v, want ErrClaimLost, read behind", a.Err())
 	}
 }
