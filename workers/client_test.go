@@ -1160,3 +1160,51 @@ func TestEnqueueDurationsAtTheirEdges(t *testing.T) {
 		t.Fatalf("depth %+v, %v; want only soon, nothing of the refused enqueues", d, err)
 	}
 }
+
+// TestLongPollCutAtReconnect: a long poll parked at a broker that vanished with its NATS server (a
+// natstone killed with its embedded server) gets no reply: the connection comes back to a server
+// that never heard of it. It used to wait out its wait and the client's timeout (30 s for a
+// worker's poll); cut at the reconnect, it fails at once as a dequeue of unknown outcome, to be
+// sent again with its request id. Here the broker that never answers is a subscriber of the
+// dequeue subject.
+func TestLongPollCutAtReconnect(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	silent := srv.Connect(t)
+	space, err := subjects.NewSpace("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parked := make(chan struct{}, 1)
+	if _, err := silent.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(*nats.Msg) { parked <- struct{}{} }); err != nil {
+		t.Fatal(err)
+	}
+	if err := silent.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	c, err := workers.NewClient(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		_, err := c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: "r1"})
+		done <- result{err, time.Since(start)}
+	}()
+	recv(t, parked) // the poll is parked once the silent subscriber has it
+	srv.Restart(t)
+	select {
+	case r := <-done:
+		if !errors.Is(r.err, nats.ErrTimeout) || !strings.Contains(r.err.Error(), "lost and made again") {
+			t.Fatalf("the poll cut at the reconnect: %v, want a dequeue of unknown outcome (nats.ErrTimeout) that says why", r.err)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatalf("the poll still waits %v after its server restarted", waitTimeout)
+	}
+}

@@ -21,9 +21,13 @@
 // connection is gone: the replies its polls get reach nobody, and the broker gives their leases
 // back, their attempts refunded. A Worker does not give up on a connection closed for good
 // ([nats.Conn.Close], or the Stop of an embedded natstone whose Connect it uses): it polls on, each
-// failure logged with backoff. Stop the workers before their connection.
+// failure logged with backoff. Stop the workers before their connection, and give it
+// [nats.MaxReconnects](-1): nats.go gives up reconnecting after 60 tries by default, about two
+// minutes, and a natstone down longer would leave the workers polling on a connection closed for
+// good. A long poll in flight when the connection reconnects is sent again at once, with its
+// request id: the broker it waited at may be gone with its NATS server.
 //
-//	nc, _ := nats.Connect(nats.DefaultURL)
+//	nc, _ := nats.Connect(nats.DefaultURL, nats.MaxReconnects(-1))
 //	c, _ := workers.NewClient(nc, nil)
 //	c.Enqueue(ctx, "emails", []byte("hello"), &workers.EnqueueOpts{Deadline: time.Now().Add(time.Hour)})
 //

@@ -2,6 +2,8 @@ package workers
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -286,7 +288,18 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 		return nil, err
 	}
 	var r subjects.DequeueReply
-	if err := c.send(ctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
+	sctx := ctx
+	if req.WaitMS > 0 {
+		var stop func()
+		sctx, stop = c.untilReconnect(ctx)
+		defer stop()
+	}
+	if err := c.send(sctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
+		if ctx.Err() == nil && errors.Is(context.Cause(sctx), errReconnected) {
+			// Its reply may never come: the broker it waited at may be gone (a natstone killed
+			// with its embedded server). Sent again with its request id, it gets what it leased.
+			err = fmt.Errorf("natstone: %s: %w (%w)", opOn(subjects.OpDequeue, queue), nats.ErrTimeout, errReconnected)
+		}
 		if madeID && (ctx.Err() != nil || unknownOutcome(err)) {
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 			_, _ = c.Abandon(actx, queue, req.RequestID) // best effort: the caller has ctx's error
@@ -295,6 +308,36 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 		return nil, err
 	}
 	return newMessages(r.Messages), nil
+}
+
+// errReconnected is why a long poll stops waiting for its reply: the connection reconnected.
+var errReconnected = errors.New("the connection to NATS was lost and made again while the poll waited")
+
+// untilReconnect returns ctx, cut with errReconnected when the client's connection reconnects,
+// and a stop to call once the request is over. A long poll waits up to its wait and the client's
+// timeout for its reply (30 s by default for a worker's), and one parked at a broker that is gone
+// gets none: a natstone killed with its embedded NATS server takes the poll with it, and the
+// worker's connection comes back to a new one that never heard of it. Cut at the reconnect, it
+// is sent again at once, to the broker serving now.
+func (c *Client) untilReconnect(ctx context.Context) (context.Context, func()) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	ch := c.nc.StatusChanged(nats.CONNECTED) // after the first connect: a reconnect
+	done := make(chan struct{})
+	go func() {
+		select {
+		case _, ok := <-ch:
+			if ok {
+				cancel(errReconnected)
+			}
+		case <-done:
+		case <-cctx.Done():
+		}
+	}()
+	return cctx, func() {
+		close(done)
+		c.nc.RemoveStatusListener(ch)
+		cancel(nil)
+	}
 }
 
 // abandonTimeout bounds the abandon of a long poll that the caller's context ended.

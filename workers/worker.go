@@ -55,7 +55,8 @@ type WorkerConfig struct {
 	// (1 ms to subjects.MaxWait). Default DefaultPollWait. A long poll parked at a broker that dies
 	// is answered by nobody: its slot polls again only after PollWait plus the client's timeout
 	// (20 s + 10 s by default), however soon a standby takes over; a shorter PollWait picks up
-	// sooner.
+	// sooner. A poll whose connection reconnects meanwhile (a natstone killed with its embedded
+	// NATS server, and started again) is sent again at once.
 	PollWait time.Duration
 	// BackoffFunc returns how long a message stays invisible after its attempt-th attempt (1 for the
 	// first) failed. Default DefaultBackoff.
