@@ -1208,3 +1208,38 @@ func TestLongPollCutAtReconnect(t *testing.T) {
 		t.Fatalf("the poll still waits %v after its server restarted", waitTimeout)
 	}
 }
+
+// TestLongPollWithoutRequestIDWaitsOutAReconnect: a long poll whose request id the client made up
+// is not cut at a reconnect (it would be abandoned, not sent again): with the broker still there,
+// the message enqueued after the reconnect reaches it.
+func TestLongPollWithoutRequestIDWaitsOutAReconnect(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	nc := e.srv.Connect(t, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	c, err := workers.NewClient(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	polled := e.count(subjects.OpDequeue, "q")
+	done := make(chan error, 1)
+	var got []workers.Message
+	go func() {
+		var err error
+		got, err = c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: waitTimeout})
+		done <- err
+	}()
+	polled.wait(t, 1)
+	cid, err := nc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.NATS().DisconnectClientByID(cid); err != nil { // as a network blip would
+		t.Fatal(err)
+	}
+	waitFor(t, "the client to reconnect", func() bool { return nc.Stats().Reconnects > 0 && nc.IsConnected() })
+	e.enqueue("q", "after", nil)
+	if err := recv(t, done); err != nil || len(got) != 1 || string(got[0].Payload) != "after" {
+		t.Fatalf("the poll across the reconnect: %v, %+v; want the message enqueued after it", err, got)
+	}
+}

@@ -276,7 +276,10 @@ type DequeueOpts struct {
 // lease it a message nobody then runs. Given no RequestID, Dequeue makes one up, and abandons the
 // poll with it (Abandon, a try of at most a second) when ctx ends first, or when its outcome is
 // unknown (no reply in time, or ErrUnavailable), since the caller cannot send it again. Given one,
-// the caller decides: send the dequeue again with it to get its leases back, or Abandon it.
+// the caller decides: send the dequeue again with it to get its leases back, or Abandon it. Such a
+// long poll does not wait past a reconnect of the Client's connection: its reply may never come
+// (the broker it waited at may be gone with its NATS server), so it fails then as one of unknown
+// outcome (nats.ErrTimeout), to be sent again at once, as a Worker does.
 func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) ([]Message, error) {
 	req := opts.request()
 	madeID := req.WaitMS > 0 && req.RequestID == ""
@@ -289,13 +292,16 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 	}
 	var r subjects.DequeueReply
 	sctx := ctx
-	if req.WaitMS > 0 {
+	if req.WaitMS > 0 && !madeID {
+		// Cut at a reconnect, to be sent again with the caller's request id (a Worker's polls);
+		// one whose id was made up here would be abandoned, not sent again, and so is left to
+		// wait.
 		var stop func()
 		sctx, stop = c.untilReconnect(ctx)
 		defer stop()
 	}
 	if err := c.send(sctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
-		if ctx.Err() == nil && errors.Is(context.Cause(sctx), errReconnected) {
+		if ctx.Err() == nil && errors.Is(err, context.Canceled) && errors.Is(context.Cause(sctx), errReconnected) {
 			// Its reply may never come: the broker it waited at may be gone (a natstone killed
 			// with its embedded server). Sent again with its request id, it gets what it leased.
 			err = fmt.Errorf("natstone: %s: %w (%w)", opOn(subjects.OpDequeue, queue), nats.ErrTimeout, errReconnected)
@@ -313,7 +319,7 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 // errReconnected is why a long poll stops waiting for its reply: the connection reconnected.
 var errReconnected = errors.New("the connection to NATS was lost and made again while the poll waited")
 
-// untilReconnect returns ctx, cut with errReconnected when the client's connection reconnects,
+// untilReconnect returns ctx, cut with errReconnected when the client's connection (re)connects,
 // and a stop to call once the request is over. A long poll waits up to its wait and the client's
 // timeout for its reply (30 s by default for a worker's), and one parked at a broker that is gone
 // gets none: a natstone killed with its embedded NATS server takes the poll with it, and the
@@ -321,7 +327,7 @@ var errReconnected = errors.New("the connection to NATS was lost and made again 
 // is sent again at once, to the broker serving now.
 func (c *Client) untilReconnect(ctx context.Context) (context.Context, func()) {
 	cctx, cancel := context.WithCancelCause(ctx)
-	ch := c.nc.StatusChanged(nats.CONNECTED) // after the first connect: a reconnect
+	ch := c.nc.StatusChanged(nats.CONNECTED) // a reconnect (or the first connect of a connection made with RetryOnFailedConnect)
 	done := make(chan struct{})
 	go func() {
 		select {
