@@ -166,10 +166,10 @@ func (q *queue) armRequests() {
 	}
 	now := q.now()
 	at := max(q.reqEnds[0].until, now+reqSweepGapMS)
-	if q.reqSweepArmed && q.reqSweepAt <= at+reqSweepGapMS {
+	if q.reqSweepAt != 0 && q.reqSweepAt <= at+reqSweepGapMS {
 		return
 	}
-	q.reqSweepArmed, q.reqSweepAt = true, at
+	q.reqSweepAt = at
 	wait := time.Duration(at-now) * time.Millisecond
 	if q.reqSweep == nil {
 		q.reqSweep = q.b.clock.AfterFunc(wait, q.sweepRequests)
@@ -187,7 +187,7 @@ func (q *queue) sweepRequests() {
 		return
 	}
 	defer q.b.wg.Done()
-	q.reqSweepArmed = false
+	q.reqSweepAt = 0
 	q.expireRequests(q.now())
 	q.armRequests()
 }

@@ -74,8 +74,7 @@ type queue struct {
 	ids           *nuid.NUID  // message and lease ids; the package's global one is behind a lock
 	reqEnds       recordHeap  // the records of requests, by when they are forgotten
 	reqSweep      clock.Timer // forgets the records whose time is up when no dequeue does (sweepRequests)
-	reqSweepArmed bool        // reqSweep is armed or running
-	reqSweepAt    int64       // when reqSweep is armed for (Unix ms)
+	reqSweepAt    int64       // when reqSweep is armed for (Unix ms); 0: not armed
 	widest        int         // the most any message stored since the start can add to a dequeue's reply (replyShare)
 	// locksMost, valuesMost and requestsMost are the most entries locks, values and requests held
 	// since index.Trim last copied them.

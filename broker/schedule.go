@@ -53,9 +53,10 @@ type schedule struct {
 }
 
 // due is when sc is to be tried: its next fire time, or later if a try of it failed; zero (never)
-// while it is paused or invalid, unless its fire is to read whether its unschedule landed.
+// while it is paused, unless its fire is to read whether its unschedule landed. An invalid one has
+// no next fire time: only that read makes it due.
 func (sc *schedule) due() time.Time {
-	if (sc.rec.Paused || sc.invalid != "") && !sc.removing {
+	if sc.rec.Paused && !sc.removing {
 		return time.Time{}
 	}
 	if sc.retry.After(sc.next) {
