@@ -521,12 +521,11 @@ func (b *Broker) start(ctx context.Context) error {
 		}
 		b.mu.Unlock()
 	}
-	if err == nil {
-		b.sched.start()
-	}
 	if err != nil {
 		return b.failStart(fmt.Errorf("natstone: serve: %w", err))
 	}
+	b.sched.start()
+	b.announce()
 	return nil
 }
 

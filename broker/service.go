@@ -147,6 +147,21 @@ func (b *Broker) discover(verb micro.Verb, m *nats.Msg) {
 	}
 }
 
+// announce publishes that the broker serves the store now (subjects.Space.Serving, once per start):
+// a client cuts the long polls it sent before, parked at a broker that is gone (killed, or frozen
+// past its claim) which will never answer them, and sends them again with their request ids,
+// instead of waiting out their waits.
+func (b *Broker) announce() {
+	data, err := json.Marshal(subjects.Serving{ID: b.svc.id, Started: b.svc.started})
+	if err == nil {
+		err = b.cfg.Conn.Publish(b.space.Serving(), data)
+	}
+	if err != nil {
+		b.log.Warn("serving, but not announced: long polls parked at a broker before this one wait out their waits",
+			"subject", b.space.Serving(), "error", err)
+	}
+}
+
 // stop unsubscribes everything; requests already received finish on their own.
 func (s *service) stop() error {
 	var errs []error

@@ -95,3 +95,43 @@ func TestServiceMetadataEvents(t *testing.T) {
 		})
 	}
 }
+
+// TestServingAnnounced: a broker that begins to serve says so on <prefix>.serving, with its service
+// id, so that clients cut the long polls parked at the broker before it, gone.
+func TestServingAnnounced(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(c *broker.Config) { c.Prefix = "acme.jobs" })
+	sub, err := e.nc.SubscribeSync(e.space.Serving())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	e.restartBroker()
+	msg, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatalf("no announcement on %s: %v", e.space.Serving(), err)
+	}
+	if msg.Subject != "acme.jobs.serving" {
+		t.Fatalf("announced on %s, want acme.jobs.serving", msg.Subject)
+	}
+	var got subjects.Serving
+	if err := json.Unmarshal(msg.Data, &got); err != nil {
+		t.Fatal(err)
+	}
+	reply, err := e.nc.Request("$SRV.PING.natstone", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ping micro.Ping
+	if err := json.Unmarshal(reply.Data, &ping); err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != ping.ID || got.Started.IsZero() {
+		t.Fatalf("announced %+v, want the serving broker's id %q and when it began", got, ping.ID)
+	}
+	if _, err := sub.NextMsg(100 * time.Millisecond); err == nil {
+		t.Fatal("a second announcement for one start")
+	}
+}

@@ -97,6 +97,11 @@ func (s Space) Subject(op Op, queue string) string {
 // Wildcard returns the subscription subject for op on every queue.
 func (s Space) Wildcard(op Op) string { return s.Subject(op, "*") }
 
+// Serving returns the subject a broker announces itself on once it serves the store
+// (<prefix>.serving, body a Serving): a long poll sent before the announcement was parked at a
+// broker that is gone, whose reply will never come.
+func (s Space) Serving() string { return s.prefix + ".serving" }
+
 // Parse splits a subject of this space into its operation and queue name.
 // It returns an *Error with CodeBadRequest for a subject outside the space, an unknown operation or a
 // missing queue token, and CodeInvalidQueueName for a bad queue name.

@@ -198,6 +198,13 @@ type AbandonReply struct {
 	Released  []string `json:"released"`
 }
 
+// Serving is the body of the announcement a broker publishes on Space.Serving when it begins to
+// serve the store: at its start, or when it takes over from a broker that stopped or died.
+type Serving struct {
+	ID      string    `json:"id"`      // the broker's service id, as in $SRV.INFO.natstone.<id>
+	Started time.Time `json:"started"` // when it began to serve
+}
+
 // LeaseRequest is the body of complete and cancel (where LeaseID may be empty to cancel
 // unconditionally, and Version fences the cancel by the message's version), and the base of
 // extend and release.

@@ -34,7 +34,9 @@ type Config struct {
 // Client sends natstone's requests over a NATS connection. Each method sends one request and waits
 // for its reply, except Queues and Schedules, which page through as many as the listing takes, and
 // Dequeue, which abandons its long poll (Abandon) when its context ends first. A Client is safe for
-// concurrent use; it holds no state besides its config.
+// concurrent use; it holds no state besides its config. (Its connection gets one subscription, at
+// the first long poll with a RequestID of any Client on it: the brokers' announcements that they
+// serve, Space.Serving, which cut such polls parked at a broker that is gone; see Dequeue.)
 //
 // Errors: an error reply of the broker is an [*APIError] matching one of the Err… sentinels. A
 // transport failure is returned wrapped, so errors.Is works on the nats.go errors:

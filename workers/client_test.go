@@ -3,6 +3,7 @@ package workers_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -1206,6 +1207,122 @@ func TestLongPollCutAtReconnect(t *testing.T) {
 		}
 	case <-time.After(waitTimeout):
 		t.Fatalf("the poll still waits %v after its server restarted", waitTimeout)
+	}
+}
+
+// TestLongPollCutWhenABrokerBeginsToServe: a long poll parked at a broker that died while its NATS
+// server stays up (natstone serve --nats-url killed, or frozen past its claim) gets no reply, and no
+// reconnect tells the client so. It used to wait out its wait and the client's timeout; cut when the
+// next broker announces that it serves, it fails at once as a dequeue of unknown outcome, and sent
+// again with its request id it leases from the broker serving now. Here the broker that dies is a
+// subscriber of the dequeue subject that never answers.
+func TestLongPollCutWhenABrokerBeginsToServe(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	gone := srv.Connect(t)
+	space, err := subjects.NewSpace("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parked := make(chan struct{}, 1)
+	if _, err := gone.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(*nats.Msg) { parked <- struct{}{} }); err != nil {
+		t.Fatal(err)
+	}
+	c := clientOnFake(t, srv, gone, 0)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: "r1"})
+		done <- err
+	}()
+	recv(t, parked)
+	gone.Close() // the broker dies; its NATS server stays up
+	startBroker(t, srv, nil)
+	if err := recv(t, done); !errors.Is(err, nats.ErrTimeout) || !strings.Contains(err.Error(), "began to serve") {
+		t.Fatalf("the poll cut by the announcement: %v, want a dequeue of unknown outcome (nats.ErrTimeout) that says why", err)
+	}
+	if _, err := c.Enqueue(ctx(t), "q", []byte("m"), &workers.EnqueueOpts{ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Dequeue(ctx(t), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: "r1"})
+	if err != nil || len(got) != 1 || got[0].ID != "m1" {
+		t.Fatalf("the poll sent again: %v, %+v; want m1 from the broker serving now", err, got)
+	}
+}
+
+// TestLongPollsShareOneAnnouncementSubscription: the subscription to the brokers' announcements is
+// the connection's, made once, however many Clients long-poll on it (a Client made per request must
+// not leave one behind each).
+func TestLongPollsShareOneAnnouncementSubscription(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	nc := e.srv.Connect(t)
+	for i := range 5 {
+		c, err := workers.NewClient(nc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.enqueue("q", "m", nil)
+		if got, err := c.Dequeue(ctx(t), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: fmt.Sprint("r", i)}); err != nil || len(got) != 1 {
+			t.Fatalf("poll %d: %v, %+v", i, err, got)
+		}
+	}
+	if n := nc.NumSubscriptions(); n != 2 { // the replies' inbox, and the announcements
+		t.Fatalf("%d subscriptions after 5 Clients' long polls, want 2", n)
+	}
+}
+
+// TestLongPollCutByAnAnnouncementLosesNothing: an announcement that a broker serves can cut a poll
+// parked at a broker that is not gone (one that began to serve just before the poll reached it). Sent
+// again with its request id, the poll joins the first, still parked, and gets what the first leases;
+// a poll whose id the client made up is not cut (it would be abandoned, not sent again) and leases
+// as it would have.
+func TestLongPollCutByAnAnnouncementLosesNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.createQueue("q", nil)
+	polled := e.count(subjects.OpDequeue, "q")
+	type result struct {
+		msgs []workers.Message
+		err  error
+	}
+	withID, madeUp := make(chan result, 1), make(chan result, 1)
+	go func() {
+		msgs, err := e.c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: "r1"})
+		withID <- result{msgs, err}
+	}()
+	go func() {
+		msgs, err := e.c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, Filter: map[string]string{"k": "v"}})
+		madeUp <- result{msgs, err}
+	}()
+	polled.wait(t, 2)
+	announce, err := json.Marshal(subjects.Serving{ID: "another", Started: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := e.srv.Connect(t)
+	if err := nc.Publish(e.space.Serving(), announce); err != nil {
+		t.Fatal(err)
+	}
+	if r := recv(t, withID); !errors.Is(r.err, nats.ErrTimeout) || !strings.Contains(r.err.Error(), "began to serve") {
+		t.Fatalf("the poll with a request id: %v, %+v; want it cut by the announcement", r.err, r.msgs)
+	}
+	again := make(chan result, 1)
+	go func() {
+		msgs, err := e.c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: "r1"})
+		again <- result{msgs, err}
+	}()
+	polled.wait(t, 3)
+	e.enqueue("q", "plain", &workers.EnqueueOpts{ID: "m1"})
+	if r := recv(t, again); r.err != nil || len(r.msgs) != 1 || r.msgs[0].ID != "m1" {
+		t.Fatalf("the poll sent again: %v, %+v; want m1, which its first try leased", r.err, r.msgs)
+	}
+	e.enqueue("q", "filtered", &workers.EnqueueOpts{ID: "m2", Metadata: map[string]string{"k": "v"}})
+	if r := recv(t, madeUp); r.err != nil || len(r.msgs) != 1 || r.msgs[0].ID != "m2" {
+		t.Fatalf("the poll with a made-up id: %v, %+v; want m2, enqueued after the announcement", r.err, r.msgs)
+	}
+	if m := e.get("q", "m1"); m.State != subjects.StateRunning || m.Attempts != 1 {
+		t.Fatalf("m1 %s after %d attempts, want running once: leased to the poll, not twice", m.State, m.Attempts)
 	}
 }
 

@@ -56,8 +56,17 @@ func setupFake(t *testing.T) *env {
 func start(t testing.TB, clk *clock.Fake, opts *natstest.Options) *env {
 	t.Helper()
 	e := &env{t: t, srv: natstest.Start(t, opts), clk: clk}
+	startBroker(t, e.srv, clk)
+	e.c = e.client(nil)
+	e.space, _ = subjects.NewSpace("")
+	return e
+}
+
+// startBroker starts a broker on srv, on clk (nil: the wall clock), stopped at the test's end.
+func startBroker(t testing.TB, srv *natstest.Server, clk *clock.Fake) {
+	t.Helper()
 	cfg := &broker.Config{
-		Conn:          e.srv.Connect(t),
+		Conn:          srv.Connect(t),
 		MemoryStorage: true,
 		Logger:        discard(),
 	}
@@ -80,9 +89,6 @@ func start(t testing.TB, clk *clock.Fake, opts *natstest.Options) *env {
 			t.Errorf("stop broker: %v", err)
 		}
 	})
-	e.c = e.client(nil)
-	e.space, _ = subjects.NewSpace("")
-	return e
 }
 
 // client returns a client on a connection of its own.

@@ -53,10 +53,12 @@ type WorkerConfig struct {
 	Lease time.Duration
 	// PollWait is how long one dequeue long-polls before it returns empty and the next one starts
 	// (1 ms to subjects.MaxWait). Default DefaultPollWait. A long poll parked at a broker that dies
-	// is answered by nobody: its slot polls again only after PollWait plus the client's timeout
-	// (20 s + 10 s by default), however soon a standby takes over; a shorter PollWait picks up
-	// sooner. A poll whose connection reconnects meanwhile (a natstone killed with its embedded
-	// NATS server, and started again) is sent again at once.
+	// is answered by nobody. It is sent again at once when its connection reconnects (a natstone
+	// killed with its embedded NATS server, and started again), or when a broker announces that it
+	// serves (a restart, or a standby taking over; the worker's NATS user must be allowed to
+	// subscribe to the announcements, subjects.Space.Serving). Failing both, its slot polls again
+	// after PollWait plus the client's timeout (20 s + 10 s by default). A slot backing off after
+	// failed polls polls again at once too when a broker announces that it serves.
 	PollWait time.Duration
 	// BackoffFunc returns how long a message stays invisible after its attempt-th attempt (1 for the
 	// first) failed. Default DefaultBackoff.
@@ -112,6 +114,10 @@ type Worker struct {
 	handlers  atomic.Int32 // handlers running (Stop's error names those it leaves)
 	unsettled atomic.Int32 // completes, releases and cancels that failed, or whose outcome stayed unknown
 
+	// retryAfter is how long a slot waits to poll again after failures polls that failed, the last
+	// with err: pollRetry, unless a test sets another.
+	retryAfter func(failures int, err error) time.Duration
+
 	// mu guards the fields below.
 	mu           sync.Mutex
 	started      bool
@@ -146,7 +152,7 @@ func NewWorker(c *Client, cfg *WorkerConfig, h Handler) (*Worker, error) {
 	for i := len(w.Middleware) - 1; i >= 0; i-- {
 		h = w.Middleware[i](h)
 	}
-	return &Worker{client: c, cfg: w, handler: h, log: w.Logger}, nil
+	return &Worker{client: c, cfg: w, handler: h, log: w.Logger, retryAfter: pollRetry}, nil
 }
 
 func (cfg *WorkerConfig) withDefaults() WorkerConfig {
@@ -398,6 +404,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	}()
 	for pollCtx.Err() == nil {
 		began := time.Now()
+		serving := w.client.servingNext() // a broker that begins to serve ends the backoff below
 		d, err := w.poll(pollCtx, uncertain, failed > 0)
 		got := len(d.msgs) > 0
 		if !errors.Is(err, ErrQueueNotFound) {
@@ -453,9 +460,13 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			failures = 0
 			continue
 		}
-		t := time.NewTimer(pollRetry(failures, err))
+		t := time.NewTimer(w.retryAfter(failures, err))
 		select {
 		case <-t.C:
+		case <-serving:
+			// A broker serves now, since the poll was sent (a restart, a standby taking over):
+			// the next poll may well work.
+			t.Stop()
 		case <-pollCtx.Done():
 			t.Stop()
 			return
@@ -563,7 +574,9 @@ func (w *Worker) poll(ctx context.Context, retry requestTry, failing bool) (dequ
 	d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
 	if unknownOutcome(err) && ctx.Err() == nil {
 		level := slog.LevelWarn
-		if failing {
+		if failing || brokerGone(err) {
+			// Said already, or the poll was cut as parked at a broker that may be gone: nothing
+			// failed that the retry does not mend.
 			level = slog.LevelDebug
 		}
 		w.log.Log(ctx, level, "dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)

@@ -1914,6 +1914,94 @@ func TestWorkerKeepsAnUncertainDequeueIDWithoutABroker(t *testing.T) {
 	}
 }
 
+// TestWorkerPollParkedAtAGoneBrokerSentAgain: a slot whose long poll is parked at a broker that
+// dies while its NATS server stays up polls again as soon as the next broker announces that it
+// serves, not after its PollWait and the client's timeout (here 5 min and 10 s).
+func TestWorkerPollParkedAtAGoneBrokerSentAgain(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	gone := srv.Connect(t)
+	space, _ := subjects.NewSpace("")
+	parked := make(chan struct{}, 1)
+	if _, err := gone.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(*nats.Msg) {
+		select {
+		case parked <- struct{}{}:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := clientOnFake(t, srv, gone, 0)
+	got := make(chan string, 1)
+	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+		got <- job.Message.ID
+		return nil
+	}))
+	recv(t, parked)
+	gone.Close() // the broker dies; its NATS server stays up
+	startBroker(t, srv, nil)
+	if _, err := c.Enqueue(ctx(t), "q", []byte("m"), &workers.EnqueueOpts{ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if id := recv(t, got); id != "m1" {
+		t.Fatalf("handled %q, want m1", id)
+	}
+	waitCompleted(t, c, "q", "m1") // before the broker stops, at the test's end
+}
+
+// waitCompleted waits until message id of queue is completed.
+func waitCompleted(t *testing.T, c *workers.Client, queue, id string) {
+	t.Helper()
+	waitFor(t, id+" completed", func() bool {
+		m, err := c.Get(ctx(t), queue, id)
+		return err == nil && m.State == subjects.StateCompleted
+	})
+}
+
+// TestWorkerBackoffEndsWhenABrokerServes: a slot backing off after failed polls (no broker) polls
+// again as soon as a broker announces that it serves, not at the end of its backoff (here an hour).
+func TestWorkerBackoffEndsWhenABrokerServes(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	c, err := workers.NewClient(srv.Connect(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := &lineSignal{want: "dequeue failed", seen: make(chan struct{}, 1)}
+	got := make(chan string, 1)
+	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", Logger: slog.New(slog.NewTextHandler(failed, nil))},
+		workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+			got <- job.Message.ID
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	workers.SetPollRetry(w, func(_ int, err error) time.Duration {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return time.Hour
+		}
+		return 10 * time.Millisecond // the queue not found, just after the broker started
+	})
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stopWithin(t, w, waitTimeout); err != nil {
+			t.Errorf("stop worker: %v", err)
+		}
+	})
+	recv(t, failed.seen) // no responders: the slot backs off for an hour
+	startBroker(t, srv, nil)
+	if _, err := c.Enqueue(ctx(t), "q", []byte("m"), &workers.EnqueueOpts{ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if id := recv(t, got); id != "m1" {
+		t.Fatalf("handled %q, want m1", id)
+	}
+	waitCompleted(t, c, "q", "m1")
+}
+
 // TestWorkerStopLeavesAHandlerThatIgnoresItsContext: a handler that ignores its context does not
 // hold Stop past its ctx for good: the message is released, Stop returns ctx's error once its grace
 // is over, and a second Stop waits for the handler to return.
