@@ -114,6 +114,15 @@ type Worker struct {
 	handlers  atomic.Int32 // handlers running (Stop's error names those it leaves)
 	unsettled atomic.Int32 // completes, releases and cancels that failed, or whose outcome stayed unknown
 
+	// The log's streaks, across the slots, so that an outage or a missing queue is said a few times
+	// per worker rather than per slot: the polls that failed in a row, the dequeues of unknown
+	// outcome sent again since a poll last worked, and the polls in a row that found no queue, or
+	// the queue's dequeues blocked.
+	pollsFailed streak
+	unknowns    streak
+	missing     streak
+	blocked     streak
+
 	// retryAfter is how long a slot waits to poll again after failures polls that failed, the last
 	// with err: pollRetry, unless a test sets another.
 	retryAfter func(failures int, err error) time.Duration
@@ -392,10 +401,6 @@ func (w *Worker) drain(ctx context.Context, stopJobs context.CancelCauseFunc, do
 // the slot long-polls only when that dequeue found nothing.
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	failures := 0            // consecutive polls that failed or came back suspiciously early: the backoff's
-	failed := 0              // consecutive polls that failed (an error other than a missing or blocked queue): the log's
-	missing := 0             // consecutive polls that found no queue: the log's
-	blocked := 0             // consecutive polls that found the queue's dequeues blocked: the log's
-	var down time.Time       // when the failed polls began (while failed > 0)
 	var uncertain requestTry // the last dequeue whose outcome is unknown: the next poll's
 	defer func() {
 		if uncertain.id != "" { // its leases, if any, are for no one now
@@ -405,20 +410,21 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 	for pollCtx.Err() == nil {
 		began := time.Now()
 		serving := w.client.servingNext() // a broker that begins to serve ends the backoff below
-		d, err := w.poll(pollCtx, uncertain, failed > 0)
+		d, err := w.poll(pollCtx, uncertain)
 		got := len(d.msgs) > 0
 		if !errors.Is(err, ErrQueueNotFound) {
-			missing = 0
+			w.missing.end()
 		}
-		if !errors.Is(err, ErrQueueBlocked) && blocked > 0 {
-			if err == nil {
+		if !errors.Is(err, ErrQueueBlocked) {
+			if n, _ := w.blocked.end(); n > 0 && err == nil {
 				w.log.Info("queue unblocked: dequeueing again", "queue", w.cfg.Queue)
 			}
-			blocked = 0
 		}
-		if err == nil && failed > 0 {
-			w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", failed, "after", time.Since(down).Round(time.Millisecond))
-			failed = 0
+		if err == nil {
+			w.unknowns.end()
+			if n, since := w.pollsFailed.end(); n > 0 {
+				w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", n, "after", time.Since(since).Round(time.Millisecond))
+			}
 		}
 		stopped := got && w.work(pollCtx, jobCtx, &d)
 		uncertain = d.uncertain // what the poll, or the last settle's next, left unknown
@@ -433,24 +439,22 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			return
 		case errors.Is(err, ErrQueueNotFound):
 			failures++
-			missing++
 			level := slog.LevelDebug
-			if missing == 1 {
+			n := w.missing.fail(began)
+			if n == 1 {
 				level = slog.LevelWarn // said once, not every second while the queue is missing
 			}
-			w.log.Log(pollCtx, level, "queue not found; polling again every second until it exists", "queue", w.cfg.Queue, "failures", missing)
+			w.log.Log(pollCtx, level, "queue not found; polling again every second until it exists", "queue", w.cfg.Queue, "failures", n)
 		case errors.Is(err, ErrQueueBlocked):
 			// An operator's pause, not a failure: said once, and asked again every second.
 			failures++
-			if blocked++; blocked == 1 {
+			if w.blocked.fail(began) == 1 {
 				w.log.Info("queue's dequeues blocked; polling again every second until they are unblocked", "queue", w.cfg.Queue)
 			}
 		case err != nil:
 			failures++
-			if failed++; failed == 1 {
-				down = began
-			}
-			w.log.Log(pollCtx, failureLevel(failed), "dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", failed)
+			n := w.pollsFailed.fail(began)
+			w.log.Log(pollCtx, failureLevel(n), "dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", n)
 		case time.Since(began) < w.cfg.PollWait/2:
 			// An empty reply long before the wait was up: the queue was deleted, or the broker does
 			// not wait. Back off rather than spin.
@@ -554,9 +558,10 @@ type requestTry struct {
 }
 
 // poll long-polls for one message, with the request id of retry (a new one if none). A dequeue
-// whose outcome is unknown is sent again at once with the same id (said at DEBUG only if failing:
-// the polls already fail, and say so); if that fails too, it is returned as uncertain.
-func (w *Worker) poll(ctx context.Context, retry requestTry, failing bool) (dequeued, error) {
+// whose outcome is unknown is sent again at once with the same id (said at DEBUG if the worker's
+// polls fail already, and say so, or if the poll was cut as parked at a broker that may be gone;
+// else as failureLevel says); if that fails too, it is returned as uncertain.
+func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	d := dequeued{retried: retry.id != "", sent: retry.sent}
 	id := retry.id
 	if id == "" {
@@ -573,11 +578,9 @@ func (w *Worker) poll(ctx context.Context, retry requestTry, failing bool) (dequ
 	var err error
 	d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
 	if unknownOutcome(err) && ctx.Err() == nil {
-		level := slog.LevelWarn
-		if failing || brokerGone(err) {
-			// Said already, or the poll was cut as parked at a broker that may be gone: nothing
-			// failed that the retry does not mend.
-			level = slog.LevelDebug
+		level := slog.LevelDebug
+		if !w.pollsFailed.on() && !brokerGone(err) {
+			level = failureLevel(w.unknowns.fail(time.Now()))
 		}
 		w.log.Log(ctx, level, "dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
 		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)

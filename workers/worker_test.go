@@ -2121,6 +2121,64 @@ func TestWorkerSaysLessOfEachFailedPoll(t *testing.T) {
 	}
 }
 
+// TestWorkerSaysAnOutageAFewTimes: the slots of a worker whose polls fail together (a broker
+// restarting) say so as one: WARN for the worker's 1st, 2nd, 4th, 8th… failure in a row, not for
+// each slot's, and one INFO line when the polls work again; a missing queue, once.
+func TestWorkerSaysAnOutageAFewTimes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, answer, line string
+		most               int // WARN lines at most of line: 8 slots said 16 (two each) when each said its own
+	}{
+		{"unavailable", `{"error":{"code":"unavailable","message":"the broker is stopping"}}`, "dequeue failed", 7},
+		{"queue not found", `{"error":{"code":"queue_not_found","message":"no queue q"}}`, "queue not found; polling again every second until it exists", 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			srv := natstest.Start(t, nil)
+			fake, _, _ := fakeDequeues(t, srv, func(n int32) []byte {
+				if n <= 32 {
+					return []byte(c.answer)
+				}
+				return []byte(`{"messages":[]}`)
+			})
+			logs := &natstest.LogBuffer{}
+			startWorker(t, clientOnFake(t, srv, fake, 0), &workers.WorkerConfig{Queue: "q", Concurrency: 8, PollWait: time.Millisecond, Logger: debugTo(logs)},
+				workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+			works := `msg="dequeue works again"`
+			if c.name == "queue not found" {
+				works = `msg="dequeue returned early"` // the empty replies that followed, at once
+			}
+			waitFor(t, "a poll that works", func() bool { return strings.Contains(logs.String(), works) })
+			out := logs.String()
+			warns := 0
+			for _, level := range logLevels(out, c.line) {
+				if level == "WARN" {
+					warns++
+				}
+			}
+			if warns < 1 || warns > c.most {
+				t.Fatalf("%d WARN lines of %q, want 1 to %d:\n%s", warns, c.line, c.most, out)
+			}
+			if c.name != "unavailable" {
+				return
+			}
+			if got := logLevels(out, "dequeue works again"); len(got) < 1 || len(got) > 2 {
+				t.Fatalf("%d lines of the polls working again, want 1 (2 if a slot's failure came in after another's success):\n%s", len(got), out)
+			}
+			warns = 0
+			for _, level := range logLevels(out, "dequeue's outcome unknown; retrying it") {
+				if level == "WARN" {
+					warns++
+				}
+			}
+			if warns > 5 {
+				t.Fatalf("%d WARN lines of the dequeues retried, want 4 (the 1st, 2nd, 4th and 8th), 5 at most:\n%s", warns, out)
+			}
+		})
+	}
+}
+
 // debugTo returns a logger that writes every level to logs.
 func debugTo(logs *natstest.LogBuffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
