@@ -525,7 +525,7 @@ func (b *Broker) start(ctx context.Context) error {
 		return b.failStart(fmt.Errorf("natstone: serve: %w", err))
 	}
 	b.sched.start()
-	b.announce()
+	b.announce(ctx)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -151,10 +152,15 @@ func (b *Broker) discover(verb micro.Verb, m *nats.Msg) {
 // a client cuts the long polls it sent before, parked at a broker that is gone (killed, or frozen
 // past its claim) which will never answer them, and sends them again with their request ids,
 // instead of waiting out their waits.
-func (b *Broker) announce() {
+func (b *Broker) announce(ctx context.Context) {
 	data, err := json.Marshal(subjects.Serving{ID: b.svc.id, Started: b.svc.started})
 	if err == nil {
 		err = b.cfg.Conn.Publish(b.space.Serving(), data)
+	}
+	if err == nil {
+		// Sent before Start returns: an announcement that came later would cut the polls sent
+		// after the start (for nothing: their retries join them).
+		err = flush(ctx, b.cfg.Conn)
 	}
 	if err != nil {
 		b.log.Warn("serving, but not announced: long polls parked at a broker before this one wait out their waits",

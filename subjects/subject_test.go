@@ -193,6 +193,12 @@ func TestSubjectCustomPrefixes(t *testing.T) {
 				t.Errorf("[%s] Parse(%q) = (%q, %q), want (%q, %q)", prefix, subj, gotOp, gotQueue, op, queue)
 			}
 		}
+		if got := s.Serving(); got != prefix+".serving" {
+			t.Errorf("[%s] Serving() = %q, want %q", prefix, got, prefix+".serving")
+		}
+		if _, _, err := s.Parse(s.Serving()); err == nil { // no op: the broker does not serve it
+			t.Errorf("[%s] Parse(%q) took it for a request", prefix, s.Serving())
+		}
 	}
 }
 

@@ -29,14 +29,20 @@ type Config struct {
 	// Timeout bounds each request, on top of the caller's context. A dequeue's Wait is added to it,
 	// so a long poll is never cut short. Default DefaultTimeout.
 	Timeout time.Duration
+	// IgnoreAnnouncements makes the Client not subscribe to the brokers' announcements that they
+	// serve (subjects.Space.Serving), for a NATS user not allowed to: a long poll parked at a
+	// broker that dies while its NATS server stays up then waits out its wait and Timeout (see
+	// Dequeue).
+	IgnoreAnnouncements bool
 }
 
 // Client sends natstone's requests over a NATS connection. Each method sends one request and waits
 // for its reply, except Queues and Schedules, which page through as many as the listing takes, and
 // Dequeue, which abandons its long poll (Abandon) when its context ends first. A Client is safe for
 // concurrent use; it holds no state besides its config. (Its connection gets one subscription, at
-// the first long poll with a RequestID of any Client on it: the brokers' announcements that they
-// serve, Space.Serving, which cut such polls parked at a broker that is gone; see Dequeue.)
+// the first long poll with a RequestID of any Client on it under the same prefix: the brokers'
+// announcements that they serve, subjects.Space.Serving, which cut such polls parked at a broker
+// that is gone; see Dequeue and Config.IgnoreAnnouncements.)
 //
 // Errors: an error reply of the broker is an [*APIError] matching one of the Err… sentinels. A
 // transport failure is returned wrapped, so errors.Is works on the nats.go errors:
@@ -47,9 +53,10 @@ type Config struct {
 //     (or the connection may not publish to it).
 //   - the caller's context error when ctx ends first.
 type Client struct {
-	nc      *nats.Conn
-	space   subjects.Space
-	timeout time.Duration
+	nc                  *nats.Conn
+	space               subjects.Space
+	timeout             time.Duration
+	ignoreAnnouncements bool
 }
 
 // NewClient returns a Client that sends requests over nc. cfg may be nil for the defaults. The Client
@@ -69,7 +76,7 @@ func NewClient(nc *nats.Conn, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, prefixError("client Config.Prefix", c.Prefix)
 	}
-	return &Client{nc: nc, space: space, timeout: cmp.Or(c.Timeout, DefaultTimeout)}, nil
+	return &Client{nc: nc, space: space, timeout: cmp.Or(c.Timeout, DefaultTimeout), ignoreAnnouncements: c.IgnoreAnnouncements}, nil
 }
 
 // request sends body (JSON-encoded) as op on queue and decodes the reply into out.

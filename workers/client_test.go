@@ -1202,7 +1202,7 @@ func TestLongPollCutAtReconnect(t *testing.T) {
 	srv.Restart(t)
 	select {
 	case r := <-done:
-		if !errors.Is(r.err, nats.ErrTimeout) || !strings.Contains(r.err.Error(), "lost and made again") {
+		if !errors.Is(r.err, nats.ErrTimeout) || !errors.Is(r.err, workers.ErrPollCut) || !strings.Contains(r.err.Error(), "lost and made again") {
 			t.Fatalf("the poll cut at the reconnect: %v, want a dequeue of unknown outcome (nats.ErrTimeout) that says why", r.err)
 		}
 	case <-time.After(waitTimeout):
@@ -1237,7 +1237,7 @@ func TestLongPollCutWhenABrokerBeginsToServe(t *testing.T) {
 	recv(t, parked)
 	gone.Close() // the broker dies; its NATS server stays up
 	startBroker(t, srv, nil)
-	if err := recv(t, done); !errors.Is(err, nats.ErrTimeout) || !strings.Contains(err.Error(), "began to serve") {
+	if err := recv(t, done); !errors.Is(err, nats.ErrTimeout) || !errors.Is(err, workers.ErrPollCut) {
 		t.Fatalf("the poll cut by the announcement: %v, want a dequeue of unknown outcome (nats.ErrTimeout) that says why", err)
 	}
 	if _, err := c.Enqueue(ctx(t), "q", []byte("m"), &workers.EnqueueOpts{ID: "m1"}); err != nil {
@@ -1273,10 +1273,10 @@ func TestLongPollsShareOneAnnouncementSubscription(t *testing.T) {
 }
 
 // TestLongPollCutByAnAnnouncementLosesNothing: an announcement that a broker serves can cut a poll
-// parked at a broker that is not gone (one that began to serve just before the poll reached it). Sent
-// again with its request id, the poll joins the first, still parked, and gets what the first leases;
-// a poll whose id the client made up is not cut (it would be abandoned, not sent again) and leases
-// as it would have.
+// parked at a broker that is not gone (a forged one, say). Sent again with its request id while the
+// first is still parked, the poll and its first try become one, and it gets what they lease, once;
+// a poll whose id the client made up is not cut (it would be abandoned, not sent again), nor is one
+// of a Client that ignores the announcements, and both lease as they would have.
 func TestLongPollCutByAnAnnouncementLosesNothing(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -1286,7 +1286,7 @@ func TestLongPollCutByAnAnnouncementLosesNothing(t *testing.T) {
 		msgs []workers.Message
 		err  error
 	}
-	withID, madeUp := make(chan result, 1), make(chan result, 1)
+	withID, madeUp, ignoring := make(chan result, 1), make(chan result, 1), make(chan result, 1)
 	go func() {
 		msgs, err := e.c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: "r1"})
 		withID <- result{msgs, err}
@@ -1295,7 +1295,12 @@ func TestLongPollCutByAnAnnouncementLosesNothing(t *testing.T) {
 		msgs, err := e.c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, Filter: map[string]string{"k": "v"}})
 		madeUp <- result{msgs, err}
 	}()
-	polled.wait(t, 2)
+	deaf := e.client(&workers.Config{IgnoreAnnouncements: true})
+	go func() {
+		msgs, err := deaf.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: "r2", Filter: map[string]string{"k": "w"}})
+		ignoring <- result{msgs, err}
+	}()
+	polled.wait(t, 3)
 	announce, err := json.Marshal(subjects.Serving{ID: "another", Started: time.Now()})
 	if err != nil {
 		t.Fatal(err)
@@ -1304,7 +1309,7 @@ func TestLongPollCutByAnAnnouncementLosesNothing(t *testing.T) {
 	if err := nc.Publish(e.space.Serving(), announce); err != nil {
 		t.Fatal(err)
 	}
-	if r := recv(t, withID); !errors.Is(r.err, nats.ErrTimeout) || !strings.Contains(r.err.Error(), "began to serve") {
+	if r := recv(t, withID); !errors.Is(r.err, nats.ErrTimeout) || !errors.Is(r.err, workers.ErrPollCut) {
 		t.Fatalf("the poll with a request id: %v, %+v; want it cut by the announcement", r.err, r.msgs)
 	}
 	again := make(chan result, 1)
@@ -1312,7 +1317,7 @@ func TestLongPollCutByAnAnnouncementLosesNothing(t *testing.T) {
 		msgs, err := e.c.Dequeue(context.Background(), "q", &workers.DequeueOpts{Wait: time.Minute, RequestID: "r1"})
 		again <- result{msgs, err}
 	}()
-	polled.wait(t, 3)
+	polled.wait(t, 4)
 	e.enqueue("q", "plain", &workers.EnqueueOpts{ID: "m1"})
 	if r := recv(t, again); r.err != nil || len(r.msgs) != 1 || r.msgs[0].ID != "m1" {
 		t.Fatalf("the poll sent again: %v, %+v; want m1, which its first try leased", r.err, r.msgs)
@@ -1320,6 +1325,10 @@ func TestLongPollCutByAnAnnouncementLosesNothing(t *testing.T) {
 	e.enqueue("q", "filtered", &workers.EnqueueOpts{ID: "m2", Metadata: map[string]string{"k": "v"}})
 	if r := recv(t, madeUp); r.err != nil || len(r.msgs) != 1 || r.msgs[0].ID != "m2" {
 		t.Fatalf("the poll with a made-up id: %v, %+v; want m2, enqueued after the announcement", r.err, r.msgs)
+	}
+	e.enqueue("q", "deaf", &workers.EnqueueOpts{ID: "m3", Metadata: map[string]string{"k": "w"}})
+	if r := recv(t, ignoring); r.err != nil || len(r.msgs) != 1 || r.msgs[0].ID != "m3" {
+		t.Fatalf("the poll of a client that ignores the announcements: %v, %+v; want m3, enqueued after the announcement", r.err, r.msgs)
 	}
 	if m := e.get("q", "m1"); m.State != subjects.StateRunning || m.Attempts != 1 {
 		t.Fatalf("m1 %s after %d attempts, want running once: leased to the poll, not twice", m.State, m.Attempts)

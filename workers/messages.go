@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -279,9 +278,10 @@ type DequeueOpts struct {
 // unknown (no reply in time, or ErrUnavailable), since the caller cannot send it again. Given one,
 // the caller decides: send the dequeue again with it to get its leases back, or Abandon it. Such a
 // long poll does not wait past a reconnect of the Client's connection, nor past a broker's
-// announcement that it began to serve (Space.Serving): its reply may never come (the broker it
-// waited at may be gone, with its NATS server or replaced by another), so it fails then as one of
-// unknown outcome (nats.ErrTimeout), to be sent again at once, as a Worker does.
+// announcement that it began to serve (subjects.Space.Serving; unless Config.IgnoreAnnouncements):
+// its reply may never come (the broker it waited at may be gone, with its NATS server or replaced
+// by another), so it fails then with ErrPollCut, as one of unknown outcome (nats.ErrTimeout), to be
+// sent again at once, as a Worker does.
 func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) ([]Message, error) {
 	req := opts.request()
 	madeID := req.WaitMS > 0 && req.RequestID == ""
@@ -303,7 +303,7 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 		defer stop()
 	}
 	if err := c.send(sctx, subjects.OpDequeue, queue, &nats.Msg{Data: body}, max(time.Duration(req.WaitMS)*time.Millisecond, 0), &r); err != nil {
-		if cause := context.Cause(sctx); ctx.Err() == nil && errors.Is(err, context.Canceled) && brokerGone(cause) {
+		if cause := context.Cause(sctx); ctx.Err() == nil && errors.Is(err, context.Canceled) && errors.Is(cause, ErrPollCut) {
 			// Its reply may never come: the broker it waited at may be gone (a natstone killed
 			// with its embedded server, or replaced). Sent again with its request id, it gets
 			// what it leased.
@@ -317,115 +317,6 @@ func (c *Client) Dequeue(ctx context.Context, queue string, opts *DequeueOpts) (
 		return nil, err
 	}
 	return newMessages(r.Messages), nil
-}
-
-// Why a long poll stops waiting for its reply: the broker it waited at may be gone.
-var (
-	errReconnected   = errors.New("the connection to NATS was lost and made again while the poll waited")
-	errBrokerServing = errors.New("a broker began to serve while the poll waited: the one it waited at is gone")
-)
-
-// brokerGone reports whether cause, of a long poll's cut, says the broker it waited at may be gone.
-func brokerGone(cause error) bool {
-	return errors.Is(cause, errReconnected) || errors.Is(cause, errBrokerServing)
-}
-
-// untilGone returns ctx, cut when the broker a long poll waits at may be gone, and a stop to call
-// once the request is over. A long poll waits up to its wait and the client's timeout for its reply
-// (30 s by default for a worker's), and one parked at a broker that is gone gets none. The context
-// is cut with errReconnected when the client's connection (re)connects: a natstone killed with its
-// embedded NATS server takes the poll with it, and the connection comes back to a new one that never
-// heard of it. It is cut with errBrokerServing when a broker announces that it serves the store
-// (Space.Serving): one killed, or frozen past its claim, while its NATS server stays up, has been
-// replaced, by a restart or a standby. Cut, the poll is sent again at once, to the broker serving now.
-func (c *Client) untilGone(ctx context.Context) (context.Context, func()) {
-	cctx, cancel := context.WithCancelCause(ctx)
-	ch := c.nc.StatusChanged(nats.CONNECTED) // a reconnect (or the first connect of a connection made with RetryOnFailedConnect)
-	serving := c.servingNext()
-	done := make(chan struct{})
-	go func() {
-		select {
-		case _, ok := <-ch:
-			if ok {
-				cancel(errReconnected)
-			}
-		case <-serving:
-			cancel(errBrokerServing)
-		case <-done:
-		case <-cctx.Done():
-		}
-	}()
-	return cctx, func() {
-		close(done)
-		c.nc.RemoveStatusListener(ch)
-		cancel(nil)
-	}
-}
-
-// servingWatch follows the brokers' announcements on one connection that they serve the store
-// (Space.Serving), for every Client on the connection with that prefix: one subscription per
-// connection and prefix, made by the first long poll that needs it, and forgotten when the connection
-// closes.
-type servingWatch struct {
-	mu sync.Mutex
-	ch chan struct{} // closed at the next announcement
-}
-
-type servingKey struct {
-	nc      *nats.Conn
-	subject string
-}
-
-var (
-	watchesMu sync.Mutex
-	watches   = map[servingKey]*servingWatch{}
-)
-
-// servingNext returns a channel closed at the next announcement of a broker that it serves c's store,
-// subscribing to them first if c's connection has not yet: on the poll's connection, so the server
-// has the subscription before the poll. A subscription refused (a closed connection) gives nil, which
-// is never closed: the poll then waits as it would without the watch. (One the server refuses, to
-// a NATS user not allowed the subject, reaches the connection's error handler, once.)
-func (c *Client) servingNext() <-chan struct{} {
-	key := servingKey{c.nc, c.space.Serving()}
-	watchesMu.Lock()
-	defer watchesMu.Unlock()
-	if w := watches[key]; w != nil {
-		return w.next()
-	}
-	w := &servingWatch{ch: make(chan struct{})}
-	if _, err := c.nc.Subscribe(key.subject, w.announced); err != nil {
-		return nil
-	}
-	closed := c.nc.StatusChanged(nats.CLOSED)
-	if c.nc.IsClosed() { // closed before the listener was there: no status to come
-		c.nc.RemoveStatusListener(closed)
-		return nil
-	}
-	watches[key] = w
-	go func() {
-		<-closed
-		c.nc.RemoveStatusListener(closed)
-		watchesMu.Lock()
-		delete(watches, key)
-		watchesMu.Unlock()
-	}()
-	return w.next()
-}
-
-func (w *servingWatch) next() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.ch
-}
-
-// announced takes an announcement: every poll waiting on the channel is told, and the next ones wait
-// on a new one.
-func (w *servingWatch) announced(*nats.Msg) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	close(w.ch)
-	w.ch = make(chan struct{})
 }
 
 // abandonTimeout bounds the abandon of a long poll that the caller's context ended.

@@ -57,8 +57,9 @@ type WorkerConfig struct {
 	// killed with its embedded NATS server, and started again), or when a broker announces that it
 	// serves (a restart, or a standby taking over; the worker's NATS user must be allowed to
 	// subscribe to the announcements, subjects.Space.Serving). Failing both, its slot polls again
-	// after PollWait plus the client's timeout (20 s + 10 s by default). A slot backing off after
-	// failed polls polls again at once too when a broker announces that it serves.
+	// after PollWait plus the client's timeout (20 s + 10 s by default). A slot waiting to poll
+	// again after a failed poll, or a missing or blocked queue, polls at once too when a broker
+	// announces that it serves.
 	PollWait time.Duration
 	// BackoffFunc returns how long a message stays invisible after its attempt-th attempt (1 for the
 	// first) failed. Default DefaultBackoff.
@@ -123,9 +124,9 @@ type Worker struct {
 	missing     streak
 	blocked     streak
 
-	// retryAfter is how long a slot waits to poll again after failures polls that failed, the last
-	// with err: pollRetry, unless a test sets another.
-	retryAfter func(failures int, err error) time.Duration
+	// pollRetryFunc returns how long a slot waits to poll again after a run of failures polls in a
+	// row that failed, the last with err: pollRetry, unless a test sets another.
+	pollRetryFunc func(failures int, err error) time.Duration
 
 	// mu guards the fields below.
 	mu           sync.Mutex
@@ -161,7 +162,7 @@ func NewWorker(c *Client, cfg *WorkerConfig, h Handler) (*Worker, error) {
 	for i := len(w.Middleware) - 1; i >= 0; i-- {
 		h = w.Middleware[i](h)
 	}
-	return &Worker{client: c, cfg: w, handler: h, log: w.Logger, retryAfter: pollRetry}, nil
+	return &Worker{client: c, cfg: w, handler: h, log: w.Logger, pollRetryFunc: pollRetry}, nil
 }
 
 func (cfg *WorkerConfig) withDefaults() WorkerConfig {
@@ -464,7 +465,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			failures = 0
 			continue
 		}
-		t := time.NewTimer(w.retryAfter(failures, err))
+		t := time.NewTimer(w.pollRetryFunc(failures, err))
 		select {
 		case <-t.C:
 		case <-serving:
@@ -579,7 +580,7 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
 	if unknownOutcome(err) && ctx.Err() == nil {
 		level := slog.LevelDebug
-		if !w.pollsFailed.on() && !brokerGone(err) {
+		if !w.pollsFailed.on() && !errors.Is(err, ErrPollCut) {
 			level = failureLevel(w.unknowns.fail(time.Now()))
 		}
 		w.log.Log(ctx, level, "dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)

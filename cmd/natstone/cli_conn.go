@@ -180,7 +180,9 @@ func (f *connFlags) dial() (*cliConn, error) {
 	if err != nil {
 		return nil, &connectError{url: redactURL(s.url), err: err}
 	}
-	client, err := workers.NewClient(nc, &workers.Config{Prefix: f.prefix, Timeout: f.timeout})
+	// The announcements of brokers that begin to serve are for workers: an operator's user may not
+	// subscribe to them, and a dequeue --wait cut by a reconnect is sent again all the same.
+	client, err := workers.NewClient(nc, &workers.Config{Prefix: f.prefix, Timeout: f.timeout, IgnoreAnnouncements: true})
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -171,7 +171,14 @@ the protocol's reply, {"messages": [...]}.
 	}
 	opts := &workers.DequeueOpts{Batch: *batch, Lease: *lease, Wait: *wait, Filter: filter, RequestID: *requestID, Worker: *worker}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
+		until := time.Now().Add(*wait)
 		msgs, err := conn.client.Dequeue(ctx, pos[0], opts)
+		for tries := 1; errors.Is(err, workers.ErrPollCut) && ctx.Err() == nil && tries < maxPollCuts; tries++ {
+			// Cut at a reconnect: the broker it waited at may be gone with its NATS server. Sent
+			// again with its request id, for what is left of its wait, it gets what it leased.
+			opts.Wait = max(time.Until(until), time.Millisecond)
+			msgs, err = conn.client.Dequeue(ctx, pos[0], opts)
+		}
 		if err != nil {
 			if ctx.Err() != nil && *wait > 0 {
 				abandonPoll(ctx, stderr, conn.client, pos[0], *requestID, *wait)
@@ -192,6 +199,9 @@ the protocol's reply, {"messages": [...]}.
 		return nil
 	})
 }
+
+// maxPollCuts bounds the tries of a long poll cut each time by a reconnect (workers.ErrPollCut).
+const maxPollCuts = 10
 
 // abandonPoll abandons the long poll of queue with request id id that the user interrupted, so that
 // the broker's wait, which goes on, leases nothing (and gives back what it leased already); if the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -363,6 +364,61 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 	r.decode(t, &got)
 	if len(got.Messages) != 1 || got.Messages[0].ID != "m" || got.Messages[0].Attempts != 1 {
 		t.Fatalf("the dequeue after the interrupted one: %+v, want m at its first attempt", got)
+	}
+}
+
+// TestCLIDequeueSentAgainAfterAReconnect: a dequeue --wait whose natstone is killed with its
+// embedded NATS server while the poll waits is sent again, with its request id, once the CLI's
+// connection is back: it gets the message enqueued after the restart, rather than failing as a
+// dequeue of unknown outcome.
+func TestCLIDequeueSentAgainAfterAReconnect(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	url := "nats://" + listen
+	p := startServe(t, "--data", data, "--listen", listen)
+	cli(t, url, "queue", "create", "q").ok(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	polls, err := nc.SubscribeSync("natstone.v1.dequeue.q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "dequeue", "q", "--wait", "1m", "--json", "--server", url)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := polls.NextMsg(deadline); err != nil { // the long poll is at the broker
+		t.Fatalf("no dequeue seen: %v", err)
+	}
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t)
+	startServe(t, "--data", data, "--listen", listen)
+	cli(t, url, "enqueue", "q", "after", "--id", "m").ok(t)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("dequeue across the restart: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(deadline):
+		_ = cmd.Process.Kill()
+		t.Fatalf("dequeue still waits %v after the restart", deadline)
+	}
+	var got subjects.DequeueReply
+	if err := json.Unmarshal([]byte(stdout.String()), &got); err != nil || len(got.Messages) != 1 || got.Messages[0].ID != "m" {
+		t.Fatalf("dequeue across the restart printed %q (%v), want m", stdout.String(), err)
 	}
 }
 
