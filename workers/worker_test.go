@@ -1934,7 +1934,7 @@ func TestWorkerPollParkedAtAGoneBrokerSentAgain(t *testing.T) {
 	c := clientOnFake(t, srv, gone, 0)
 	got := make(chan string, 1)
 	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
-		got <- job.Message.ID
+		got <- job.ID
 		return nil
 	}))
 	recv(t, parked)
@@ -1971,7 +1971,7 @@ func TestWorkerBackoffEndsWhenABrokerServes(t *testing.T) {
 	got := make(chan string, 1)
 	w, err := workers.NewWorker(c, &workers.WorkerConfig{Queue: "q", Logger: slog.New(slog.NewTextHandler(failed, nil))},
 		workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
-			got <- job.Message.ID
+			got <- job.ID
 			return nil
 		}))
 	if err != nil {
