@@ -157,15 +157,15 @@ func (b *Broker) announce(ctx context.Context) {
 	if err == nil {
 		err = b.cfg.Conn.Publish(b.space.Serving(), data)
 	}
-	if err == nil {
-		// Sent before Start returns: an announcement that came later would cut the polls sent
-		// after the start (for nothing: their retries join them).
-		err = flush(ctx, b.cfg.Conn)
-	}
 	if err != nil {
 		b.log.Warn("serving, but not announced: long polls parked at a broker before this one wait out their waits",
 			"subject", b.space.Serving(), "error", err)
+		return
 	}
+	// Sent before Start returns, so that it cuts no poll sent after the start (for nothing: each
+	// would be sent again, and become one with itself). Should the flush fail (Start's ctx ending),
+	// the announcement still goes with the connection's next flush.
+	_ = flush(ctx, b.cfg.Conn)
 }
 
 // stop unsubscribes everything; requests already received finish on their own.

@@ -133,4 +133,13 @@ func TestServingAnnounced(t *testing.T) {
 	if got.ID != ping.ID || got.Started.IsZero() {
 		t.Fatalf("announced %+v, want the serving broker's id %q and when it began", got, ping.ID)
 	}
+	// Once: the announcement was flushed before Start returned, so after a round trip of this
+	// connection (which the server answers after delivering what reached it before) any second
+	// one would be here.
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := sub.Pending(); err != nil || n != 0 {
+		t.Fatalf("%d more announcements of one start (%v), want none", n, err)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"sync/atomic"
 	"time"
 )
 
@@ -88,33 +87,4 @@ func failureLevel(n int) slog.Level {
 		return slog.LevelWarn
 	}
 	return slog.LevelDebug
-}
-
-// streak counts failures in a row of one kind across a worker's slots, for the log: the nth is said
-// at failureLevel(n), so that an outage says so a dozen times per worker, not per slot.
-type streak struct {
-	n     atomic.Int64
-	since atomic.Int64 // when its first failure was seen, Unix ns
-}
-
-// fail counts a failure seen at at and returns how many are in the streak now.
-func (s *streak) fail(at time.Time) int {
-	n := s.n.Add(1)
-	if n == 1 {
-		s.since.Store(at.UnixNano())
-	}
-	return int(n)
-}
-
-// on reports whether the streak has failures.
-func (s *streak) on() bool { return s.n.Load() > 0 }
-
-// end ends the streak, and returns how many failures it had (0 if none: another slot ended it, or
-// none failed) and when the first was seen.
-func (s *streak) end() (int, time.Time) {
-	if !s.on() { // no write while nothing fails: every poll that works asks
-		return 0, time.Time{}
-	}
-	n := s.n.Swap(0)
-	return int(n), time.Unix(0, s.since.Load())
 }

@@ -40,9 +40,9 @@ type Config struct {
 // for its reply, except Queues and Schedules, which page through as many as the listing takes, and
 // Dequeue, which abandons its long poll (Abandon) when its context ends first. A Client is safe for
 // concurrent use; it holds no state besides its config. (Its connection gets one subscription, at
-// the first long poll with a RequestID of any Client on it under the same prefix: the brokers'
-// announcements that they serve, subjects.Space.Serving, which cut such polls parked at a broker
-// that is gone; see Dequeue and Config.IgnoreAnnouncements.)
+// the first long poll with a RequestID of any Client on it under the same prefix that does not
+// ignore them: the brokers' announcements that they serve, subjects.Space.Serving, which cut such
+// polls parked at a broker that is gone; see Dequeue and Config.IgnoreAnnouncements.)
 //
 // Errors: an error reply of the broker is an [*APIError] matching one of the Err… sentinels. A
 // transport failure is returned wrapped, so errors.Is works on the nats.go errors:

@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -94,22 +95,43 @@ func (c *Client) servingNext() <-chan struct{} {
 		return nil
 	}
 	key := servingKey{c.nc, c.space.Serving()}
-	watchesMu.Lock()
-	defer watchesMu.Unlock()
-	if w := watches[key]; w != nil {
+	if w := watched(key); w != nil {
 		return w.next()
 	}
+	// Nothing of nats.go is called with watchesMu held: a connection's lock may be held for as
+	// long as its reconnect's handshake takes, and would hold every Client of the process.
 	w := &servingWatch{nc: c.nc, ch: make(chan struct{})}
-	if _, err := c.nc.Subscribe(key.subject, w.announced); err != nil {
+	sub, err := c.nc.Subscribe(key.subject, w.announced)
+	if err != nil {
 		return nil
 	}
-	for k, old := range watches { // forget the closed connections' (a program that makes many)
+	var closed []servingKey // the closed connections' watches (a program that makes many)
+	watchesMu.Lock()
+	all := maps.Clone(watches)
+	watchesMu.Unlock()
+	for k, old := range all {
 		if old.nc.IsClosed() {
-			delete(watches, k)
+			closed = append(closed, k)
 		}
+	}
+	watchesMu.Lock()
+	defer watchesMu.Unlock()
+	for _, k := range closed {
+		delete(watches, k)
+	}
+	if first := watches[key]; first != nil { // another poll's, made meanwhile
+		_ = sub.Unsubscribe()
+		return first.next()
 	}
 	watches[key] = w
 	return w.next()
+}
+
+// watched returns the watch of key, or nil.
+func watched(key servingKey) *servingWatch {
+	watchesMu.Lock()
+	defer watchesMu.Unlock()
+	return watches[key]
 }
 
 func (w *servingWatch) next() <-chan struct{} {

@@ -56,7 +56,8 @@ type WorkerConfig struct {
 	// is answered by nobody. It is sent again at once when its connection reconnects (a natstone
 	// killed with its embedded NATS server, and started again), or when a broker announces that it
 	// serves (a restart, or a standby taking over; the worker's NATS user must be allowed to
-	// subscribe to the announcements, subjects.Space.Serving). Failing both, its slot polls again
+	// subscribe to the announcements, subjects.Space.Serving, and its Client must not ignore them,
+	// Config.IgnoreAnnouncements). Failing both, its slot polls again
 	// after PollWait plus the client's timeout (20 s + 10 s by default). A slot waiting to poll
 	// again after a failed poll, or a missing or blocked queue, polls at once too when a broker
 	// announces that it serves.
@@ -401,8 +402,9 @@ func (w *Worker) drain(ctx context.Context, stopJobs context.CancelCauseFunc, do
 // message is settled together with the dequeue of the slot's next one (CompleteNext, ReleaseNext):
 // the slot long-polls only when that dequeue found nothing.
 func (w *Worker) slot(pollCtx, jobCtx context.Context) {
-	failures := 0            // consecutive polls that failed or came back suspiciously early: the backoff's
-	var uncertain requestTry // the last dequeue whose outcome is unknown: the next poll's
+	failures := 0                    // consecutive polls that failed or came back suspiciously early: the backoff's
+	missing, blocked := false, false // the slot's last poll found no queue, or its dequeues blocked
+	var uncertain requestTry         // the last dequeue whose outcome is unknown: the next poll's
 	defer func() {
 		if uncertain.id != "" { // its leases, if any, are for no one now
 			w.abandon(pollCtx, uncertain.id)
@@ -413,10 +415,14 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 		serving := w.client.servingNext() // a broker that begins to serve ends the backoff below
 		d, err := w.poll(pollCtx, uncertain)
 		got := len(d.msgs) > 0
-		if !errors.Is(err, ErrQueueNotFound) {
+		// A missing or blocked queue is over when a slot that found it so finds it no longer (one
+		// parked before a block, answered empty at the end of its wait, says nothing of it).
+		if missing && !errors.Is(err, ErrQueueNotFound) {
+			missing = false
 			w.missing.end()
 		}
-		if !errors.Is(err, ErrQueueBlocked) {
+		if blocked && !errors.Is(err, ErrQueueBlocked) {
+			blocked = false
 			if n, _ := w.blocked.end(); n > 0 && err == nil {
 				w.log.Info("queue unblocked: dequeueing again", "queue", w.cfg.Queue)
 			}
@@ -440,6 +446,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			return
 		case errors.Is(err, ErrQueueNotFound):
 			failures++
+			missing = true
 			level := slog.LevelDebug
 			n := w.missing.fail(began)
 			if n == 1 {
@@ -449,6 +456,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 		case errors.Is(err, ErrQueueBlocked):
 			// An operator's pause, not a failure: said once, and asked again every second.
 			failures++
+			blocked = true
 			if w.blocked.fail(began) == 1 {
 				w.log.Info("queue's dequeues blocked; polling again every second until they are unblocked", "queue", w.cfg.Queue)
 			}
@@ -581,7 +589,7 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	if unknownOutcome(err) && ctx.Err() == nil {
 		level := slog.LevelDebug
 		if !w.pollsFailed.on() && !errors.Is(err, ErrPollCut) {
-			level = failureLevel(w.unknowns.fail(time.Now()))
+			level = failureLevel(w.unknowns.fail(time.Time{})) // its time is not said
 		}
 		w.log.Log(ctx, level, "dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
 		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)

@@ -2123,15 +2123,18 @@ func TestWorkerSaysLessOfEachFailedPoll(t *testing.T) {
 
 // TestWorkerSaysAnOutageAFewTimes: the slots of a worker whose polls fail together (a broker
 // restarting) say so as one: WARN for the worker's 1st, 2nd, 4th, 8th… failure in a row, not for
-// each slot's, and one INFO line when the polls work again; a missing queue, once.
+// each slot's, and one INFO line when the polls work again; a missing queue, once (twice when a
+// slot's last "not found" comes in after another slot's first poll that found it).
 func TestWorkerSaysAnOutageAFewTimes(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name, answer, line string
-		most               int // WARN lines at most of line: 8 slots said 16 (two each) when each said its own
+		most               int    // WARN lines of line at most: 8 slots said 16 (unavailable) and 8 (not found) when each said its own
+		over               string // the line said once the answers are empty
+		again              bool   // whether "dequeue works again" is said, once (twice if a failure comes in after a success)
 	}{
-		{"unavailable", `{"error":{"code":"unavailable","message":"the broker is stopping"}}`, "dequeue failed", 7},
-		{"queue not found", `{"error":{"code":"queue_not_found","message":"no queue q"}}`, "queue not found; polling again every second until it exists", 2},
+		{"unavailable", `{"error":{"code":"unavailable","message":"the broker is stopping"}}`, "dequeue failed", 7, `msg="dequeue works again"`, true},
+		{"queue not found", `{"error":{"code":"queue_not_found","message":"no queue q"}}`, "queue not found; polling again every second until it exists", 2, `msg="dequeue returned early"`, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -2140,43 +2143,84 @@ func TestWorkerSaysAnOutageAFewTimes(t *testing.T) {
 				if n <= 32 {
 					return []byte(c.answer)
 				}
-				return []byte(`{"messages":[]}`)
+				return []byte(`{"messages":[]}`) // at once, where the worker waits up to a second: early
 			})
 			logs := &natstest.LogBuffer{}
-			startWorker(t, clientOnFake(t, srv, fake, 0), &workers.WorkerConfig{Queue: "q", Concurrency: 8, PollWait: time.Millisecond, Logger: debugTo(logs)},
+			startWorker(t, clientOnFake(t, srv, fake, 0), &workers.WorkerConfig{Queue: "q", Concurrency: 8, PollWait: time.Second, Logger: debugTo(logs)},
 				workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
-			works := `msg="dequeue works again"`
-			if c.name == "queue not found" {
-				works = `msg="dequeue returned early"` // the empty replies that followed, at once
-			}
-			waitFor(t, "a poll that works", func() bool { return strings.Contains(logs.String(), works) })
+			waitFor(t, "a poll that works", func() bool { return strings.Contains(logs.String(), c.over) })
 			out := logs.String()
-			warns := 0
-			for _, level := range logLevels(out, c.line) {
-				if level == "WARN" {
-					warns++
-				}
-			}
-			if warns < 1 || warns > c.most {
+			if warns := countOf(logLevels(out, c.line), "WARN"); warns < 1 || warns > c.most {
 				t.Fatalf("%d WARN lines of %q, want 1 to %d:\n%s", warns, c.line, c.most, out)
 			}
-			if c.name != "unavailable" {
-				return
+			if n := len(logLevels(out, "dequeue works again")); c.again && (n < 1 || n > 2) || !c.again && n != 0 {
+				t.Fatalf("%d lines of the polls working again, want %v:\n%s", n, c.again, out)
 			}
-			if got := logLevels(out, "dequeue works again"); len(got) < 1 || len(got) > 2 {
-				t.Fatalf("%d lines of the polls working again, want 1 (2 if a slot's failure came in after another's success):\n%s", len(got), out)
-			}
-			warns = 0
-			for _, level := range logLevels(out, "dequeue's outcome unknown; retrying it") {
-				if level == "WARN" {
-					warns++
-				}
-			}
-			if warns > 5 {
+			if warns := countOf(logLevels(out, "dequeue's outcome unknown; retrying it"), "WARN"); c.again && warns > 5 {
 				t.Fatalf("%d WARN lines of the dequeues retried, want 4 (the 1st, 2nd, 4th and 8th), 5 at most:\n%s", warns, out)
 			}
 		})
 	}
+}
+
+// TestWorkerSaysABlockOnce: a queue whose dequeues an operator blocks is said blocked once per
+// worker, and unblocked once when a slot that found it blocked dequeues again; a slot whose poll was
+// parked before the block, answered empty at the end of its wait, says nothing of it.
+func TestWorkerSaysABlockOnce(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	logs := &natstest.LogBuffer{}
+	blocked := `{"error":{"code":"queue_blocked","message":"dequeues of q are blocked"}}`
+	var n atomic.Int32
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		switch i := n.Add(1); {
+		case i == 2: // parked before the block, its wait ends once the block was said
+			go func() {
+				tick := time.NewTicker(10 * time.Millisecond)
+				defer tick.Stop()
+				for end := time.Now().Add(waitTimeout); !strings.Contains(logs.String(), "queue's dequeues blocked") && time.Now().Before(end); {
+					<-tick.C
+				}
+				_ = m.Respond([]byte(`{"messages":[]}`))
+			}()
+		case i <= 8:
+			_ = m.Respond([]byte(blocked))
+		default:
+			_ = m.Respond([]byte(`{"messages":[]}`))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, clientOnFake(t, srv, fake, 0), &workers.WorkerConfig{Queue: "q", Concurrency: 2, PollWait: time.Second, Logger: debugTo(logs)},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	waitFor(t, "the unblock said, and the polls after it", func() bool {
+		return strings.Contains(logs.String(), "queue unblocked") && n.Load() > 10
+	})
+	var said []string
+	for line := range strings.Lines(logs.String()) {
+		switch {
+		case strings.Contains(line, "queue's dequeues blocked"):
+			said = append(said, "blocked")
+		case strings.Contains(line, "queue unblocked"):
+			said = append(said, "unblocked")
+		}
+	}
+	if !slices.Equal(said, []string{"blocked", "unblocked"}) {
+		t.Fatalf("said %v, want blocked then unblocked, once each:\n%s", said, logs.String())
+	}
+}
+
+// countOf returns how many of levels are level.
+func countOf(levels []string, level string) int {
+	n := 0
+	for _, l := range levels {
+		if l == level {
+			n++
+		}
+	}
+	return n
 }
 
 // debugTo returns a logger that writes every level to logs.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 	"golang.org/x/term"
 
@@ -171,18 +172,14 @@ the protocol's reply, {"messages": [...]}.
 	}
 	opts := &workers.DequeueOpts{Batch: *batch, Lease: *lease, Wait: *wait, Filter: filter, RequestID: *requestID, Worker: *worker}
 	return c.run(ctx, func(ctx context.Context, conn *cliConn) error {
-		until := time.Now().Add(*wait)
-		msgs, err := conn.client.Dequeue(ctx, pos[0], opts)
-		for tries := 1; errors.Is(err, workers.ErrPollCut) && ctx.Err() == nil && tries < maxPollCuts; tries++ {
-			// Cut at a reconnect: the broker it waited at may be gone with its NATS server. Sent
-			// again with its request id, for what is left of its wait, it gets what it leased.
-			opts.Wait = max(time.Until(until), time.Millisecond)
-			msgs, err = conn.client.Dequeue(ctx, pos[0], opts)
-		}
+		msgs, err := dequeueAcrossCuts(ctx, conn.client, pos[0], opts)
 		if err != nil {
 			if ctx.Err() != nil && *wait > 0 {
 				abandonPoll(ctx, stderr, conn.client, pos[0], *requestID, *wait)
 				return errTold{err} // what the abandon said is the whole story
+			}
+			if *wait > 0 && (errors.Is(err, nats.ErrTimeout) || errors.Is(err, workers.ErrPollCut)) {
+				fmt.Fprintf(stderr, "natstone dequeue: what the wait leased is unknown: natstone dequeue %s --request-id %s --wait %v returns it while its lease holds (within 5 minutes)\n", pos[0], *requestID, *wait)
 			}
 			return err
 		}
@@ -200,8 +197,41 @@ the protocol's reply, {"messages": [...]}.
 	})
 }
 
-// maxPollCuts bounds the tries of a long poll cut each time by a reconnect (workers.ErrPollCut).
-const maxPollCuts = 10
+// dequeueAcrossCuts is Dequeue, sent again with its request id, for what is left of its wait, when
+// a reconnect cuts it (workers.ErrPollCut): the broker it waited at may be gone with its NATS
+// server, and sent again it gets whatever the first leased. Until the wait's end, a try after a cut
+// that finds no broker (the NATS server back, its broker not serving yet) is made again every
+// noBrokerRetry, and one cut again is sent again, up to maxPollCuts cuts.
+func dequeueAcrossCuts(ctx context.Context, client *workers.Client, queue string, opts *workers.DequeueOpts) ([]workers.Message, error) {
+	until := time.Now().Add(opts.Wait)
+	msgs, err := client.Dequeue(ctx, queue, opts)
+	for cuts := 1; errors.Is(err, workers.ErrPollCut) && cuts <= maxPollCuts; cuts++ {
+		cut := err
+		for {
+			opts.Wait = max(time.Until(until), time.Millisecond)
+			msgs, err = client.Dequeue(ctx, queue, opts)
+			if !errors.Is(err, nats.ErrNoResponders) {
+				break
+			}
+			err = fmt.Errorf("%w, after %w", err, cut) // what the cut try leased is still unknown
+			if time.Until(until) < noBrokerRetry {
+				return nil, err
+			}
+			select {
+			case <-time.After(noBrokerRetry):
+			case <-ctx.Done():
+				return nil, err
+			}
+		}
+	}
+	return msgs, err
+}
+
+// Bounds of dequeueAcrossCuts.
+const (
+	maxPollCuts   = 10
+	noBrokerRetry = 250 * time.Millisecond
+)
 
 // abandonPoll abandons the long poll of queue with request id id that the user interrupted, so that
 // the broker's wait, which goes on, leases nothing (and gives back what it leased already); if the

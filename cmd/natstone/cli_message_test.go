@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/subjects"
@@ -326,7 +327,6 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
 	polls, err := nc.SubscribeSync("natstone.v1.dequeue.q")
 	if err != nil {
 		t.Fatal(err)
@@ -369,12 +369,14 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 
 // TestCLIDequeueSentAgainAfterAReconnect: a dequeue --wait whose natstone is killed with its
 // embedded NATS server while the poll waits is sent again, with its request id, once the CLI's
-// connection is back: it gets the message enqueued after the restart, rather than failing as a
-// dequeue of unknown outcome.
+// connection is back, and again while no broker answers yet (here a bare NATS server stands for
+// a natstone whose broker still recovers): it gets the message enqueued once natstone is back,
+// rather than failing as a dequeue of unknown outcome.
 func TestCLIDequeueSentAgainAfterAReconnect(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	port := freePort(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
 	url := "nats://" + listen
 	p := startServe(t, "--data", data, "--listen", listen)
 	cli(t, url, "queue", "create", "q").ok(t)
@@ -382,7 +384,6 @@ func TestCLIDequeueSentAgainAfterAReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
 	polls, err := nc.SubscribeSync("natstone.v1.dequeue.q")
 	if err != nil {
 		t.Fatal(err)
@@ -399,10 +400,26 @@ func TestCLIDequeueSentAgainAfterAReconnect(t *testing.T) {
 	if _, err := polls.NextMsg(deadline); err != nil { // the long poll is at the broker
 		t.Fatalf("no dequeue seen: %v", err)
 	}
+	nc.Close() // its subscription, back after a reconnect, would take the dequeue sent again
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	p.wait(t)
+	bare, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare.Start()
+	tick, end := time.NewTicker(10*time.Millisecond), time.After(deadline)
+	for varz, _ := bare.Varz(nil); varz.InMsgs < 2; varz, _ = bare.Varz(nil) { // two tries: no broker
+		select {
+		case <-tick.C:
+		case <-end:
+			t.Fatalf("the dequeue was not sent again to the server with no broker within %v (clients %d, in %d): %s", deadline, bare.NumClients(), varz.InMsgs, stderr.String())
+		}
+	}
+	tick.Stop()
+	bare.Shutdown()
 	startServe(t, "--data", data, "--listen", listen)
 	cli(t, url, "enqueue", "q", "after", "--id", "m").ok(t)
 	done := make(chan error, 1)
