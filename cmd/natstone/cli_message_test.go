@@ -327,6 +327,7 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer nc.Close()
 	polls, err := nc.SubscribeSync("natstone.v1.dequeue.q")
 	if err != nil {
 		t.Fatal(err)
@@ -384,6 +385,7 @@ func TestCLIDequeueSentAgainAfterAReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer nc.Close()
 	polls, err := nc.SubscribeSync("natstone.v1.dequeue.q")
 	if err != nil {
 		t.Fatal(err)
