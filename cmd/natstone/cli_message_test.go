@@ -323,28 +323,7 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 	t.Parallel()
 	url := startNatstone(t)
 	cli(t, url, "queue", "create", "q").ok(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	polls, err := nc.SubscribeSync("natstone.v1.dequeue.q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-
-	cmd := exec.Command(bin, "dequeue", "q", "--wait", "1m", "--server", url)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := polls.NextMsg(deadline); err != nil { // the long poll is at the broker
-		t.Fatalf("no dequeue seen: %v", err)
-	}
+	cmd, _, stderr := startPolling(t, url, "q")
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -368,6 +347,38 @@ func TestCLIDequeueInterrupted(t *testing.T) {
 	}
 }
 
+// startPolling starts "natstone dequeue QUEUE --wait 1m" with args against url, and returns it,
+// with its stdout and stderr, once its long poll has reached the broker.
+func startPolling(t *testing.T, url, queue string, args ...string) (*exec.Cmd, *strings.Builder, *strings.Builder) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Closed once it saw the poll: its subscription, back after a reconnect, would take the
+	// dequeue sent again.
+	defer nc.Close()
+	polls, err := nc.SubscribeSync("natstone.v1.dequeue." + queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, append([]string{"dequeue", queue, "--wait", "1m", "--server", url}, args...)...)
+	stdout, stderr := &strings.Builder{}, &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := polls.NextMsg(deadline); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("no dequeue seen: %v", err)
+	}
+	return cmd, stdout, stderr
+}
+
 // TestCLIDequeueSentAgainAfterAReconnect: a dequeue --wait whose natstone is killed with its
 // embedded NATS server while the poll waits is sent again, with its request id, once the CLI's
 // connection is back, and again while no broker answers yet (here a bare NATS server stands for
@@ -381,28 +392,7 @@ func TestCLIDequeueSentAgainAfterAReconnect(t *testing.T) {
 	url := "nats://" + listen
 	p := startServe(t, "--data", data, "--listen", listen)
 	cli(t, url, "queue", "create", "q").ok(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	polls, err := nc.SubscribeSync("natstone.v1.dequeue.q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "dequeue", "q", "--wait", "1m", "--json", "--server", url)
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := polls.NextMsg(deadline); err != nil { // the long poll is at the broker
-		t.Fatalf("no dequeue seen: %v", err)
-	}
-	nc.Close() // its subscription, back after a reconnect, would take the dequeue sent again
+	cmd, stdout, stderr := startPolling(t, url, "q", "--json")
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
