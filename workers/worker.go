@@ -57,10 +57,9 @@ type WorkerConfig struct {
 	// killed with its embedded NATS server, and started again), or when a broker announces that it
 	// serves (a restart, or a standby taking over; the worker's NATS user must be allowed to
 	// subscribe to the announcements, subjects.Space.Serving, and its Client must not ignore them,
-	// Config.IgnoreAnnouncements). Failing both, its slot polls again
-	// after PollWait plus the client's timeout (20 s + 10 s by default). A slot waiting to poll
-	// again after a failed poll, or a missing or blocked queue, polls at once too when a broker
-	// announces that it serves.
+	// Config.IgnoreAnnouncements). Failing both, its slot polls again after PollWait plus the
+	// client's timeout (20 s + 10 s by default). A slot waiting to poll again after a failed poll,
+	// or a missing or blocked queue, polls at once too when a broker announces that it serves.
 	PollWait time.Duration
 	// BackoffFunc returns how long a message stays invisible after its attempt-th attempt (1 for the
 	// first) failed. Default DefaultBackoff.
