@@ -25,7 +25,10 @@
 // [nats.MaxReconnects](-1): nats.go gives up reconnecting after 60 tries by default, about two
 // minutes, and a natstone down longer would leave the workers polling on a connection closed for
 // good. A long poll in flight when the connection reconnects is sent again at once, with its
-// request id: the broker it waited at may be gone with its NATS server.
+// request id: the broker it waited at may be gone with its NATS server. So a worker takes messages
+// again as soon as its connection is back, which nats.go tries every 2 s by default
+// ([nats.ReconnectWait]); and as soon as a broker that replaces one that died while its NATS server
+// stayed up announces that it serves (WorkerConfig.PollWait).
 //
 //	nc, _ := nats.Connect(nats.DefaultURL, nats.MaxReconnects(-1))
 //	c, _ := workers.NewClient(nc, nil)

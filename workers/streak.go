@@ -10,15 +10,15 @@ import (
 type streak struct {
 	mu    sync.Mutex // guards n and since
 	n     int
-	since time.Time // when its first failure was seen
+	since time.Time // when its first failure was seen (not when its poll was sent, maybe long before)
 }
 
-// fail counts a failure seen at at and returns how many are in the streak now.
-func (s *streak) fail(at time.Time) int {
+// fail counts a failure seen now and returns how many are in the streak now.
+func (s *streak) fail() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.n++; s.n == 1 {
-		s.since = at
+		s.since = time.Now()
 	}
 	return s.n
 }

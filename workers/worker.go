@@ -117,10 +117,11 @@ type Worker struct {
 
 	// The log's streaks, across the slots, so that an outage or a missing queue is said a few times
 	// per worker rather than per slot: the polls that failed in a row, the dequeues of unknown
-	// outcome sent again since a poll last worked, and the polls in a row that found no queue, or
-	// the queue's dequeues blocked.
+	// outcome sent again since a poll last worked (apart, those cut as parked at a broker that may
+	// be gone), and the polls in a row that found no queue, or the queue's dequeues blocked.
 	pollsFailed streak
 	unknowns    streak
+	cuts        streak
 	missing     streak
 	blocked     streak
 
@@ -428,6 +429,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 		}
 		if err == nil {
 			w.unknowns.end()
+			w.cuts.end()
 			if n, since := w.pollsFailed.end(); n > 0 {
 				w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", n, "after", time.Since(since).Round(time.Millisecond))
 			}
@@ -447,7 +449,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			failures++
 			missing = true
 			level := slog.LevelDebug
-			n := w.missing.fail(began)
+			n := w.missing.fail()
 			if n == 1 {
 				level = slog.LevelWarn // said once, not every second while the queue is missing
 			}
@@ -456,12 +458,12 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			// An operator's pause, not a failure: said once, and asked again every second.
 			failures++
 			blocked = true
-			if w.blocked.fail(began) == 1 {
+			if w.blocked.fail() == 1 {
 				w.log.Info("queue's dequeues blocked; polling again every second until they are unblocked", "queue", w.cfg.Queue)
 			}
 		case err != nil:
 			failures++
-			n := w.pollsFailed.fail(began)
+			n := w.pollsFailed.fail()
 			w.log.Log(pollCtx, failureLevel(n), "dequeue failed", "queue", w.cfg.Queue, "error", err, "failures", n)
 		case time.Since(began) < w.cfg.PollWait/2:
 			// An empty reply long before the wait was up: the queue was deleted, or the broker does
@@ -567,8 +569,9 @@ type requestTry struct {
 
 // poll long-polls for one message, with the request id of retry (a new one if none). A dequeue
 // whose outcome is unknown is sent again at once with the same id (said at DEBUG if the worker's
-// polls fail already, and say so, or if the poll was cut as parked at a broker that may be gone;
-// else as failureLevel says); if that fails too, it is returned as uncertain.
+// polls fail already, and say so; at INFO for the first of the worker's polls cut as parked at a
+// broker that may be gone, DEBUG for the others; else as failureLevel says); if that fails too, it
+// is returned as uncertain.
 func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	d := dequeued{retried: retry.id != "", sent: retry.sent}
 	id := retry.id
@@ -587,8 +590,13 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
 	if unknownOutcome(err) && ctx.Err() == nil {
 		level := slog.LevelDebug
-		if !w.pollsFailed.on() && !errors.Is(err, ErrPollCut) {
-			level = failureLevel(w.unknowns.fail(time.Time{})) // its time is not said
+		switch {
+		case errors.Is(err, ErrPollCut):
+			if w.cuts.fail() == 1 {
+				level = slog.LevelInfo // once per worker: a restart or a takeover, which the retries mend
+			}
+		case !w.pollsFailed.on():
+			level = failureLevel(w.unknowns.fail())
 		}
 		w.log.Log(ctx, level, "dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
 		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)

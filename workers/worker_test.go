@@ -1914,15 +1914,16 @@ func TestWorkerKeepsAnUncertainDequeueIDWithoutABroker(t *testing.T) {
 	}
 }
 
-// TestWorkerPollParkedAtAGoneBrokerSentAgain: a slot whose long poll is parked at a broker that
-// dies while its NATS server stays up polls again as soon as the next broker announces that it
-// serves, not after its PollWait and the client's timeout (here 5 min and 10 s).
+// TestWorkerPollParkedAtAGoneBrokerSentAgain: the slots whose long polls are parked at a broker that
+// dies while its NATS server stays up poll again as soon as the next broker announces that it
+// serves, not after their PollWait and the client's timeout (here 5 min and 10 s); the worker says
+// so once, at INFO, not once per slot.
 func TestWorkerPollParkedAtAGoneBrokerSentAgain(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
 	gone := srv.Connect(t)
 	space, _ := subjects.NewSpace("")
-	parked := make(chan struct{}, 1)
+	parked := make(chan struct{}, 4)
 	if _, err := gone.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(*nats.Msg) {
 		select {
 		case parked <- struct{}{}:
@@ -1932,12 +1933,16 @@ func TestWorkerPollParkedAtAGoneBrokerSentAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := clientOnFake(t, srv, gone, 0)
-	got := make(chan string, 1)
-	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait}, workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
-		got <- job.ID
-		return nil
-	}))
-	recv(t, parked)
+	got := make(chan string, 4)
+	logs := &natstest.LogBuffer{}
+	startWorker(t, c, &workers.WorkerConfig{Queue: "q", Concurrency: 4, PollWait: subjects.MaxWait, Logger: slogTo(logs)},
+		workers.HandlerFunc(func(_ context.Context, job *workers.Job) error {
+			got <- job.ID
+			return nil
+		}))
+	for range 4 {
+		recv(t, parked)
+	}
 	gone.Close() // the broker dies; its NATS server stays up
 	startBroker(t, srv, nil)
 	if _, err := c.Enqueue(ctx(t), "q", []byte("m"), &workers.EnqueueOpts{ID: "m1"}); err != nil {
@@ -1947,6 +1952,9 @@ func TestWorkerPollParkedAtAGoneBrokerSentAgain(t *testing.T) {
 		t.Fatalf("handled %q, want m1", id)
 	}
 	waitCompleted(t, c, "q", "m1") // before the broker stops, at the test's end
+	if levels := logLevels(logs.String(), "dequeue's outcome unknown; retrying it"); !slices.Equal(levels, []string{"INFO"}) {
+		t.Fatalf("the cut polls said at %v, want INFO once (the others at DEBUG):\n%s", levels, logs.String())
+	}
 }
 
 // waitCompleted waits until message id of queue is completed.
