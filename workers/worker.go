@@ -117,13 +117,16 @@ type Worker struct {
 
 	// The log's streaks, across the slots, so that an outage or a missing queue is said a few times
 	// per worker rather than per slot: the polls that failed in a row, the dequeues of unknown
-	// outcome sent again since a poll last worked (apart, those cut as parked at a broker that may
-	// be gone), and the polls in a row that found no queue, or the queue's dequeues blocked.
+	// outcome sent again since a poll last worked (but those cut as parked at a broker that may be
+	// gone: cutSaid), and the polls in a row that found no queue, or the queue's dequeues blocked.
 	pollsFailed streak
 	unknowns    streak
-	cuts        streak
 	missing     streak
 	blocked     streak
+	// cutSaid is when a slot's poll cut as parked at a broker that may be gone was last said at INFO
+	// (Unix ns): the slots' cuts of one restart come within moments of each other, and a poll of
+	// one that works again may come between, so they are said once per cutQuiet.
+	cutSaid atomic.Int64
 
 	// pollRetryFunc returns how long a slot waits to poll again after a run of failures polls in a
 	// row that failed, the last with err: pollRetry, unless a test sets another.
@@ -429,7 +432,6 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 		}
 		if err == nil {
 			w.unknowns.end()
-			w.cuts.end()
 			if n, since := w.pollsFailed.end(); n > 0 {
 				w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", n, "after", time.Since(since).Round(time.Millisecond))
 			}
@@ -570,8 +572,8 @@ type requestTry struct {
 // poll long-polls for one message, with the request id of retry (a new one if none). A dequeue
 // whose outcome is unknown is sent again at once with the same id (said at DEBUG if the worker's
 // polls fail already, and say so; at INFO for the first of the worker's polls cut as parked at a
-// broker that may be gone, DEBUG for the others; else as failureLevel says); if that fails too, it
-// is returned as uncertain.
+// broker that may be gone in cutQuiet, DEBUG for the others; else as failureLevel says); if that
+// fails too, it is returned as uncertain.
 func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	d := dequeued{retried: retry.id != "", sent: retry.sent}
 	id := retry.id
@@ -592,8 +594,8 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 		level := slog.LevelDebug
 		switch {
 		case errors.Is(err, ErrPollCut):
-			if w.cuts.fail() == 1 {
-				level = slog.LevelInfo // once per worker: a restart or a takeover, which the retries mend
+			if w.sayCut() {
+				level = slog.LevelInfo // once per restart or takeover, which the retries mend
 			}
 		case !w.pollsFailed.on():
 			level = failureLevel(w.unknowns.fail())
@@ -639,6 +641,16 @@ func (w *Worker) abandon(ctx context.Context, id string) {
 	case len(released) > 0:
 		w.log.Info("the dequeue left at the stop had leased messages: given back", "queue", w.cfg.Queue, "request_id", id, "messages", released)
 	}
+}
+
+// cutQuiet is how long after a poll cut said at INFO the worker's next cuts are said at DEBUG.
+const cutQuiet = 10 * time.Second
+
+// sayCut reports whether a poll cut now is said at INFO: the first in cutQuiet.
+func (w *Worker) sayCut() bool {
+	now := time.Now().UnixNano()
+	last := w.cutSaid.Load()
+	return now-last >= int64(cutQuiet) && w.cutSaid.CompareAndSwap(last, now)
 }
 
 // unknownOutcome reports whether a dequeue that failed with err may have leased messages: no reply
