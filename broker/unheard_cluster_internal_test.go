@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,14 @@ func TestRepliesInAClusterReachRequestersOnOtherServers(t *testing.T) {
 			t.Fatal(err)
 		}
 		msg, err := nc.Request(b.space.Subject(op, "q"), data, 10*time.Second)
+		// The broker's subscriptions reach this server over the route in their own time after
+		// its Start, which made sure of its own server only.
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for end := time.Now().Add(10 * time.Second); errors.Is(err, nats.ErrNoResponders) && time.Now().Before(end); {
+			<-tick.C
+			msg, err = nc.Request(b.space.Subject(op, "q"), data, 10*time.Second)
+		}
 		if err != nil {
 			t.Fatalf("%s: %v", op, err)
 		}
