@@ -506,7 +506,9 @@ func (b *Broker) start(ctx context.Context) error {
 	err = b.serve()
 	if err == nil {
 		// A round trip makes sure the server has the endpoints' subscriptions: once Start returns,
-		// requests from any connection reach the broker.
+		// requests from any connection to it reach the broker (on a cluster, those to the other
+		// servers once the routes carried the subscriptions there, moments later, before the
+		// announcement below: a client that hears it finds the broker).
 		err = flush(ctx, b.cfg.Conn)
 	}
 	if err == nil {
