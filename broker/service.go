@@ -153,7 +153,7 @@ func (b *Broker) discover(verb micro.Verb, m *nats.Msg) {
 // past its claim) which will never answer them, and sends them again with their request ids,
 // instead of waiting out their waits.
 func (b *Broker) announce(ctx context.Context) {
-	data, err := json.Marshal(subjects.Serving{ID: b.svc.id, Started: b.svc.started})
+	data, err := json.Marshal(subjects.Serving{ID: b.svc.id, Started: b.svc.started.Truncate(time.Millisecond)}) // as the replies' times
 	if err == nil {
 		err = b.cfg.Conn.Publish(b.space.Serving(), data)
 	}

@@ -130,8 +130,8 @@ func TestServingAnnounced(t *testing.T) {
 	if err := json.Unmarshal(reply.Data, &ping); err != nil {
 		t.Fatal(err)
 	}
-	if got.ID != ping.ID || got.Started.IsZero() {
-		t.Fatalf("announced %+v, want the serving broker's id %q and when it began", got, ping.ID)
+	if got.ID != ping.ID || got.Started.IsZero() || !got.Started.Equal(got.Started.Truncate(time.Millisecond)) {
+		t.Fatalf("announced %+v, want the serving broker's id %q and when it began, to the millisecond as the replies' times", got, ping.ID)
 	}
 	// Once: the announcement was flushed before Start returned, so after a round trip of this
 	// connection (which the server answers after delivering what reached it before) any second

@@ -6,6 +6,8 @@
 // installs it with `npm ci` when js/node_modules is missing, runs it against a broker on an
 // in-process JetStream server, and then checks the client's effects from Go with plain NATS
 // requests: message states, the binary payload of enqueue_raw, EDF order and the error codes of the
-// protocol's error table. node and npm must be on PATH; without them the test fails rather than
-// being skipped.
+// protocol's error table. A second script, serving.mjs, long-polls across a broker's replacement:
+// it sends its poll again when a broker announces that it serves, as docs/protocol.md says a
+// client should. node and npm must be on PATH; without them the test fails rather than being
+// skipped.
 package interop

@@ -166,6 +166,77 @@ func TestJSClient(t *testing.T) {
 	})
 }
 
+// TestJSClientSendsAPollAgainAtAnAnnouncement: a JS client that follows docs/protocol.md sends its
+// long poll again, with its request_id, when a broker announces that it serves after the broker
+// the poll was parked at died (here a subscriber of the dequeue subject that answers nothing, then
+// closes): the poll sent again gets the message enqueued after the start, and the announcement's
+// body is as documented, with the serving broker's service id.
+func TestJSClientSendsAPollAgainAtAnAnnouncement(t *testing.T) {
+	requireNode(t)
+	ensureNodeModules(t)
+
+	srv := natstest.Start(t, nil)
+	queue := fmt.Sprintf("interop-serving-%d", time.Now().UnixNano())
+	gone := srv.Connect(t)
+	parked := make(chan struct{}, 1)
+	if _, err := gone.Subscribe("natstone.v1.dequeue."+queue, func(*nats.Msg) { parked <- struct{}{} }); err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "serving.mjs", queue)
+	cmd.Dir = jsDir
+	cmd.Env = append(os.Environ(), "NATS_URL="+srv.URL())
+	cmd.WaitDelay = 5 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-parked:
+	case err := <-done:
+		t.Fatalf("node serving.mjs exited (%v) before its poll was parked\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
+	}
+	gone.Close() // the broker the poll waits at dies
+	startBroker(t, srv)
+	nc := srv.Connect(t)
+	var info struct {
+		Name string `json:"name"`
+	}
+	request(t, nc, "natstone.v1.create."+queue, nil, &info)
+	var enq struct {
+		ID string `json:"id"`
+	}
+	request(t, nc, "natstone.v1.enqueue."+queue, []byte(`{"id":"m1"}`), &enq)
+
+	err := <-done
+	var out struct {
+		OK           bool   `json:"ok"`
+		Error        string `json:"error"`
+		Announcement struct {
+			ID      string `json:"id"`
+			Started string `json:"started"`
+		} `json:"announcement"`
+	}
+	if jerr := json.Unmarshal([]byte(lastLine(stdout.String())), &out); jerr != nil || err != nil || !out.OK {
+		t.Fatalf("node serving.mjs (%v, %v): %s\nstderr:\n%s", err, jerr, &stdout, &stderr)
+	}
+	var ping struct {
+		ID string `json:"id"`
+	}
+	request(t, nc, "$SRV.PING.natstone", nil, &ping)
+	if out.Announcement.ID != ping.ID {
+		t.Fatalf("announced by %q, want the serving broker %q", out.Announcement.ID, ping.ID)
+	}
+}
+
 // requireNode fails the test (it is never skipped) when node or npm is missing.
 func requireNode(t *testing.T) {
 	t.Helper()
