@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -66,7 +67,6 @@ func (c *Client) untilGone(ctx context.Context) (context.Context, func()) {
 // serve the store, for every Client there: one subscription, made by the first long poll that needs
 // it.
 type servingWatch struct {
-	nc *nats.Conn
 	mu sync.Mutex    // guards ch
 	ch chan struct{} // closed at the next announcement
 }
@@ -100,17 +100,17 @@ func (c *Client) servingNext() <-chan struct{} {
 	}
 	// Nothing of nats.go is called with watchesMu held: a connection's lock may be held for as
 	// long as its reconnect's handshake takes, and would hold every Client of the process.
-	w := &servingWatch{nc: c.nc, ch: make(chan struct{})}
+	w := &servingWatch{ch: make(chan struct{})}
 	sub, err := c.nc.Subscribe(key.subject, w.announced)
 	if err != nil {
 		return nil
 	}
 	var closed []servingKey // the closed connections' watches (a program that makes many)
 	watchesMu.Lock()
-	all := maps.Clone(watches)
+	keys := slices.Collect(maps.Keys(watches))
 	watchesMu.Unlock()
-	for k, old := range all {
-		if old.nc.IsClosed() {
+	for _, k := range keys {
+		if k.nc.IsClosed() {
 			closed = append(closed, k)
 		}
 	}
