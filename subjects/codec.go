@@ -587,8 +587,11 @@ func ValidateError(e string) error {
 
 // ValidateNote checks the note of a schedule's pause or resume (empty means none).
 func ValidateNote(n string) error {
-	if len(n) > MaxNoteLen || !printable(n) {
+	switch {
+	case len(n) > MaxNoteLen:
 		return Errorf(CodeBadRequest, "note must be at most %d bytes of printable UTF-8, got %d bytes", MaxNoteLen, len(n))
+	case !printable(n):
+		return Errorf(CodeBadRequest, "note must be printable UTF-8: no control characters (new lines, tabs) or invalid bytes")
 	}
 	return nil
 }

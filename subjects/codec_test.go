@@ -706,6 +706,29 @@ func TestValidateRequestID(t *testing.T) {
 	}
 }
 
+// TestValidateNote: a note over MaxNoteLen is refused for its length, and a short one with a
+// control character or a bad byte for what it holds, not for its length.
+func TestValidateNote(t *testing.T) {
+	for _, n := range []string{"", "db migrates until Monday ✓", strings.Repeat("n", subjects.MaxNoteLen)} {
+		if err := subjects.ValidateNote(n); err != nil {
+			t.Errorf("ValidateNote(%q): %v", n, err)
+		}
+	}
+	for n, want := range map[string]string{
+		strings.Repeat("n", subjects.MaxNoteLen+1): "at most 1024 bytes",
+		"two\nlines": "control characters",
+		"tab\there":  "control characters",
+		"bad\xff":    "control characters",
+	} {
+		err := subjects.ValidateNote(n)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ValidateNote(%.20q) = %v, want bad_request saying %q", n, err, want)
+			continue
+		}
+		wantCode(t, err, subjects.CodeBadRequest)
+	}
+}
+
 func TestValidateMetadata(t *testing.T) {
 	pairs := func(n int) map[string]string {
 		md := make(map[string]string, n)

@@ -35,7 +35,8 @@ NAME@<fire time, RFC 3339 UTC> (so a fire sent again after a failover is a dupli
 priority fire time + --deadline-in, in Unix ms. CRON is five fields (minute hour day-of-month month
 day-of-week: "*/15 9-17 * * 1-5"), or @hourly, @daily, @weekly, @monthly, @yearly, or
 "@every 90s"; in UTC unless it starts with CRON_TZ=<IANA zone>. The same schedule set again writes
-nothing. The payload is PAYLOAD, else the content of --file (- for stdin), else empty. With
+nothing. The payload is PAYLOAD, else the content of --file, else empty; stdin when PAYLOAD or
+--file is "-". With
 --overlap skip, a fire enqueues nothing while the message of the last fire is still pending,
 invisible or running (ls counts such times in OVERLAP), so a job slower than its schedule, or
 workers down for a while, never piles up fires.
@@ -62,9 +63,9 @@ workers down for a while, never piles up fires.
 	switch {
 	case len(pos) == 4 && given["file"]:
 		return parseExit(c.usageError("give PAYLOAD or --file, not both"))
-	case len(pos) == 4:
+	case len(pos) == 4 && pos[3] != "-":
 		opts.Payload = []byte(pos[3])
-	case given["file"] && *file == "-":
+	case len(pos) == 4 || *file == "-":
 		if opts.Payload, err = io.ReadAll(os.Stdin); err != nil {
 			return c.fail(fmt.Errorf("reading the payload from stdin: %w", err), nil)
 		}

@@ -70,6 +70,11 @@ func TestCLISchedule(t *testing.T) {
 	if fromStdin.PayloadBytes != len("from stdin") {
 		t.Fatalf("schedule set --file -: %+v, want the payload read from stdin", fromStdin)
 	}
+	// A PAYLOAD of "-" reads stdin too, as enqueue's does.
+	dash := jsonOf[subjects.ScheduleInfo](t, runCLI(t, cliOpts{stdin: "also from stdin"}, "schedule", "set", "q", "daily", "@daily", "-", "--json", "--server", url))
+	if dash.PayloadBytes != len("also from stdin") {
+		t.Fatalf("schedule set with the PAYLOAD -: %+v, want the payload read from stdin", dash)
+	}
 
 	// With --overlap skip, fires while the first fire's message runs enqueue nothing: a dequeue
 	// that waits over two fire times gets nothing, and ls counts them.
