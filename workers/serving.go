@@ -3,8 +3,6 @@ package workers
 import (
 	"context"
 	"errors"
-	"maps"
-	"slices"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -67,8 +65,9 @@ func (c *Client) untilGone(ctx context.Context) (context.Context, func()) {
 // serve the store, for every Client there: one subscription, made by the first long poll that needs
 // it.
 type servingWatch struct {
-	mu sync.Mutex    // guards ch
-	ch chan struct{} // closed at the next announcement
+	sub *nats.Subscription // set before the watch is shared: invalid once its connection closed
+	mu  sync.Mutex         // guards ch
+	ch  chan struct{}      // closed at the next announcement
 }
 
 // servingKey is a connection and the subject of its Clients' announcements.
@@ -78,7 +77,7 @@ type servingKey struct {
 }
 
 // watches are the connections' servingWatches, each kept until a new one is added after its
-// connection closed.
+// subscription ended (its connection closed).
 var (
 	watchesMu sync.Mutex
 	watches   = map[servingKey]*servingWatch{}
@@ -98,32 +97,30 @@ func (c *Client) servingNext() <-chan struct{} {
 	if w := watched(key); w != nil {
 		return w.next()
 	}
-	// Nothing of nats.go is called with watchesMu held: a connection's lock may be held for as
-	// long as its reconnect's handshake takes, and would hold every Client of the process.
+	// Nothing of nats.go that takes a connection's lock is called with watchesMu held: that lock
+	// may be held for as long as a reconnect's handshake takes, and would hold every Client of the
+	// process. (A subscription's own lock, which IsValid takes, is held only for moments.)
 	w := &servingWatch{ch: make(chan struct{})}
 	sub, err := c.nc.Subscribe(key.subject, w.announced)
 	if err != nil {
 		return nil
 	}
-	var closed []servingKey // the closed connections' watches (a program that makes many)
+	w.sub = sub
 	watchesMu.Lock()
-	keys := slices.Collect(maps.Keys(watches))
-	watchesMu.Unlock()
-	for _, k := range keys {
-		if k.nc.IsClosed() {
-			closed = append(closed, k)
+	for k, o := range watches {
+		if !o.sub.IsValid() { // its connection closed (a program that makes many)
+			delete(watches, k)
 		}
 	}
-	watchesMu.Lock()
-	defer watchesMu.Unlock()
-	for _, k := range closed {
-		delete(watches, k)
+	first := watches[key] // another poll's, made meanwhile
+	if first == nil {
+		watches[key] = w
 	}
-	if first := watches[key]; first != nil { // another poll's, made meanwhile
+	watchesMu.Unlock()
+	if first != nil {
 		_ = sub.Unsubscribe()
 		return first.next()
 	}
-	watches[key] = w
 	return w.next()
 }
 
