@@ -116,17 +116,17 @@ type Worker struct {
 	unsettled atomic.Int32 // completes, releases and cancels that failed, or whose outcome stayed unknown
 
 	// The log's streaks, across the slots, so that an outage or a missing queue is said a few times
-	// per worker rather than per slot: the polls that failed in a row, the dequeues of unknown
-	// outcome sent again since a poll last worked (but those cut as parked at a broker that may be
-	// gone: cutSaid), and the polls in a row that found no queue, or the queue's dequeues blocked.
+	// per worker rather than per slot: the polls that failed in a row, and the polls in a row that
+	// found no queue, or the queue's dequeues blocked.
 	pollsFailed streak
-	unknowns    streak
 	missing     streak
 	blocked     streak
-	// cutSaid is when a slot's poll cut as parked at a broker that may be gone was last said at INFO
-	// (Unix ns): the slots' cuts of one restart come within moments of each other, and a poll of
-	// one that works again may come between, so they are said once per cutQuiet.
-	cutSaid atomic.Int64
+	// cutSaid and unknownSaid are when a slot's poll cut as parked at a broker that may be gone, and
+	// one whose outcome was unknown otherwise (its reply did not come in time), were last said at
+	// INFO or WARN (Unix ns): the slots' polls parked at a broker that died end within moments of
+	// each other, or each at its own time out, and the retry of each mends it, so a streak of them
+	// would end at every slot's; they are said once per quiet.
+	cutSaid, unknownSaid atomic.Int64
 
 	// pollRetryFunc returns how long a slot waits to poll again after a run of failures polls in a
 	// row that failed, the last with err: pollRetry, unless a test sets another.
@@ -431,7 +431,6 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			}
 		}
 		if err == nil {
-			w.unknowns.end()
 			if n, since := w.pollsFailed.end(); n > 0 {
 				w.log.Info("dequeue works again", "queue", w.cfg.Queue, "failures", n, "after", time.Since(since).Round(time.Millisecond))
 			}
@@ -463,6 +462,16 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			if w.blocked.fail() == 1 {
 				w.log.Info("queue's dequeues blocked; polling again every second until they are unblocked", "queue", w.cfg.Queue)
 			}
+		case errors.Is(err, ErrPollCut):
+			// Its retry was cut too (at a reconnect, then by a broker's announcement; or by
+			// announcements that keep coming): no failure of a broker's, said as a cut is. The
+			// backoff below ends at once when a broker announced that it serves.
+			failures++
+			level := slog.LevelDebug
+			if sayOnce(&w.cutSaid) {
+				level = slog.LevelInfo
+			}
+			w.log.Log(pollCtx, level, "dequeue cut again; sending it again", "queue", w.cfg.Queue, "error", err)
 		case err != nil:
 			failures++
 			n := w.pollsFailed.fail()
@@ -571,9 +580,9 @@ type requestTry struct {
 
 // poll long-polls for one message, with the request id of retry (a new one if none). A dequeue
 // whose outcome is unknown is sent again at once with the same id (said at DEBUG if the worker's
-// polls fail already, and say so; at INFO for the first of the worker's polls cut as parked at a
-// broker that may be gone in cutQuiet, DEBUG for the others; else as failureLevel says); if that
-// fails too, it is returned as uncertain.
+// polls fail already, and say so; else at INFO for the first of the worker's polls cut as parked
+// at a broker that may be gone in quiet, at WARN for the first of the others, DEBUG for the rest);
+// if that fails too, it is returned as uncertain.
 func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 	d := dequeued{retried: retry.id != "", sent: retry.sent}
 	id := retry.id
@@ -594,11 +603,11 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 		level := slog.LevelDebug
 		switch {
 		case errors.Is(err, ErrPollCut):
-			if w.sayCut() {
+			if sayOnce(&w.cutSaid) {
 				level = slog.LevelInfo // once per restart or takeover, which the retries mend
 			}
-		case !w.pollsFailed.on():
-			level = failureLevel(w.unknowns.fail())
+		case !w.pollsFailed.on() && sayOnce(&w.unknownSaid):
+			level = slog.LevelWarn
 		}
 		w.log.Log(ctx, level, "dequeue's outcome unknown; retrying it", "queue", w.cfg.Queue, "request_id", id, "error", err)
 		d.msgs, err = w.client.Dequeue(ctx, w.cfg.Queue, opts)
@@ -643,14 +652,16 @@ func (w *Worker) abandon(ctx context.Context, id string) {
 	}
 }
 
-// cutQuiet is how long after a poll cut said at INFO the worker's next cuts are said at DEBUG.
-const cutQuiet = 10 * time.Second
+// quiet is how long after a poll cut, or one of unknown outcome, said at INFO or WARN the worker's
+// next ones of the kind are said at DEBUG.
+const quiet = 10 * time.Second
 
-// sayCut reports whether a poll cut now is said at INFO: the first in cutQuiet.
-func (w *Worker) sayCut() bool {
+// sayOnce reports whether one now of the kind said last at *said (Unix ns) is said: the first in
+// quiet. It records it.
+func sayOnce(said *atomic.Int64) bool {
 	now := time.Now().UnixNano()
-	last := w.cutSaid.Load()
-	return now-last >= int64(cutQuiet) && w.cutSaid.CompareAndSwap(last, now)
+	last := said.Load()
+	return now-last >= int64(quiet) && said.CompareAndSwap(last, now)
 }
 
 // unknownOutcome reports whether a dequeue that failed with err may have leased messages: no reply

@@ -1957,6 +1957,83 @@ func TestWorkerPollParkedAtAGoneBrokerSentAgain(t *testing.T) {
 	}
 }
 
+// TestWorkerSaysUnknownOutcomesOnce: polls whose replies do not come in time, each mended by its
+// retry (a broker gone silent, the slots' time outs spread), are said at WARN once in ten seconds,
+// not once per slot's time out.
+func TestWorkerSaysUnknownOutcomesOnce(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	var mu sync.Mutex
+	tries := map[string]int{}
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		id := decode[subjects.DequeueRequest](t, m.Data).RequestID
+		mu.Lock()
+		tries[id]++
+		again := tries[id] > 1
+		mu.Unlock()
+		if again {
+			_ = m.Respond([]byte(`{"messages":[]}`)) // the retry, answered
+		} // a first try is never answered
+	}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &natstest.LogBuffer{}
+	startWorker(t, clientOnFake(t, srv, fake, 50*time.Millisecond), &workers.WorkerConfig{Queue: "q", Concurrency: 4, PollWait: 50 * time.Millisecond, Logger: debugTo(logs)},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	waitFor(t, "twelve polls retried", func() bool {
+		return len(logLevels(logs.String(), "dequeue's outcome unknown; retrying it")) >= 12
+	})
+	levels := logLevels(logs.String(), "dequeue's outcome unknown; retrying it")
+	if warns := countOf(levels, "WARN"); warns != 1 || levels[0] != "WARN" {
+		t.Fatalf("%d polls retried said at %v, want WARN for the first only", len(levels), levels)
+	}
+	if lines := logLevels(logs.String(), "dequeue failed"); len(lines) > 0 {
+		t.Fatalf("retries that worked said as failed polls: %v", lines)
+	}
+}
+
+// TestWorkerPollCutTwiceSaidAsACut: a poll whose retry is cut too (at a reconnect, then by a
+// broker's announcement) is sent again with its id and said as a cut, not as a failed poll.
+func TestWorkerPollCutTwiceSaidAsACut(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	sent := make(chan string, 8)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		sent <- decode[subjects.DequeueRequest](t, m.Data).RequestID // parked: never answered
+	}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &natstest.LogBuffer{}
+	startWorker(t, clientOnFake(t, srv, fake, 0), &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait, Logger: debugTo(logs)},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	announce := func() {
+		t.Helper()
+		if err := fake.Publish(space.Serving(), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := recv(t, sent)
+	announce() // cuts the poll: its retry goes out
+	if again := recv(t, sent); again != id {
+		t.Fatalf("the cut poll sent again as %q, want its id %q", again, id)
+	}
+	announce() // cuts the retry
+	if again := recv(t, sent); again != id {
+		t.Fatalf("the poll cut twice sent again as %q, want its id %q", again, id)
+	}
+	waitFor(t, "the second cut said", func() bool { return strings.Contains(logs.String(), `msg="dequeue cut again; sending it again"`) })
+	if lines := logLevels(logs.String(), "dequeue failed"); len(lines) > 0 {
+		t.Fatalf("the poll cut twice said as a failed poll, at %v:\n%s", lines, logs.String())
+	}
+	if levels := logLevels(logs.String(), "dequeue's outcome unknown; retrying it"); !slices.Equal(levels, []string{"INFO"}) {
+		t.Fatalf("the first cut said at %v, want INFO", levels)
+	}
+}
+
 // waitCompleted waits until message id of queue is completed.
 func waitCompleted(t *testing.T, c *workers.Client, queue, id string) {
 	t.Helper()
