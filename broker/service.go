@@ -162,9 +162,10 @@ func (b *Broker) announce(ctx context.Context) {
 			"subject", b.space.Serving(), "error", err)
 		return
 	}
-	// Sent before Start returns, so that it cuts no poll sent after the start (for nothing: each
-	// would be sent again, and become one with itself). Should the flush fail (Start's ctx ending),
-	// the announcement still goes with the connection's next flush.
+	// Flushed before Start returns, so that the server has it before any request sent after the
+	// start. A client may still hear it after it sent a poll (its subscription's callback not run
+	// yet): that poll is cut once, for nothing, sent again and one with itself. Should the flush
+	// fail (Start's ctx ending), the announcement still goes with the connection's next flush.
 	_ = flush(ctx, b.cfg.Conn)
 }
 

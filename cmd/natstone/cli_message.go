@@ -201,11 +201,11 @@ the protocol's reply, {"messages": [...]}.
 // a reconnect cuts it (workers.ErrPollCut): the broker it waited at may be gone with its NATS
 // server, and sent again it gets whatever the first leased. Until the wait's end, a try after a cut
 // that finds no broker (the NATS server back, its broker not serving yet) is made again every
-// noBrokerRetry, and one cut again is sent again, up to maxPollCuts cuts.
+// noBrokerRetry, and one cut again is sent again: it fails at the maxPollCuts-th cut.
 func dequeueAcrossCuts(ctx context.Context, client *workers.Client, queue string, opts *workers.DequeueOpts) ([]workers.Message, error) {
 	until := time.Now().Add(opts.Wait)
 	msgs, err := client.Dequeue(ctx, queue, opts)
-	for cuts := 1; errors.Is(err, workers.ErrPollCut) && cuts <= maxPollCuts; cuts++ {
+	for cuts := 1; errors.Is(err, workers.ErrPollCut) && cuts < maxPollCuts; cuts++ {
 		cut := err
 		for {
 			opts.Wait = max(time.Until(until), time.Millisecond)

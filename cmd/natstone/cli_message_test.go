@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/natstone/natstone/subjects"
+	"github.com/natstone/natstone/test/natstest"
 	"github.com/natstone/natstone/workers"
 )
 
@@ -636,5 +637,68 @@ func TestBulkSkips(t *testing.T) {
 		sum.Skipped[1].ID != "b" || sum.Skipped[1].Code != subjects.CodeRevisionMismatch ||
 		!strings.Contains(sum.Skipped[1].Error, "not pending any more: canceled") {
 		t.Fatalf("summary %s, want c canceled, a and b skipped with revision_mismatch", stdout.String())
+	}
+}
+
+// TestDequeueAcrossCutsGivesUpAtTheTenthCut: a wait cut by a reconnect is sent again with its
+// request id, and fails at its maxPollCuts-th cut (docs/cli.md: "after 10 such cuts").
+func TestDequeueAcrossCutsGivesUpAtTheTenthCut(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	sent := make(chan string, maxPollCuts+1)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		var r subjects.DequeueRequest
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Error(err)
+		}
+		sent <- r.RequestID // parked: never answered
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t, nats.ReconnectWait(time.Millisecond))
+	client, err := workers.NewClient(nc, &workers.Config{IgnoreAnnouncements: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := dequeueAcrossCuts(t.Context(), client, "q", &workers.DequeueOpts{Batch: 1, Wait: time.Minute, RequestID: "r1"})
+		done <- err
+	}()
+	for i := range maxPollCuts {
+		select {
+		case id := <-sent:
+			if id != "r1" {
+				t.Fatalf("try %d sent with request id %q, want r1", i+1, id)
+			}
+		case err := <-done:
+			t.Fatalf("the wait ended after %d tries, want %d: %v", i, maxPollCuts, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("try %d not sent", i+1)
+		}
+		// The server drops the connection, as one killed would (nats.go's ForceReconnect would fail
+		// the request instead).
+		cid, err := nc.GetClientID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.NATS().DisconnectClientByID(cid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, workers.ErrPollCut) {
+			t.Fatalf("the wait cut %d times ended with %v, want ErrPollCut", maxPollCuts, err)
+		}
+	case id := <-sent:
+		t.Fatalf("sent again (%q) after its %dth cut", id, maxPollCuts)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the wait cut %d times did not end", maxPollCuts)
 	}
 }
