@@ -210,8 +210,9 @@ func (ch *churner) generation() bool {
 	}
 
 	var del subjects.DeleteReply
+	sent := time.Now()
 	o, code, unsure, ok := ch.call(subjects.OpDelete, nil, &del)
-	faults := ch.stats.faults.Load()
+	faults, acked := ch.stats.faults.Load(), time.Now()
 	switch {
 	case !ok:
 		return false
@@ -223,19 +224,21 @@ func (ch *churner) generation() bool {
 		ch.violation("delete: %s", code)
 	}
 	if o == OK || code == string(subjects.CodeQueueNotFound) {
-		return ch.leftNothing(faults) && ch.pause(100)
+		return ch.leftNothing(faults, fmt.Sprintf("sent at %s, answered at %s (sent again: %t)", ts(sent), ts(acked), unsure)) && ch.pause(100)
 	}
 	return ch.pause(100)
 }
 
 // leftNothing checks that the queue's delete, acknowledged when the run's fault count was faults,
-// left nothing of the queue in storage: no payload, record or lock. The check stands only if no
+// left nothing of the queue in storage: no payload, record or lock. A violation says when (the
+// delete's times, and the read's). The check stands only if no
 // kill began since (or was under way then): after an unclean stop JetStream brings back records
 // that were removed (nats-server#8505), at every restart, and the broker's start removes them again
 // (Broker.dropDeleted), leaving purge markers for a second. It reports false if the run stopped
 // first.
-func (ch *churner) leftNothing(faults int64) bool {
+func (ch *churner) leftNothing(faults int64, when string) bool {
 	left := map[string]uint64{}
+	var read time.Time
 	for _, in := range [][2]string{
 		{"natstone-bodies", "natstone.body." + churnQueue},
 		{"KV_natstone-messages", "$KV.natstone-messages." + churnQueue + ".>"},
@@ -243,6 +246,7 @@ func (ch *churner) leftNothing(faults int64) bool {
 	} {
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+			read = time.Now()
 			st, err := ch.js.Stream(ctx, in[0])
 			var info *jetstream.StreamInfo
 			if err == nil {
@@ -267,7 +271,7 @@ func (ch *churner) leftNothing(faults int64) bool {
 		markers, unbacked := ch.dropMarkers(left)
 		ch.stats.add(func(s *runStats) { s.churnMarkers += markers; s.churnUnbacked += unbacked })
 		if len(left) > 0 {
-			ch.violation("the acknowledged delete left %v: %s", left, ch.describe(left))
+			ch.violation("the acknowledged delete (%s) left %v, read at %s: %s", when, left, ts(read), ch.describe(left))
 		}
 	}
 	return true
