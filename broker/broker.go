@@ -107,7 +107,7 @@ type Broker struct {
 	log      *slog.Logger
 	store    *kv.Store
 	svc      *service
-	events   *publisher
+	events   *publisher // set by Start under mu (FlushEvents may read it meanwhile)
 	observer Observer
 	waits    WaitObserver    // the observer, if it is one; else nil
 	payloads PayloadObserver // the observer, if it is one; else nil
@@ -133,11 +133,16 @@ type Broker struct {
 	mu       sync.Mutex
 	queues   map[string]*queue
 	closed   bool
+	stopping bool           // Stop was called
+	idle     chan struct{}  // closed once the work a Stop waited for has ended (nil: none waited for)
 	starting bool           // Start was called: a Broker starts once
 	started  bool           // Start succeeded
 	lost     error          // why the claim was lost, if it was
 	calls    int            // Start and Claim calls under way
 	called   sync.WaitGroup // the same: Stop waits for them
+	// The JetStream contexts that publish asynchronously: each subscribes for its acknowledgements
+	// on its connection (the caller's, which outlives the broker), until its CleanupPublisher.
+	publishers []jetstream.JetStream
 
 	snapshotBroken bool // a start found the snapshot unreadable: its loads read every record
 
@@ -237,6 +242,7 @@ func (b *Broker) Claim(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("natstone: jetstream: %w", err)
 		}
+		b.publishing(js)
 		replicas, err := b.replicas(ctx, js)
 		if err != nil {
 			return err
@@ -345,6 +351,10 @@ func (b *Broker) Start(ctx context.Context) error {
 		defer cancel()
 		err = errors.Join(err, b.events.close(rctx))
 		b.claim.release(rctx)
+		go func() { // nothing writes once the requests the start took have ended (failStart)
+			b.wg.Wait()
+			b.stopPublishing()
+		}()
 	}
 	return err
 }
@@ -441,6 +451,7 @@ func (b *Broker) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natstone: jetstream: %w", err)
 	}
+	b.publishing(js)
 	replicas, err := b.replicas(ctx, js)
 	if err != nil {
 		return err
@@ -463,6 +474,7 @@ func (b *Broker) open(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("natstone: jetstream: %w", err)
 		}
+		b.publishing(ejs)
 		ecfg := &kv.EventsConfig{
 			JS:            ejs,
 			Prefix:        b.cfg.StorePrefix,
@@ -476,7 +488,9 @@ func (b *Broker) open(ctx context.Context) error {
 		}
 	}
 	b.store = store
+	b.mu.Lock() // FlushEvents may be called meanwhile
 	b.events = newPublisher(b, events, eventLinger)
+	b.mu.Unlock()
 	b.watchAcks(ctx, store)
 	return nil
 }
@@ -578,17 +592,24 @@ func flush(ctx context.Context, nc *nats.Conn) error {
 
 // Stop stops answering requests, ends long polls, stops the timers and waits for work in progress
 // (or ctx) to end. Every reply already sent stays true: nothing is acknowledged before it is stored.
-// A Start still under way is ended (it fails with ErrStopped) and waited for first.
+// A Start still under way is ended (it fails with ErrStopped) and waited for first. Stop called
+// again, or at once from elsewhere, waits (up to its own ctx) for the first to end, and for the
+// work in progress that one's ctx left running, if any; it returns nil once they have.
 func (b *Broker) Stop(ctx context.Context) error {
 	b.mu.Lock()
-	closed, starting := b.closed, b.calls > 0
-	b.closed = true
+	closed, starting, again := b.closed, b.calls > 0, b.stopping
+	b.closed, b.stopping = true, true
 	b.mu.Unlock()
 	if closed {
 		if starting {
 			// A start failing on its own closed the broker: let it finish undoing what it did (its
 			// claim's release) before this returns.
-			return b.waitCalls(ctx)
+			if err := b.waitCalls(ctx); err != nil || !again {
+				return err
+			}
+		}
+		if again {
+			return b.waitStopped(ctx)
 		}
 		return nil
 	}
@@ -613,6 +634,9 @@ func (b *Broker) Stop(ctx context.Context) error {
 	b.sched.stop()
 	closeQueues(qs, subjects.Errorf(subjects.CodeUnavailable, "the broker is stopping"))
 	done := make(chan struct{})
+	b.mu.Lock()
+	b.idle = done
+	b.mu.Unlock()
 	go func() {
 		b.wg.Wait()
 		b.runner.stop() // no request runs any more: the runner's goroutines exit
@@ -629,6 +653,10 @@ func (b *Broker) Stop(ctx context.Context) error {
 		if cerr := b.events.close(ctx); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("natstone: stop: %w", cerr))
 		}
+		go func() {
+			<-done
+			b.stopPublishing()
+		}()
 		close(b.done)
 		return err
 	}
@@ -651,6 +679,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 		// read its records before them. The claim stays, and a standby waits out its ttl.
 		b.log.Warn("stopped with writes of unknown outcome; the claim is left to run out", "writes", doubts)
 		b.claim.abandon()
+		b.stopPublishing()
 		close(b.done)
 		return err
 	}
@@ -662,8 +691,51 @@ func (b *Broker) Stop(ctx context.Context) error {
 	} else {
 		b.claim.release(ctx) // nothing writes any more: a standby may take over
 	}
+	b.stopPublishing()
 	close(b.done)
 	return err
+}
+
+// publishing keeps js, a JetStream context that publishes asynchronously, for stopPublishing.
+func (b *Broker) publishing(js jetstream.JetStream) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.publishers = append(b.publishers, js)
+}
+
+// stopPublishing ends the broker's JetStream contexts' subscriptions for their acknowledgements,
+// and their goroutines, once nothing of the broker writes any more: its connections are the
+// caller's, and outlive it (a supervisor that makes a new Broker after ErrClaimLost, say).
+func (b *Broker) stopPublishing() {
+	b.mu.Lock()
+	js := b.publishers
+	b.publishers = nil
+	b.mu.Unlock()
+	for _, j := range js {
+		j.CleanupPublisher()
+	}
+}
+
+// waitStopped waits for an earlier Stop to end (b.done), and then for the work in progress that it
+// waited for, should its ctx have ended first; or for ctx.
+func (b *Broker) waitStopped(ctx context.Context) error {
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return fmt.Errorf("natstone: stop: %w before the Stop under way ended", ctx.Err())
+	}
+	b.mu.Lock()
+	idle := b.idle
+	b.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("natstone: stop: %w before the work in progress that an earlier Stop left ended", ctx.Err())
+	}
 }
 
 // waitCalls waits for the Start and Claim calls under way to return, or for ctx.

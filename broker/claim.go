@@ -27,7 +27,8 @@ var ErrClaimLost = errors.New("natstone: the broker lost its claim on the store"
 // runs once.
 var ErrStarted = errors.New("natstone: the broker was started before: a Broker starts once, make another with New")
 
-// ErrStopped is the error of a Start or Claim that a Stop ended, or that came after it.
+// ErrStopped is the error of a Start or Claim that a Stop ended, and of a Claim that came after
+// one (a Start after a Stop fails with ErrStarted).
 var ErrStopped = errors.New("natstone: the broker was stopped")
 
 // A claimer takes and keeps the store's claim: one broker serves a store at a time, and others

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -1306,5 +1307,150 @@ func TestRenewalReadingTheClaimFromAServerBehind(t *testing.T) {
 	stopsOnItsOwn(t, a)
 	if !errors.Is(a.Err(), ErrClaimLost) || !strings.Contains(a.Err().Error(), "server behind") {
 		t.Fatalf("the broker stopped with %v, want ErrClaimLost, read behind", a.Err())
+	}
+}
+
+// TestStopAgainWaitsForTheFirst: a Stop called while another is under way returns once that one
+// has ended (its ctx ending first, it says so), not at once; and one called after a Stop whose ctx
+// ended before the work in progress waits for that work.
+func TestStopAgainWaitsForTheFirst(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	b, _ := serving(t, srv)
+	if !b.track() { // work in progress: a request, say, that the first Stop waits for
+		t.Fatal("a serving broker tracks no work")
+	}
+	first := make(chan error, 1)
+	go func() { first <- b.Stop(context.Background()) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.mu.Lock(); !b.closed; b.mu.Lock() {
+		b.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("the first Stop did not begin")
+		}
+		runtime.Gosched()
+	}
+	b.mu.Unlock()
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := b.Stop(short); err == nil || !strings.Contains(err.Error(), "before the Stop under way ended") {
+		t.Fatalf("a second Stop while the first waits for work: %v, want its ctx's end said", err)
+	}
+	select {
+	case <-b.Done():
+		t.Fatal("stopped while work was in progress")
+	default:
+	}
+	b.wg.Done()
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatalf("a Stop while the first ends: %v", err)
+	}
+	select {
+	case <-b.Done(): // the second returned after the first ended
+	default:
+		t.Fatal("a second Stop returned before the first ended")
+	}
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Fatalf("the first Stop: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first Stop did not return")
+	}
+
+	// A first Stop whose ctx ends before the work in progress does: a second waits for that work.
+	b, _ = serving(t, srv)
+	if !b.track() {
+		t.Fatal("a serving broker tracks no work")
+	}
+	ended, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if err := b.Stop(ended); err == nil {
+		t.Fatal("a Stop whose ctx had ended waited for the work in progress")
+	}
+	short, cancel3 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel3()
+	if err := b.Stop(short); err == nil || !strings.Contains(err.Error(), "work in progress that an earlier Stop left") {
+		t.Fatalf("a second Stop while that work runs: %v, want its ctx's end said", err)
+	}
+	b.wg.Done()
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatalf("a Stop once that work ends: %v", err)
+	}
+}
+
+// TestFlushEventsDuringStart: FlushEvents may be called while Start runs (a metrics loop, say):
+// the race detector finds nothing, and it returns.
+func TestFlushEventsDuringStart(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	b := claimBroker(t, srv, clock.NewFake(time.Unix(0, 0)))
+	stop := make(chan struct{})
+	flushed := make(chan error, 1)
+	go func() {
+		for {
+			if err := b.FlushEvents(context.Background()); err != nil {
+				flushed <- err
+				return
+			}
+			select {
+			case <-stop:
+				flushed <- nil
+				return
+			default:
+			}
+		}
+	}()
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	select {
+	case err := <-flushed:
+		if err != nil {
+			t.Fatalf("FlushEvents during Start: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("FlushEvents did not return")
+	}
+}
+
+// TestBrokersLeaveNoSubscriptions: brokers made, started and stopped one after another on the
+// same connections (a supervisor that makes a new one after ErrClaimLost) leave no subscription
+// behind on them: their JetStream contexts' acknowledgement subscriptions end with them.
+func TestBrokersLeaveNoSubscriptions(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc, store, client := srv.Connect(t), srv.Connect(t), srv.Connect(t)
+	cycle := func() {
+		t.Helper()
+		b, err := New(&Config{Conn: nc, StoreConn: store, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Writes of records, payloads and events: every context publishes.
+		if reply, err := client.Request(b.space.Subject(subjects.OpEnqueue, "q"), []byte(`{"id":"m"}`), 10*time.Second); err != nil || bytes.Contains(reply.Data, []byte(`"error"`)) {
+			t.Fatalf("enqueue: %v %s", err, reply.Data)
+		}
+		if err := b.FlushEvents(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle() // nats.go's own subscriptions, made once per connection, are there now
+	want, wantStore := nc.NumSubscriptions(), store.NumSubscriptions()
+	for range 2 {
+		cycle()
+	}
+	if got, gotStore := nc.NumSubscriptions(), store.NumSubscriptions(); got != want || gotStore != wantStore {
+		t.Fatalf("after two more brokers, %d and %d subscriptions on the connections, want %d and %d as after the first", got, gotStore, want, wantStore)
 	}
 }

@@ -129,7 +129,10 @@ func (nopObserver) Write(time.Duration, error)                        {}
 func (nopObserver) Transition(string, subjects.EventKind, string)     {}
 
 // FlushEvents waits until the events of every transition so far are in the events stream (or were
-// dropped). It returns at once when events are disabled.
+// dropped). It returns at once when events are disabled, or before Start has opened the storage.
 func (b *Broker) FlushEvents(ctx context.Context) error {
-	return b.events.sync(ctx)
+	b.mu.Lock()
+	events := b.events
+	b.mu.Unlock()
+	return events.sync(ctx)
 }
