@@ -133,7 +133,7 @@ type Broker struct {
 	mu       sync.Mutex
 	queues   map[string]*queue
 	closed   bool
-	stopping bool           // Stop was called
+	stopping bool           // a Stop has begun to stop the broker (not one of a broker a failed Start closed)
 	idle     chan struct{}  // closed once the work a Stop waited for has ended (nil: none waited for)
 	starting bool           // Start was called: a Broker starts once
 	started  bool           // Start succeeded
@@ -594,11 +594,15 @@ func flush(ctx context.Context, nc *nats.Conn) error {
 // (or ctx) to end. Every reply already sent stays true: nothing is acknowledged before it is stored.
 // A Start still under way is ended (it fails with ErrStopped) and waited for first. Stop called
 // again, or at once from elsewhere, waits (up to its own ctx) for the first to end, and for the
-// work in progress that one's ctx left running, if any; it returns nil once they have.
+// work in progress that one's ctx left running, if any; it returns nil once they have. (So it is
+// not to be called from that work: an Observer's methods, say.)
 func (b *Broker) Stop(ctx context.Context) error {
 	b.mu.Lock()
 	closed, starting, again := b.closed, b.calls > 0, b.stopping
-	b.closed, b.stopping = true, true
+	b.closed = true
+	if !closed {
+		b.stopping = true
+	}
 	b.mu.Unlock()
 	if closed {
 		if starting {
@@ -619,6 +623,11 @@ func (b *Broker) Stop(ctx context.Context) error {
 		// claim, after Stop returned.
 		b.cancel()
 		if err := b.waitCalls(ctx); err != nil {
+			go func() { // the calls, failing, end: nothing writes once what they took has ended
+				b.called.Wait()
+				b.wg.Wait()
+				b.stopPublishing()
+			}()
 			close(b.done)
 			return err
 		}
@@ -800,11 +809,11 @@ func (b *Broker) lose(cause error) {
 	b.log.Error("stopping: the claim on the store is lost", "err", err)
 	b.mu.Lock()
 	b.lost = err
-	started := b.started
+	started, stopping := b.started, b.stopping
 	b.mu.Unlock()
 	b.cancel()
-	if !started {
-		return // Start sees b.lost
+	if !started || stopping {
+		return // Start sees b.lost; or a Stop under way does the rest
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*b.cfg.WriteTimeout)
 	defer cancel()

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"weak"
@@ -1311,8 +1312,9 @@ func TestRenewalReadingTheClaimFromAServerBehind(t *testing.T) {
 }
 
 // TestStopAgainWaitsForTheFirst: a Stop called while another is under way returns once that one
-// has ended (its ctx ending first, it says so), not at once; and one called after a Stop whose ctx
-// ended before the work in progress waits for that work.
+// has ended (its ctx ending first, it says so), not at once; one called after a Stop whose ctx
+// ended before the work in progress waits for that work; and the Stops of a broker whose Start
+// failed wait for nothing.
 func TestStopAgainWaitsForTheFirst(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
@@ -1320,6 +1322,8 @@ func TestStopAgainWaitsForTheFirst(t *testing.T) {
 	if !b.track() { // work in progress: a request, say, that the first Stop waits for
 		t.Fatal("a serving broker tracks no work")
 	}
+	done := sync.OnceFunc(b.wg.Done)
+	t.Cleanup(done) // should the test fail first, before the broker's Stop
 	first := make(chan error, 1)
 	go func() { first <- b.Stop(context.Background()) }()
 	deadline := time.Now().Add(10 * time.Second)
@@ -1341,7 +1345,7 @@ func TestStopAgainWaitsForTheFirst(t *testing.T) {
 		t.Fatal("stopped while work was in progress")
 	default:
 	}
-	b.wg.Done()
+	done()
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatalf("a Stop while the first ends: %v", err)
 	}
@@ -1364,6 +1368,8 @@ func TestStopAgainWaitsForTheFirst(t *testing.T) {
 	if !b.track() {
 		t.Fatal("a serving broker tracks no work")
 	}
+	done = sync.OnceFunc(b.wg.Done)
+	t.Cleanup(done)
 	ended, cancel2 := context.WithCancel(context.Background())
 	cancel2()
 	if err := b.Stop(ended); err == nil {
@@ -1374,9 +1380,25 @@ func TestStopAgainWaitsForTheFirst(t *testing.T) {
 	if err := b.Stop(short); err == nil || !strings.Contains(err.Error(), "work in progress that an earlier Stop left") {
 		t.Fatalf("a second Stop while that work runs: %v, want its ctx's end said", err)
 	}
-	b.wg.Done()
+	done()
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatalf("a Stop once that work ends: %v", err)
+	}
+
+	// A broker whose Start failed on its own has nothing to stop: every Stop returns nil at once.
+	// (On a store of its own: the claim of the broker above, its first Stop cut short, stays.)
+	b = claimBroker(t, natstest.Start(t, nil), clock.NewFake(time.Unix(0, 0)))
+	b.loaded = func() error { return errors.New("the test's failed load") }
+	if err := b.Start(context.Background()); err == nil {
+		t.Fatal("a Start whose load failed succeeded")
+	}
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := b.Stop(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("Stop %d of a broker whose Start failed: %v", i+1, err)
+		}
 	}
 }
 
