@@ -46,9 +46,10 @@ type Config struct {
 //
 // Errors: an error reply of the broker is an [*APIError] matching one of the Err… sentinels. A
 // transport failure is returned wrapped, so errors.Is works on the nats.go errors:
-//   - nats.ErrTimeout: no reply within Config.Timeout (plus a dequeue's wait). The request may still
-//     have been carried out; every natstone write is idempotent, so retrying it is safe (a dequeue is
-//     only when retried with the same RequestID).
+//   - nats.ErrTimeout: no reply within Config.Timeout (plus a dequeue's wait), or the wait for it
+//     dropped by a forced reconnect of the connection (the error matches nats.ErrDisconnected too).
+//     The request may still have been carried out; every natstone write is idempotent, so retrying
+//     it is safe (a dequeue is only when retried with the same RequestID).
 //   - nats.ErrNoResponders: nothing listens on the subject — no broker is running for this prefix
 //     (or the connection may not publish to it).
 //   - the caller's context error when ctx ends first.
@@ -183,8 +184,13 @@ func (c *Client) send(ctx context.Context, op subjects.Op, queue string, msg *na
 			return apiError(subjects.Errorf(subjects.CodePayloadTooLarge, "%s: the request of %d bytes is larger than the NATS server takes (max_payload, %d bytes)",
 				opOn(op, queue), len(msg.Data), c.nc.MaxPayload()))
 		}
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		switch {
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
 			err = nats.ErrTimeout // our own timeout, not the caller's context
+		case errors.Is(err, nats.ErrDisconnected):
+			// nats.go dropped the wait for the reply at a forced reconnect (Conn.ForceReconnect,
+			// which a rotation of credentials calls): the request was sent, its outcome unknown.
+			err = fmt.Errorf("%w (%w)", nats.ErrTimeout, err)
 		}
 		return fmt.Errorf("natstone: %s: %w", opOn(op, queue), err)
 	}

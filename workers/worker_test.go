@@ -2034,6 +2034,40 @@ func TestWorkerPollCutTwiceSaidAsACut(t *testing.T) {
 	}
 }
 
+// TestWorkerPollSentAgainAfterAForcedReconnect: a poll whose wait nats.go drops at a forced
+// reconnect of the worker's connection (ForceReconnect, as a rotation of credentials calls) is of
+// unknown outcome: sent again at once with its request id, so that what it may have leased is not
+// left running for nobody.
+func TestWorkerPollSentAgainAfterAForcedReconnect(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	sent := make(chan string, 8)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		sent <- decode[subjects.DequeueRequest](t, m.Data).RequestID // parked: never answered
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := srv.Connect(t)
+	c, err := workers.NewClient(nc, &workers.Config{IgnoreAnnouncements: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, c, &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait, Logger: slogTo(&natstest.LogBuffer{})},
+		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
+	id := recv(t, sent)
+	if err := nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	if again := recv(t, sent); again != id {
+		t.Fatalf("the poll dropped at the reconnect sent again as %q, want its id %q", again, id)
+	}
+}
+
 // waitCompleted waits until message id of queue is completed.
 func waitCompleted(t *testing.T, c *workers.Client, queue, id string) {
 	t.Helper()
