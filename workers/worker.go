@@ -467,11 +467,7 @@ func (w *Worker) slot(pollCtx, jobCtx context.Context) {
 			// announcements that keep coming): no failure of a broker's, said as a cut is. The
 			// backoff below ends at once when a broker announced that it serves.
 			failures++
-			level := slog.LevelDebug
-			if sayOnce(&w.cutSaid) {
-				level = slog.LevelInfo
-			}
-			w.log.Log(pollCtx, level, "dequeue cut again; sending it again", "queue", w.cfg.Queue, "error", err)
+			w.log.Log(pollCtx, w.cutLevel(), "dequeue cut again; sending it again", "queue", w.cfg.Queue, "error", err)
 		case err != nil:
 			failures++
 			n := w.pollsFailed.fail()
@@ -603,9 +599,7 @@ func (w *Worker) poll(ctx context.Context, retry requestTry) (dequeued, error) {
 		level := slog.LevelDebug
 		switch {
 		case errors.Is(err, ErrPollCut):
-			if sayOnce(&w.cutSaid) {
-				level = slog.LevelInfo // once per restart or takeover, which the retries mend
-			}
+			level = w.cutLevel()
 		case !w.pollsFailed.on() && sayOnce(&w.unknownSaid):
 			level = slog.LevelWarn
 		}
@@ -662,6 +656,15 @@ func sayOnce(said *atomic.Int64) bool {
 	now := time.Now().UnixNano()
 	last := said.Load()
 	return now-last >= int64(quiet) && said.CompareAndSwap(last, now)
+}
+
+// cutLevel is the level a poll cut now is said at: INFO for the first in quiet (once per restart
+// or takeover, which the retries mend), DEBUG for the others.
+func (w *Worker) cutLevel() slog.Level {
+	if sayOnce(&w.cutSaid) {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
 }
 
 // unknownOutcome reports whether a dequeue that failed with err may have leased messages: no reply

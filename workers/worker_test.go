@@ -1053,6 +1053,24 @@ func workerOnFake(t *testing.T, srv *natstest.Server, fake *nats.Conn, timeout t
 }
 
 // clientOnFake returns a client whose requests time out after timeout (0: the default), once fake,
+// parkedDequeues subscribes a fake broker on srv to the dequeues of q that answers none, as one
+// that died while its NATS server stayed up: the channel gets each one's request id.
+func parkedDequeues(t *testing.T, srv *natstest.Server) (*nats.Conn, subjects.Space, <-chan string) {
+	t.Helper()
+	space, _ := subjects.NewSpace("")
+	fake := srv.Connect(t)
+	ids := make(chan string, 64)
+	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
+		ids <- decode[subjects.DequeueRequest](t, m.Data).RequestID
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return fake, space, ids
+}
+
 // the fake broker's connection, has its subscriptions in place.
 func clientOnFake(t *testing.T, srv *natstest.Server, fake *nats.Conn, timeout time.Duration) *workers.Client {
 	t.Helper()
@@ -1921,17 +1939,7 @@ func TestWorkerKeepsAnUncertainDequeueIDWithoutABroker(t *testing.T) {
 func TestWorkerPollParkedAtAGoneBrokerSentAgain(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	gone := srv.Connect(t)
-	space, _ := subjects.NewSpace("")
-	parked := make(chan struct{}, 4)
-	if _, err := gone.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(*nats.Msg) {
-		select {
-		case parked <- struct{}{}:
-		default:
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
+	gone, _, parked := parkedDequeues(t, srv)
 	c := clientOnFake(t, srv, gone, 0)
 	got := make(chan string, 4)
 	logs := &natstest.LogBuffer{}
@@ -1999,14 +2007,7 @@ func TestWorkerSaysUnknownOutcomesOnce(t *testing.T) {
 func TestWorkerPollCutTwiceSaidAsACut(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	space, _ := subjects.NewSpace("")
-	fake := srv.Connect(t)
-	sent := make(chan string, 8)
-	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
-		sent <- decode[subjects.DequeueRequest](t, m.Data).RequestID // parked: never answered
-	}); err != nil {
-		t.Fatal(err)
-	}
+	fake, space, sent := parkedDequeues(t, srv)
 	logs := &natstest.LogBuffer{}
 	startWorker(t, clientOnFake(t, srv, fake, 0), &workers.WorkerConfig{Queue: "q", PollWait: subjects.MaxWait, Logger: debugTo(logs)},
 		workers.HandlerFunc(func(context.Context, *workers.Job) error { return nil }))
@@ -2041,17 +2042,7 @@ func TestWorkerPollCutTwiceSaidAsACut(t *testing.T) {
 func TestWorkerPollSentAgainAfterAForcedReconnect(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
-	space, _ := subjects.NewSpace("")
-	fake := srv.Connect(t)
-	sent := make(chan string, 8)
-	if _, err := fake.Subscribe(space.Subject(subjects.OpDequeue, "q"), func(m *nats.Msg) {
-		sent <- decode[subjects.DequeueRequest](t, m.Data).RequestID // parked: never answered
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := fake.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	_, _, sent := parkedDequeues(t, srv)
 	nc := srv.Connect(t)
 	c, err := workers.NewClient(nc, &workers.Config{IgnoreAnnouncements: true})
 	if err != nil {

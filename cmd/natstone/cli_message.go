@@ -178,7 +178,7 @@ the protocol's reply, {"messages": [...]}.
 				abandonPoll(ctx, stderr, conn.client, pos[0], *requestID, *wait)
 				return errTold{err} // what the abandon said is the whole story
 			}
-			if *wait > 0 && (errors.Is(err, nats.ErrTimeout) || errors.Is(err, workers.ErrPollCut)) {
+			if *wait > 0 && errors.Is(err, nats.ErrTimeout) { // a cut too (workers.ErrPollCut)
 				fmt.Fprintf(stderr, "natstone dequeue: what the wait leased is unknown: natstone dequeue %s --request-id %s --wait %v returns it while its lease holds (within 5 minutes)\n", pos[0], *requestID, *wait)
 			}
 			return err

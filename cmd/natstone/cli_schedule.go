@@ -36,10 +36,9 @@ priority fire time + --deadline-in, in Unix ms. CRON is five fields (minute hour
 day-of-week: "*/15 9-17 * * 1-5"), or @hourly, @daily, @weekly, @monthly, @yearly, or
 "@every 90s"; in UTC unless it starts with CRON_TZ=<IANA zone>. The same schedule set again writes
 nothing. The payload is PAYLOAD, else the content of --file, else empty; stdin when PAYLOAD or
---file is "-". With
---overlap skip, a fire enqueues nothing while the message of the last fire is still pending,
-invisible or running (ls counts such times in OVERLAP), so a job slower than its schedule, or
-workers down for a while, never piles up fires.
+--file is "-". With --overlap skip, a fire enqueues nothing while the message of the last fire is
+still pending, invisible or running (ls counts such times in OVERLAP), so a job slower than its
+schedule, or workers down for a while, never piles up fires.
 `, stdout, stderr)
 	file := c.fs.String("file", "", "read the payload from `file` (- for stdin)")
 	var meta pairsFlag
