@@ -28,7 +28,8 @@ import (
 //
 // A load that a replica behind its leader served (kv.ErrStale) may have missed records or read
 // older ones, so everything is read again, up to staleLoads times, a moment later each time; one
-// that found the snapshot broken part way reads every record at once instead.
+// that found the snapshot broken part way, or whose write conflicted with what it read from the
+// snapshot, reads every record at once instead.
 func (b *Broker) recover(ctx context.Context) (int, string, error) {
 	wait := 100 * time.Millisecond
 	for try := 1; ; try++ {
@@ -52,6 +53,18 @@ func (b *Broker) recover(ctx context.Context) (int, string, error) {
 		}
 		if err == nil && snapshot {
 			return n, "snapshot", nil
+		}
+		if errors.Is(err, kv.ErrStale) && snapshot && !b.snapshotBroken {
+			// Checked against the streams' state, the snapshot matched it, yet a write that relies
+			// on it conflicted: storage holds something the broker that took it never knew of (a
+			// write of a broker paused past its claim that landed after that broker's start read
+			// storage, design.md). Read again, the same snapshot would conflict the same way, at
+			// every start: every record is read instead.
+			b.log.Warn("a write conflicted with what the snapshot holds; reading every record", "error", err)
+			b.snapshotBroken = true
+			b.queues = make(map[string]*queue)
+			try--
+			continue
 		}
 		if !errors.Is(err, kv.ErrStale) || try == staleLoads {
 			return n, "records", err

@@ -125,6 +125,13 @@ func (b *Broker) settledFence(ctx context.Context, records uint64) (kv.Fence, er
 // snapshotCount returns how many entries the queue's snapshot holds, or why it cannot be written.
 // Called with q.mu held.
 func (q *queue) snapshotCount() (int, string) {
+	if q.deleting {
+		// A delete that stopped part way may have removed payloads whose records are still here
+		// and in storage. A start from the snapshot trusts its records to have their payloads (it
+		// lists them only when storage has few enough deleted ones), and would serve those
+		// messages; one from the records removes them (dropCollected).
+		return 0, "its delete stopped part way"
+	}
 	if n := q.doubts(); n > 0 {
 		return 0, fmt.Sprintf("%d writes of unknown outcome", n)
 	}
@@ -165,12 +172,12 @@ var errSnapshotBroken = errors.New("natstone: the snapshot could not be read")
 // It reports which.
 func (b *Broker) loadRecords(ctx context.Context, fn func(name string, r kv.Record, rev uint64, bad error) error) (snapshot bool, err error) {
 	if !b.cfg.DisableSnapshot && !b.snapshotBroken {
-		use, err := b.snapshotCurrent(ctx)
+		info, use, err := b.snapshotCurrent(ctx)
 		if err != nil {
 			return false, err
 		}
 		if use {
-			_, err := b.store.ReadSnapshot(ctx, func(name string, r kv.Record, rev uint64) error { return fn(name, r, rev, nil) })
+			_, err := b.store.ReadSnapshot(ctx, info, func(name string, r kv.Record, rev uint64) error { return fn(name, r, rev, nil) })
 			if errors.Is(err, kv.ErrSnapshotBroken) {
 				return true, fmt.Errorf("%w: %w", errSnapshotBroken, err)
 			}
@@ -180,34 +187,35 @@ func (b *Broker) loadRecords(ctx context.Context, fn func(name string, r kv.Reco
 	return false, b.store.LoadMessages(ctx, "", fn)
 }
 
-// snapshotCurrent reports whether there is a snapshot taken at the streams' present state. Besides
-// the fence, the messages bucket's stream must hold as many messages as the snapshot has records:
-// after an unclean stop of its server, JetStream can bring back revisions of records that later
-// writes had superseded, or records that were collected (nats-server#8505), without a write of its
-// own, and a start must see and remove those (dropCollected, dropDeleted). A collection's marker
-// that has not expired yet also makes the counts differ: the start then reads every record too.
-func (b *Broker) snapshotCurrent(ctx context.Context) (bool, error) {
+// snapshotCurrent returns the snapshot's info, and reports whether it was taken at the streams'
+// present state. Besides the fence, the messages bucket's stream must hold as many messages as the
+// snapshot has records: after an unclean stop of its server, JetStream can bring back revisions of
+// records that later writes had superseded, or records that were collected (nats-server#8505),
+// without a write of its own, and a start must see and remove those (dropCollected, dropDeleted).
+// A collection's marker that has not expired yet also makes the counts differ: the start then
+// reads every record too.
+func (b *Broker) snapshotCurrent(ctx context.Context) (kv.SnapshotInfo, bool, error) {
 	info, err := b.store.SnapshotInfo(ctx)
 	switch {
 	case errors.Is(err, kv.ErrNoSnapshot):
-		return false, nil
+		return info, false, nil
 	case err != nil:
 		b.log.Warn("the snapshot is not read: reading every record", "error", err)
-		return false, nil
+		return info, false, nil
 	}
 	fence, stored, err := b.store.Fence(ctx)
 	if err != nil {
-		return false, err
+		return info, false, err
 	}
 	switch {
 	case fence != info.Fence:
 		b.log.Info("the snapshot is not read: storage was written since it was taken; reading every record",
 			"snapshot_written_at", info.WrittenAt, "snapshot_fence", info.Fence.String(), "fence", fence.String())
-		return false, nil
+		return info, false, nil
 	case stored != info.Records:
 		b.log.Info("the snapshot is not read: the messages bucket holds other messages than its records; reading every record",
 			"snapshot_written_at", info.WrittenAt, "snapshot_records", info.Records, "stored", stored)
-		return false, nil
+		return info, false, nil
 	}
-	return true, nil
+	return info, true, nil
 }

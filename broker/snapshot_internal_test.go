@@ -17,8 +17,8 @@ import (
 )
 
 // TestNoSnapshotWhileMemoryMayDifferFromStorage: a stop writes no snapshot while a write's outcome
-// is unknown or a message is busy, since the broker's memory may then not be what storage holds;
-// once neither is so, it writes one with every stored message.
+// is unknown, a message is busy or a queue's delete stopped part way, since the broker's memory may
+// then not be what storage holds; once none is so, it writes one with every stored message.
 func TestNoSnapshotWhileMemoryMayDifferFromStorage(t *testing.T) {
 	b, _ := internalBroker(t)
 	ctx := context.Background()
@@ -37,6 +37,9 @@ func TestNoSnapshotWhileMemoryMayDifferFromStorage(t *testing.T) {
 			}
 		},
 		"a busy message": func(on bool) { e.setBusy(on) },
+		// The delete may have removed payloads of records that a start from the snapshot, which
+		// lists payloads only when few were deleted, would keep.
+		"a delete stopped part way": func(on bool) { q.deleting = on },
 	} {
 		q.mu.Lock()
 		doubt(true)

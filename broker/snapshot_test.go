@@ -278,6 +278,59 @@ func TestSnapshotNotReadOnceStorageChanged(t *testing.T) {
 	}
 }
 
+// TestSnapshotConflictingWithStorageIsReadPast: a broker paused past its claim that goes on writes
+// an exclusive message's lock, then its lease (design.md, "Exclusive queues"). Landing after the
+// broker that took the store over read storage, they are not in that broker's memory, and its
+// clean stop's snapshot holds the message pending, under a fence that includes them. The next
+// start's reconciliation finds the lock naming a lease the record does not have, writes the record
+// at the snapshot's revision to fence that lease off, and conflicts: the start then reads every
+// record. Before, it read the same snapshot again, ten times, failed, and left it there for every
+// later start to fail on alike.
+func TestSnapshotConflictingWithStorageIsReadPast(t *testing.T) {
+	t.Parallel()
+	e, log := setupLogged(t)
+	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 60_000})
+	e.enqueue("x", subjects.EnqueueRequest{ID: "m", Metadata: map[string]string{"p": "a"}})
+	strayLease(e, "x", "m", "a", "stray-lease")
+	e.restartBroker()
+	if got := log.from(); got != "records" || !log.said("snapshot written") ||
+		!log.said("a write conflicted with what the snapshot holds; reading every record") {
+		t.Fatalf("the start read the %q (log: %v); want the snapshot tried, then every record", got, log.lines)
+	}
+	if m := e.get("x", "m"); m.State != subjects.StateRunning || m.LeaseID != "stray-lease" {
+		t.Fatalf("m after the start: %s under lease %q, want running under the stray lease, as stored", m.State, m.LeaseID)
+	}
+}
+
+// strayLease writes behind the broker's back what a broker paused past its claim writes when it
+// goes on: the lock of value in queue, naming id under lease, then id's record, running under that
+// lease.
+func strayLease(e *env, queue, id, value, lease string) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := kv.Open(ctx, &kv.Config{JS: e.jetStream()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r, rev, err := s.GetMessage(ctx, queue, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	now := e.clk.Now().UnixMilli()
+	r.State, r.LeaseID, r.LeaseExpires, r.Version, r.Attempts, r.UpdatedAt = subjects.StateRunning, lease, now+60_000, r.Version+1, r.Attempts+1, now
+	_, lrev, err := s.GetSlot(ctx, queue, value, 0)
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		e.t.Fatal(err)
+	}
+	if _, err := s.WriteSlot(queue, value, 0, kv.Lock{MessageID: id, LeaseID: lease, Version: r.Version}, lrev).Wait(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := s.WriteMessage(queue, &r, rev).Wait(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // TestSnapshotNotReadWhenTheServerBroughtRecordsBack: after an unclean stop of the server,
 // JetStream can bring back revisions of records that later writes had superseded, with no write
 // that moves the fence (nats-server#8505). The messages bucket then holds more than the snapshot's

@@ -142,6 +142,7 @@ type SnapshotInfo struct {
 	Broker    string    // the id of the broker that wrote it
 	WrittenAt time.Time // when it was written
 	Size      uint64    // its bytes
+	object    string    // its object's NUID: ReadSnapshot reads that object only
 }
 
 // ErrNoSnapshot is returned by SnapshotInfo when there is no snapshot to read.
@@ -169,7 +170,7 @@ func (s *Store) SnapshotInfo(ctx context.Context) (SnapshotInfo, error) {
 		return SnapshotInfo{}, fmt.Errorf("kv: the snapshot's count of records: %w", err)
 	}
 	at, _ := time.Parse(time.RFC3339Nano, info.Metadata[snapshotTimeKey])
-	return SnapshotInfo{Fence: fence, Records: records, Broker: info.Metadata[snapshotBrokerKey], WrittenAt: at, Size: info.Size}, nil
+	return SnapshotInfo{Fence: fence, Records: records, Broker: info.Metadata[snapshotBrokerKey], WrittenAt: at, Size: info.Size, object: info.NUID}, nil
 }
 
 // WriteSnapshot writes a snapshot of records records taken at fence by broker, replacing the one
@@ -205,7 +206,7 @@ func (s *Store) WriteSnapshot(ctx context.Context, fence Fence, records uint64, 
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("kv: write the snapshot: %w", err)
 	}
-	written := SnapshotInfo{Fence: fence, Records: records, Broker: broker, WrittenAt: now, Size: up.info.Size}
+	written := SnapshotInfo{Fence: fence, Records: records, Broker: broker, WrittenAt: now, Size: up.info.Size, object: up.info.NUID}
 	chunks := s.chunkSubject(">")
 	if err := s.snapshotStream.Purge(ctx, jetstream.WithPurgeSubject(chunks), jetstream.WithPurgeSequence(before+1)); err != nil {
 		return written, fmt.Errorf("%w: %w", ErrSnapshotLeftovers, err)
@@ -316,21 +317,26 @@ func (s *Store) DeleteSnapshot(ctx context.Context) error {
 	return nil
 }
 
-// ReadSnapshot calls fn for every record of the snapshot, with its queue's name and its revision,
-// and returns how many there were. A record that does not decode, a snapshot cut short and one whose
-// bytes do not match their digest all fail it with ErrSnapshotBroken; fn may have been called
-// before that.
+// ReadSnapshot calls fn for every record of the snapshot that SnapshotInfo described as of, with
+// its queue's name and its revision, and returns how many there were. A record that does not
+// decode, a snapshot cut short and one whose bytes do not match their digest all fail it with
+// ErrSnapshotBroken; fn may have been called before that. So does another snapshot than info's:
+// the object store answers its reads of an object's info from any replica (direct gets), and one
+// behind may hold the snapshot that of's replaced, whose fence was never checked.
 //
 // The chunks are read through a consumer of the store's own, not jetstream.ObjectStore.Get: Get's
 // reader waits for a chunk until its ctx ends (for a start, its whole --start-timeout), and one the
 // server counts but cannot deliver (its block damaged on disk) never comes. A chunk that does not
 // come within snapshotStall, or fewer chunks stored than the object has, make the snapshot broken
 // at once, and leave the ctx to the read of every record that follows.
-func (s *Store) ReadSnapshot(ctx context.Context, fn func(queue string, r Record, rev uint64) error) (int, error) {
+func (s *Store) ReadSnapshot(ctx context.Context, of SnapshotInfo, fn func(queue string, r Record, rev uint64) error) (int, error) {
 	broken := func(err error) error { return fmt.Errorf("%w: %w", ErrSnapshotBroken, err) }
 	info, err := s.snapshots.GetInfo(ctx, SnapshotObject)
 	if err != nil {
 		return 0, broken(err)
+	}
+	if info.NUID != of.object {
+		return 0, broken(fmt.Errorf("the snapshot read (object %s) is not the one whose fence was checked (object %s)", info.NUID, of.object))
 	}
 	want, err := jetstream.DecodeObjectDigest(info.Digest)
 	if err != nil {

@@ -78,8 +78,12 @@ func sameRecords(a, b []snapRecord) bool {
 
 func readSnapshot(ctx context.Context, t *testing.T, s *kv.Store) ([]snapRecord, error) {
 	t.Helper()
+	info, err := s.SnapshotInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var got []snapRecord
-	n, err := s.ReadSnapshot(ctx, func(queue string, r kv.Record, rev uint64) error {
+	n, err := s.ReadSnapshot(ctx, info, func(queue string, r kv.Record, rev uint64) error {
 		got = append(got, snapRecord{queue, r, rev})
 		return nil
 	})
@@ -156,6 +160,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 	if read, err := readSnapshot(ctx, t, s); err != nil || !reflect.DeepEqual(read, recs[2:]) {
 		t.Fatalf("second snapshot read back %+v, %v", read, err)
+	}
+	// A read for the first one, whose info a replica behind could still give, does not read the
+	// second one in its place: its fence was never checked.
+	if _, err := s.ReadSnapshot(ctx, got, func(string, kv.Record, uint64) error { return nil }); !errors.Is(err, kv.ErrSnapshotBroken) {
+		t.Fatalf("the second snapshot read for the first one's info: %v, want ErrSnapshotBroken", err)
 	}
 
 	if err := s.DeleteSnapshot(ctx); err != nil {
