@@ -702,3 +702,20 @@ func TestDequeueAcrossCutsGivesUpAtTheTenthCut(t *testing.T) {
 		t.Fatalf("the wait cut %d times did not end", maxPollCuts)
 	}
 }
+
+// TestCLIConnectionFlagsBeforeTheCommand: the connection flags may come before the command (and
+// between a group's name and its command), as the nats CLI's global flags do, in both of their
+// forms; an argument after "--" stays an argument, and a flag given again after the command wins.
+func TestCLIConnectionFlagsBeforeTheCommand(t *testing.T) {
+	t.Parallel()
+	url := startNatstone(t)
+	runCLI(t, cliOpts{}, "--server", url, "--timeout", "5s", "queue", "create", "q").ok(t)
+	runCLI(t, cliOpts{}, "--server="+url, "enqueue", "q", "--id", "m", "--", "-starts-with-a-dash").ok(t)
+	if m := getMessage(t, url, "q", "m"); payloadText(t, m) != "-starts-with-a-dash" {
+		t.Fatalf("payload %q, want the argument after --", payloadText(t, m))
+	}
+	// Between a group's name and its command too.
+	runCLI(t, cliOpts{}, "queue", "--server", url, "info", "q").ok(t)
+	// Before the command, after it: the one after it wins, as two of a flag do.
+	runCLI(t, cliOpts{}, "--server", "nats://127.0.0.1:1", "get", "q", "m", "--server", url).ok(t)
+}

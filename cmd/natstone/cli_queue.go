@@ -41,6 +41,14 @@ func runGroup(ctx context.Context, group string, cmds []command, args []string, 
 		groupUsage(stdout, group, cmds)
 		return exitOK
 	}
+	if strings.HasPrefix(args[0], "-") { // "natstone queue --server URL ls"
+		name, rest, problem := connFlagsFirst(args)
+		if problem != "" {
+			reportUsage(stderr, "natstone "+group, problem)
+			return exitUsage
+		}
+		args = append([]string{name}, rest...)
+	}
 	for _, c := range cmds {
 		if c.name == args[0] {
 			return c.run(ctx, args[1:], stdout, stderr)

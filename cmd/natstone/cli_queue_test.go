@@ -155,6 +155,12 @@ func TestCLIQueueUsage(t *testing.T) {
 		{[]string{"enqueue", "q", "-x"}, exitUsage, `flag provided but not defined: --x (an argument that begins with "-" goes after "--")`},
 		{[]string{"queue", "ls", "--prefix", "a..b"}, exitUsage, "--prefix"},
 		{[]string{"queue", "ls", "--creds", "x", "--user", "u"}, exitUsage, "not both"},
+		{[]string{"--json", "queue", "ls"}, exitUsage, "flag --json before the command: only the connection flags (--server, --context, --creds, --user, --password, --timeout, --prefix) go before it"},
+		{[]string{"--server"}, exitUsage, "flag needs an argument: --server"},
+		{[]string{"--server", "nats://127.0.0.1:1"}, exitUsage, "missing command after the connection flags"},
+		{[]string{"--timeout", "0s", "queue", "ls"}, exitUsage, "--timeout must be positive"},
+		{[]string{"--", "queue", "ls"}, exitUsage, `"--" before the command`},
+		{[]string{"queue", "--json", "ls"}, exitUsage, "natstone queue: flag --json before the command"},
 	} {
 		r := runCLI(t, cliOpts{}, tc.args...)
 		out := r.stderr

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/natstone/natstone/broker"
@@ -81,6 +82,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "version", "--version":
 		return runVersion(rest, stdout, stderr)
 	}
+	if strings.HasPrefix(name, "-") {
+		var problem string
+		if name, rest, problem = connFlagsFirst(args); problem != "" {
+			fmt.Fprintf(stderr, "natstone: %s\nRun 'natstone help' for the commands.\n", problem)
+			return exitUsage
+		}
+	}
 	for _, c := range commands {
 		if c.name == name {
 			return c.run(ctx, rest, stdout, stderr)
@@ -88,6 +96,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "natstone: unknown command %q\nRun 'natstone help' for the commands.\n", name)
 	return exitUsage
+}
+
+// connFlagsFirst takes the connection flags that come before a command, as the nats CLI's global
+// flags may ("natstone --server URL queue ls"), and returns the command's name and its arguments,
+// those flags first: the command parses them in their order, so that a flag given again after the
+// command wins. Any other flag there is a problem: it is the command's own, and goes after it.
+func connFlagsFirst(args []string) (name string, rest []string, problem string) {
+	var lead []string
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		flagName, _, valued := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		switch {
+		case args[0] == "--":
+			return "", nil, `"--" before the command`
+		case !slices.Contains(connFlagNames, flagName):
+			return "", nil, fmt.Sprintf("flag %s before the command: only the connection flags (--%s) go before it", args[0], strings.Join(connFlagNames, ", --"))
+		case valued:
+			lead, args = append(lead, args[0]), args[1:]
+		case len(args) < 2:
+			return "", nil, "flag needs an argument: --" + flagName
+		default:
+			lead, args = append(lead, args[:2]...), args[2:]
+		}
+	}
+	if len(args) == 0 {
+		return "", nil, "missing command after the connection flags"
+	}
+	return args[0], slices.Concat(lead, args[1:]), ""
 }
 
 // runHelp prints the overview, or a command's flags for "natstone help <command> [<subcommand>]".
