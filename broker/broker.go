@@ -152,6 +152,8 @@ type Broker struct {
 	// Set by tests only: called by Start once the recovery has ended, before it subscribes the
 	// endpoints.
 	recovered func()
+	// Set by tests only: called once stopPublishing's cleanup has run.
+	publishersCleaned func()
 }
 
 // New validates cfg and returns a broker that is not started yet.
@@ -715,15 +717,36 @@ func (b *Broker) publishing(js jetstream.JetStream) {
 // stopPublishing ends the broker's JetStream contexts' subscriptions for their acknowledgements,
 // and their goroutines, once nothing of the broker writes any more: its connections are the
 // caller's, and outlive it (a supervisor that makes a new Broker after ErrClaimLost, say).
+//
+// It does so publisherCleanupDelay later. In nats.go 1.55, the first asynchronous publish of a
+// context starts a goroutine that watches the connection's status on a channel it reads only once
+// it runs, and CleanupPublisher clears that channel: a goroutine that had not run by then waits on
+// a nil channel forever. A context's first publish can come moments before the stop (the
+// snapshot's upload is the first of a broker that wrote nothing else), and on a loaded machine the
+// goroutine had not run yet: goleak caught one in CI.
 func (b *Broker) stopPublishing() {
 	b.mu.Lock()
 	js := b.publishers
 	b.publishers = nil
+	cleaned := b.publishersCleaned
 	b.mu.Unlock()
-	for _, j := range js {
-		j.CleanupPublisher()
+	if len(js) == 0 {
+		return
 	}
+	time.AfterFunc(publisherCleanupDelay, func() {
+		for _, j := range js {
+			j.CleanupPublisher()
+		}
+		if cleaned != nil {
+			cleaned()
+		}
+	})
 }
+
+// publisherCleanupDelay is how long after a broker's stop its JetStream contexts are cleaned up:
+// far longer than a runnable goroutine waits to run, even under the race detector on two busy
+// cores.
+const publisherCleanupDelay = 250 * time.Millisecond
 
 // waitStopped waits for an earlier Stop to end (b.done), and then for the work in progress that it
 // waited for, should its ctx have ended first; or for ctx.

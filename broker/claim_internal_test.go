@@ -1311,6 +1311,53 @@ func TestRenewalReadingTheClaimFromAServerBehind(t *testing.T) {
 	}
 }
 
+// TestPublishersCleanedUpAfterTheirFirstPublish: a JetStream context whose first asynchronous
+// publish came just before the broker stopped publishing (the snapshot's upload is the first of a
+// broker that wrote nothing else) is cleaned up without leaving nats.go's goroutine that watches
+// the connection's status waiting on a nil channel. Cleaned up at once, 18 to 20 of the 20 did in
+// four runs.
+func TestPublishersCleanedUpAfterTheirFirstPublish(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc := srv.Connect(t)
+	const brokers = 20
+	cleaned := make(chan struct{}, brokers)
+	for range brokers {
+		b, err := New(&Config{Conn: nc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.publishersCleaned = func() { cleaned <- struct{}{} }
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.publishing(js)
+		if _, err := js.PublishAsync("nowhere", nil); err != nil {
+			t.Fatal(err)
+		}
+		b.stopPublishing()
+	}
+	for range brokers {
+		select {
+		case <-cleaned:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the JetStream contexts were not cleaned up")
+		}
+	}
+	buf := make([]byte, 8<<20)
+	stacks := strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n")
+	stuck := 0
+	for _, g := range stacks {
+		if strings.Contains(g, "(nil chan)") && strings.Contains(g, "resetPendingAcksOnReconnect") {
+			stuck++
+		}
+	}
+	if stuck > 0 {
+		t.Fatalf("%d of nats.go's goroutines watching a connection's status wait on a nil channel", stuck)
+	}
+}
+
 // TestStopAgainWaitsForTheFirst: a Stop called while another is under way returns once that one
 // has ended (its ctx ending first, it says so), not at once; one called after a Stop whose ctx
 // ended before the work in progress waits for that work; and the Stops of a broker whose Start
@@ -1451,6 +1498,8 @@ func TestBrokersLeaveNoSubscriptions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		cleaned := make(chan struct{})
+		b.publishersCleaned = func() { close(cleaned) }
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := b.Start(ctx); err != nil {
@@ -1465,6 +1514,11 @@ func TestBrokersLeaveNoSubscriptions(t *testing.T) {
 		}
 		if err := b.Stop(ctx); err != nil {
 			t.Fatal(err)
+		}
+		select {
+		case <-cleaned:
+		case <-ctx.Done():
+			t.Fatal("the broker's JetStream contexts were not cleaned up after its stop")
 		}
 	}
 	cycle() // nats.go's own subscriptions, made once per connection, are there now
