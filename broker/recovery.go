@@ -641,7 +641,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 			held[e] = true
 			continue
 		}
-		if e != nil && e.extra().LeaseID != l.LeaseID && (e.State() == subjects.StatePending || e.State() == subjects.StateInvisible) &&
+		if e != nil && e.Value() == k.value && e.extra().LeaseID != l.LeaseID && (e.State() == subjects.StatePending || e.State() == subjects.StateInvisible) &&
 			(l.Version == 0 || e.Version() < l.Version) {
 			// The slot was taken for a lease its message's record never got: that lease's write
 			// failed, or it is still on its way from a broker that served the store before this
@@ -651,7 +651,8 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 			// now running or ended has been written since, which such a late write conflicts with,
 			// and so has one whose version reached the lease's, which the lock names: it got that
 			// lease, or was written past it, as after a release or a retry. A lock of an earlier
-			// version names none, and is fenced.)
+			// version names none, and is fenced. A lock of another value was taken for an earlier
+			// message of the id, collected or deleted since: a message's value never changes.)
 			if err := q.fenceRecord(ctx, e); err != nil {
 				return err
 			}
