@@ -37,8 +37,20 @@ func (b *Broker) recover(ctx context.Context) (int, string, error) {
 		if ctx.Err() != nil {
 			return 0, "", ctx.Err() // a Stop, or the claim lost: not a broken snapshot
 		}
-		if errors.Is(err, errSnapshotBroken) {
-			b.log.Warn("the snapshot could not be read; reading every record", "error", err)
+		var unusable string // why the snapshot read cannot serve: every record is read at once
+		switch {
+		case errors.Is(err, errSnapshotBroken):
+			unusable = "the snapshot could not be read; reading every record"
+		case errors.Is(err, kv.ErrStale) && snapshot:
+			// Checked against the streams' state, the snapshot matched it, yet a write that relies
+			// on it conflicted: storage holds something the broker that took it never knew of (a
+			// write of a broker paused past its claim that landed after that broker's start read
+			// storage, design.md). Read again, the same snapshot would conflict the same way, at
+			// every start.
+			unusable = "a write conflicted with what the snapshot holds; reading every record"
+		}
+		if unusable != "" {
+			b.log.Warn(unusable, "error", err)
 			b.snapshotBroken = true
 			b.queues = make(map[string]*queue)
 			try--
@@ -53,18 +65,6 @@ func (b *Broker) recover(ctx context.Context) (int, string, error) {
 		}
 		if err == nil && snapshot {
 			return n, "snapshot", nil
-		}
-		if errors.Is(err, kv.ErrStale) && snapshot && !b.snapshotBroken {
-			// Checked against the streams' state, the snapshot matched it, yet a write that relies
-			// on it conflicted: storage holds something the broker that took it never knew of (a
-			// write of a broker paused past its claim that landed after that broker's start read
-			// storage, design.md). Read again, the same snapshot would conflict the same way, at
-			// every start: every record is read instead.
-			b.log.Warn("a write conflicted with what the snapshot holds; reading every record", "error", err)
-			b.snapshotBroken = true
-			b.queues = make(map[string]*queue)
-			try--
-			continue
 		}
 		if !errors.Is(err, kv.ErrStale) || try == staleLoads {
 			return n, "records", err
