@@ -776,6 +776,25 @@ func (m *model) knownD1(q *mq, x *mm, got subjects.Message) bool {
 	return diffMsg(q.view(&y), got, x.payload, true) == ""
 }
 
+// sendMessageOp sends a request whose reply is a message, x as the model has it now (or the error
+// want), and checks the queue after it.
+func (m *model) sendMessageOp(q *mq, what string, op subjects.Op, req any, want subjects.Code, x *mm) {
+	got, err := call[subjects.Message](m.e, op, q.name, req)
+	m.logf("%s -> %s %s", what, js(got), js(err))
+	m.checkCode(what, want, err)
+	if err == nil {
+		m.checkMsg(what, q, x, got, false)
+	}
+	m.after(q)
+}
+
+// setIf sets *dst to *v when an update gives v.
+func setIf[T any](dst, v *T) {
+	if v != nil {
+		*dst = *v
+	}
+}
+
 // leftLeased notes that x, which was leased, was collected or deleted: a lock slot of its value
 // may still name its id.
 func (q *mq) leftLeased(x *mm) {
@@ -1288,13 +1307,7 @@ func (m *model) settle(q *mq, op subjects.Op, body any, id string, next *subject
 	what := fmt.Sprintf("%s %s %s", op, q.name, js(body))
 	x, want := apply(now)
 	if next == nil {
-		got, err := call[subjects.Message](m.e, op, q.name, body)
-		m.logf("%s -> %s %s", what, js(got), js(err))
-		m.checkCode(what, want, err)
-		if err == nil {
-			m.checkMsg(what, q, x, got, false)
-		}
-		m.after(q)
+		m.sendMessageOp(q, what, op, body, want, x)
 		return
 	}
 	m.lastSettle = &lastSettle{q: q, op: op, body: body, id: id, next: next, apply: apply}
@@ -1451,13 +1464,7 @@ func (m *model) opExtend(q *mq) {
 			q.stamp(x, now, subjects.StateRunning, subjects.EventExtended, "")
 		}
 	}
-	got, err := call[subjects.Message](m.e, subjects.OpExtend, q.name, req)
-	m.logf("%s -> %s %s", what, js(got), js(err))
-	m.checkCode(what, want, err)
-	if err == nil {
-		m.checkMsg(what, q, x, got, false)
-	}
-	m.after(q)
+	m.sendMessageOp(q, what, subjects.OpExtend, req, want, x)
 }
 
 func (m *model) opRelease(q *mq) {
@@ -1588,13 +1595,7 @@ func (m *model) opRetry(q *mq) {
 		x.endedAt = 0
 		q.stamp(x, now, prev, subjects.EventRetried, "")
 	}
-	got, err := call[subjects.Message](m.e, subjects.OpRetry, q.name, req)
-	m.logf("%s -> %s %s", what, js(got), js(err))
-	m.checkCode(what, want, err)
-	if err == nil {
-		m.checkMsg(what, q, x, got, false)
-	}
-	m.after(q)
+	m.sendMessageOp(q, what, subjects.OpRetry, req, want, x)
 }
 
 func (m *model) opReschedule(q *mq) {
@@ -1648,13 +1649,7 @@ func (m *model) opReschedule(q *mq) {
 			q.stamp(x, now, prev, subjects.EventRescheduled, "")
 		}
 	}
-	got, err := call[subjects.Message](m.e, subjects.OpReschedule, q.name, req)
-	m.logf("%s -> %s %s", what, js(got), js(err))
-	m.checkCode(what, want, err)
-	if err == nil {
-		m.checkMsg(what, q, x, got, false)
-	}
-	m.after(q)
+	m.sendMessageOp(q, what, subjects.OpReschedule, req, want, x)
 }
 
 func (m *model) opGet(q *mq) {
@@ -1707,30 +1702,14 @@ func (m *model) opUpdate(q *mq) {
 		}
 	}
 	cfg := q.cfg
-	if req.EnqueueBlocked != nil {
-		cfg.EnqueueBlocked = *req.EnqueueBlocked
-	}
-	if req.DequeueBlocked != nil {
-		cfg.DequeueBlocked = *req.DequeueBlocked
-	}
-	if req.MaxRunning != nil {
-		cfg.MaxRunning = *req.MaxRunning
-	}
-	if req.MaxRunningPerValue != nil {
-		cfg.MaxRunningPerValue = *req.MaxRunningPerValue
-	}
-	if req.LeaseMS != nil {
-		cfg.LeaseMS = *req.LeaseMS
-	}
-	if req.MaxAttempts != nil {
-		cfg.MaxAttempts = *req.MaxAttempts
-	}
-	if req.MaxMetadataPairs != nil {
-		cfg.MaxMetadataPairs = *req.MaxMetadataPairs
-	}
-	if req.MaxPayloadBytes != nil {
-		cfg.MaxPayloadBytes = *req.MaxPayloadBytes
-	}
+	setIf(&cfg.EnqueueBlocked, req.EnqueueBlocked)
+	setIf(&cfg.DequeueBlocked, req.DequeueBlocked)
+	setIf(&cfg.MaxRunning, req.MaxRunning)
+	setIf(&cfg.MaxRunningPerValue, req.MaxRunningPerValue)
+	setIf(&cfg.LeaseMS, req.LeaseMS)
+	setIf(&cfg.MaxAttempts, req.MaxAttempts)
+	setIf(&cfg.MaxMetadataPairs, req.MaxMetadataPairs)
+	setIf(&cfg.MaxPayloadBytes, req.MaxPayloadBytes)
 	q.cfg = cfg
 	got, err := call[subjects.QueueInfo](m.e, subjects.OpUpdate, q.name, req)
 	m.logf("update %s %s -> %s %s", q.name, js(req), js(got.Config), js(err))
