@@ -373,15 +373,7 @@ func (q *mq) edf() []*mm {
 			ps = append(ps, x)
 		}
 	}
-	slices.SortFunc(ps, func(a, b *mm) int {
-		if a.prio != b.prio {
-			if a.prio < b.prio {
-				return -1
-			}
-			return 1
-		}
-		return int(a.seq - b.seq)
-	})
+	slices.SortFunc(ps, byEDF)
 	return ps
 }
 
@@ -774,6 +766,23 @@ func (m *model) knownD1(q *mq, x *mm, got subjects.Message) bool {
 	y := *x
 	y.version = got.Version
 	return diffMsg(q.view(&y), got, x.payload, true) == ""
+}
+
+// byEDF orders messages as a queue's pending ones are: by priority, ties in enqueue order.
+func byEDF(a, b *mm) int { return cmp.Or(cmp.Compare(a.prio, b.prio), cmp.Compare(a.seq, b.seq)) }
+
+// expire ends x's lease at at, as the broker's timer does: pending again, or errored with no
+// attempt left.
+func (q *mq) expire(x *mm, at int64) {
+	kind, reason := subjects.EventExpired, ""
+	if x.attempts >= x.maxAttempts {
+		x.state = subjects.StateErrored
+		kind, reason = subjects.EventErrored, subjects.ReasonLeaseExpired
+	} else {
+		visible(x, at, 0)
+	}
+	x.released = false
+	q.stamp(x, at, subjects.StateRunning, kind, reason)
 }
 
 // sendMessageOp sends a request whose reply is a message, x as the model has it now (or the error
@@ -1765,16 +1774,7 @@ func (m *model) opAdvance() {
 				x.state = subjects.StatePending
 				q.stamp(x, x.visibleAt, subjects.StateInvisible, subjects.EventPending, "")
 			case x.state == subjects.StateRunning && x.leaseExp <= target:
-				at := x.leaseExp
-				kind, reason := subjects.EventExpired, ""
-				if x.attempts >= x.maxAttempts {
-					x.state = subjects.StateErrored
-					kind, reason = subjects.EventErrored, subjects.ReasonLeaseExpired
-				} else {
-					visible(x, at, 0)
-				}
-				x.released = false
-				q.stamp(x, at, subjects.StateRunning, kind, reason)
+				q.expire(x, x.leaseExp)
 			}
 		}
 	}
@@ -1907,15 +1907,7 @@ func (m *model) opRestart() {
 					x.state = subjects.StatePending
 					q.stamp(x, now, subjects.StateInvisible, subjects.EventPending, "")
 				case x.state == subjects.StateRunning && x.leaseExp <= now:
-					kind, reason := subjects.EventExpired, ""
-					if x.attempts >= x.maxAttempts {
-						x.state = subjects.StateErrored
-						kind, reason = subjects.EventErrored, subjects.ReasonLeaseExpired
-					} else {
-						visible(x, now, 0)
-					}
-					x.released = false
-					q.stamp(x, now, subjects.StateRunning, kind, reason)
+					q.expire(x, now)
 				default:
 					continue
 				}
@@ -1955,15 +1947,7 @@ func (q *mq) rebuildRequests(now int64) {
 		if t, ok := leased[rid]; ok {
 			at = t
 			xs := slices.DeleteFunc(running[rid], func(x *mm) bool { return x.updatedAt != t })
-			slices.SortFunc(xs, func(a, b *mm) int {
-				if a.prio != b.prio {
-					if a.prio < b.prio {
-						return -1
-					}
-					return 1
-				}
-				return int(a.seq - b.seq)
-			})
+			slices.SortFunc(xs, byEDF)
 			for _, x := range xs {
 				r.leases = append(r.leases, lref{x.id, x.leaseID})
 			}
