@@ -758,10 +758,11 @@ func TestTimersWaitForTheClaim(t *testing.T) {
 // for a lease whose record write had not landed when a standby took the store over (it paused
 // between the two writes). The standby's start rewrites that record at the revision it loaded, so
 // the late lease write conflicts instead of making a second running message of the value. So it
-// does for a lock of an earlier version, which names no record version.
+// does for a lock of an earlier version, which names no payload, or no payload and no record
+// version.
 func TestLateLeaseWriteFencedAtTakeOver(t *testing.T) {
-	for _, versioned := range []bool{true, false} {
-		t.Run(fmt.Sprintf("versioned=%v", versioned), func(t *testing.T) {
+	for _, format := range []string{"current", "no payload", "no version"} {
+		t.Run(format, func(t *testing.T) {
 			srv := natstest.Start(t, nil)
 			ctx := context.Background()
 			a, qa := pausedServer(t, srv, "x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p"})
@@ -778,7 +779,10 @@ func TestLateLeaseWriteFencedAtTakeOver(t *testing.T) {
 				t.Fatal(err)
 			}
 			lock := kv.Lock{MessageID: "m1", LeaseID: "lz"}
-			if versioned {
+			switch format {
+			case "current":
+				lock.Version, lock.BodySeq = r.Version+1, r.BodySeq
+			case "no payload":
 				lock.Version = r.Version + 1
 			}
 			if _, err := a.store.WriteSlot("x", "v", 0, lock, 0).Wait(ctx); err != nil {

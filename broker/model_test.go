@@ -26,7 +26,6 @@ package broker_test
 //
 // Replay a seed with NATSTONE_MODEL_SEED=<n> (or "random" for a new one, logged); change how many
 // seeds and operations with NATSTONE_MODEL_SEEDS (default 3) and NATSTONE_MODEL_OPS (default 400).
-// NATSTONE_MODEL_STRICT=1 fails on the known discrepancy too (D1: see knownD1);
 // NATSTONE_MODEL_DEBUG=1 logs the lock slots when a restart moved a version.
 //
 //	NATSTONE_MODEL_SEED=17 NATSTONE_MODEL_OPS=3000 go test -race -run '^TestModel$' -count=1 -v ./broker/
@@ -142,17 +141,14 @@ type msettled struct {
 }
 
 type mq struct {
-	name string
-	cfg  subjects.QueueConfig
-	msgs map[string]*mm
-	reqs map[string]*mreq
-	seq  int64
-	rids []string // recent request ids, for retries
-	// leasedBefore holds the ids of collected or deleted messages that had been leased, with their
-	// exclusivity value: a lock slot of that value may still name such an id (known D1).
-	leasedBefore map[string]map[string]bool
-	history      map[string][]mev // the events of collected messages whose id was not enqueued again
-	widened      int              // enqueues of stored ids let through lowered limits
+	name    string
+	cfg     subjects.QueueConfig
+	msgs    map[string]*mm
+	reqs    map[string]*mreq
+	seq     int64
+	rids    []string         // recent request ids, for retries
+	history map[string][]mev // the events of collected messages whose id was not enqueued again
+	widened int              // enqueues of stored ids let through lowered limits
 }
 
 type model struct {
@@ -174,15 +170,12 @@ type model struct {
 	// ties holds, for the advance just made, each queue's states between its timers that fired at
 	// its end: invisibility ends first (leases still running) or lease ends first (messages still
 	// invisible). A poll parked there may be served between them.
-	ties map[*mq][]map[*mm]subjects.State
-	// movedAtStart holds the messages a start after a downtime moved (their event's index).
-	movedAtStart map[*mm]int
-	locksBefore  string
-	creates      []subjects.CreateQueueRequest // each queue's create, by index in qs
-	lastSettle   *lastSettle
-	waiters      []*mwaiter // long polls parked at the broker, in arrival order
-	stats        map[string]int
-	strict       bool // NATSTONE_MODEL_STRICT=1: fail on the known discrepancies too
+	ties        map[*mq][]map[*mm]subjects.State
+	locksBefore string
+	creates     []subjects.CreateQueueRequest // each queue's create, by index in qs
+	lastSettle  *lastSettle
+	waiters     []*mwaiter // long polls parked at the broker, in arrival order
+	stats       map[string]int
 }
 
 func (m *model) now() int64 { return m.e.clk.Now().UnixMilli() }
@@ -514,7 +507,7 @@ func (q *mq) fence(x *mm, lease string, op subjects.Op, now int64) (idempotent b
 
 func runModel(t *testing.T, seed int64, ops int) {
 	e := setup(t)
-	m := &model{t: t, e: e, rng: rand.New(rand.NewSource(seed)), seed: seed, stats: map[string]int{}, strict: os.Getenv("NATSTONE_MODEL_STRICT") == "1"}
+	m := &model{t: t, e: e, rng: rand.New(rand.NewSource(seed)), seed: seed, stats: map[string]int{}}
 	m.restartAt = m.now()
 	m.filts = []map[string]string{{"kind": "x"}, {"kind": "y"}, {"proj": "a"}, {"proj": "b"}, {"proj": "a", "kind": "x"}, {"nokey": "z"}}
 	m.createQueues()
@@ -570,7 +563,7 @@ func (m *model) createQueues() {
 			m.failf("create %s: config %+v, want %+v", name, info.Config, cfg)
 		}
 		m.creates = append(m.creates, req)
-		m.qs = append(m.qs, &mq{name: name, cfg: cfg, msgs: map[string]*mm{}, reqs: map[string]*mreq{}, leasedBefore: map[string]map[string]bool{}, history: map[string][]mev{}})
+		m.qs = append(m.qs, &mq{name: name, cfg: cfg, msgs: map[string]*mm{}, reqs: map[string]*mreq{}, history: map[string][]mev{}})
 		m.logf("create %s %s", name, js(req))
 	}
 }
@@ -653,16 +646,6 @@ func (m *model) fullCheck(why string) {
 			if os.Getenv("NATSTONE_MODEL_DEBUG") != "" && why == "after restart" && got.Version != x.version {
 				m.dumpLocks(q.name, "before the restart: "+m.locksBefore)
 			}
-			if why == "after restart" && !m.strict && m.knownD1(q, x, got) {
-				m.stats["KNOWN D1: version moved by a restart"]++
-				m.logf("KNOWN D1: %s/%s version %d -> %d at the restart", q.name, id, x.version, got.Version)
-				if i, ok := m.movedAtStart[x]; ok {
-					// The fence came first, at the start; the move of what came due during the
-					// downtime after it.
-					x.events[i].version += got.Version - x.version
-				}
-				x.version = got.Version
-			}
 			m.checkMsg(why+": get", q, x, got, true)
 		}
 		got := m.e.depth(q.name, nil)
@@ -741,21 +724,6 @@ func fmtEvents(es []mev) string {
 	return strings.Join(s, ", ")
 }
 
-// knownD1 says whether got is x but for a version one higher (one per slot naming it), in the case
-// where recovery's reconcile fences a waiting record that a lock slot of its value names under
-// another lease with a higher version (broker/recovery.go): an id enqueued again under the same
-// value after a leased message of that id was collected or deleted. The lock cannot tell the two
-// messages apart; design.md, "Exclusive queues", describes the fence.
-func (m *model) knownD1(q *mq, x *mm, got subjects.Message) bool {
-	if !q.exclusive() || !q.leasedBefore[x.id][x.md[q.cfg.ExclusivityKey]] || got.Version <= x.version || got.Version > x.version+3 ||
-		(x.state != subjects.StatePending && x.state != subjects.StateInvisible) {
-		return false
-	}
-	y := *x
-	y.version = got.Version
-	return diffMsg(q.view(&y), got, x.payload, true) == ""
-}
-
 // byEDF orders messages as a queue's pending ones are: by priority, ties in enqueue order.
 func byEDF(a, b *mm) int { return cmp.Or(cmp.Compare(a.prio, b.prio), cmp.Compare(a.seq, b.seq)) }
 
@@ -790,18 +758,6 @@ func setIf[T any](dst, v *T) {
 	if v != nil {
 		*dst = *v
 	}
-}
-
-// leftLeased notes that x, which was leased, was collected or deleted: a lock slot of its value
-// may still name its id.
-func (q *mq) leftLeased(x *mm) {
-	if !q.exclusive() {
-		return
-	}
-	if q.leasedBefore[x.id] == nil {
-		q.leasedBefore[x.id] = map[string]bool{}
-	}
-	q.leasedBefore[x.id][x.md[q.cfg.ExclusivityKey]] = true
 }
 
 // ---- id, lease and request choices ----
@@ -1821,9 +1777,6 @@ func (m *model) resolveCollections() {
 			case codeOf(err) == subjects.CodeMessageNotFound:
 				m.logf("collected %s/%s (due t+%d)", q.name, id, due-t0.UnixMilli())
 				m.stats["collected"]++
-				if len(x.leases) > 0 {
-					q.leftLeased(x)
-				}
 				q.history[id] = append(x.events, mev{kind: subjects.EventCollected, prev: x.state, version: x.version + 1, attempts: x.attempts, prio: x.prio})
 				delete(q.msgs, id)
 			case err != nil:
@@ -1884,7 +1837,6 @@ func (m *model) opRestart() {
 	for _, q := range m.qs {
 		q.rebuildRequests(now)
 	}
-	m.movedAtStart = map[*mm]int{}
 	if downtime > 0 {
 		// What came due while no broker ran moves at the start's time, at the first timers'
 		// firing (an advance of 0 on the fake clock).
@@ -1899,7 +1851,6 @@ func (m *model) opRestart() {
 				default:
 					continue
 				}
-				m.movedAtStart[q.msgs[id]] = len(q.msgs[id].events) - 1
 			}
 		}
 		m.e.advance(0)
@@ -1907,7 +1858,6 @@ func (m *model) opRestart() {
 		m.resolveCollections()
 	}
 	m.fullCheck("after restart")
-	m.movedAtStart = nil
 }
 
 // rebuildRequests is recovery's rebuild of the remembered request ids from the records
@@ -2142,32 +2092,36 @@ func (m *model) opBrowse(q *mq) {
 	}
 }
 
-// TestRestartLeavesAnIdReusedUnderAnotherValue: a restart does not write the record of a message
-// whose id a lock of another value still names, taken for an earlier message of that id (leased,
-// finished and collected): the lock cannot be for it, whose value never changes. Before, the
-// start fenced the record, a version with no event, and an operator's cancel fenced by the
-// version read before the restart was refused. (The model test found it as D1; a lock of the
-// same value is still fenced: see knownD1.)
-func TestRestartLeavesAnIdReusedUnderAnotherValue(t *testing.T) {
+// TestRestartLeavesAnIdReused: a restart does not write the record of a message whose id a lock
+// still names, taken for an earlier message of that id (leased, finished and collected): a lock of
+// another value, or of another payload, cannot be for it, whose value and payload never change.
+// Before, the start fenced the record, a version with no event, and an operator's cancel fenced by
+// the version read before the restart was refused. (The model test found both.)
+func TestRestartLeavesAnIdReused(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 60_000, RetentionMS: ptr[int64](1000)})
-	e.enqueue("x", subjects.EnqueueRequest{ID: "a", Priority: ptr[int64](1), Metadata: subjects.Pairs{"p": "v"}})
-	e.enqueue("x", subjects.EnqueueRequest{ID: "keep", Priority: ptr[int64](2), Metadata: subjects.Pairs{"p": "v"}}) // keeps value v's slot
-	m := e.dequeueOne("x")
-	must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: "a", LeaseID: m.LeaseID})
-	e.advance(1100 * time.Millisecond) // a is collected
-	fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "x", subjects.GetRequest{ID: "a"})
-	r := e.enqueue("x", subjects.EnqueueRequest{ID: "a", Priority: ptr[int64](1), Metadata: subjects.Pairs{"p": "w"}})
-	if r.Duplicate || r.Version != 1 {
-		t.Fatalf("enqueue a again: %+v", r)
-	}
-	e.restartBroker()
-	if got := e.get("x", "a"); got.Version != 1 {
-		t.Errorf("after a clean restart, a is at version %d, want 1 (nothing was written to it)", got.Version)
-	}
-	if _, err := call[subjects.Message](e, subjects.OpCancel, "x", subjects.LeaseRequest{ID: "a", Version: 1}); err != nil {
-		t.Errorf("an operator's cancel at the version read before the restart: %v", err)
+	for _, value := range []string{"w", "v"} {
+		t.Run("value "+value, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			e.create("x", subjects.CreateQueueRequest{Type: subjects.Exclusive, ExclusivityKey: "p", LeaseMS: 60_000, RetentionMS: ptr[int64](1000)})
+			e.enqueue("x", subjects.EnqueueRequest{ID: "a", Priority: ptr[int64](1), Metadata: subjects.Pairs{"p": "v"}})
+			e.enqueue("x", subjects.EnqueueRequest{ID: "keep", Priority: ptr[int64](2), Metadata: subjects.Pairs{"p": "v"}}) // keeps value v's slot
+			m := e.dequeueOne("x")
+			must[subjects.Message](e, subjects.OpComplete, "x", subjects.LeaseRequest{ID: "a", LeaseID: m.LeaseID})
+			e.advance(1100 * time.Millisecond) // a is collected
+			fails(e, subjects.CodeMessageNotFound, subjects.OpGet, "x", subjects.GetRequest{ID: "a"})
+			r := e.enqueue("x", subjects.EnqueueRequest{ID: "a", Priority: ptr[int64](1), Metadata: subjects.Pairs{"p": value}})
+			if r.Duplicate || r.Version != 1 {
+				t.Fatalf("enqueue a again: %+v", r)
+			}
+			e.restartBroker()
+			if got := e.get("x", "a"); got.Version != 1 {
+				t.Errorf("after a clean restart, a is at version %d, want 1 (nothing was written to it)", got.Version)
+			}
+			if _, err := call[subjects.Message](e, subjects.OpCancel, "x", subjects.LeaseRequest{ID: "a", Version: 1}); err != nil {
+				t.Errorf("an operator's cancel at the version read before the restart: %v", err)
+			}
+		})
 	}
 }
 
@@ -2362,11 +2316,6 @@ func (m *model) opDeleteRecreate(q *mq) {
 	// A deleted message's history keeps its events, without a collected one.
 	for id, x := range q.msgs {
 		q.history[id] = x.events
-	}
-	for _, x := range q.msgs {
-		if len(x.leases) > 0 {
-			q.leftLeased(x) // its lock slot may come back (D1, after an unclean NATS restart)
-		}
 	}
 	q.msgs, q.reqs = map[string]*mm{}, map[string]*mreq{}
 	fails(m.e, subjects.CodeQueueNotFound, subjects.OpGet, q.name, subjects.GetRequest{ID: "m00"})

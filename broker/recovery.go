@@ -642,7 +642,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 			continue
 		}
 		if e != nil && e.Value() == k.value && e.extra().LeaseID != l.LeaseID && (e.State() == subjects.StatePending || e.State() == subjects.StateInvisible) &&
-			(l.Version == 0 || e.Version() < l.Version) {
+			(l.Version == 0 || e.Version() < l.Version) && (l.BodySeq == 0 || l.BodySeq == e.Seq) {
 			// The slot was taken for a lease its message's record never got: that lease's write
 			// failed, or it is still on its way from a broker that served the store before this
 			// one (it paused, say, between the two writes) and would land behind this broker's
@@ -651,8 +651,10 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 			// now running or ended has been written since, which such a late write conflicts with,
 			// and so has one whose version reached the lease's, which the lock names: it got that
 			// lease, or was written past it, as after a release or a retry. A lock of an earlier
-			// version names none, and is fenced. A lock of another value was taken for an earlier
-			// message of the id, collected or deleted since: a message's value never changes.)
+			// version names none, and is fenced. A lock of another value or payload was taken for
+			// an earlier message of the id, collected or deleted since: a message's value and
+			// payload never change. A lock of an earlier version names no payload, and is fenced if
+			// its value is the message's.)
 			if err := q.fenceRecord(ctx, e); err != nil {
 				return err
 			}
@@ -676,7 +678,7 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 		for ; q.lockOf(e.Value(), slot).holder != ""; slot++ { // the lowest free, past the limit if need be
 		}
 		lk := q.lockOf(e.Value(), slot)
-		rev, err := q.b.store.WriteSlot(q.name, e.Value(), slot, kv.Lock{MessageID: e.ID, LeaseID: e.extra().LeaseID, Version: e.Version()}, lk.rev).Wait(ctx)
+		rev, err := q.b.store.WriteSlot(q.name, e.Value(), slot, kv.Lock{MessageID: e.ID, LeaseID: e.extra().LeaseID, Version: e.Version(), BodySeq: e.Seq}, lk.rev).Wait(ctx)
 		if err != nil {
 			return fmt.Errorf("natstone: recover queue %s: take lock %q slot %d: %w", q.name, e.Value(), slot, err)
 		}

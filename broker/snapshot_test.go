@@ -323,7 +323,7 @@ func strayLease(e *env, queue, id, value, lease string) {
 	if err != nil && !errors.Is(err, kv.ErrNotFound) {
 		e.t.Fatal(err)
 	}
-	if _, err := s.WriteSlot(queue, value, 0, kv.Lock{MessageID: id, LeaseID: lease, Version: r.Version}, lrev).Wait(ctx); err != nil {
+	if _, err := s.WriteSlot(queue, value, 0, kv.Lock{MessageID: id, LeaseID: lease, Version: r.Version, BodySeq: r.BodySeq}, lrev).Wait(ctx); err != nil {
 		e.t.Fatal(err)
 	}
 	if _, err := s.WriteMessage(queue, &r, rev).Wait(ctx); err != nil {

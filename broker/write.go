@@ -574,7 +574,7 @@ func (q *queue) takeLocks(cs []*change) []*change {
 		// Marked taking, the slot is not free for another take until this one's outcome is known:
 		// the index may offer the value again meanwhile, if it may run more than one message.
 		l.taking = true
-		ws = append(ws, &lockWrite{value: c.e.Value(), slot: slot, want: kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID, Version: c.next.Version}, expect: l.rev})
+		ws = append(ws, &lockWrite{value: c.e.Value(), slot: slot, want: kv.Lock{MessageID: c.next.ID, LeaseID: c.next.LeaseID, Version: c.next.Version, BodySeq: c.next.BodySeq}, expect: l.rev})
 		takes = append(takes, c)
 	}
 	if len(ws) > 0 {

@@ -247,7 +247,7 @@ func decodeV1(b []byte) (Record, error) {
 // as encoding/json does). An exclusive queue writes a lock at every lease, so this is on its hot
 // path.
 func EncodeLock(l Lock) []byte {
-	b := make([]byte, 0, len(`{"message_id":"","lease_id":"","version":18446744073709551615}`)+len(l.MessageID)+len(l.LeaseID))
+	b := make([]byte, 0, len(`{"message_id":"","lease_id":"","version":18446744073709551615,"body_seq":18446744073709551615}`)+len(l.MessageID)+len(l.LeaseID))
 	b = append(b, '{')
 	if l.MessageID != "" {
 		b = append(b, `"message_id":`...)
@@ -266,6 +266,13 @@ func EncodeLock(l Lock) []byte {
 		}
 		b = append(b, `"version":`...)
 		b = strconv.AppendUint(b, l.Version, 10)
+	}
+	if l.BodySeq != 0 {
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = append(b, `"body_seq":`...)
+		b = strconv.AppendUint(b, l.BodySeq, 10)
 	}
 	return append(b, '}')
 }

@@ -86,6 +86,8 @@ func TestEncodeLock(t *testing.T) {
 		{MessageID: "m1", LeaseID: "L", Version: 7},
 		{Version: 1},
 		{LeaseID: "L", Version: 18446744073709551615},
+		{MessageID: "m1", LeaseID: "L", Version: 7, BodySeq: 42},
+		{BodySeq: 18446744073709551615},
 	} {
 		got := kv.EncodeLock(l)
 		want, err := json.Marshal(l)
@@ -104,11 +106,11 @@ func TestEncodeLock(t *testing.T) {
 
 // FuzzEncodeLock holds EncodeLock to json.Marshal's bytes for any ids.
 func FuzzEncodeLock(f *testing.F) {
-	f.Add("m1", "Yc2cKq7Jd0YxW9mWk3sV2C", uint64(2))
-	f.Add("", "", uint64(0))
-	f.Add(`a"<b>`, "\x00\xff", uint64(1<<63))
-	f.Fuzz(func(t *testing.T, id, lease string, version uint64) {
-		l := kv.Lock{MessageID: id, LeaseID: lease, Version: version}
+	f.Add("m1", "Yc2cKq7Jd0YxW9mWk3sV2C", uint64(2), uint64(9))
+	f.Add("", "", uint64(0), uint64(0))
+	f.Add(`a"<b>`, "\x00\xff", uint64(1<<63), uint64(1))
+	f.Fuzz(func(t *testing.T, id, lease string, version, bodySeq uint64) {
+		l := kv.Lock{MessageID: id, LeaseID: lease, Version: version, BodySeq: bodySeq}
 		got := kv.EncodeLock(l)
 		want, err := json.Marshal(l)
 		if err != nil {

@@ -32,11 +32,14 @@ type Record struct {
 // while that message is running under that lease; one with an empty MessageID (as earlier versions
 // wrote to free a value) holds nothing. Version is the version the message's record has once that
 // lease is written (0 in locks of earlier versions): a record past it has been written since, so
-// no write of that lease can still land (recovery's fence).
+// no write of that lease can still land (recovery's fence). BodySeq is the message's payload
+// sequence (0 in locks written before 2026-11-28), which tells it apart from a message enqueued
+// later under the same id.
 type Lock struct {
 	MessageID string `json:"message_id,omitempty"`
 	LeaseID   string `json:"lease_id,omitempty"`
 	Version   uint64 `json:"version,omitempty"`
+	BodySeq   uint64 `json:"body_seq,omitempty"`
 }
 
 // QueueRecord is a queue as stored.
