@@ -4,6 +4,8 @@ GO       ?= go
 FUZZTIME ?= 10s
 ARGS     ?=
 BENCH_JSON ?= bench-results/$(shell date -u +%Y-%m-%dT%H%M%SZ).json
+# The commit `natstone version` and the bench's JSON name ("" outside a Git checkout).
+COMMIT   := $(shell git describe --always --dirty --abbrev=40 2>/dev/null)
 
 .DEFAULT_GOAL := help
 .PHONY: help build run test vet fmt-check lint tools fuzz bench bench-micro tidy-check faults faults-long
@@ -12,7 +14,7 @@ help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 build: ## build bin/natstone
-	$(GO) build -o bin/natstone ./cmd/natstone
+	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/natstone ./cmd/natstone
 
 run: ## run `natstone serve` (extra flags: make run ARGS='--sync always')
 	$(GO) run ./cmd/natstone serve $(ARGS)

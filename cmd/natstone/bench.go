@@ -441,6 +441,8 @@ type benchRow struct {
 	Met           *bool              `json:"met,omitempty"`
 	Notes         string             `json:"notes,omitempty"`
 	Extra         map[string]float64 `json:"extra,omitempty"`
+
+	target benchTarget // what Target says, for the table's rounding
 }
 
 // benchRateRow builds the row of a throughput measurement.
@@ -550,11 +552,28 @@ func (b *bench) compare(row *benchRow, base string, factor float64, t benchTarge
 
 // compareValue sets row's ratio to its figure ÷ value.
 func (b *bench) compareValue(row *benchRow, label string, value float64, t benchTarget) {
-	row.Baseline, row.BaselineValue, row.Target = label, value, t.String()
+	row.Baseline, row.BaselineValue, row.Target, row.target = label, value, t.String(), t
 	if value != 0 {
 		row.Ratio = row.Figure / value
 		row.Met = t.met(row.Ratio)
 	}
+}
+
+// ratioText is r's ratio to two decimals, or to as many more (up to six) as it takes for the
+// printed figure to be on the same side of the target as the ratio itself: 1.503 against ≤ 1.5
+// prints as 1.503, not as 1.50 next to "NO".
+func (r *benchRow) ratioText() string {
+	txt := strconv.FormatFloat(r.Ratio, 'f', 2, 64)
+	if r.Met == nil {
+		return txt
+	}
+	for d := 2; d <= 6; d++ {
+		txt = strconv.FormatFloat(r.Ratio, 'f', d, 64)
+		if v, err := strconv.ParseFloat(txt, 64); err == nil && *r.target.met(v) == *r.Met {
+			break
+		}
+	}
+	return txt
 }
 
 // printTable writes the rows as an aligned table, then each row's notes.
@@ -580,7 +599,7 @@ func (b *bench) printTable(w io.Writer) {
 		}
 		ratio := "-"
 		if r.Baseline != "" && r.BaselineValue != 0 {
-			ratio = strconv.FormatFloat(r.Ratio, 'f', 2, 64)
+			ratio = r.ratioText()
 		}
 		tgt := r.Target
 		if tgt == "" {
@@ -616,6 +635,7 @@ type benchMachine struct {
 	GoVersion         string `json:"go_version"`
 	NATSServerVersion string `json:"nats_server_version"`
 	NatstoneVersion   string `json:"natstone_version"`
+	Commit            string `json:"commit,omitempty"`         // the build's Git commit, -dirty if the checkout had changes
 	LoadAvgStart      string `json:"load_avg_start,omitempty"` // /proc/loadavg: other work on the machine
 	LoadAvgEnd        string `json:"load_avg_end,omitempty"`
 }
@@ -630,6 +650,7 @@ func newBenchMachine() *benchMachine {
 		GoVersion:         runtime.Version(),
 		NATSServerVersion: server.VERSION,
 		NatstoneVersion:   broker.Version,
+		Commit:            buildCommit(),
 		LoadAvgStart:      benchLoadAvg(),
 	}
 }

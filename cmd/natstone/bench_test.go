@@ -129,3 +129,29 @@ func TestPickList(t *testing.T) {
 		t.Errorf("pickList(none) = %v, %v", got, err)
 	}
 }
+
+// TestBenchRatioTextAgreesWithMet: a ratio that two decimals would round onto the other side of its
+// target is printed with as many more as it takes.
+func TestBenchRatioTextAgreesWithMet(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		ratio float64
+		t     benchTarget
+		want  string
+	}{
+		{1.503, benchAtMost(1.5), "1.503"},
+		{1.5, benchAtMost(1.5), "1.50"},
+		{1.4999, benchAtMost(1.5), "1.50"},
+		{0.7996, benchAtLeast(0.8), "0.7996"},
+		{0.80001, benchAtLeast(0.8), "0.80"},
+		{0.24, benchAtLeast(1), "0.24"},
+		{2.0000001, benchAtMost(2), "2.000000"}, // past six decimals: the closest it prints
+		{0.123, benchTarget{}, "0.12"},
+	} {
+		row := &benchRow{Figure: tt.ratio}
+		(&bench{}).compareValue(row, "base", 1, tt.t)
+		if got := row.ratioText(); got != tt.want {
+			t.Errorf("%v against %s: %q, want %q", tt.ratio, tt.t, got, tt.want)
+		}
+	}
+}

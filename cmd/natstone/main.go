@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -161,9 +162,9 @@ func usage(w io.Writer) {
 func runVersion(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("natstone version", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, `print {"version", "go"} as one JSON document`)
+	asJSON := fs.Bool("json", false, `print {"version", "go", "commit"} as one JSON document`)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: natstone version [--json]\n\nPrints natstone's version and the Go version it was built with.\n\nFlags:\n")
+		fmt.Fprint(fs.Output(), "Usage: natstone version [--json]\n\nPrints natstone's version, the Go version it was built with and, for a binary built from a Git\ncheckout, the commit (with -dirty when the checkout had changes).\n\nFlags:\n")
 		printFlags(fs.Output(), fs, func(string) bool { return true })
 		fmt.Fprint(fs.Output(), "\nExit codes:\n  0  success\n  2  bad command line\n")
 	}
@@ -178,10 +179,44 @@ func runVersion(args []string, stdout, stderr io.Writer) int {
 		b, _ := json.Marshal(struct {
 			Version string `json:"version"`
 			Go      string `json:"go"`
-		}{broker.Version, runtime.Version()})
+			Commit  string `json:"commit,omitempty"`
+		}{broker.Version, runtime.Version(), buildCommit()})
 		fmt.Fprintf(stdout, "%s\n", b)
+		return exitOK
+	}
+	if c := buildCommit(); c != "" {
+		fmt.Fprintf(stdout, "natstone %s %s %s\n", broker.Version, runtime.Version(), c)
 		return exitOK
 	}
 	fmt.Fprintf(stdout, "natstone %s %s\n", broker.Version, runtime.Version())
 	return exitOK
+}
+
+// commit is the Git commit the binary was built from, with "-dirty" when the checkout had changes,
+// as make build sets it (-ldflags "-X main.commit=…").
+var commit string
+
+// buildCommit returns commit, or else the commit the Go toolchain recorded (go build in a Git
+// checkout, unless -buildvcs=false), or "" (go test's binaries, go run, a build from elsewhere).
+func buildCommit() string {
+	if commit != "" {
+		return commit
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "-dirty"
+		}
+	}
+	if rev == "" {
+		return ""
+	}
+	return rev + dirty
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -339,6 +340,23 @@ func TestUsageErrorExitCode(t *testing.T) {
 	}
 	if !strings.Contains(p.log.String(), "--sync must be") {
 		t.Fatalf("stderr does not explain the error:\n%s", p.log)
+	}
+}
+
+// TestVersionNamesTheCommit: the commit make build stamps (-X main.commit) is printed, in both
+// forms. (Not parallel: it sets the package's commit.)
+func TestVersionNamesTheCommit(t *testing.T) {
+	was := commit
+	t.Cleanup(func() { commit = was })
+	commit = "0123456789abcdef0123456789abcdef01234567-dirty"
+	for args, want := range map[string]string{
+		"version":        "natstone " + broker.Version + " " + runtime.Version() + " " + commit + "\n",
+		"version --json": `{"version":"` + broker.Version + `","go":"` + runtime.Version() + `","commit":"` + commit + `"}` + "\n",
+	} {
+		var stdout, stderr bytes.Buffer
+		if c := run(context.Background(), strings.Fields(args), &stdout, &stderr); c != exitOK || stdout.String() != want {
+			t.Errorf("natstone %s = %d, %q; want %q", args, c, &stdout, want)
+		}
 	}
 }
 
