@@ -855,6 +855,14 @@ func TestForeignRequestsRefused(t *testing.T) {
 		{"cross-origin POST, older browser", http.MethodPost, "127.0.0.1:8080", map[string]string{"Origin": "http://attacker.example"}, http.StatusForbidden},
 		{"the dashboard's GET", http.MethodGet, "localhost:8080", map[string]string{"Sec-Fetch-Site": "same-origin"}, http.StatusOK},
 		{"IPv6 loopback", http.MethodGet, "[::1]:8080", nil, http.StatusOK},
+		// Another site's page cannot make its readers' browsers call the API (fetch, img, iframe)...
+		{"cross-site fetch", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "empty"}, http.StatusForbidden},
+		{"same-site fetch", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}, http.StatusForbidden},
+		{"cross-site image", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}, http.StatusForbidden},
+		{"cross-site iframe", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}, http.StatusForbidden},
+		// ...but it may link to it.
+		{"cross-site link followed", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, http.StatusOK},
+		{"address typed in", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, http.StatusOK},
 	} {
 		if got := send(tc.method, tc.host, tc.header); got != tc.want {
 			t.Errorf("%s: status %d, want %d", tc.name, got, tc.want)

@@ -581,3 +581,37 @@ func countsMap(c subjects.Counts) map[string]int {
 		"completed": c.Completed, "canceled": c.Canceled, "errored": c.Errored,
 	}
 }
+
+// TestDashboardShowsInvisibleCharacters: ids and metadata that bidirectional controls or zero-width
+// characters make look like others ("invoice-\u202E2401" reads as "invoice-1042") show those
+// characters as ⟨U+…⟩, so that an operator can tell the messages apart; a payload is shown as it is.
+func TestDashboardShowsInvisibleCharacters(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	b := startBrowser(t)
+	e.createQueue("spoof", nil)
+	e.enqueue("spoof", "invoice-1042", 1, "plain", map[string]string{"owner": "admin"})
+	e.enqueue("spoof", "invoice-\u202e2401\u202c", 2, "family: 👨\u200d👩\u200d👧", map[string]string{"owner": "\u202enimda\u202c"})
+	e.enqueue("spoof", "invoice-1042\u200b", 3, "", nil)
+
+	b.do(chromedp.Navigate(e.http.URL + "/#/queues/spoof"))
+	b.waitLoaded(`[data-view="queue"][data-queue="spoof"]`)
+	links := evaluate[[]string](b, `[...document.querySelectorAll('#messages tbody tr[data-message-id] td:first-child a')].map(a => a.textContent)`)
+	if want := []string{"invoice-1042", "invoice-⟨U+202E⟩2401⟨U+202C⟩", "invoice-1042⟨U+200B⟩"}; !slices.Equal(links, want) {
+		t.Errorf("the pending messages' ids read %q, want %q", links, want)
+	}
+	pairs := evaluate[[]string](b, `[...document.querySelectorAll('#messages tbody .pair')].map(p => p.textContent)`)
+	if want := []string{"owner=admin", "owner=⟨U+202E⟩nimda⟨U+202C⟩"}; !slices.Equal(pairs, want) {
+		t.Errorf("the pending messages' metadata reads %q, want %q", pairs, want)
+	}
+
+	b.click("#messages tr[data-message-id=\"invoice-\u202e2401\u202c\"] a")
+	b.waitLoaded("[data-view=\"message\"][data-message-id=\"invoice-\u202e2401\u202c\"]")
+	if got := evaluate[string](b, `document.querySelector('h1').textContent`); got != "Message invoice-⟨U+202E⟩2401⟨U+202C⟩" {
+		t.Errorf("the message page's title reads %q", got)
+	}
+	if got := evaluate[string](b, `document.querySelector('#payload pre').textContent`); got != "family: 👨\u200d👩\u200d👧" {
+		t.Errorf("the payload reads %q, want it as enqueued", got)
+	}
+	b.noError()
+}

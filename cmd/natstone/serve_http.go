@@ -95,6 +95,9 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 	go func() { served <- hs.Serve(ln) }()
 	addr := ln.Addr().String()
 	log.Info("http listening", "addr", addr, "dashboard", "http://"+addr+"/")
+	if loopbackHosts(cfg.httpAddr) == nil {
+		log.Warn(exposedHTTPWarning, "addr", addr)
+	}
 	return []any{"http", addr}, func(ctx context.Context) error {
 		cancelBase()
 		ctx, cancel := context.WithTimeout(ctx, httpShutdownTimeout)
@@ -107,6 +110,10 @@ func startHTTP(cfg *serveConfig, b *broker.Broker, m *metrics.Metrics, dial func
 		return err
 	}, nil
 }
+
+// exposedHTTPWarning is logged when --http is not a loopback address: the listener acts with the
+// broker's own NATS login, whatever permissions the NATS users of docs/security.md have.
+const exposedHTTPWarning = "the HTTP listener is not on a loopback address, and it has no authentication: whoever reaches it can block queues and retry, reschedule, cancel and fire messages and schedules with the broker's NATS login; put it behind an authenticating proxy or a firewall (docs/security.md, \"The HTTP listener\")"
 
 // dashboardHosts returns the host names a dashboard listening on addr answers to, and whether it
 // answers to any IP address too (web.Config.AnyIP): the loopback names on a loopback address; else

@@ -42,7 +42,22 @@ function set(el, ...children) {
 function nodes(children) {
   return children.flat(Infinity)
     .filter(c => c !== undefined && c !== null && c !== false)
-    .map(c => (c instanceof Node ? c : String(c)));
+    .map(c => (c instanceof Node ? c : shown(String(c))));
+}
+
+// shown makes the characters that change how text reads without being seen — bidirectional
+// controls, zero-width spaces and joiners (Unicode's format characters), line and paragraph
+// separators — visible as ⟨U+202E⟩: ids, metadata and the other text clients chose would
+// otherwise show "invoice-\u202E2401" as "invoice-1042", so that an operator acts on another
+// message than the one they read. Text that is content, a payload, goes through verbatim instead.
+const invisibleChars = /[\p{Cf}\u2028\u2029]/gu;
+function shown(s) {
+  return s.replace(invisibleChars, c => '⟨U+' + c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + '⟩');
+}
+
+// verbatim is text as it is, not passed through shown.
+function verbatim(s) {
+  return document.createTextNode(s);
 }
 
 const enc = encodeURIComponent;
@@ -732,7 +747,7 @@ function messageView(r) {
     } else if (m.payload_base64) {
       set(payload, h('p', { class: 'muted', 'data-payload-size': m.payload_size }, m.payload_size + ' bytes, not UTF-8; in base64:'), h('pre', { class: 'payload' }, m.payload_base64));
     } else if (m.payload) {
-      set(payload, h('pre', { class: 'payload', 'data-payload-size': m.payload_size }, m.payload));
+      set(payload, h('pre', { class: 'payload', 'data-payload-size': m.payload_size }, verbatim(m.payload)));
     } else {
       set(payload, h('p', { class: 'muted', 'data-payload-size': 0 }, 'Empty.'));
     }
