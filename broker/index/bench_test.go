@@ -129,6 +129,41 @@ func BenchmarkFilteredPopAdd(b *testing.B) {
 	}
 }
 
+// BenchmarkManyFilters pops with filters of four pairs that each match 0.1%
+// of a 1M-message index (S8's), one after the other: with one filter, as a
+// worker asks, and with 1,000 in turn, more than maxFilters. Each popped
+// message goes back with a later deadline.
+func BenchmarkManyFilters(b *testing.B) {
+	digit := func(i, d int) string { return fmt.Sprint((i / d) % 10) }
+	decorate := func(i int, r *rec) {
+		r.SetAttrs([]Pair{{"a", digit(i, 1)}, {"b", digit(i, 10)}, {"c", digit(i, 100)}, {"d", "x"}}, "")
+	}
+	filterOf := func(k int) Filter {
+		return Filter{{"a", digit(k, 1)}, {"b", digit(k, 10)}, {"c", digit(k, 100)}, {"d", "x"}}
+	}
+	for _, bc := range []struct {
+		name    string
+		filters int
+	}{{"one", 1}, {"1000", 1000}} {
+		b.Run(bc.name, func(b *testing.B) {
+			x, seq, rng := benchIndex(false, benchN, decorate)
+			fs := make([]Filter, bc.filters)
+			for k := range fs {
+				fs[k] = filterOf(k)
+			}
+			k := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				r := x.Pop(fs[k%len(fs)], 1)[0]
+				k++
+				r.Priority += rng.Int64N(1 << 30)
+				r.Seq, seq = seq, seq+1
+				x.Add(r)
+			}
+		})
+	}
+}
+
 // BenchmarkMemory reports the heap the index itself uses per message for 1M
 // messages: the records are allocated before the first measurement, so
 // B/item excludes them (Item is item-B, the caller's record more).

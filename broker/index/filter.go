@@ -1,6 +1,7 @@
 package index
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +30,17 @@ func (x *Index[T]) smallest(f Filter) *orderedSet[T] {
 
 // collect returns, without changing any set, the up to n messages Pop(f, n)
 // returns; n > 0.
+//
+// A filter of several pairs walks the set of its own (buildFilterSet) once it
+// has one. Until then it walks the smallest of its pairs' sets, which is
+// cheap while the matches it wants come early there; once a walk passes
+// filterWalk messages before it has them, the filter gets its set (built by
+// one walk of the whole smallest set), kept up to date from then on. So a
+// filter asked for once, or whose matches are dense, costs no set, and one
+// asked for again and again (a worker's), whose walks grow as the matches at
+// their front are taken, costs one: many filters in turn no longer rebuild a
+// set of thousands of messages at each dequeue once more than maxFilters are
+// in use.
 func (x *Index[T]) collect(f Filter, n int) []T {
 	if len(f) == 0 {
 		if x.exclusive {
@@ -40,14 +52,41 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 	if s == nil {
 		return nil
 	}
-	if len(f) > 1 {
-		s = x.filterSetOf(f, s)
+	if len(f) == 1 {
+		out, _ := x.walk(f, s, n, 0)
+		return out
 	}
+	key := filterKey(f)
+	if fs := x.filterSet(key); fs != nil {
+		out, _ := x.walk(f, fs, n, 0)
+		return out
+	}
+	if out, ok := x.walk(f, s, n, cmp.Or(x.filterWalk, defaultFilterWalk)); ok {
+		return out
+	}
+	out, _ := x.walk(f, x.buildFilterSet(key, f, s), n, 0)
+	return out
+}
+
+// defaultFilterWalk is how many messages of the smallest of its pairs' sets a
+// filter of several pairs may walk past without a set of its own: at most
+// some tens of microseconds.
+const defaultFilterWalk = 1024
+
+// walk returns the first n eligible messages of s matching f, in order, and
+// true; or, when budget > 0 and it passes more than budget messages of s
+// before it has them (and before s ends), nil and false.
+func (x *Index[T]) walk(f Filter, s *orderedSet[T], n, budget int) ([]T, bool) {
 	if x.exclusive {
-		x.nextEpoch()
+		x.nextEpoch() // what an abandoned walk picked does not count
 	}
 	var out []T
+	complete, seen := true, 0
 	s.ascend(func(e T) bool {
+		if seen++; budget > 0 && seen > budget {
+			complete = false
+			return false
+		}
 		it := e.IndexItem()
 		if !it.matches(f) {
 			return true
@@ -66,7 +105,10 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 		out = append(out, e)
 		return len(out) < n
 	})
-	return out
+	if !complete {
+		return nil, false
+	}
+	return out, true
 }
 
 // collectFree returns the first n eligible messages of an exclusive index,
@@ -167,21 +209,23 @@ type filterSet[T Elem] struct {
 	used uint64
 }
 
-// filterSetOf returns the set of pending messages matching f (of two pairs or more), building it
-// from smallest — the smallest of its pairs' sets — the first time f is asked for, and keeping it
-// up to date on every Add and removal after that.
-//
-// Walking smallest on every pop would skip the same non-matching messages again and again: with
-// matches spread thinly through it, each pop walks past everything before the next match, and that
-// prefix grows as matches are taken. A set per filter in use costs a check per filter on each Add
-// and removal instead, bounded by maxFilters.
-func (x *Index[T]) filterSetOf(f Filter, smallest *orderedSet[T]) *orderedSet[T] {
-	key := filterKey(f)
-	x.clock++
-	if fs := x.filters[key]; fs != nil {
-		fs.used = x.clock
-		return &fs.set
+// filterSet returns the set of the filter whose filterKey is key, or nil if
+// it has none.
+func (x *Index[T]) filterSet(key string) *orderedSet[T] {
+	fs := x.filters[key]
+	if fs == nil {
+		return nil
 	}
+	x.clock++
+	fs.used = x.clock
+	return &fs.set
+}
+
+// buildFilterSet gives f, whose filterKey is key, a set of its own: the
+// pending messages matching f, found in smallest, the smallest of its pairs'
+// sets. It is kept up to date on every Add and removal after that; the least
+// recently used set goes when maxFilters are kept.
+func (x *Index[T]) buildFilterSet(key string, f Filter, smallest *orderedSet[T]) *orderedSet[T] {
 	if x.filters == nil {
 		x.filters = make(map[string]*filterSet[T])
 	}
@@ -194,6 +238,7 @@ func (x *Index[T]) filterSetOf(f Filter, smallest *orderedSet[T]) *orderedSet[T]
 		}
 		delete(x.filters, oldest)
 	}
+	x.clock++
 	fs := &filterSet[T]{f: append(Filter(nil), f...), used: x.clock}
 	smallest.ascend(func(e T) bool {
 		if e.IndexItem().matches(f) {

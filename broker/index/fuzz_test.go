@@ -191,6 +191,9 @@ func runOps(t *testing.T, data []byte) {
 		// threshold and split and merge B-tree nodes.
 		x.cfg.smallMax = 1 + int(cfgByte>>2)%6
 		x.cfg.degree = 2 + int(cfgByte>>5)%3
+		// And filters of several pairs that get a set of their own after a walk past one, two or
+		// three messages, so that they are walked both with and without one.
+		x.filterWalk = 1 + int(cfgByte>>3)%3
 	}
 	m := &model{exclusive: exclusive, perValue: 1, held: map[string]int{}}
 	var created []*rec

@@ -36,9 +36,12 @@ type Index[T Elem] struct {
 	epoch uint32
 
 	// filters holds, for filters of several pairs that Pop or Peek was asked for, the pending
-	// messages matching all of them (see filterSetOf). clock orders their use for eviction.
+	// messages matching all of them (see collect). clock orders their use for eviction.
 	filters map[string]*filterSet[T]
 	clock   uint64
+	// filterWalk bounds how many messages a filter of several pairs without a set of its own may
+	// walk past before it gets one (0: defaultFilterWalk); see collect.
+	filterWalk int
 
 	// ascending counts Ascend calls in progress. While it is non-zero the
 	// sets are being iterated, so Add, Remove and Pop refuse to run rather

@@ -504,6 +504,8 @@ func (b *bench) sortRows() {
 		switch name {
 		case "B-REQ@S4":
 			return 40
+		case "S8-many":
+			return 82
 		case "EV-off":
 			return 85
 		case "EV":

@@ -15,7 +15,7 @@ import (
 // benchRows are the rows a full bench run reports, in order.
 var benchRows = []string{
 	"B-CAS", "B-WQ(1)", "B-WQ(10)", "B-PUT(2048B)", "B-REQ", "B-LOAD",
-	"S1", "S2", "S3-single", "S3-batch", "B-REQ@S4", "S4", "S5", "S6-records", "S6", "S7-simple", "S7", "S8-unfiltered", "S8", "EV-off", "EV", "EV-off@half", "EV@half",
+	"S1", "S2", "S3-single", "S3-batch", "B-REQ@S4", "S4", "S5", "S6-records", "S6", "S7-simple", "S7", "S8-unfiltered", "S8", "S8-many", "EV-off", "EV", "EV-off@half", "EV@half",
 	"B-CAS(always)", "S9-S1", "S9-S2",
 }
 
