@@ -380,7 +380,9 @@ func benchSampleRecord(id string, seq uint64, payloadSize int, now int64) *kv.Re
 }
 
 // baselineLOAD is B-LOAD: the time to read a bucket of --s6-pending message-sized records with an
-// ordered consumer (a KV watcher; recovery reads the messages bucket through a pull consumer).
+// ordered consumer (a KV watcher; recovery reads the messages bucket through a pull consumer). It
+// reads the bucket twice and keeps the faster read, the floor: the first, just after the fill,
+// can take twice as long while the server still writes the fill out.
 func (b *bench) baselineLOAD(ctx context.Context, env *benchEnv) (*benchRow, error) {
 	const name = "B-LOAD"
 	nc, js, err := env.pipelined("natstone-bench-load")
@@ -403,28 +405,53 @@ func (b *bench) baselineLOAD(ctx context.Context, env *benchEnv) (*benchRow, err
 	if err != nil {
 		return nil, err
 	}
+	var reads [2]benchResult
+	for i := range reads {
+		if reads[i], err = b.readBucket(ctx, bucket, fmt.Sprintf("%s (read %d of 2)", name, i+1), n); err != nil {
+			return nil, err
+		}
+	}
+	r := reads[0]
+	if reads[1].elapsed < r.elapsed {
+		r = reads[1]
+	}
+	return &benchRow{
+		Name: name, Kind: benchKindBaseline, Figure: r.elapsed.Seconds(), Unit: "s", Ops: r.ops, Seconds: r.elapsed.Seconds(), CPU: r.cpu,
+		Notes: fmt.Sprintf("%d keys of %d bytes, %.0f keys/s; the faster of two reads (%.3fs, %.3fs)", n, len(value), r.rate(),
+			reads[0].elapsed.Seconds(), reads[1].elapsed.Seconds()),
+	}, nil
+}
+
+// benchLoadTimeout bounds one read of B-LOAD's bucket.
+const benchLoadTimeout = 10 * time.Minute
+
+// readBucket reads every key of bucket, which holds n, with a KV watcher, within benchLoadTimeout.
+func (b *bench) readBucket(ctx context.Context, bucket jetstream.KeyValue, phase string, n int) (benchResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, benchLoadTimeout)
+	defer cancel()
 	var read atomic.Int64
-	b.p.begin(name, &read)
+	b.p.begin(phase, &read)
 	meter := benchStartCPU()
 	start := time.Now()
 	w, err := bucket.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, err
+		return benchResult{}, err
 	}
 	defer func() { _ = w.Stop() }()
-	for e := range w.Updates() {
-		if e == nil {
-			break
+	for done := false; !done; {
+		select {
+		case e := <-w.Updates():
+			if done = e == nil; !done {
+				read.Add(1)
+			}
+		case <-ctx.Done():
+			return benchResult{}, fmt.Errorf("%s: read %d of %d keys in %s", phase, read.Load(), n, benchLoadTimeout)
 		}
-		read.Add(1)
 	}
 	r := benchResult{ops: read.Load(), elapsed: time.Since(start), cpu: meter.ratio()}
 	b.p.end(r)
 	if r.ops != int64(n) {
-		return nil, fmt.Errorf("%s: read %d keys, want %d", name, r.ops, n)
+		return benchResult{}, fmt.Errorf("%s: read %d keys, want %d", phase, r.ops, n)
 	}
-	return &benchRow{
-		Name: name, Kind: benchKindBaseline, Figure: r.elapsed.Seconds(), Unit: "s", Ops: r.ops, Seconds: r.elapsed.Seconds(), CPU: r.cpu,
-		Notes: fmt.Sprintf("%d keys of %d bytes, %.0f keys/s", n, len(value), r.rate()),
-	}, nil
+	return r, nil
 }

@@ -193,6 +193,9 @@ const (
 
 // fill enqueues n messages built by gen into queue with enqueue_batch, fillInFlight batches in flight.
 func (e *benchEnv) fill(ctx context.Context, p *benchProgress, name, queue string, n int, gen func(i int) subjects.EnqueueRequest) error {
+	limit := benchFillTimeout(n)
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
 	var next atomic.Int64
 	var done atomic.Int64
 	p.begin(name, &done)
@@ -222,7 +225,16 @@ func (e *benchEnv) fill(ctx context.Context, p *benchProgress, name, queue strin
 	}
 	wg.Wait()
 	p.end(benchResult{ops: done.Load(), elapsed: time.Since(start), cpu: meter.ratio()})
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil || done.Load() == int64(n) {
+		return err
+	}
+	return fmt.Errorf("%s: %d of %d messages enqueued in %s", name, done.Load(), n, limit)
+}
+
+// benchFillTimeout bounds a fill of n messages: two minutes, and a millisecond per 10 messages
+// (fills run at some 30,000 a second here).
+func benchFillTimeout(n int) time.Duration {
+	return 2*time.Minute + time.Duration(n)*100*time.Microsecond
 }
 
 // benchPayload returns a payload of size ASCII bytes, carried as a JSON string as a client would.
