@@ -650,11 +650,10 @@ func (q *queue) reconcile(ctx context.Context, runningEntries []*entry, stored m
 			// lease is written over a record waiting to run, pending or invisible by its time; one
 			// now running or ended has been written since, which such a late write conflicts with,
 			// and so has one whose version reached the lease's, which the lock names: it got that
-			// lease, or was written past it, as after a release or a retry. A lock of an earlier
-			// version names none, and is fenced. A lock of another value or payload was taken for
-			// an earlier message of the id, collected or deleted since: a message's value and
-			// payload never change. A lock of an earlier version names no payload, and is fenced if
-			// its value is the message's.)
+			// lease, or was written past it, as after a release or a retry. A lock of another value
+			// or payload was taken for an earlier message of the id, collected or deleted since: a
+			// message's value and payload never change. Locks of earlier versions name no record
+			// version, or no payload: what they do not name does not spare the record.)
 			if err := q.fenceRecord(ctx, e); err != nil {
 				return err
 			}
