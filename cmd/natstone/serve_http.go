@@ -21,12 +21,13 @@ import (
 
 // httpTimeouts bound the HTTP listener's clients, so that none holds a connection (and its
 // goroutine) open without end: readHeader for a request's headers, read for all of it (the bodies
-// are of 1 KiB at most), idle between the requests of a connection kept alive. Replies are
-// bounded, and /metrics of many queues may take a while to write: no write timeout.
-type httpTimeouts struct{ readHeader, read, idle time.Duration }
+// are of 1 KiB at most), idle between the requests of a connection kept alive, write for a reply,
+// from the end of its request's headers (generous: /metrics of many queues is some megabytes, and
+// a reply's writes only block on a client that does not read it).
+type httpTimeouts struct{ readHeader, read, idle, write time.Duration }
 
 // defaultHTTPTimeouts are the listener's.
-var defaultHTTPTimeouts = httpTimeouts{readHeader: 10 * time.Second, read: 15 * time.Second, idle: time.Minute}
+var defaultHTTPTimeouts = httpTimeouts{readHeader: 10 * time.Second, read: 15 * time.Second, idle: time.Minute, write: 2 * time.Minute}
 
 // newHTTPServer returns the server of the HTTP listener: h under base's context, errors to log.
 func newHTTPServer(h http.Handler, base context.Context, log *slog.Logger, to httpTimeouts) *http.Server {
@@ -35,6 +36,7 @@ func newHTTPServer(h http.Handler, base context.Context, log *slog.Logger, to ht
 		ReadHeaderTimeout: to.readHeader,
 		ReadTimeout:       to.read,
 		IdleTimeout:       to.idle,
+		WriteTimeout:      to.write,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return base },
 	}

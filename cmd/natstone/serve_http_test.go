@@ -197,6 +197,49 @@ func TestDashboardHosts(t *testing.T) {
 	}
 }
 
+// TestHTTPServerDropsClientsThatDoNotRead: a reply to a client that never reads it ends at the
+// write timeout: its handler's writes fail, and it returns, rather than wait on the connection for
+// as long as the client keeps it open.
+func TestHTTPServerDropsClientsThatDoNotRead(t *testing.T) {
+	t.Parallel()
+	returned := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		chunk := make([]byte, 1<<20)
+		for range 1 << 12 { // 4 GiB: more than any socket buffers
+			if _, err := w.Write(chunk); err != nil {
+				returned <- err
+				return
+			}
+		}
+		returned <- nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const long = time.Hour
+	hs := newHTTPServer(h, context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)),
+		httpTimeouts{readHeader: long, read: long, idle: long, write: 300 * time.Millisecond})
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { hs.Close() })
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-returned:
+		if err == nil {
+			t.Fatal("the handler wrote 4 GiB to a client that read none of it")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler still writes to a client that does not read, 20 s on")
+	}
+}
+
 // TestHTTPServerDropsIdleAndSlowClients: the HTTP listener closes a kept-alive connection left
 // idle, one whose headers do not end and one whose request body does not come, so no client holds a
 // connection open forever. Each case gets a server where only the timeout it is about is short (the
@@ -215,11 +258,11 @@ func TestHTTPServerDropsIdleAndSlowClients(t *testing.T) {
 		req  string
 	}{
 		// One whole request, answered; then the connection idles.
-		{"idle", httpTimeouts{readHeader: long, read: long, idle: short}, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"idle", httpTimeouts{readHeader: long, read: long, idle: short, write: long}, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
 		// Headers begun and never ended.
-		{"slow headers", httpTimeouts{readHeader: short, read: long, idle: long}, "GET / HTTP/1.1\r\nHost: x\r\n"},
+		{"slow headers", httpTimeouts{readHeader: short, read: long, idle: long, write: long}, "GET / HTTP/1.1\r\nHost: x\r\n"},
 		// A body announced and never sent.
-		{"slow body", httpTimeouts{readHeader: long, read: short, idle: long}, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{"},
+		{"slow body", httpTimeouts{readHeader: long, read: short, idle: long, write: long}, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
