@@ -5,7 +5,7 @@ FUZZTIME ?= 10s
 ARGS     ?=
 BENCH_JSON ?= bench-results/$(shell date -u +%Y-%m-%dT%H%M%SZ).json
 # The commit `natstone version` and the bench's JSON name ("" outside a Git checkout).
-COMMIT   := $(shell git describe --always --dirty --abbrev=40 2>/dev/null)
+COMMIT   := $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
 
 .DEFAULT_GOAL := help
 .PHONY: help build run test vet fmt-check lint tools fuzz bench bench-micro tidy-check faults faults-long

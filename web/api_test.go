@@ -860,8 +860,9 @@ func TestForeignRequestsRefused(t *testing.T) {
 		{"same-site fetch", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}, http.StatusForbidden},
 		{"cross-site image", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}, http.StatusForbidden},
 		{"cross-site iframe", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}, http.StatusForbidden},
+		{"cross-site window navigated by script", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, http.StatusForbidden},
 		// ...but it may link to it.
-		{"cross-site link followed", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, http.StatusOK},
+		{"cross-site link followed", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document", "Sec-Fetch-User": "?1"}, http.StatusOK},
 		{"address typed in", http.MethodGet, "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, http.StatusOK},
 	} {
 		if got := send(tc.method, tc.host, tc.header); got != tc.want {

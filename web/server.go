@@ -123,17 +123,19 @@ func New(cfg Config) (*Server, error) {
 }
 
 // isolate refuses what a browser sends on behalf of a page of another site (Fetch Metadata:
-// Sec-Fetch-Site "cross-site" or "same-site"), unless it opens a page in a window of its own (a
-// link followed). The cross-origin POSTs are refused anyway; this stops the GETs: a page of any
-// site could otherwise make the browsers of the people who read it call the API, /metrics and
-// /healthz on their loopback dashboard, without end: it could not read the replies, but each
-// /api/queues of 1,000 queues costs the broker 1,000 stats. Clients that are not browsers send no
-// Sec-Fetch-Site, and the dashboard's own pages send "same-origin".
+// Sec-Fetch-Site "cross-site" or "same-site"), unless it is a link the user followed (a top-level
+// navigation with user activation: Sec-Fetch-User). The cross-origin POSTs are refused anyway; this
+// stops the GETs: a page of any site could otherwise make the browsers of the people who read it
+// call the API, /metrics and /healthz on their loopback dashboard, without end (with fetches,
+// images, frames, or a window it opened and navigates again and again): it could not read the
+// replies, but each /api/queues of 1,000 queues costs the broker 1,000 stats. Clients that are not
+// browsers send no Sec-Fetch-Site, and the dashboard's own pages send "same-origin".
 func isolate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.Header.Get("Sec-Fetch-Site") {
 		case "cross-site", "same-site":
-			if r.Method != http.MethodGet || r.Header.Get("Sec-Fetch-Mode") != "navigate" || r.Header.Get("Sec-Fetch-Dest") != "document" {
+			h := r.Header
+			if r.Method != http.MethodGet || h.Get("Sec-Fetch-Mode") != "navigate" || h.Get("Sec-Fetch-Dest") != "document" || h.Get("Sec-Fetch-User") != "?1" {
 				writeJSON(w, http.StatusForbidden, errorReply{Error: subjects.Error{Code: subjects.CodeBadRequest,
 					Message: "cross-site request refused: a page of another site may link to this dashboard, not call it"}})
 				return

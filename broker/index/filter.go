@@ -36,11 +36,11 @@ func (x *Index[T]) smallest(f Filter) *orderedSet[T] {
 // cheap while the matches it wants come early there; once a walk passes
 // filterWalk messages before it has them, the filter gets its set (built by
 // one walk of the whole smallest set), kept up to date from then on. So a
-// filter asked for once, or whose matches are dense, costs no set, and one
-// asked for again and again (a worker's), whose walks grow as the matches at
-// their front are taken, costs one: many filters in turn no longer rebuild a
-// set of thousands of messages at each dequeue once more than maxFilters are
-// in use.
+// filter asked for once, or whose matches come early, costs no set, however
+// many such filters there are, and one asked for again and again (a
+// worker's), whose walks grow as the matches at their front are taken, costs
+// one. More than maxFilters filters each asked again and again still take
+// turns at the sets, each rebuilt at its turn (BenchmarkManyFilters/100).
 func (x *Index[T]) collect(f Filter, n int) []T {
 	if len(f) == 0 {
 		if x.exclusive {

@@ -122,9 +122,22 @@ func (r *fuzzReader) next() byte {
 	return b
 }
 
+// fuzzFilters are filters of several pairs that messages carry, which filter hands out again and
+// again, so that filters are walked with a set of their own too, not only built and walked at once.
+var fuzzFilters = []Filter{
+	{{"k0", "v0"}, {"k1", "v0"}},
+	{{"k1", "v1"}, {"k0", "v0"}},
+	{{"k0", "v1"}, {"k1", "v1"}, {"k2", "v0"}},
+	{{"k2", "v1"}, {"k1", "v0"}},
+}
+
 func (r *fuzzReader) filter() Filter {
+	n := r.next()
+	if n&0x80 != 0 {
+		return fuzzFilters[(n>>5)&3]
+	}
 	var f Filter
-	for range r.next() % 5 {
+	for range n % 5 {
 		b := r.next()
 		f = append(f, Pair{fuzzKeys[b%4], fuzzVals[(b>>2)%3]})
 	}

@@ -566,7 +566,7 @@ func (b *bench) compareValue(row *benchRow, label string, value float64, t bench
 // prints as 1.503, not as 1.50 next to "NO".
 func (r *benchRow) ratioText() string {
 	txt := strconv.FormatFloat(r.Ratio, 'f', 2, 64)
-	if r.Met == nil {
+	if r.Met == nil || r.target.op == "" {
 		return txt
 	}
 	for d := 2; d <= 6; d++ {

@@ -435,6 +435,7 @@ func (b *bench) readBucket(ctx context.Context, bucket jetstream.KeyValue, phase
 	start := time.Now()
 	w, err := bucket.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
+		b.p.end(benchResult{})
 		return benchResult{}, err
 	}
 	defer func() { _ = w.Stop() }()
@@ -445,7 +446,8 @@ func (b *bench) readBucket(ctx context.Context, bucket jetstream.KeyValue, phase
 				read.Add(1)
 			}
 		case <-ctx.Done():
-			return benchResult{}, fmt.Errorf("%s: read %d of %d keys in %s", phase, read.Load(), n, benchLoadTimeout)
+			b.p.end(benchResult{ops: read.Load(), elapsed: time.Since(start)})
+			return benchResult{}, fmt.Errorf("%s: read %d of %d keys: %w", phase, read.Load(), n, context.Cause(ctx))
 		}
 	}
 	r := benchResult{ops: read.Load(), elapsed: time.Since(start), cpu: meter.ratio()}

@@ -28,7 +28,7 @@ function h(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
     if (typeof v === 'function') el.addEventListener(k.replace(/^on/, ''), v);
-    else el.setAttribute(k, v === true ? '' : String(v));
+    else el.setAttribute(k, v === true ? '' : k === 'title' ? shown(String(v)) : String(v));
   }
   el.append(...nodes(children));
   return el;
@@ -46,11 +46,14 @@ function nodes(children) {
 }
 
 // shown makes the characters that change how text reads without being seen — bidirectional
-// controls, zero-width spaces and joiners (Unicode's format characters), line and paragraph
+// controls, zero-width spaces and joiners (Unicode's format characters), the other characters
+// Unicode says to draw as nothing (variation selectors, Hangul fillers…), line and paragraph
 // separators — visible as ⟨U+202E⟩: ids, metadata and the other text clients chose would
 // otherwise show "invoice-\u202E2401" as "invoice-1042", so that an operator acts on another
-// message than the one they read. Text that is content, a payload, goes through verbatim instead.
-const invisibleChars = /[\p{Cf}\u2028\u2029]/gu;
+// message than the one they read. Children and titles go through it (h, set); text that is
+// content, a payload, goes through verbatim instead. Look-alike letters of other scripts are
+// not caught.
+const invisibleChars = /[\p{Cf}\p{Default_Ignorable_Code_Point}\u2028\u2029]/gu;
 function shown(s) {
   return s.replace(invisibleChars, c => '⟨U+' + c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + '⟩');
 }
@@ -343,7 +346,7 @@ function showError() {
     // fetch's own failure ("Failed to fetch"): natstone did not answer at all.
     text = 'natstone does not answer (' + err.message + '): what is shown is as it was when last updated';
   }
-  $error.textContent = text;
+  $error.textContent = shown(text);
 }
 
 $error.addEventListener('click', () => setActionError(null));
