@@ -131,7 +131,7 @@ func BenchmarkFilteredPopAdd(b *testing.B) {
 
 // BenchmarkManyFilters pops with filters of four pairs that each match 0.1%
 // of a 1M-message index (S8's), one after the other: with one filter, as a
-// worker asks, and with 64 (maxFilters), 100 and 1,000 in turn. Each popped
+// worker asks, and with 64, 100 and 1,000 in turn. Each popped
 // message goes back with a later deadline, so a filter asked again walks
 // further to its next match, until it gets a set of its own.
 func BenchmarkManyFilters(b *testing.B) {

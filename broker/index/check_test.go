@@ -1,7 +1,9 @@
 package index
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 )
 
 // rec is the test element: a record embedding Item, as the broker does.
@@ -82,8 +84,23 @@ func (x *Index[T]) check() error {
 			return fmt.Errorf("filter %s set has %d elements, %d match", key, len(got), want)
 		}
 	}
-	if len(x.filters) > maxFilters {
-		return fmt.Errorf("%d filter sets, at most %d", len(x.filters), maxFilters)
+	if limit := cmp.Or(x.maxFilters, maxFilters); len(x.filters) > limit {
+		return fmt.Errorf("%d filter sets, at most %d", len(x.filters), limit)
+	}
+	keyed := 0
+	for p, sets := range x.byPair {
+		if len(sets) == 0 {
+			return fmt.Errorf("pair %v keys no filter set, yet is listed", p)
+		}
+		for _, fs := range sets {
+			keyed++
+			if fs.key != p || x.filters[filterKey(fs.f)] != fs || !slices.Contains(fs.f, p) {
+				return fmt.Errorf("pair %v keys a filter set it should not (%v)", p, fs.f)
+			}
+		}
+	}
+	if keyed != len(x.filters) {
+		return fmt.Errorf("%d filter sets keyed, %d kept", keyed, len(x.filters))
 	}
 	wantPairs := 0
 	for _, e := range all {

@@ -39,8 +39,8 @@ func (x *Index[T]) smallest(f Filter) *orderedSet[T] {
 // filter asked for once, or whose matches come early, costs no set, however
 // many such filters there are, and one asked for again and again (a
 // worker's), whose walks grow as the matches at their front are taken, costs
-// one. More than maxFilters filters each asked again and again still take
-// turns at the sets, each rebuilt at its turn (BenchmarkManyFilters/100).
+// one; up to maxFilters are kept (more than that asked again and again would
+// take turns at the sets, each rebuilt at its turn).
 func (x *Index[T]) collect(f Filter, n int) []T {
 	if len(f) == 0 {
 		if x.exclusive {
@@ -198,13 +198,20 @@ func (x *Index[T]) nextEpoch() {
 	}
 }
 
-// maxFilters bounds how many multi-pair filters keep a set of their own; the least recently used
-// one goes when another is needed.
-const maxFilters = 64
+// maxFilters bounds how many multi-pair filters keep a set of their own, and
+// minFilterBudget, with the number of pending messages, how many messages
+// those sets hold in all: the least recently used sets go first. A set is
+// kept up to date only by the messages carrying its key, one of its filter's
+// pairs, so that many sets cost an add or a removal little more than a few.
+const (
+	maxFilters      = 1024
+	minFilterBudget = 1 << 16
+)
 
 // filterSet is the set of pending messages matching every pair of a filter of several pairs.
 type filterSet[T Elem] struct {
 	f    Filter
+	key  Pair // the pair of f whose messages were the fewest when the set was built
 	set  orderedSet[T]
 	used uint64
 }
@@ -223,23 +230,24 @@ func (x *Index[T]) filterSet(key string) *orderedSet[T] {
 
 // buildFilterSet gives f, whose filterKey is key, a set of its own: the
 // pending messages matching f, found in smallest, the smallest of its pairs'
-// sets. It is kept up to date on every Add and removal after that; the least
-// recently used set goes when maxFilters are kept.
+// sets. It is kept up to date on every Add and removal of a message carrying
+// that pair after that (every message matching f does); the least recently
+// used sets go when more than maxFilters are kept, or they hold more than
+// the budget.
 func (x *Index[T]) buildFilterSet(key string, f Filter, smallest *orderedSet[T]) *orderedSet[T] {
 	if x.filters == nil {
 		x.filters = make(map[string]*filterSet[T])
-	}
-	if len(x.filters) >= maxFilters {
-		var oldest string
-		for k, fs := range x.filters {
-			if oldest == "" || fs.used < x.filters[oldest].used {
-				oldest = k
-			}
-		}
-		delete(x.filters, oldest)
+		x.byPair = make(map[Pair][]*filterSet[T])
 	}
 	x.clock++
 	fs := &filterSet[T]{f: append(Filter(nil), f...), used: x.clock}
+	fs.key = f[0] // any of f's pairs would do: every message matching f carries them all
+	for _, p := range f {
+		if x.pairs[p] == smallest {
+			fs.key = p
+			break
+		}
+	}
 	smallest.ascend(func(e T) bool {
 		if e.IndexItem().matches(f) {
 			fs.set.insert(&x.cfg, e)
@@ -247,7 +255,35 @@ func (x *Index[T]) buildFilterSet(key string, f Filter, smallest *orderedSet[T])
 		return true
 	})
 	x.filters[key] = fs
+	x.byPair[fs.key] = append(x.byPair[fs.key], fs)
+	x.evictFilters(fs)
 	return &fs.set
+}
+
+// evictFilters drops the least recently used filter sets but keep while more
+// than maxFilters are kept, or while they hold more messages in all than the
+// budget: the pending messages, or minFilterBudget if more.
+func (x *Index[T]) evictFilters(keep *filterSet[T]) {
+	limit, budget := cmp.Or(x.maxFilters, maxFilters), max(x.all.len(), cmp.Or(x.filterBudget, minFilterBudget))
+	total := 0
+	for _, fs := range x.filters {
+		total += fs.set.len()
+	}
+	for len(x.filters) > 1 && (len(x.filters) > limit || total > budget) {
+		var oldest *filterSet[T]
+		var oldestKey string
+		for k, fs := range x.filters {
+			if fs != keep && (oldest == nil || fs.used < oldest.used) {
+				oldest, oldestKey = fs, k
+			}
+		}
+		total -= oldest.set.len()
+		delete(x.filters, oldestKey)
+		x.byPair[oldest.key] = slices.DeleteFunc(x.byPair[oldest.key], func(fs *filterSet[T]) bool { return fs == oldest })
+		if len(x.byPair[oldest.key]) == 0 {
+			delete(x.byPair, oldest.key)
+		}
+	}
 }
 
 // filterKey identifies a filter whatever the order of its pairs.

@@ -207,6 +207,9 @@ func runOps(t *testing.T, data []byte) {
 		// And filters of several pairs that get a set of their own after a walk past one, two or
 		// three messages, so that they are walked both with and without one.
 		x.filterWalk = 1 + int(cfgByte>>3)%3
+		// And few sets, so that they are evicted, for their number or their size.
+		x.maxFilters = 1 + int(cfgByte>>4)%3
+		x.filterBudget = 1 + int(cfgByte>>6)%3
 	}
 	m := &model{exclusive: exclusive, perValue: 1, held: map[string]int{}}
 	var created []*rec

@@ -38,7 +38,11 @@ type Index[T Elem] struct {
 	// filters holds, for filters of several pairs that Pop or Peek was asked for, the pending
 	// messages matching all of them (see collect). clock orders their use for eviction.
 	filters map[string]*filterSet[T]
+	byPair  map[Pair][]*filterSet[T] // filters' sets by their key pair
 	clock   uint64
+	// maxFilters and filterBudget replace the constants of the same names
+	// when non-zero (tests).
+	maxFilters, filterBudget int
 	// filterWalk bounds how many messages a filter of several pairs without a set of its own may
 	// walk past before it gets one (0: defaultFilterWalk); see collect.
 	filterWalk int
@@ -88,9 +92,13 @@ func (x *Index[T]) Add(e T) bool {
 		}
 		s.insert(&x.cfg, e)
 	}
-	for _, fs := range x.filters {
-		if it.matches(fs.f) {
-			fs.set.insert(&x.cfg, e)
+	if len(x.byPair) > 0 {
+		for _, p := range it.Meta() {
+			for _, fs := range x.byPair[p] {
+				if it.matches(fs.f) {
+					fs.set.insert(&x.cfg, e)
+				}
+			}
 		}
 	}
 	if x.exclusive {
@@ -119,9 +127,13 @@ func (x *Index[T]) unlink(e T, it *Item) {
 			x.pairs = Trim(x.pairs, &x.pairsMost)
 		}
 	}
-	for _, fs := range x.filters {
-		if it.matches(fs.f) {
-			fs.set.delete(&x.cfg, e)
+	if len(x.byPair) > 0 {
+		for _, p := range it.Meta() {
+			for _, fs := range x.byPair[p] {
+				if it.matches(fs.f) {
+					fs.set.delete(&x.cfg, e)
+				}
+			}
 		}
 	}
 	if x.exclusive {

@@ -2,6 +2,7 @@ package index
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -607,5 +608,55 @@ func TestItemAttrs(t *testing.T) {
 		if (it.attrs == nil) != tc.noAttrs {
 			t.Errorf("%s: attrs allocated: %v, want %v", tc.comment, it.attrs != nil, !tc.noAttrs)
 		}
+	}
+}
+
+// TestFilterSetsBounded: the filter sets kept are at most maxFilters, and hold at most as many
+// messages in all as are pending (or the budget's floor): the least recently used go first, the
+// one just built stays. Their sets stay right as messages come and go.
+func TestFilterSetsBounded(t *testing.T) {
+	t.Parallel()
+	var rs []*rec
+	for i := range 10 {
+		rs = append(rs, mk(fmt.Sprint("m", i), int64(i), uint64(i), "", "a=1", "b=1", "c=1", fmt.Sprint("d=", i%2)))
+	}
+	setFor := func(x *Index[*rec], f Filter) {
+		x.buildFilterSet(filterKey(f), f, x.smallest(f))
+		mustCheck(t, x)
+	}
+	ab, ac, bc, ad := filter("a=1", "b=1"), filter("a=1", "c=1"), filter("b=1", "c=1"), filter("a=1", "d=0")
+
+	// By size: each of ab, ac and bc holds all 10 messages, and 10 are pending.
+	x := build(t, false, rs...)
+	x.filterBudget = 1
+	setFor(x, ab)
+	setFor(x, ac)
+	if got := slices.Sorted(maps.Keys(x.filters)); !slices.Equal(got, []string{filterKey(ac)}) {
+		t.Fatalf("after ab and ac, sets %v; want ac's alone (20 messages in sets, 10 pending)", got)
+	}
+	setFor(x, ad) // 5 more: 15 > 10, ac goes
+	if got := slices.Sorted(maps.Keys(x.filters)); !slices.Equal(got, []string{filterKey(ad)}) {
+		t.Fatalf("after ad, sets %v; want ad's alone", got)
+	}
+
+	// By number, under a budget that holds them all.
+	x = build(t, false, rs...)
+	x.maxFilters = 2
+	for _, f := range []Filter{ab, ac, bc} {
+		setFor(x, f)
+	}
+	if got, want := slices.Sorted(maps.Keys(x.filters)), slices.Sorted(slices.Values([]string{filterKey(ac), filterKey(bc)})); !slices.Equal(got, want) {
+		t.Fatalf("sets %v; want %v, the two used last", got, want)
+	}
+	// The kept sets follow the messages.
+	x.Add(mk("n", -1, 100, "", "b=1", "c=1"))
+	x.Add(mk("o", -2, 101, "", "a=1", "c=1"))
+	x.Remove(rs[0])
+	mustCheck(t, x)
+	if got := names(x.Peek(bc, 3)); !slices.Equal(got, []string{"n", "m1", "m2"}) {
+		t.Errorf("Peek(b=1, c=1, 3) = %v", got)
+	}
+	if got := names(x.Peek(ac, 2)); !slices.Equal(got, []string{"o", "m1"}) {
+		t.Errorf("Peek(a=1, c=1, 2) = %v", got)
 	}
 }
