@@ -197,6 +197,28 @@ func TestDashboardHosts(t *testing.T) {
 	}
 }
 
+// sendHTTP serves h on a loopback listener with the timeouts to, and returns a connection to it
+// that has sent req. The server and the connection are closed at t's cleanup.
+func sendHTTP(t *testing.T, h http.Handler, to httpTimeouts, req string) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := newHTTPServer(h, context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), to)
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { hs.Close() })
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // TestHTTPServerDropsClientsThatDoNotRead: a reply to a client that never reads it ends at the
 // write timeout: its handler's writes fail, and it returns, rather than wait on the connection for
 // as long as the client keeps it open.
@@ -213,23 +235,8 @@ func TestHTTPServerDropsClientsThatDoNotRead(t *testing.T) {
 		}
 		returned <- nil
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const long = time.Hour
-	hs := newHTTPServer(h, context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)),
-		httpTimeouts{readHeader: long, read: long, idle: long, write: 300 * time.Millisecond})
-	go func() { _ = hs.Serve(ln) }()
-	t.Cleanup(func() { hs.Close() })
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
+	sendHTTP(t, h, httpTimeouts{readHeader: long, read: long, idle: long, write: 300 * time.Millisecond}, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	select {
 	case err := <-returned:
 		if err == nil {
@@ -266,21 +273,7 @@ func TestHTTPServerDropsIdleAndSlowClients(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			hs := newHTTPServer(h, context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), tc.to)
-			go func() { _ = hs.Serve(ln) }()
-			t.Cleanup(func() { hs.Close() })
-			conn, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			if _, err := io.WriteString(conn, tc.req); err != nil {
-				t.Fatal(err)
-			}
+			conn := sendHTTP(t, h, tc.to, tc.req)
 			// The server closes the connection (after the reply, if any) long before this deadline.
 			if err := conn.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
 				t.Fatal(err)
