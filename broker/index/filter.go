@@ -57,7 +57,7 @@ func (x *Index[T]) collect(f Filter, n int) []T {
 		return out
 	}
 	key := filterKey(f)
-	if fs := x.filterSet(key); fs != nil {
+	if fs := x.keptSet(key); fs != nil {
 		out, _ := x.walk(f, fs, n, 0)
 		return out
 	}
@@ -216,9 +216,9 @@ type filterSet[T Elem] struct {
 	used uint64
 }
 
-// filterSet returns the set of the filter whose filterKey is key, or nil if
+// keptSet returns the set kept for the filter whose filterKey is key, or nil if
 // it has none.
-func (x *Index[T]) filterSet(key string) *orderedSet[T] {
+func (x *Index[T]) keptSet(key string) *orderedSet[T] {
 	fs := x.filters[key]
 	if fs == nil {
 		return nil
